@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The test command: installs everything the tests need on a fresh machine, then runs them.
+#   bash scripts/test.sh            (CI runs exactly this, through .ci/run)
+#   bash scripts/test.sh -k check   (extra arguments go to pytest)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1
+# System tools the tests drive for real: Prometheus (dashboards and alerts are
+# evaluated against it) and Chromium (the HTML report is rendered headless).
+need=()
+command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+if [ ${#need[@]} -gt 0 ]; then
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+# CPU torch first (a bare `torch` requirement would pull a multi-GB CUDA build).
+python3 -m pip install -q torch==2.13.0
+python3 -m pip install -q -e ".[test]"
+exec python3 -m pytest -q -p no:cacheprovider "$@"

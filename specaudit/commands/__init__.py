@@ -1,0 +1,1 @@
+"""One module per `specaudit` subcommand; see specaudit/cli.py for the contract."""

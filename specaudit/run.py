@@ -1,0 +1,199 @@
+"""`specaudit run` as a library function: the reference runtime, traced into a dataset.
+
+Wiring only (model -> runtime -> tracer -> sinks); the CLI wraps `run_traced`, and so
+do the tests, the demo, the A/B tool and the benchmarks.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import secrets
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from . import __version__
+from .schema import SCHEMA_VERSION, InputError
+
+
+def default_prompts() -> list[str]:
+    """The embedded held-out prompts (source code the models never trained on)."""
+    text = resources.files("specaudit").joinpath("data/prompts.jsonl").read_text()
+    return [json.loads(line)["prompt"] for line in text.splitlines() if line.strip()]
+
+
+def load_prompts(path) -> list[str]:
+    """JSONL ({"prompt": ...} or a JSON string per line) or plain text, one prompt a line."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(p, "prompts file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(p, f"cannot read prompts: {e}") from None
+    out = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        if p.suffix in (".jsonl", ".json"):
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise InputError(p, f"line {i} is not JSON ({e.msg})") from None
+            if isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
+                out.append(obj["prompt"])
+            elif isinstance(obj, str):
+                out.append(obj)
+            else:
+                raise InputError(p, f"line {i}: expected a string or an object with \"prompt\"")
+        else:
+            out.append(line)
+    if not out:
+        raise InputError(p, "no prompts in file")
+    return out
+
+
+def encode(text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+
+def decode(tokens) -> str:
+    return bytes(t for t in tokens if 0 < t < 256).decode("utf-8", errors="replace")
+
+
+def host_info(device: str) -> dict:
+    import torch
+    info = {"hostname": socket.gethostname(), "platform": platform.platform(),
+            "python": sys.version.split()[0], "torch": torch.__version__,
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+    if device.startswith("cuda") and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    run_dir: Path | None
+    manifest: dict
+    outputs: list[list[int]]
+    reference: list[list[int]] | None
+    wall_s: float
+    greedy_wall_s: float | None = None
+    summary: dict = field(default_factory=dict)
+
+
+def new_run_id(algo: str, budget: int, topk: int, concurrency: int, fault: str | None) -> str:
+    tag = f"{algo}-b{budget}-k{topk}-c{concurrency}" + (f"-{fault}" if fault else "")
+    return f"{tag}-{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def run_traced(*, algo="chain", budget=7, topk=1, concurrency=1, num_prompts=8, max_new_tokens=256,
+               prompts=None, prompts_file=None, oracle=False, inject=None, seed=0, device="cpu",
+               dtype="float32", out=None, run_id=None, eos_id=None, progress=False,
+               flush_steps=4096, flush_s=5.0, extra_sinks=(), trace=True, models=None) -> RunResult:
+    """Run chain or tree speculative decoding on the embedded models, traced.
+
+    `out` is the dataset folder (the run adds its own partition); `trace=False` runs
+    untraced (benchmarks). `models` = (target, drafter, info) skips loading.
+    Raises InputError / ValueError for bad input, before anything is written.
+    """
+    import torch
+
+    from .model import EOS_ID, default_models
+    from .runtime.engine import Request, SpecConfig, SpecEngine, greedy_generate
+    from .runtime.faults import get_fault
+    from .store import ParquetSink, prepare_run_dir
+    from .tracer import Tracer
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError(None, f"--device {device}: CUDA is not available on this machine")
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise InputError(None, f"--dtype must be float32, bfloat16 or float16, not {dtype!r}")
+    if num_prompts < 1:
+        raise InputError(None, f"--num-prompts must be at least 1 (got {num_prompts})")
+    get_fault(inject)
+    cfg = SpecConfig(algo=algo, budget=budget, topk=topk, max_new_tokens=max_new_tokens,
+                     concurrency=concurrency, eos_id=EOS_ID if eos_id is None else eos_id, fault=inject)
+    torch.manual_seed(seed)
+    texts = prompts if prompts is not None else (load_prompts(prompts_file) if prompts_file else default_prompts())
+    if not prompts and not prompts_file:
+        # the embedded set, rotated by the seed so different seeds see different prompts
+        k = seed % len(texts)
+        texts = texts[k:] + texts[:k]
+    texts = (texts * (num_prompts // len(texts) + 1))[:num_prompts]
+    toks = [encode(t) for t in texts]
+    target, drafter, info = models if models is not None else default_models(device, getattr(torch, dtype))
+    cfg.validate(drafter.depth)
+    for i, t in enumerate(toks):
+        if not t:
+            raise InputError(prompts_file, f"prompt {i} is empty")
+        if len(t) + max_new_tokens > target.max_seq_len:
+            raise InputError(prompts_file, f"prompt {i} has {len(t)} tokens; with --max-new-tokens "
+                             f"{max_new_tokens} that exceeds the context of {target.max_seq_len}")
+    run_id = run_id or new_run_id(algo, budget, topk, concurrency, inject)
+    if trace and out is not None:
+        prepare_run_dir(Path(out), run_id)  # refuse early: nothing half-written
+
+    reference, greedy_wall = None, None
+    if oracle:
+        reference, greedy_wall = greedy_generate(target, toks, max_new_tokens, cfg.eos_id,
+                                                 concurrency, device)
+
+    manifest = {
+        "schema_version": SCHEMA_VERSION, "run_id": run_id,
+        "engine": {"name": "specaudit-reference", "version": __version__},
+        "models": info,
+        "config": {"algo": algo, "budget": budget, "topk": topk,
+                   "block_size": budget + 1 if algo == "chain" else None,
+                   "concurrency": concurrency, "max_new_tokens": max_new_tokens,
+                   "num_prompts": num_prompts, "dtype": dtype, "device": device, "seed": seed,
+                   "fault": inject, "eos_id": cfg.eos_id, "oracle": oracle},
+        "conventions": {"accept_length": "includes_bonus", "mean": "pooled"},
+        "host": host_info(device), "started_at": time.time(),
+    }
+    sinks = list(extra_sinks)
+    run_dir = None
+    if trace and out is not None:
+        sink = ParquetSink(out, run_id, flush_steps=flush_steps, flush_s=flush_s)
+        run_dir = sink.run_dir
+        sinks.insert(0, sink)
+    tracer = Tracer(sinks, manifest, run_id) if (trace and sinks) else None
+    engine = SpecEngine(target, drafter, cfg, tracer=tracer, device=device)
+    reqs = [Request(request_id=str(i), prompt=t, max_new_tokens=max_new_tokens,
+                    reference=reference[i] if reference is not None else None)
+            for i, t in enumerate(toks)]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(reqs), desc=f"{algo} b={budget} k={topk} c={concurrency}",
+                   unit="req", file=sys.stderr, dynamic_ncols=True)
+    t0 = time.time()
+    try:
+        engine.run(reqs, progress=(lambda r, n: bar.update(1)) if bar else None)
+    finally:
+        if bar:
+            bar.close()
+    wall = time.time() - t0
+    reported = engine.metrics.reported(wall)
+    if tracer is not None:
+        manifest = tracer.close(reported=reported, wall_s=wall)
+    else:
+        manifest["reported"] = reported
+    outputs = [r.output for r in reqs]
+    gen = sum(len(o) for o in outputs)
+    summary = {
+        "run_id": run_id, "requests": len(reqs), "steps": reported["verify_steps"],
+        "mean_accepted_depth": round(reported["mean_accepted_depth"], 3),
+        "mean_commit_len": round(reported["mean_commit_len"], 3),
+        "tokens": gen, "tokens_per_s": round(gen / wall, 1) if wall > 0 else 0.0,
+    }
+    if reference is not None:
+        summary["greedy_tokens_per_s"] = round(sum(len(o) for o in reference) / greedy_wall, 1)
+        summary["speedup"] = round(summary["tokens_per_s"] / summary["greedy_tokens_per_s"], 3)
+        summary["lossless"] = outputs == reference
+    return RunResult(run_id, run_dir, manifest, outputs, reference, wall, greedy_wall, summary)

@@ -1,0 +1,1 @@
+"""The instrumented reference runtime: proposer, verifier and metrics, and the loop."""

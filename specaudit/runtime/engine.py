@@ -1,0 +1,341 @@
+"""The speculative decoding loop: prefill, draft, verify, accept, commit, compact.
+
+Greedy and lossless: the output equals plain greedy decoding of the target (tested).
+Requests live in cache rows ("slots"); the running batch is verified in one forward
+with per-request masks, positions and cache lengths, and requests join and leave it
+between steps (continuous batching).
+
+Per step and request r (seq_len = tokens already in r's KV cache):
+    draft    drafter(h_prev, root) -> log-probs of the K positions after the root
+    propose  chain [root, d1..d_budget] or a best-first tree of budget nodes
+    verify   target forward over the nodes; keys/values land at slots seq_len + i
+    accept   walk from the root along children that equal the target's argmax
+    commit   accepted drafts + bonus (argmax at the last accepted node), cut at EOS
+             or the token limit; the bonus becomes the next root
+    compact  move the accepted path's KV rows to slots seq_len + 0..depth
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .faults import get_fault
+from .metrics import SpecMetrics
+from .proposer import Draft, propose_chain, propose_tree
+from .verifier import accept_greedy, build_batch
+
+
+@dataclass
+class SpecConfig:
+    algo: str = "chain"          # chain | tree
+    budget: int = 7              # draft nodes per step, root excluded
+    topk: int = 1                # most children per node (chain: 1)
+    max_new_tokens: int = 256    # output tokens per request, the prefill's first token included
+    concurrency: int = 1         # cache rows: requests verified together
+    eos_id: int = 0
+    fault: str | None = None
+
+    def validate(self, drafter_depth: int) -> None:
+        if self.algo not in ("chain", "tree"):
+            raise ValueError(f"--algo must be chain or tree, not {self.algo!r}")
+        if self.budget < 1:
+            raise ValueError(f"--budget must be at least 1 (got {self.budget})")
+        if self.topk < 1:
+            raise ValueError(f"--topk must be at least 1 (got {self.topk})")
+        if self.topk > self.budget:
+            raise ValueError(f"--topk ({self.topk}) cannot exceed --budget ({self.budget})")
+        if self.algo == "chain" and self.topk != 1:
+            raise ValueError("a chain has one child per node: use --topk 1 or --algo tree")
+        if self.algo == "chain" and self.budget > drafter_depth:
+            raise ValueError(f"a chain of budget {self.budget} needs a drafter of depth "
+                             f">= {self.budget}; the drafter proposes {drafter_depth} positions")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"--max-new-tokens must be at least 1 (got {self.max_new_tokens})")
+        if self.concurrency < 1:
+            raise ValueError(f"--concurrency must be at least 1 (got {self.concurrency})")
+        get_fault(self.fault)
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt: list[int]
+    max_new_tokens: int
+    slot: int = -1
+    seq_len: int = 0
+    root: int = -1
+    h_prev: torch.Tensor | None = None
+    output: list[int] = field(default_factory=list)
+    steps: int = 0
+    finished: bool = False
+    finish_reason: str | None = None
+    prev_draft: Draft | None = None
+    t_arrive: float = 0.0
+    t_first: float = 0.0
+    t_end: float = 0.0
+    reference: list[int] | None = None
+
+
+def cut_commit(accepted: list[int], bonus: int, remaining: int, eos_id: int,
+               cut_at_eos: bool = True) -> tuple[list[int], str | None]:
+    """The commit of one step: accepted drafts then the bonus, cut at EOS (inclusive)
+    or at the request's remaining token budget. Returns (tokens, finish reason or None)."""
+    full = accepted + [bonus]
+    reason = None
+    if eos_id in full:
+        if cut_at_eos:
+            full = full[: full.index(eos_id) + 1]
+        reason = "eos"
+    if len(full) >= remaining:
+        if len(full) > remaining:
+            full = full[:remaining]
+            reason = "eos" if eos_id in full else "length"
+        elif reason is None:
+            reason = "length"
+    return full, reason
+
+
+class SpecEngine:
+    """Chain and tree speculative decoding over a target (`CausalLM`) and a drafter.
+
+    The tracer, when given, is called once per batched verify step with the tensors the
+    verify forward really used, exactly as an external engine would call it.
+    """
+
+    def __init__(self, target, drafter, cfg: SpecConfig, tracer=None, device="cpu"):
+        cfg.validate(drafter.depth)
+        self.target, self.drafter, self.cfg = target, drafter, cfg
+        self.tracer = tracer
+        self.device = torch.device(device)
+        self.fault = cfg.fault
+        self.metrics = SpecMetrics(cfg.fault)
+        self.cache = target.new_cache(cfg.concurrency)
+        self.slots: list[Request | None] = [None] * cfg.concurrency
+        # Optional on-device audit (specaudit.kernels): called once per step with the
+        # device tensors, before any host copy; it must not synchronise.
+        self.auditor = None
+
+    # ------------------------------------------------------------------ requests
+    def check_fits(self, prompt_len: int, max_new: int) -> None:
+        limit = self.target.max_seq_len
+        if prompt_len < 1:
+            raise ValueError("empty prompt")
+        if prompt_len + max_new > limit:
+            raise ValueError(f"prompt of {prompt_len} tokens + {max_new} new tokens exceeds the "
+                             f"context of {limit} tokens")
+
+    def free_slots(self) -> list[int]:
+        return [i for i, r in enumerate(self.slots) if r is None]
+
+    @property
+    def running(self) -> list[Request]:
+        return [r for r in self.slots if r is not None]
+
+    @torch.inference_mode()
+    def add(self, req: Request) -> Request:
+        """Prefill a request into a free slot; it joins the next step's batch.
+
+        The prefill's argmax is the first output token and the first root.
+        """
+        self.check_fits(len(req.prompt), req.max_new_tokens)
+        free = self.free_slots()
+        if not free:
+            raise RuntimeError("no free slot")
+        req.slot = free[0]
+        req.t_arrive = req.t_arrive or time.time()
+        L = len(req.prompt)
+        tok = torch.tensor([req.prompt], dtype=torch.long, device=self.device)
+        pos = torch.arange(L, device=self.device)[None]
+        causal = torch.ones(L, L, dtype=torch.bool, device=self.device).tril()[None]
+        logits, h = self.target(tok, pos, self.cache, torch.zeros(1, dtype=torch.long, device=self.device),
+                                causal, rows=torch.tensor([req.slot], device=self.device))
+        first = int(logits[0, -1].argmax())
+        req.seq_len, req.root, req.h_prev = L, first, h[0, -1]
+        req.output = [first]
+        req.t_first = time.time()
+        self.metrics.on_prefill()
+        if self.tracer is not None:
+            self.tracer.begin_request(req.request_id, prompt_tokens=req.prompt, first_token=first,
+                                      reference_tokens=req.reference, t_arrive=req.t_arrive)
+        if first == self.cfg.eos_id or req.max_new_tokens <= 1:
+            self._finish(req, "eos" if first == self.cfg.eos_id else "length")
+        else:
+            self.slots[req.slot] = req
+        return req
+
+    def abort(self, req: Request) -> None:
+        if req.slot >= 0 and self.slots[req.slot] is req:
+            self._finish(req, "abort")
+
+    def _finish(self, req: Request, reason: str) -> None:
+        req.finished, req.finish_reason, req.t_end = True, reason, time.time()
+        if req.slot >= 0 and self.slots[req.slot] is req:
+            self.slots[req.slot] = None
+        if self.tracer is not None:
+            self.tracer.end_request(req.request_id, output_tokens=req.output, finish_reason=reason,
+                                    ttft_s=req.t_first - req.t_arrive, e2e_s=req.t_end - req.t_arrive)
+
+    # ---------------------------------------------------------------------- step
+    @torch.inference_mode()
+    def step(self) -> list[Request]:
+        """One batched verify over the running requests. Returns those that finished."""
+        reqs = self.running
+        if not reqs:
+            return []
+        cfg, dev = self.cfg, self.device
+        t0 = time.time()
+        # draft: one drafter forward for the whole batch -> [R, K, V]
+        h_prev = torch.stack([r.h_prev for r in reqs])
+        roots = np.array([r.root for r in reqs], dtype=np.int64)
+        lp = self.drafter(h_prev, torch.from_numpy(roots).to(dev)).float().cpu().numpy()
+        if cfg.algo == "chain":
+            drafts = propose_chain(roots, lp, cfg.budget)
+        else:
+            drafts = propose_tree(roots, lp, cfg.budget, cfg.topk)
+        if self.fault == "stale-draft":
+            drafts = [self._stale(r, d) for r, d in zip(reqs, drafts)]
+        t1 = time.time()
+        # verify: one target forward over all requests' nodes
+        seq_lens = np.array([r.seq_len for r in reqs], dtype=np.int64)
+        vb = build_batch(drafts, seq_lens, dev, causal=self.fault == "causal-mask-on-tree",
+                         position_shift=1 if self.fault == "position-off-by-one" else 0)
+        slots = torch.tensor([r.slot for r in reqs], device=dev)
+        rows = None if bool((slots == torch.arange(len(reqs), device=dev)).all()) else slots
+        logits, hidden = self.target(vb.tokens, vb.positions, self.cache,
+                                     torch.from_numpy(seq_lens).to(dev), vb.node_mask, rows=rows)
+        top2 = logits.float().topk(2, dim=-1)
+        argmax_t = top2.indices[..., 0]  # [R, N]
+        margin_t = top2.values[..., 0] - top2.values[..., 1]
+        argmax = argmax_t.cpu().numpy()
+        t2 = time.time()
+        # accept, commit, compact
+        tokens_np = vb.tokens.cpu().numpy()
+        paths = accept_greedy(tokens_np, vb.parents, vb.n_nodes, argmax)
+        finished, commits, depths, commit_lens, fin_flags = [], [], [], [], []
+        mv_rows, mv_src, mv_dst = [], [], []
+        for i, (r, path) in enumerate(zip(reqs, paths)):
+            accepted = tokens_np[i, path[1:]].tolist()
+            bonus = int(argmax[i, path[-1]])
+            remaining = r.max_new_tokens - len(r.output)
+            committed, reason = cut_commit(accepted, bonus, remaining, cfg.eos_id,
+                                           cut_at_eos=self.fault != "eos-overcount")
+            d, c = self.metrics.step_counters(path, int(vb.n_nodes[i]), committed)
+            depths.append(d)
+            commit_lens.append(c)
+            commits.append(committed)
+            fin_flags.append(reason is not None)
+            r.output.extend(committed)
+            # KV compaction: the accepted path's rows go to seq_len + 0..depth.
+            # The kv-compaction fault keeps rows 0..depth in node order instead.
+            if self.fault != "kv-compaction":
+                moved = np.flatnonzero(path != np.arange(len(path)))
+                if moved.size:
+                    mv_rows += [r.slot] * moved.size
+                    mv_src += (r.seq_len + path[moved]).tolist()
+                    mv_dst += (r.seq_len + moved).tolist()
+            r.h_prev = hidden[i, int(path[-1])]
+            r.root = bonus
+            r.prev_draft = drafts[i]
+            r.seq_len += len(path)
+            r.steps += 1
+        if mv_rows:
+            t = lambda x: torch.tensor(x, device=dev)  # noqa: E731
+            self.cache.move_rows(t(mv_rows), t(mv_src), t(mv_dst))
+        t3 = time.time()
+        if self.auditor is not None:
+            self.auditor.audit(algo=cfg.algo, node_tokens=vb.tokens, parents=vb.parents,
+                               n_nodes=vb.n_nodes, target_argmax=argmax_t,
+                               accepted_depth=depths, commit_len=commit_lens, finished=fin_flags)
+        if self.tracer is not None:
+            self.tracer.record_step(
+                request_ids=[r.request_id for r in reqs],
+                steps=[r.steps - 1 for r in reqs],
+                algo=cfg.algo, budget=cfg.budget, topk=cfg.topk,
+                seq_len=seq_lens,
+                node_tokens=vb.tokens, n_nodes=vb.n_nodes, parents=vb.parents,
+                positions=vb.positions, node_mask=vb.node_mask,
+                draft_logprob=vb.logprob, target_argmax=argmax_t, target_margin=margin_t,
+                accepted_path=paths, accepted_depth=depths, commit_len=commit_lens,
+                committed_tokens=commits, finished=fin_flags,
+                t_start=t0, draft_s=t1 - t0, verify_s=t2 - t1, step_s=t3 - t0)
+        for r, fin, c in zip(reqs, fin_flags, commits):
+            if fin:
+                reason = "eos" if cfg.eos_id in c else "length"
+                self._finish(r, reason)
+                finished.append(r)
+        return finished
+
+    def _stale(self, req: Request, fresh: Draft) -> Draft:
+        """Fault: reuse the previous proposal's drafts under the new root."""
+        prev = req.prev_draft
+        if prev is None:
+            return fresh
+        toks = prev.tokens.copy()
+        toks[0] = fresh.tokens[0]
+        return Draft(toks, prev.parents, prev.logprob)
+
+    # ------------------------------------------------------------------- drive
+    def run(self, requests: list[Request], progress=None) -> list[Request]:
+        """Run all requests with at most `concurrency` in flight (continuous batching)."""
+        pending = list(requests)[::-1]
+        done = []
+        while pending or self.running:
+            while pending and self.free_slots():
+                r = self.add(pending.pop())
+                if r.finished:
+                    done.append(r)
+                    if progress:
+                        progress(r, 0)
+            fin = self.step()
+            done.extend(fin)
+            if progress:
+                for r in fin:
+                    progress(r, len(r.output))
+        return done
+
+
+@torch.inference_mode()
+def greedy_generate(target, prompts: list[list[int]], max_new_tokens: int, eos_id: int,
+                    concurrency: int = 1, device="cpu") -> tuple[list[list[int]], float]:
+    """Plain greedy decoding of the target, one token per forward, batched.
+
+    The losslessness oracle and the speed baseline. Returns the outputs (first token
+    included, cut at EOS inclusive or at max_new_tokens) and the wall seconds.
+    """
+    dev = torch.device(device)
+    outs: list[list[int]] = [None] * len(prompts)  # type: ignore[list-item]
+    t0 = time.time()
+    for lo in range(0, len(prompts), concurrency):
+        group = list(range(lo, min(lo + concurrency, len(prompts))))
+        cache = target.new_cache(len(group))
+        cur, lens, hs = [], [], []
+        for j, gi in enumerate(group):
+            p = prompts[gi]
+            L = len(p)
+            logits, _ = target(torch.tensor([p], device=dev), torch.arange(L, device=dev)[None], cache,
+                               torch.zeros(1, dtype=torch.long, device=dev),
+                               torch.ones(L, L, dtype=torch.bool, device=dev).tril()[None],
+                               rows=torch.tensor([j], device=dev))
+            t = int(logits[0, -1].argmax())
+            outs[gi] = [t]
+            cur.append(t)
+            lens.append(L)
+        alive = [outs[gi][-1] != eos_id and max_new_tokens > 1 for gi in group]
+        lens_t = torch.tensor(lens, device=dev)
+        one = torch.ones(len(group), 1, 1, dtype=torch.bool, device=dev)
+        while any(alive):
+            tok = torch.tensor(cur, device=dev)[:, None]
+            logits, _ = target(tok, lens_t[:, None], cache, lens_t, one)
+            lens_t = lens_t + 1
+            nxt = logits[:, -1].argmax(-1).tolist()
+            for j, gi in enumerate(group):
+                if not alive[j]:
+                    continue
+                outs[gi].append(nxt[j])
+                cur[j] = nxt[j]
+                if nxt[j] == eos_id or len(outs[gi]) >= max_new_tokens:
+                    alive[j] = False
+    return outs, time.time() - t0

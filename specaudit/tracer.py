@@ -1,0 +1,262 @@
+"""The public tracing API: any engine calls `record_step` once per batched verify.
+
+    tracer = Tracer(sinks=[ParquetSink("traces/", run_id)], manifest={...})
+    tracer.begin_request(rid, prompt_tokens=..., first_token=...)
+    tracer.record_step(request_ids=..., node_tokens=..., ...)   # every verify forward
+    tracer.end_request(rid, output_tokens=..., finish_reason="eos")
+    tracer.close(reported={...})                                # the engine's own counters
+
+Tensors may live on any device. `record_step` only starts device->host copies and
+enqueues; the mask hash, the Arrow conversion and every sink run on a background
+thread, off the decode path. Pass the tensors the verify forward really used
+(positions, the node mask, the argmax); pass the engine's own counters as reported,
+never recomputed: they are what specaudit audits.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from .schema import STEPS_SCHEMA, mask_hash
+
+
+def _host(x):
+    """Start a device->host copy (non-blocking on CUDA); numpy and lists pass through."""
+    if x is None or isinstance(x, (np.ndarray, list, tuple, int, float)):
+        return x
+    if hasattr(x, "detach"):  # torch tensor
+        x = x.detach()
+        if x.device.type != "cpu":
+            return x.to("cpu", non_blocking=True)
+        return x.clone()
+    return x
+
+
+def _np(x):
+    if x is None:
+        return None
+    if hasattr(x, "numpy"):
+        return x.numpy()
+    return x
+
+
+@dataclass
+class _StepItem:
+    fields: dict
+    event: object = None  # a CUDA event to wait on before reading host copies
+
+
+class Tracer:
+    """Collects step rows and request rows and hands them to sinks.
+
+    Sinks implement any of: open_run(manifest), write_steps(RecordBatch),
+    write_request(dict), close_run(manifest). Errors in a sink are kept and raised
+    from close(), never in the decode loop.
+    """
+
+    def __init__(self, sinks, manifest: dict, run_id: str):
+        self.sinks = list(sinks)
+        self.run_id = run_id
+        self.manifest = dict(manifest, run_id=run_id)
+        self.manifest.setdefault("started_at", time.time())
+        self._requests: dict[str, dict] = {}
+        self._q: queue.Queue = queue.Queue()
+        self._errors: list[BaseException] = []
+        self._lock = threading.Lock()
+        for s in self.sinks:
+            if hasattr(s, "open_run"):
+                s.open_run(self.manifest)
+        self._thread = threading.Thread(target=self._worker, name="specaudit-tracer", daemon=True)
+        self._thread.start()
+        self._closed = False
+
+    # -------------------------------------------------------------- requests
+    def begin_request(self, request_id: str, *, prompt_tokens, first_token: int,
+                      reference_tokens=None, t_arrive: float | None = None) -> None:
+        self._requests[request_id] = {
+            "run_id": self.run_id, "request_id": request_id,
+            "prompt_tokens": [int(t) for t in prompt_tokens], "first_token": int(first_token),
+            "reference_tokens": None if reference_tokens is None else [int(t) for t in reference_tokens],
+            "t_arrive": float(t_arrive if t_arrive is not None else time.time()),
+        }
+
+    def set_reference(self, request_id: str, reference_tokens) -> None:
+        self._requests[request_id]["reference_tokens"] = [int(t) for t in reference_tokens]
+
+    def end_request(self, request_id: str, *, output_tokens, finish_reason: str,
+                    ttft_s: float, e2e_s: float) -> None:
+        row = self._requests.pop(request_id, None) or {"run_id": self.run_id, "request_id": request_id,
+                                                        "prompt_tokens": [], "first_token": -1,
+                                                        "reference_tokens": None, "t_arrive": time.time()}
+        row.update(output_tokens=[int(t) for t in output_tokens], finish_reason=finish_reason,
+                   ttft_s=float(ttft_s), e2e_s=float(e2e_s))
+        # through the queue, so a sink sees a request's steps before the request
+        self._q.put(("request", row))
+
+    # ------------------------------------------------------------------ steps
+    def record_step(self, *, request_ids, steps, algo: str, budget: int, topk: int, seq_len,
+                    node_tokens, n_nodes, parents, positions, target_argmax,
+                    accepted_path, accepted_depth, commit_len, committed_tokens, finished,
+                    node_mask=None, mask_hash=None, draft_logprob=None, target_margin=None,
+                    t_start: float, draft_s: float, verify_s: float, step_s: float,
+                    batch_size: int | None = None) -> None:
+        """Record one batched verify forward over B requests.
+
+        Per-node arrays are [B, N] (padded; `n_nodes` [B] gives each row's real N);
+        node_mask is the [B, N, N] bool mask fed to attention, or give `mask_hash` [B]
+        when it was hashed on the device. accepted_path and committed_tokens are
+        [B, *] ragged (lists) or padded with -1; accepted_depth and commit_len are the
+        engine's counters.
+        """
+        fields = dict(
+            request_ids=list(request_ids), steps=_host(steps), algo=algo, budget=int(budget),
+            topk=int(topk), seq_len=_host(seq_len), node_tokens=_host(node_tokens),
+            n_nodes=_host(n_nodes), parents=_host(parents), positions=_host(positions),
+            node_mask=_host(node_mask), mask_hash=_host(mask_hash),
+            draft_logprob=_host(draft_logprob), target_argmax=_host(target_argmax),
+            target_margin=_host(target_margin), accepted_path=_host(accepted_path),
+            accepted_depth=_host(accepted_depth), commit_len=_host(commit_len),
+            committed_tokens=_host(committed_tokens), finished=_host(finished),
+            t_start=float(t_start), draft_s=float(draft_s), verify_s=float(verify_s),
+            step_s=float(step_s), batch_size=batch_size)
+        event = None
+        if any(hasattr(v, "is_cuda") and v.is_cuda for v in (node_tokens, target_argmax)):
+            import torch
+            event = torch.cuda.Event()
+            event.record()
+        self._q.put(("steps", _StepItem(fields, event)))
+
+    # ------------------------------------------------------------------ worker
+    def _worker(self) -> None:
+        while True:
+            kind, item = self._q.get()
+            try:
+                if kind == "stop":
+                    return
+                if kind == "flush":
+                    item.set()
+                    continue
+                if kind == "steps":
+                    if item.event is not None:
+                        item.event.synchronize()
+                    batch = steps_to_arrow(self.run_id, item.fields)
+                    for s in self.sinks:
+                        if hasattr(s, "write_steps"):
+                            s.write_steps(batch)
+                elif kind == "request":
+                    for s in self.sinks:
+                        if hasattr(s, "write_request"):
+                            s.write_request(item)
+            except BaseException as e:  # keep the decode loop alive; report at close
+                with self._lock:
+                    self._errors.append(e)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Block until everything recorded so far reached the sinks."""
+        ev = threading.Event()
+        self._q.put(("flush", ev))
+        ev.wait(timeout)
+
+    def close(self, reported: dict | None = None, **manifest_extra) -> dict:
+        """Drain the queue, close every sink with the final manifest, return it."""
+        if self._closed:
+            return self.manifest
+        self._closed = True
+        self._q.put(("stop", None))
+        self._thread.join()
+        self.manifest.update(manifest_extra)
+        self.manifest["finished_at"] = time.time()
+        if reported is not None:
+            self.manifest["reported"] = reported
+        for s in self.sinks:
+            if hasattr(s, "close_run"):
+                try:
+                    s.close_run(self.manifest)
+                except BaseException as e:
+                    self._errors.append(e)
+        if self._errors:
+            raise RuntimeError(f"tracer sink failed: {self._errors[0]!r}") from self._errors[0]
+        return self.manifest
+
+
+def _ragged(x, B: int, lengths=None) -> list[list[int]]:
+    """Rows of a ragged field: a list of sequences, or a padded [B, M] array."""
+    if isinstance(x, (list, tuple)):
+        return [np.asarray(r).astype(np.int64).tolist() for r in x]
+    a = np.asarray(x)
+    if lengths is not None:
+        return [a[i, : lengths[i]].tolist() for i in range(B)]
+    return [[int(v) for v in a[i] if v >= 0] for i in range(B)]
+
+
+def _list_array(padded: np.ndarray, n: np.ndarray, typ: pa.DataType) -> pa.Array:
+    """[B, N] padded + [B] lengths -> Arrow list array, without a Python loop."""
+    B, N = padded.shape
+    keep = np.arange(N)[None, :] < n[:, None]
+    values = padded[keep]
+    offsets = np.concatenate(([0], np.cumsum(n))).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()),
+                                    pa.array(values, typ.value_type))
+
+
+def node_mask_hashes(mask: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Contract hash of each row's [n_r, n_r] block of a padded [B, N, N] mask."""
+    out = np.zeros(len(n), dtype=np.uint64)
+    for size in np.unique(n):
+        rows = np.flatnonzero(n == size)
+        out[rows] = mask_hash(mask[rows][:, :size, :size])
+    return out
+
+
+def steps_to_arrow(run_id: str, f: dict) -> pa.RecordBatch:
+    """One batched step's fields (host arrays) -> a RecordBatch of STEPS_SCHEMA."""
+    B = len(f["request_ids"])
+    n = np.asarray(_np(f["n_nodes"]), dtype=np.int64)
+    if f["mask_hash"] is not None:
+        mh = np.asarray(_np(f["mask_hash"]), dtype=np.uint64)
+    else:
+        mh = node_mask_hashes(np.asarray(_np(f["node_mask"]), dtype=bool), n)
+    i32 = pa.list_(pa.int32())
+    f32 = pa.list_(pa.float32())
+
+    def node_col(key, typ, dtype):
+        v = f[key]
+        if v is None:
+            return pa.nulls(B, typ)
+        return _list_array(np.asarray(_np(v)).astype(dtype), n, typ)
+
+    commit = _ragged(_np(f["committed_tokens"]), B)
+    path = _ragged(_np(f["accepted_path"]), B)
+    full = lambda v, t: pa.array(np.full(B, v), t)  # noqa: E731
+    cols = {
+        "run_id": pa.array([run_id] * B, pa.string()),
+        "request_id": pa.array([str(r) for r in f["request_ids"]], pa.string()),
+        "step": pa.array(np.asarray(_np(f["steps"])).astype(np.int32)),
+        "algo": pa.array([f["algo"]] * B, pa.string()),
+        "budget": full(f["budget"], pa.int32()),
+        "topk": full(f["topk"], pa.int32()),
+        "batch_size": full(f["batch_size"] or B, pa.int32()),
+        "seq_len": pa.array(np.asarray(_np(f["seq_len"])).astype(np.int32)),
+        "node_tokens": node_col("node_tokens", i32, np.int32),
+        "parents": node_col("parents", i32, np.int32),
+        "positions": node_col("positions", i32, np.int32),
+        "mask_hash": pa.array(mh, pa.uint64()),
+        "draft_logprob": node_col("draft_logprob", f32, np.float32),
+        "target_argmax": node_col("target_argmax", i32, np.int32),
+        "target_margin": node_col("target_margin", f32, np.float32),
+        "accepted_path": pa.array(path, i32),
+        "accepted_depth": pa.array(np.asarray(_np(f["accepted_depth"])).astype(np.int32)),
+        "commit_len": pa.array(np.asarray(_np(f["commit_len"])).astype(np.int32)),
+        "committed_tokens": pa.array(commit, i32),
+        "finished": pa.array(np.asarray(_np(f["finished"])).astype(bool)),
+        "t_start": full(f["t_start"], pa.float64()),
+        "draft_s": full(f["draft_s"], pa.float64()),
+        "verify_s": full(f["verify_s"], pa.float64()),
+        "step_s": full(f["step_s"], pa.float64()),
+    }
+    return pa.RecordBatch.from_arrays([cols[c] for c in STEPS_SCHEMA.names], schema=STEPS_SCHEMA)
