@@ -1,1 +1,95 @@
-"""invariants"""
+"""The invariant catalog: one rule unit per invariant, ruff/sqlfluff style.
+
+Installed as `specaudit.invariants`. `specaudit rules` lists the catalog and
+`specaudit rules SA301` prints one rule's documentation; `specaudit check` runs it.
+
+Families (the first three characters of a code):
+
+    SA1xx  shapes and tree structure          (scope step)
+    SA2xx  positions and attention mask       (scope step)
+    SA3xx  accepted path and per-step counters (scope step)
+    SA4xx  continuity within a request, requests table, lossless (step, request)
+    SA5xx  aggregates against run.json `reported`                  (run)
+    SA6xx  conventions declared by other engines                   (run)
+    SA7xx  engine logs and Prometheus text (specaudit.sources)     (source)
+    SA9xx  reserved for users' own rules (any scope); pick your own prefix if you like
+
+How to write a rule unit
+------------------------
+One invariant is one subclass of `Rule` in one module (built-in rules live in
+`invariants/saN_<family>.py`; a user's in any folder given to `--invariants DIR` or
+in a package exposing the `specaudit.invariants` entry-point group). Defining the
+class registers it; codes are unique (a duplicate is an error when loaded).
+
+    import numpy as np
+    from specaudit.invariants import Hits, Rule
+
+    class DepthWithinBudget(Rule):
+        '''What: the accepted depth never exceeds the step's draft budget.
+
+        Why: a depth above the budget means the counter read another variable.
+
+        Example: budget 7, accepted_depth 9 on a chain.
+        '''
+        code = "SA950"
+        name = "depth-within-budget"
+        severity = "error"            # error fails the check; warning/info do not
+        scope = "step"                # step | request | run | source
+        message = "accepted depth {depth} exceeds the budget {budget}"
+        fixture_algo = "chain"        # the synthetic run the fixtures start from
+
+        def check(self, f):           # f: StepFrame, a batch of step rows
+            bad = f.accepted_depth > f.budget
+            return Hits(bad, depth=f.accepted_depth, budget=f.budget)
+
+        def fail(self, run):          # mutate a valid synthetic run so the rule fires
+            run.steps[0]["accepted_depth"] = 99
+
+        def passing(self, run):       # optional: an edge case that must stay clean
+            pass
+
+check(ctx) is vectorised: never loop over rows in Python (a loop over node index
+up to N is fine). It returns `Hits(mask, **values)` where mask is bool [rows of
+ctx] and each value is an array [rows] or a scalar; the engine formats `message`
+at each hit row and prefixes the location ("run r1 request 17 step 4: ..."). A rule
+may instead return an iterable of `Finding` (build them with `self.finding(run_id=...,
+request_id=..., step=..., file=..., line=..., **values)`) or of dicts of values
+(plus optional run_id/request_id/step/file/line keys); return None when nothing
+applies. Messages show the numbers: what was recorded, what it should be, and why.
+
+What each scope receives (all arrays are numpy; [R] = one entry per row):
+
+  step     StepFrame (invariants/frame.py): one record batch of one run, rows
+           sorted by (request, step). Per row: request_id (object), step, seq_len,
+           budget, topk, batch_size, accepted_depth, commit_len, mask_hash (uint64),
+           finished (bool), is_chain (algo == "chain"), algo, n (nodes), lens[col]
+           (list length of each list column, -1 when null), ok (structure sound:
+           the engine hides rows that are not ok from every rule outside SA1xx).
+           Per node, flat over the batch (T = n.sum(); row r's nodes are
+           start[r] .. start[r]+n[r]-1): node_row, node_i, tokens, parents,
+           positions, argmax, depth. Path: path (flat), path_start [R+1], path_len.
+           Commit: commit (flat), commit_start [R+1], commit_n. Derived: true_depth,
+           bonus, expected_commit (flat) with expected_start [R+1], derived_mask_hash.
+           Continuity (from the request's previous step, in this batch or earlier
+           ones): has_prev, prev_step, prev_seq_end, prev_last, prev_finished,
+           out_before (output tokens before this step, first token included).
+           Config: run_id, eos_id, max_new_tokens (None when unknown), manifest,
+           conventions. Helpers: f.row_any(flat_bool) and f.row_sum(flat_values).
+  request  RequestFrame: every request of a run, joined with what its steps added
+           up to (see invariants/frame.py for the fields).
+  run      RunFrame: one run: manifest, reported, conventions, complete, and
+           `derived` (the aggregates re-derived from the rows, per partition too).
+  source   whatever the engine-log/metrics reader passes (specaudit.sources);
+           such rules usually return Findings built with self.finding(file=...,
+           line=..., **values). check() of a source rule is only called by that
+           reader, never by the trace checker.
+
+Fixtures: `fail(run)` and `passing(run)` receive a FixtureRun (invariants/fixtures.py):
+`run.steps` and `run.requests` are lists of row dicts of a small valid synthetic run
+(specaudit.synth, seeded), `run.manifest` its run.json; helpers find rows
+(`run.step(request_id, step)`, `run.steps_where(pred)`, `run.request(request_id)`).
+tests/test_invariants.py checks every registered rule: the passing run reports no
+error at all, the failing run reports this rule's code.
+"""
+from .base import DEFINED, SCOPES, Hits, Rule, RuleError, location  # noqa: F401
+from .registry import ENTRY_POINT_GROUP, all_rules, get_rule, load_dir, load_rules  # noqa: F401

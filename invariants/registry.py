@@ -1,0 +1,118 @@
+"""Which rules exist and which a check runs: built-in, user folders, entry points.
+
+    rules = load_rules(select=("SA3",), ignore=("SA305",), dirs=["my_rules/"])
+
+Built-in rules are every Rule subclass in a module of this package whose name
+starts with `sa` (sa1_shapes.py, sa3_path.py, ..., and sa7_*.py for engine logs and
+metrics). A user folder is a directory of .py files, each imported as a module; an
+entry point is any object in the `specaudit.invariants` group: a module, a Rule
+subclass, or a list of them.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import pkgutil
+import sys
+from pathlib import Path
+
+from ..schema import InputError
+from .base import DEFINED, Rule, RuleError
+
+ENTRY_POINT_GROUP = "specaudit.invariants"
+_BUILTIN_LOADED = False
+
+
+def load_builtin() -> None:
+    global _BUILTIN_LOADED
+    if _BUILTIN_LOADED:
+        return
+    pkg = importlib.import_module(__package__)
+    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
+        if info.name.startswith("sa"):
+            importlib.import_module(f"{__package__}.{info.name}")
+    _BUILTIN_LOADED = True
+
+
+def builtin_codes() -> set[str]:
+    load_builtin()
+    return {c for c, cls in DEFINED.items() if cls.__module__.startswith(__package__ + ".")}
+
+
+def load_dir(path) -> list[str]:
+    """Import every .py file of a folder (not starting with '_'); return the new codes."""
+    d = Path(path)
+    if not d.is_dir():
+        raise InputError(d, "--invariants expects a folder of .py rule files")
+    before = set(DEFINED)
+    files = sorted(p for p in d.glob("*.py") if not p.name.startswith("_"))
+    if not files:
+        raise InputError(d, "no .py rule files in this folder")
+    for f in files:
+        modname = f"specaudit_user_invariants.{f.parent.name}.{f.stem}"
+        if modname in sys.modules:
+            continue
+        spec = importlib.util.spec_from_file_location(modname, f)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[modname] = mod
+        try:
+            spec.loader.exec_module(mod)
+        except RuleError as e:
+            del sys.modules[modname]
+            raise InputError(f, f"bad rule: {e}") from None
+        except Exception as e:  # a user's file: report it in one line, never a traceback
+            del sys.modules[modname]
+            raise InputError(f, f"cannot import rule file: {type(e).__name__}: {e}") from None
+    return sorted(set(DEFINED) - before)
+
+
+def load_entry_points() -> list[str]:
+    """Load the `specaudit.invariants` entry points of installed packages."""
+    from importlib.metadata import entry_points
+    before = set(DEFINED)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            obj = ep.load()
+        except Exception as e:
+            raise InputError(None, f"entry point {ep.name!r} ({ep.value}) of group "
+                                   f"{ENTRY_POINT_GROUP}: {type(e).__name__}: {e}") from None
+        # a module or class registers itself on import; a list of classes too
+        if isinstance(obj, (list, tuple)):
+            for o in obj:
+                if not (isinstance(o, type) and issubclass(o, Rule)):
+                    raise InputError(None, f"entry point {ep.name!r}: {o!r} is not a Rule subclass")
+    return sorted(set(DEFINED) - before)
+
+
+def matches(code: str, prefixes) -> bool:
+    return any(code.startswith(p.strip().upper()) for p in prefixes if p.strip())
+
+
+def load_rules(select=(), ignore=(), dirs=(), entry_points: bool = True) -> list[Rule]:
+    """Instances of the rules a check runs, sorted by code.
+
+    select/ignore are code prefixes ("SA3", "SA301"); empty select means all.
+    """
+    load_builtin()
+    for d in dirs or ():
+        load_dir(d)
+    if entry_points:
+        load_entry_points()
+    out = []
+    for code in sorted(DEFINED):
+        if select and not matches(code, select):
+            continue
+        if ignore and matches(code, ignore):
+            continue
+        out.append(DEFINED[code]())
+    return out
+
+
+def get_rule(code: str) -> Rule | None:
+    load_builtin()
+    cls = DEFINED.get(code.strip().upper())
+    return cls() if cls else None
+
+
+def all_rules() -> list[Rule]:
+    return load_rules(entry_points=False)
