@@ -1,0 +1,534 @@
+"""Align two trace runs of the same prompts and classify each request's first divergence.
+
+    res = diff_runs("traces/run_id=chain-...", "traces/run_id=tree-...")
+    res.counts          # {"draft": 0, "verify": 0, "metric": 0, "none": 4}
+    res.requests[0]     # RequestDiff(request_id="0", cls="none", step=None, ...)
+
+Requests are matched by prompt (the requests table's prompt_tokens), or by request_id when
+both runs hold the same ids with the same prompts; steps are aligned by step index. Walking
+a request's steps in order, the first step where anything differs is classified by what
+differs first in the order the engine computes it:
+
+    draft   node_tokens or parents differ: the drafter proposed something else
+    verify  same drafts; positions, mask_hash, seq_len, target_argmax (or the target's
+            top-1 margin beyond --margin-tol) differ: the target predicted something else
+    metric  same drafts and predictions; the engine's bookkeeping differs: accepted_path,
+            accepted_depth, commit_len, committed_tokens or finished
+    none    identical to the end
+
+A prefill that produced a different first token is a verify divergence at step -1.
+Counters are compared in the contract's convention: a producer that declares
+`conventions.accept_length = excludes_bonus` has the bonus added back to commit_len (when the
+commit holds it) before comparing, so two engines that only name the same thing differently
+diff clean.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .schema import (REQUESTS_SCHEMA, SCHEMA_VERSION, STEPS_SCHEMA, InputError, RunFiles,
+                     check_table_schema, discover, manifest_conventions)
+
+CLASSES = ("draft", "verify", "metric", "none")
+EXPLAIN = {
+    "draft": "the drafts differ (node tokens or tree shape): the drafter saw other input or "
+             "state, e.g. a stale proposal reused, or another drafter",
+    "verify": "same drafts, different target predictions: the verify input differs (positions, "
+              "mask hash) or, when both agree, the target's KV cache or numerics do",
+    "metric": "same drafts and target predictions, different bookkeeping: the engine's counters or "
+              "its commit (e.g. a bonus counted as a draft, or a commit not cut at EOS) differ",
+    "none": "identical to the end: same drafts, predictions, counters and commits",
+}
+# What one step must hold for diff; the rest of STEPS_SCHEMA is optional (foreign producers).
+NEEDED_STEP = ("request_id", "step", "seq_len", "node_tokens", "parents", "positions", "mask_hash",
+               "target_argmax", "accepted_path", "accepted_depth", "commit_len",
+               "committed_tokens", "finished")
+OPTIONAL_STEP = ("target_margin", "batch_size", "algo")
+NEEDED_REQ = ("request_id", "prompt_tokens")
+OPTIONAL_REQ = ("first_token", "output_tokens", "finish_reason")
+BOOKKEEPING = ("accepted_path", "accepted_depth", "commit_len", "committed_tokens", "finished")
+DEFAULT_MARGIN_TOL = 1e-3  # logits: float32 batch-shape noise is ~1e-5, a real change is >> 1e-2
+
+
+# ------------------------------------------------------------------------ loading
+
+
+@dataclass
+class Side:
+    """One run, loaded: steps grouped per request (sorted by step) and the requests table."""
+
+    label: str                      # "A" or "B"
+    path: Path
+    run_id: str
+    manifest: dict
+    conventions: dict
+    steps: dict[str, list[dict]]    # request_id -> step rows in step order
+    requests: dict[str, dict] | None  # request_id -> request row (None: no requests table)
+    notes: list[str] = field(default_factory=list)
+
+    def request_ids(self) -> list[str]:
+        ids = dict.fromkeys(self.requests or {})
+        ids.update(dict.fromkeys(self.steps))
+        return sorted(ids, key=natural_key)
+
+
+def natural_key(rid: str):
+    return (0, int(rid), rid) if rid.isdigit() else (1, 0, rid)
+
+
+def _raw_version(run: RunFiles):
+    """schema_version as written, even when read_manifest refused it (None if unreadable)."""
+    try:
+        return json.loads((run.run_dir / "run.json").read_text()).get("schema_version")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _one_run(path, label: str) -> RunFiles:
+    runs = discover([path])
+    if len(runs) > 1:
+        ids = ", ".join(sorted(r.run_id for r in runs)[:6]) + (", ..." if len(runs) > 6 else "")
+        raise InputError(path, f"{label} holds {len(runs)} runs ({ids}); diff compares one run with "
+                               f"one run: pass a run folder, e.g. {runs[0].run_dir}")
+    return runs[0]
+
+
+def _read_table(path: Path, schema_needed: pa.Schema, optional: tuple) -> pa.Table:
+    try:
+        have = pq.read_schema(path)
+    except (OSError, pa.ArrowException) as e:
+        raise InputError(path, f"not a readable Parquet file ({str(e).splitlines()[0][:120]})") from None
+    check_table_schema(path, have, schema_needed)
+    cols = list(schema_needed.names) + [c for c in optional if c in have.names]
+    try:
+        return pq.read_table(path, columns=cols)
+    except (OSError, pa.ArrowException) as e:
+        raise InputError(path, f"cannot read ({str(e).splitlines()[0][:120]})") from None
+
+
+def load_side(path, label: str) -> Side:
+    """Load one run (a run folder, or a dataset folder holding exactly one run)."""
+    run = _one_run(path, label)
+    if run.manifest is None:
+        bad = run.problems[0] if run.problems else InputError(run.run_dir / "run.json", "no manifest")
+        raise bad
+    need_steps = pa.schema([STEPS_SCHEMA.field(c) for c in NEEDED_STEP])
+    tables = [_read_table(f, need_steps, OPTIONAL_STEP) for f in run.step_files]
+    steps: dict[str, list[dict]] = {}
+    dup = 0
+    for t in tables:
+        for row in t.to_pylist():
+            steps.setdefault(str(row["request_id"]), []).append(row)
+    for rid, rows in steps.items():
+        rows.sort(key=lambda r: r["step"])
+        uniq = {r["step"]: r for r in reversed(rows)}  # first occurrence wins
+        if len(uniq) != len(rows):
+            dup += len(rows) - len(uniq)
+            steps[rid] = [uniq[s] for s in sorted(uniq)]
+    requests = None
+    if run.requests_file is not None:
+        need_req = pa.schema([REQUESTS_SCHEMA.field(c) for c in NEEDED_REQ])
+        rt = _read_table(run.requests_file, need_req, OPTIONAL_REQ)
+        requests = {str(r["request_id"]): r for r in rt.to_pylist()}
+    side = Side(label, run.run_dir, run.run_id, run.manifest, manifest_conventions(run.manifest),
+                steps, requests)
+    if dup:
+        side.notes.append(f"{label} repeats {dup} (request, step) rows; the first of each is compared")
+    if requests is None:
+        side.notes.append(f"{label} has no requests table (run not finished?): requests matched by "
+                          "request_id, prompts and outputs not compared")
+    if not steps and not requests:
+        raise InputError(run.run_dir, f"{label} is empty: no step rows and no requests")
+    for k, allowed in (("accept_length", ("includes_bonus", "excludes_bonus")),
+                       ("mean", ("pooled", "per_request"))):
+        if side.conventions.get(k) not in allowed:
+            raise InputError(run.run_dir / "run.json", f"conventions.{k} = {side.conventions.get(k)!r}; "
+                                                       f"known: {', '.join(allowed)}")
+    return side
+
+
+def check_versions(a_path, b_path) -> None:
+    """Refuse runs of different (or unknown) contract versions with one clear line."""
+    va = [_raw_version(r) for r in discover([a_path])]
+    vb = [_raw_version(r) for r in discover([b_path])]
+    sa, sb = set(va), set(vb)
+    if sa != sb and None not in sa | sb:
+        raise InputError(None, f"A is trace schema version {', '.join(map(str, sorted(sa, key=str)))} "
+                               f"and B is version {', '.join(map(str, sorted(sb, key=str)))}: "
+                               "runs of different contract versions cannot be compared")
+
+
+# ----------------------------------------------------------------------- matching
+
+
+@dataclass
+class Matching:
+    pairs: list[tuple[str, str]]     # (request_id in A, request_id in B)
+    by: str                          # "request_id" or "prompt"
+    unmatched_a: list[str]
+    unmatched_b: list[str]
+    note: str
+
+
+def _prompt(side: Side, rid: str):
+    row = (side.requests or {}).get(rid)
+    p = row.get("prompt_tokens") if row else None
+    return tuple(p) if p else None
+
+
+def match_requests(a: Side, b: Side) -> Matching:
+    """Pair requests of A and B: by request_id when the prompts agree, else by prompt."""
+    ids_a, ids_b = a.request_ids(), b.request_ids()
+    have_prompts = (a.requests is not None and b.requests is not None
+                    and all(_prompt(a, r) for r in ids_a) and all(_prompt(b, r) for r in ids_b))
+    if not have_prompts:
+        common = [r for r in ids_a if r in set(ids_b)]
+        if not common:
+            raise InputError(None, "A and B share no request (no request_id in common, and no prompts "
+                                   "to match on): not runs of the same prompts")
+        return Matching([(r, r) for r in common], "request_id",
+                        [r for r in ids_a if r not in set(common)], [r for r in ids_b if r not in set(common)],
+                        "matched by request_id (no prompt_tokens to compare)")
+    if set(ids_a) == set(ids_b) and all(_prompt(a, r) == _prompt(b, r) for r in ids_a):
+        return Matching([(r, r) for r in ids_a], "request_id", [], [], "matched by request_id (prompts agree)")
+    by_prompt_b: dict[tuple, list[str]] = {}
+    for r in ids_b:
+        by_prompt_b.setdefault(_prompt(b, r), []).append(r)
+    # prefer the same request_id among requests with the same prompt, then id order
+    pairs, used_b = [], set()
+    for r in ids_a:
+        cands = [x for x in by_prompt_b.get(_prompt(a, r), []) if x not in used_b]
+        if cands:
+            pick = r if r in cands else cands[0]
+            pairs.append((r, pick))
+            used_b.add(pick)
+    if not pairs:
+        common = [r for r in ids_a if r in set(ids_b)]
+        if common:
+            r = common[0]
+            pa_, pb_ = _prompt(a, r), _prompt(b, r)
+            raise InputError(None, f"the prompts differ: no request of A has a prompt found in B (request "
+                                   f"{r}: {_show_prompt(pa_)} in A, {_show_prompt(pb_)} in B); diff needs "
+                                   "runs of the same prompts")
+        raise InputError(None, "A and B share no request: no request_id and no prompt in common")
+    matched_a = {p[0] for p in pairs}
+    ua = [r for r in ids_a if r not in matched_a]
+    ub = [r for r in ids_b if r not in used_b]
+    note = "matched by prompt" + ("" if all(x == y for x, y in pairs) else " (request ids differ)")
+    return Matching(pairs, "prompt", ua, ub, note)
+
+
+def _show_prompt(p) -> str:
+    if not p:
+        return "no prompt"
+    text = bytes(t for t in p[:24] if 0 < t < 256).decode("utf-8", "replace")
+    return f"{len(p)} tokens {text!r}" + ("..." if len(p) > 24 else "")
+
+
+# -------------------------------------------------------------------- comparison
+
+
+@dataclass
+class RequestDiff:
+    request_id: str                 # A's request id
+    request_id_b: str
+    cls: str                        # draft | verify | metric | none
+    step: int | None                # first divergent step (-1: prefill; None: none)
+    what: str                       # one line: what differs, with the numbers
+    fields: list[str] = field(default_factory=list)  # the columns that differ at that step
+    steps_compared: int = 0
+    verify_kind: str | None = None  # verify: positions | mask | positions+mask | same-input
+    truncated: bool = False         # one side's trace ends early (compared the common steps)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["class"] = d.pop("cls")
+        return {k: v for k, v in d.items() if v is not None or k == "step"}
+
+
+def commit_len_contract(row: dict, conv: dict) -> int:
+    """commit_len in this page's convention (the bonus counted when it was committed)."""
+    c = row["commit_len"]
+    if conv.get("accept_length") == "excludes_bonus" and c is not None:
+        path = row["accepted_path"] or []
+        if len(row["committed_tokens"] or []) >= len(path):  # the commit reaches the bonus
+            c += 1
+    return c
+
+
+def _first_diff(x, y) -> int | None:
+    x, y = x or [], y or []
+    for i, (u, v) in enumerate(zip(x, y)):
+        if u != v:
+            return i
+    return None if len(x) == len(y) else min(len(x), len(y))
+
+
+def _show(xs, i, w=3) -> str:
+    xs = xs or []
+    lo = max(0, i - 1)
+    s = ",".join(map(str, xs[lo:lo + w]))
+    return f"[{'...,' if lo else ''}{s}{',...' if lo + w < len(xs) else ''}]"
+
+
+def compare_step(a: dict, b: dict, conv_a: dict, conv_b: dict, margin_tol: float):
+    """Classify one aligned step pair. Returns (class, what, fields, verify_kind) or None."""
+    # 1. draft: the proposal (root included: a different root is a different draft input)
+    fields = [c for c in ("node_tokens", "parents") if a[c] != b[c]]
+    if fields:
+        na, nb = len(a["node_tokens"] or []), len(b["node_tokens"] or [])
+        parts = []
+        if na != nb:
+            parts.append(f"{na} vs {nb} nodes")
+        if "node_tokens" in fields:
+            i = _first_diff(a["node_tokens"], b["node_tokens"])
+            parts.append("root token differs" if i == 0 else f"node_tokens differ from node {i}: "
+                         f"{_show(a['node_tokens'], i)} vs {_show(b['node_tokens'], i)}")
+        if "parents" in fields:
+            i = _first_diff(a["parents"], b["parents"])
+            parts.append(f"tree shape differs from node {i}")
+        return "draft", "; ".join(parts), fields, None
+    # 2. verify: what the target was fed and what it predicted
+    pos = a["positions"] != b["positions"] or a["seq_len"] != b["seq_len"]
+    mask = a["mask_hash"] != b["mask_hash"]
+    am, bm = a["target_argmax"] or [], b["target_argmax"] or []
+    argmax_nodes = [i for i in range(max(len(am), len(bm)))
+                    if i >= len(am) or i >= len(bm) or am[i] != bm[i]]
+    ma, mb = a.get("target_margin"), b.get("target_margin")
+    dmargin = 0.0
+    if ma is not None and mb is not None and len(ma) == len(mb):
+        diffs = [abs(u - v) for u, v in zip(ma, mb) if u is not None and v is not None]
+        dmargin = max(diffs, default=0.0)
+    margin_moved = dmargin > margin_tol and math.isfinite(margin_tol)
+    if pos or mask or argmax_nodes or margin_moved:
+        fields = ([c for c in ("seq_len", "positions") if a[c] != b[c]] + (["mask_hash"] if mask else [])
+                  + (["target_argmax"] if argmax_nodes else []) + (["target_margin"] if margin_moved else []))
+        kind = ("positions+mask" if pos and mask else "positions" if pos else "mask" if mask else "same-input")
+        parts = []
+        if a["seq_len"] != b["seq_len"]:
+            parts.append(f"seq_len {a['seq_len']} vs {b['seq_len']}")
+        if a["positions"] != b["positions"]:
+            i = _first_diff(a["positions"], b["positions"])
+            shift = {v - u for u, v in zip(a["positions"] or [], b["positions"] or [])}
+            s = f" (B - A = {shift.pop():+d} on every node)" if len(shift) == 1 else ""
+            parts.append(f"positions differ from node {i}: {_show(a['positions'], i)} vs "
+                         f"{_show(b['positions'], i)}{s}")
+        if mask:
+            parts.append(f"mask hash {a['mask_hash']:#018x} vs {b['mask_hash']:#018x}")
+        if not pos and not mask:
+            parts.append("positions and mask hash agree")
+        elif not pos:
+            parts.append("positions agree")
+        elif not mask:
+            parts.append("mask hash agrees")
+        if argmax_nodes:
+            i = argmax_nodes[0]
+            near = ""
+            if ma is not None and mb is not None and i < len(ma) and i < len(mb):
+                m = min(x for x in (ma[i], mb[i]) if x is not None) if (ma[i], mb[i]) != (None, None) else None
+                if m is not None and m <= margin_tol * 10:
+                    near = f", a near tie (top-1 margin {m:.2g})"
+            parts.append(f"target_argmax differs at {len(argmax_nodes)}/{max(len(am), len(bm))} nodes "
+                         f"(first node {i}: {am[i] if i < len(am) else '-'} vs {bm[i] if i < len(bm) else '-'}{near})")
+        else:
+            parts.append(f"argmax agrees but the target's top-1 margin moved by up to {dmargin:.3g} "
+                         f"(logits differ; > --margin-tol {margin_tol:g})")
+        return "verify", "; ".join(parts), fields, kind
+    # 3. metric: same tensors, different bookkeeping (commit_len in the contract's convention)
+    ca, cb = commit_len_contract(a, conv_a), commit_len_contract(b, conv_b)
+    fields = [c for c in BOOKKEEPING if (a[c] != b[c] if c != "commit_len" else ca != cb)]
+    if fields:
+        parts = []
+        if "accepted_path" in fields:
+            parts.append(f"accepted_path {a['accepted_path']} vs {b['accepted_path']}")
+        if "accepted_depth" in fields:
+            parts.append(f"accepted_depth {a['accepted_depth']} vs {b['accepted_depth']}")
+        if "commit_len" in fields:
+            parts.append(f"commit_len {ca} vs {cb}" + ("" if (ca, cb) == (a["commit_len"], b["commit_len"])
+                                                       else " (contract convention)"))
+        if "committed_tokens" in fields:
+            la, lb = len(a["committed_tokens"] or []), len(b["committed_tokens"] or [])
+            parts.append(f"committed {la} vs {lb} tokens (the outputs diverge here)")
+        if "finished" in fields:
+            parts.append(f"finished {a['finished']} vs {b['finished']}")
+        return "metric", "; ".join(parts), fields, None
+    return None
+
+
+def diff_request(a: Side, b: Side, ra: str, rb: str, margin_tol: float) -> RequestDiff:
+    qa = (a.requests or {}).get(ra) or {}
+    qb = (b.requests or {}).get(rb) or {}
+    # the prefill's argmax is the first prediction of the target, before any draft
+    fa, fb = qa.get("first_token"), qb.get("first_token")
+    if fa is not None and fb is not None and fa != fb:
+        return RequestDiff(ra, rb, "verify", -1, f"the prefill's first token differs ({fa} vs {fb}): "
+                           "same prompt, different target prediction", ["first_token"], 0, "same-input")
+    sa, sb = a.steps.get(ra, []), b.steps.get(rb, [])
+    n = min(len(sa), len(sb))
+    for i in range(n):
+        x, y = sa[i], sb[i]
+        if x["step"] != y["step"]:
+            return RequestDiff(ra, rb, "metric", x["step"], f"step numbering differs at row {i}: "
+                               f"step {x['step']} vs {y['step']}", ["step"], i)
+        got = compare_step(x, y, a.conventions, b.conventions, margin_tol)
+        if got:
+            cls, what, fields, kind = got
+            return RequestDiff(ra, rb, cls, x["step"], what, fields, i + 1, kind)
+    if len(sa) != len(sb):
+        short, long_, lab_s, lab_l = (sa, sb, "A", "B") if len(sa) < len(sb) else (sb, sa, "B", "A")
+        if short and short[-1]["finished"]:
+            return RequestDiff(ra, rb, "metric", long_[n]["step"],
+                               f"{lab_l} has {len(long_) - n} more step(s) after the request finished at step "
+                               f"{short[-1]['step']}", ["finished"], n)
+        return RequestDiff(ra, rb, "none", None, f"identical over the {n} steps both hold; {lab_s}'s trace "
+                           f"ends early ({len(short)} vs {len(long_)} steps)", [], n, truncated=True)
+    # steps agree: the request-level record must agree too (server vs client)
+    for c in ("output_tokens", "finish_reason"):
+        if c in qa and c in qb and qa[c] is not None and qb[c] is not None and qa[c] != qb[c]:
+            return RequestDiff(ra, rb, "metric", sa[-1]["step"] if sa else None,
+                               f"steps agree but the requests table's {c} differs", [c], n)
+    return RequestDiff(ra, rb, "none", None, f"identical over {n} steps", [], n)
+
+
+# ------------------------------------------------------------------------ result
+
+
+@dataclass
+class DiffResult:
+    a: dict                          # path, run_id, config, requests, steps
+    b: dict
+    matched_by: str
+    match_note: str
+    unmatched_a: list[str]
+    unmatched_b: list[str]
+    settings_differ: dict            # config key -> [A value, B value]
+    acceptance: dict                 # per side: rows-derived and reported means
+    requests: list[RequestDiff]
+    notes: list[str]
+    margin_tol: float
+
+    @property
+    def counts(self) -> dict:
+        c = dict.fromkeys(CLASSES, 0)
+        for r in self.requests:
+            c[r.cls] += 1
+        return c
+
+    @property
+    def clean(self) -> bool:
+        return all(r.cls == "none" for r in self.requests)
+
+    def to_dict(self) -> dict:
+        return {
+            "a": self.a, "b": self.b, "matched_by": self.matched_by, "match_note": self.match_note,
+            "overlap": {"matched": len(self.requests), "only_in_a": self.unmatched_a,
+                        "only_in_b": self.unmatched_b,
+                        "partial": bool(self.unmatched_a or self.unmatched_b)},
+            "settings_differ": self.settings_differ, "acceptance": self.acceptance,
+            "counts": self.counts, "explanations": EXPLAIN, "margin_tol": self.margin_tol,
+            "requests": [r.to_dict() for r in self.requests], "notes": self.notes,
+        }
+
+
+def _means(side: Side, rids: list[str]) -> dict:
+    """Rows-derived pooled means over the given requests (contract convention), and the
+    run's reported ones as the producer declared them."""
+    rows = [s for r in rids for s in side.steps.get(r, [])]
+    n = max(len(rows), 1)
+    rep = side.manifest.get("reported") or {}
+    return {
+        "steps": len(rows),
+        "rows_mean_accepted_depth": sum(len(s["accepted_path"] or []) - 1 for s in rows) / n if rows else None,
+        "rows_mean_commit_len": sum(len(s["committed_tokens"] or []) for s in rows) / n if rows else None,
+        "reported_mean_accepted_depth": rep.get("mean_accepted_depth"),
+        "reported_mean_commit_len": rep.get("mean_commit_len"),
+        "conventions": side.conventions,
+    }
+
+
+def _describe(side: Side) -> dict:
+    cfg = side.manifest.get("config") or {}
+    return {"path": str(side.path), "run_id": side.run_id, "engine": side.manifest.get("engine"),
+            "config": cfg, "requests": len(side.request_ids()),
+            "steps": sum(len(v) for v in side.steps.values())}
+
+
+def diff_runs(a_path, b_path, margin_tol: float = DEFAULT_MARGIN_TOL) -> DiffResult:
+    """Compare run A with run B (each a run folder or a dataset holding one run)."""
+    check_versions(a_path, b_path)
+    a, b = load_side(a_path, "A"), load_side(b_path, "B")
+    m = match_requests(a, b)
+    reqs = [diff_request(a, b, ra, rb, margin_tol) for ra, rb in m.pairs]
+    notes = a.notes + b.notes
+    if m.unmatched_a or m.unmatched_b:
+        notes.append(f"partial overlap: compared the {len(m.pairs)} requests both hold; "
+                     f"{len(m.unmatched_a)} only in A, {len(m.unmatched_b)} only in B")
+    ca, cb = a.manifest.get("config") or {}, b.manifest.get("config") or {}
+    skip = {"num_prompts"}  # a partial overlap already says so
+    differ = {k: [ca.get(k), cb.get(k)] for k in sorted(set(ca) | set(cb))
+              if k not in skip and ca.get(k) != cb.get(k)}
+    ma_, mb_ = a.manifest.get("models") or {}, b.manifest.get("models") or {}
+    for role in sorted(set(ma_) | set(mb_)):
+        ha = (ma_.get(role) or {}).get("sha256") if isinstance(ma_.get(role), dict) else None
+        hb = (mb_.get(role) or {}).get("sha256") if isinstance(mb_.get(role), dict) else None
+        if ha and hb and ha != hb:
+            notes.append(f"the {role} models differ (sha256 {ha[:12]} vs {hb[:12]}): divergence is expected")
+    if a.conventions != b.conventions:
+        notes.append(f"conventions differ (A {a.conventions}, B {b.conventions}): counters compared in "
+                     "the contract's convention")
+    acc = {"A": _means(a, [p[0] for p in m.pairs]), "B": _means(b, [p[1] for p in m.pairs])}
+    return DiffResult(_describe(a), _describe(b), m.by, m.note, m.unmatched_a, m.unmatched_b, differ, acc,
+                      reqs, notes, margin_tol)
+
+
+# ------------------------------------------------------------------------- output
+
+
+def _fmt(x) -> str:
+    return "-" if x is None else f"{x:.2f}" if isinstance(x, float) else str(x)
+
+
+def format_text(res: DiffResult, examples: int = 5) -> str:
+    out = []
+    for lab, d in (("A", res.a), ("B", res.b)):
+        c = d["config"]
+        cfg = " ".join(f"{k}={c[k]}" for k in ("algo", "budget", "topk", "concurrency") if c.get(k) is not None)
+        out.append(f"{lab}: {d['path']}  ({cfg}; {d['requests']} requests, {d['steps']} steps)")
+    if res.settings_differ:
+        out.append("settings that differ: " + ", ".join(f"{k} {a!r} -> {b!r}"
+                                                         for k, (a, b) in res.settings_differ.items()))
+    out.append(f"{res.match_note}: {len(res.requests)} requests compared")
+    A, B = res.acceptance["A"], res.acceptance["B"]
+    out.append(f"acceptance from the rows: depth {_fmt(A['rows_mean_accepted_depth'])} vs "
+               f"{_fmt(B['rows_mean_accepted_depth'])}, commit {_fmt(A['rows_mean_commit_len'])} vs "
+               f"{_fmt(B['rows_mean_commit_len'])}; reported: depth {_fmt(A['reported_mean_accepted_depth'])} vs "
+               f"{_fmt(B['reported_mean_accepted_depth'])}, commit {_fmt(A['reported_mean_commit_len'])} vs "
+               f"{_fmt(B['reported_mean_commit_len'])}")
+    for n in res.notes:
+        out.append(f"note: {n}")
+    counts = res.counts
+    out.append("first divergence: " + ", ".join(f"{k} {counts[k]}" for k in CLASSES))
+    for cls in CLASSES:
+        rows = [r for r in res.requests if r.cls == cls]
+        if not rows:
+            continue
+        out.append("")
+        out.append(f"{cls.upper()} ({len(rows)} request{'s' if len(rows) != 1 else ''}): {EXPLAIN[cls]}")
+        w = max(7, max(len(_rid(r)) for r in rows[:examples]))
+        out.append(f"  {'request':<{w}}  {'step':>5}  what differs")
+        for r in rows[:examples]:
+            step = "-" if r.step is None else "pre" if r.step == -1 else str(r.step)
+            out.append(f"  {_rid(r):<{w}}  {step:>5}  {r.what}")
+        if len(rows) > examples:
+            out.append(f"  ... and {len(rows) - examples} more (--examples N, or --output-format json)")
+    return "\n".join(out)
+
+
+def _rid(r: RequestDiff) -> str:
+    return r.request_id if r.request_id == r.request_id_b else f"{r.request_id}/{r.request_id_b}"
