@@ -139,6 +139,12 @@ class Rule:
     def finding(self, *, run_id=None, request_id=None, step=None, file=None, line=None,
                 where: str | None = None, **values) -> Finding:
         """One Finding: message = '<where>: <template formatted with values>'."""
+        return self.make_finding(values, run_id=run_id, request_id=request_id, step=step, file=file,
+                                 line=line, where=where)
+
+    def make_finding(self, values: dict, *, run_id=None, request_id=None, step=None, file=None,
+                     line=None, where: str | None = None) -> Finding:
+        """finding() with the values as a dict (values may then use any name, even 'step')."""
         if where is None:
             where = location(run_id, request_id, step, file, line)
         text = self.format(values)

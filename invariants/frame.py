@@ -1,0 +1,685 @@
+"""What rules see: StepFrame (a batch of step rows), RequestFrame, RunFrame.
+
+Everything is re-derived here, vectorised over Arrow buffers with numpy: no Python
+loop per step (loops over node index up to N, over distinct tree shapes, and over
+the request ids of a batch are fine). Rows are sorted by (request, step) inside a
+batch; per-node arrays are flat over the batch with `start` offsets.
+
+Continuity across batches uses a per-request carry (`Carry`): the last step of
+each request seen so far (its step index, seq_len + commit, last token, finished,
+output length and an order-sensitive hash of its commits). A request's steps must
+come in step order across files and row groups, as every writer appending steps
+in verify order does; a step that comes late is reported by SA401.
+"""
+from __future__ import annotations
+
+from functools import cached_property
+
+import numpy as np
+import pyarrow as pa
+
+from ..schema import MAX_NODES, ancestor_mask, mask_hash
+
+I64 = np.int64
+_MIX1 = np.uint64(0x9E3779B97F4A7C15)
+_MIX2 = np.uint64(0xC2B2AE3D27D4EB4F)
+_MIX3 = np.uint64(0xBF58476D1CE4E5B9)
+
+
+def token_mix(tokens: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """uint64 contribution of token t at output position p; summed (mod 2^64) over a
+    request's tokens it is an order-sensitive fingerprint of the whole sequence."""
+    with np.errstate(over="ignore"):
+        x = (tokens.astype(np.uint64) + np.uint64(1)) * _MIX1
+        x ^= pos.astype(np.uint64) * _MIX2
+        x ^= x >> np.uint64(31)
+        x *= _MIX3
+        x ^= x >> np.uint64(29)
+    return x
+
+
+def segment_sum(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Sum of values[starts[i] : starts[i] + lengths[i]] for each i (empty -> 0).
+
+    uint64 sums wrap mod 2^64 (as the fingerprints need)."""
+    out = np.zeros(len(starts), dtype=values.dtype if values.dtype.kind in "iuf" else I64)
+    nz = lengths > 0
+    if nz.any() and len(values):
+        s = starts[nz]
+        red = np.add.reduceat(values, np.minimum(s, len(values) - 1))
+        out[nz] = red
+    return out
+
+
+# ---------------------------------------------------------------- Arrow helpers
+
+
+def _list_parts(arr):
+    """A list array -> (offsets int64 [R+1], values numpy, lengths [R] with -1 for null).
+
+    Values keep their Arrow buffer (offsets index into them); nulls inside values -> -1."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    off = np.asarray(arr.offsets.to_numpy(zero_copy_only=False), dtype=I64)
+    vals = arr.values
+    if vals.null_count:
+        vals = vals.fill_null(-1)
+    v = vals.to_numpy(zero_copy_only=False)
+    lens = np.diff(off)
+    if arr.null_count:
+        lens = np.where(arr.is_null().to_numpy(zero_copy_only=False), -1, lens)
+    return off, v, lens
+
+
+def _scalar(arr, fill=-1, dtype=I64):
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    nulls = None
+    if arr.null_count:
+        nulls = arr.is_null().to_numpy(zero_copy_only=False)
+        arr = arr.fill_null(fill)
+    return arr.to_numpy(zero_copy_only=False).astype(dtype, copy=False), nulls
+
+
+def _strings(arr):
+    """String column -> (codes int64 [R], unique values list)."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if not pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_encode()
+    codes = arr.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(I64)
+    return codes, arr.dictionary.to_pylist()
+
+
+# ---------------------------------------------------------------------- carry
+
+
+class Carry:
+    """Per-request state carried across batches of one run (arrays indexed by request)."""
+
+    FIELDS = {
+        "last_step": (I64, -1), "seq_end": (I64, -1), "last_tok": (I64, -1), "finished": (bool, False),
+        "out_len": (I64, 1), "n_steps": (I64, 0), "sum_commit_len": (I64, 0), "sum_commit_n": (I64, 0),
+        "sum_depth": (I64, 0), "sum_true_depth": (I64, 0), "first_seq_len": (I64, -1),
+        "first_root": (I64, -1), "hash": (np.uint64, 0), "contiguous": (bool, True),
+        "last_finished": (bool, False), "max_step": (I64, -1), "seen": (bool, False),
+    }
+
+    def __init__(self):
+        self.ids: dict[str, int] = {}
+        self.names: list[str] = []
+        self.n = 0
+        cap = 1024
+        for k, (dt, v) in self.FIELDS.items():
+            setattr(self, k, np.full(cap, v, dtype=dt))
+
+    def index(self, names: list[str]) -> np.ndarray:
+        """Request ids -> dense indices (new ids get new slots)."""
+        out = np.empty(len(names), dtype=I64)
+        ids = self.ids
+        for i, s in enumerate(names):
+            j = ids.get(s)
+            if j is None:
+                j = ids[s] = len(self.names)
+                self.names.append(s)
+            out[i] = j
+        self._grow(len(self.names))
+        return out
+
+    def _grow(self, n: int) -> None:
+        cap = len(self.last_step)
+        if n > cap:
+            new = max(n, cap * 2)
+            for k, (dt, v) in self.FIELDS.items():
+                a = getattr(self, k)
+                b = np.full(new, v, dtype=dt)
+                b[:cap] = a
+                setattr(self, k, b)
+        self.n = n
+
+    def view(self, k: str) -> np.ndarray:
+        return getattr(self, k)[: self.n]
+
+
+# -------------------------------------------------------------------- StepFrame
+
+
+class StepFrame:
+    """One record batch of one run's steps, re-derived. See the package docstring."""
+
+    def __init__(self, batch, *, run_id: str, carry: Carry, eos_id: int = 0,
+                 max_new_tokens: int | None = None, manifest: dict | None = None,
+                 conventions: dict | None = None, file: str | None = None, row_offset: int = 0):
+        self.run_id = run_id
+        self.file = file
+        self.eos_id = int(eos_id)
+        self.max_new_tokens = max_new_tokens
+        self.manifest = manifest or {}
+        self.conventions = conventions or {}
+        names = batch.schema.names
+        col = {n: batch.column(i) for i, n in enumerate(names)}
+        R = batch.num_rows
+        self.R = R
+        # --- request ids -> carry indices; sort rows by (request, step)
+        rcodes, rdict = _strings(col["request_id"])
+        rdict = [str(x) for x in rdict]
+        gidx = carry.index(rdict + ["\0null"])  # code -1 -> the null slot
+        req = gidx[rcodes]
+        step, step_null = _scalar(col["step"])
+        order = np.lexsort((step, req))
+        self.order = order                      # row r of this frame is batch row order[r]
+        self.row_in_file = order + row_offset
+        self.req = req[order]
+        self.step = step[order]
+        names_arr = np.asarray(rdict + ["<null>"], dtype=object)
+        self.request_id = names_arr[rcodes[order]]
+        self.nulls: dict[str, np.ndarray] = {}  # column -> bool [R] (required values missing)
+        if step_null is not None:
+            self.nulls["step"] = step_null[order]
+        if rcodes.min(initial=0) < 0:
+            self.nulls["request_id"] = (rcodes < 0)[order]
+        # run_id per row (for the partition check)
+        rc, rd = _strings(col["run_id"])
+        self.row_run_id = np.asarray([str(x) for x in rd] + ["<null>"], dtype=object)[rc[order]]
+        ac, ad = _strings(col["algo"])
+        self.algo = np.asarray([str(x) for x in ad] + ["<null>"], dtype=object)[ac[order]]
+        self.is_chain = self.algo == "chain"
+        for name in ("budget", "topk", "batch_size", "seq_len", "accepted_depth", "commit_len"):
+            v, nl = _scalar(col[name])
+            setattr(self, name, v[order])
+            if nl is not None:
+                self.nulls[name] = nl[order]
+        mh, nl = _scalar(col["mask_hash"], fill=0, dtype=np.uint64)
+        self.mask_hash = mh[order]
+        if nl is not None:
+            self.nulls["mask_hash"] = nl[order]
+        fin, nl = _scalar(col["finished"], fill=False, dtype=bool)
+        self.finished = fin[order]
+        if nl is not None:
+            self.nulls["finished"] = nl[order]
+
+        # --- per-node lists: flat in the batch's own order (no copy of the lists),
+        # with node_row mapping each flat entry to its sorted row
+        inv = np.empty(R, dtype=I64)
+        inv[order] = np.arange(R, dtype=I64)
+        self.inv = inv
+        self.lens: dict[str, np.ndarray] = {}
+        raw = {}
+        for name in ("node_tokens", "parents", "positions", "target_argmax", "draft_logprob",
+                     "target_margin", "accepted_path", "committed_tokens"):
+            if name not in col:
+                continue
+            off, v, lens = _list_parts(col[name])
+            raw[name] = (off, v, lens)
+            self.lens[name] = lens[order]
+        off, v, lens0 = raw["node_tokens"]
+        n0 = np.maximum(lens0, 0)
+        self.n_raw = self.lens["node_tokens"]
+        self.n = n0[order]
+        n = self.n
+        T = int(n0.sum())
+        self.T = T
+        rows0 = np.repeat(np.arange(R, dtype=I64), n0)    # batch row of each flat node
+        s0 = np.cumsum(n0) - n0                           # batch row -> flat start
+        self.start = s0[order]                            # sorted row -> flat start
+        self.node_row = inv[rows0]
+        self.node_i = np.arange(T, dtype=I64) - s0[rows0]
+        self.tokens = self._aligned(raw["node_tokens"], n0, rows0, s0)
+        self.parents = self._aligned(raw["parents"], n0, rows0, s0)
+        self.positions = self._aligned(raw["positions"], n0, rows0, s0)
+        self.argmax = self._aligned(raw["target_argmax"], n0, rows0, s0)
+
+        # --- structure: rows the deeper rules may trust
+        shapes_ok = n >= 1
+        for k in ("parents", "positions", "target_argmax"):
+            shapes_ok &= self.lens[k] == n
+        for k in ("draft_logprob", "target_margin"):
+            if k in self.lens:
+                shapes_ok &= (self.lens[k] == n) | (self.lens[k] == -1)
+        self.too_many_nodes = n > MAX_NODES
+        shapes_ok &= ~self.too_many_nodes & (self.lens["accepted_path"] >= 1) & (self.lens["committed_tokens"] >= 0)
+        self.shapes_ok = shapes_ok
+        is_root = self.node_i == 0
+        p = self.parents
+        self.root_parent_bad = self.row_any(is_root & (p != -1)) | (n < 1)
+        self.parent_order_bad = self.row_any(~is_root & ((p < 0) | (p >= self.node_i)))
+        tree_ok = shapes_ok & ~self.root_parent_bad & ~self.parent_order_bad
+        null_any = np.zeros(R, dtype=bool)
+        for v_ in self.nulls.values():
+            null_any |= v_
+        self.null_any = null_any
+        self.ok = tree_ok & ~null_any
+        okn = self.ok[self.node_row]
+        # safe parents: a chain on rows that are not ok, so derivations stay in range
+        self.psafe = np.where(okn & ~is_root, p, self.node_i - 1)
+        self.pglob = np.where(self.psafe >= 0, self.start[self.node_row] + self.psafe, -1)
+
+        # --- accepted path and commit (flat in batch order; *_start per sorted row)
+        self.path, self.path_start, self.path_len, self.path_row = self._own(raw["accepted_path"], inv, order)
+        self.commit, self.commit_start, self.commit_n, self.commit_row = self._own(raw["committed_tokens"], inv, order)
+        self.true_depth = self.path_len - 1
+
+        # --- continuity from the request's previous step
+        first = np.ones(R, dtype=bool)
+        first[1:] = self.req[1:] != self.req[:-1]
+        self.group_first = first
+        prev = np.arange(R, dtype=I64) - 1
+        gid = np.cumsum(first) - 1                       # group (request) of each row
+        gstart = np.flatnonzero(first)
+        cr = self.req[first]                             # carry index of each group
+        seq_end_row = self.seq_len + self.commit_n
+        nf = ~first
+        self.has_prev = carry.last_step[cr][gid] >= 0
+        self.has_prev[nf] = True
+        self.prev_step = carry.last_step[cr][gid]
+        self.prev_step[nf] = self.step[prev[nf]]
+        self.prev_seq_end = carry.seq_end[cr][gid]
+        self.prev_seq_end[nf] = seq_end_row[prev[nf]]
+        self.prev_last = carry.last_tok[cr][gid]
+        self.prev_last[nf] = self.commit_last[prev[nf]]
+        self.prev_finished = carry.finished[cr][gid]
+        self.prev_finished[nf] = self.finished[prev[nf]]
+        # output tokens before this step: carried length + earlier commits in this batch
+        csum = np.cumsum(self.commit_n) - self.commit_n  # exclusive, over the sorted rows
+        self.out_before = carry.out_len[cr][gid] + csum - csum[gstart][gid]
+        # rows whose request's steps so far run 0, 1, 2, ... without a gap: out_before
+        # and the token limit are exact there
+        expect = np.where(self.has_prev, self.prev_step + 1, 0)
+        bad = self.step != expect
+        bad_cum = np.cumsum(bad)
+        before_group = (bad_cum - bad)[gstart][gid]
+        self.contiguous = carry.contiguous[cr][gid] & (bad_cum - before_group == 0)
+        self._carry = carry
+        self._gid, self._gstart, self._cr = gid, gstart, cr
+
+    # ------------------------------------------------------------ flat helpers
+    def _aligned(self, part, n0, rows0, s0):
+        """A per-node list column flat and aligned on node_tokens (-1 where a row's list
+        is shorter than its N). Fast path: same lengths -> one slice of the values."""
+        off, v, lens = part
+        T = self.T
+        if T == 0:
+            return np.zeros(0, dtype=I64)
+        if np.array_equal(np.maximum(lens, 0), n0) and not (lens < 0).any():
+            return v[off[0]: off[-1]].astype(I64)
+        i = np.arange(T, dtype=I64) - s0[rows0]
+        ok = i < lens[rows0]
+        idx = np.where(ok, off[:-1][rows0] + i, 0)
+        if len(v) == 0:
+            return np.full(T, -1, dtype=I64)
+        return np.where(ok, v[np.minimum(idx, len(v) - 1)], -1).astype(I64)
+
+    @staticmethod
+    def _own(part, inv, order):
+        """A ragged list column -> (flat values in batch order, start per sorted row,
+        length per sorted row, sorted row of each flat entry)."""
+        off, v, lens = part
+        ln = np.maximum(lens, 0)
+        flat = v[off[0]: off[-1]].astype(I64) if len(v) else np.zeros(0, dtype=I64)
+        if (lens < 0).any():  # null lists may still span values: drop them
+            keep = np.repeat(lens >= 0, np.diff(off))
+            flat = flat[keep]
+        s0 = np.cumsum(ln) - ln
+        rows0 = np.repeat(np.arange(len(ln), dtype=I64), ln)
+        return flat, s0[order], ln[order], inv[rows0]
+
+    def row_any(self, flat: np.ndarray) -> np.ndarray:
+        """Per-row any() of a bool array over this frame's flat nodes."""
+        return np.bincount(self.node_row[flat], minlength=self.R) > 0
+
+    def row_all_nodes(self, flat: np.ndarray) -> np.ndarray:
+        return ~self.row_any(~flat)
+
+    def row_sum(self, flat: np.ndarray) -> np.ndarray:
+        return np.bincount(self.node_row, weights=flat, minlength=self.R)
+
+    def first_node(self, flat_bad: np.ndarray, fill=-1) -> np.ndarray:
+        """Per row, the local index of the first node where flat_bad is true (or fill)."""
+        out = np.full(self.R, fill, dtype=I64)
+        idx = np.flatnonzero(flat_bad)[::-1]               # reversed: first wins on assignment
+        out[self.node_row[idx]] = self.node_i[idx]
+        return out
+
+    # -------------------------------------------------------------- derived
+    @cached_property
+    def commit_last(self) -> np.ndarray:
+        """Last committed token of each row (-1 when the commit is empty)."""
+        out = np.full(self.R, -1, dtype=I64)
+        ok = self.commit_n > 0
+        if ok.any():
+            out[ok] = self.commit[self.commit_start[ok] + self.commit_n[ok] - 1]
+        return out
+
+    @cached_property
+    def chain_shaped(self) -> np.ndarray:
+        """Rows whose parents are i - 1 for every node (a chain)."""
+        return ~self.row_any((self.node_i > 0) & (self.parents != self.node_i - 1))
+
+    @cached_property
+    def depth(self) -> np.ndarray:
+        """Depth of every node (flat), by pointer jumping over the safe parents."""
+        if self.T == 0:
+            return np.zeros(0, dtype=I64)
+        if self.chain_shaped.all():
+            return self.node_i.copy()
+        ar = np.arange(self.T, dtype=I64)
+        jump = np.where(self.pglob >= 0, self.pglob, ar)
+        dist = (self.pglob >= 0).astype(I64)
+        nmax = int(self.n.max())
+        for _ in range(max(1, int(np.ceil(np.log2(max(nmax, 2)))))):
+            dist = dist + np.where(jump != ar, dist[jump], 0)
+            jump = jump[jump]
+        return dist
+
+    @cached_property
+    def children_max(self) -> np.ndarray:
+        """Most children of any node, per row."""
+        if self.T == 0:
+            return np.zeros(self.R, dtype=I64)
+        kids = np.bincount(self.pglob[self.pglob >= 0], minlength=self.T)
+        out = np.zeros(self.R, dtype=I64)
+        np.maximum.at(out, self.node_row, kids)
+        return out
+
+    def _hash_of(self, r: int) -> int:
+        ps = self.psafe[self.start[r]: self.start[r] + self.n[r]]
+        return int(mask_hash(ancestor_mask(ps)))
+
+    @cached_property
+    def derived_mask_hash(self) -> np.ndarray:
+        """Contract hash of the ancestor-or-self mask of each row's parents (uint64 [R]).
+
+        Computed once per distinct shape: chains by N, trees by a fingerprint of
+        their parents, verified node by node against a representative row."""
+        out = np.zeros(self.R, dtype=np.uint64)
+        chain = self.chain_shaped
+        if chain.any():
+            out[chain] = self._chain_hash(self.n[chain])
+        rows = np.flatnonzero(~chain & (self.n > 0))
+        if rows.size:
+            sel = ~chain[self.node_row]
+            with np.errstate(over="ignore"):
+                w = _POSW[np.minimum(self.node_i[sel], len(_POSW) - 1)]
+                contrib = (self.psafe[sel] + 2).astype(np.uint64) * w
+            fp_all = np.zeros(self.R, dtype=np.uint64)
+            np.add.at(fp_all, self.node_row[sel], contrib)
+            with np.errstate(over="ignore"):
+                fp_all ^= self.n.astype(np.uint64) * _MIX1
+            fp = fp_all[rows]
+            uniq, first, inv = np.unique(fp, return_index=True, return_inverse=True)
+            rep = rows[first][inv]                           # representative row of each row
+            # verify: every node's parent equals the representative's at that index
+            nsel = np.flatnonzero(sel)
+            r_of = self.node_row[nsel]
+            rep_of = np.empty(self.R, dtype=I64)
+            rep_of[rows] = rep
+            rr = rep_of[r_of]
+            i = self.node_i[nsel]
+            same = (self.n[rr] == self.n[r_of])
+            j = np.where(same, self.start[rr] + np.minimum(i, self.n[rr] - 1), 0)
+            diff = ~same | (self.psafe[j] != self.psafe[nsel])
+            mism = np.zeros(self.R, dtype=bool)
+            mism[r_of[diff]] = True
+            hashes = np.zeros(len(uniq), dtype=np.uint64)
+            for u, r0 in enumerate(rows[first]):
+                ps = self.psafe[self.start[r0]: self.start[r0] + self.n[r0]]
+                key = ("tree", ps.tobytes())
+                h = _HASH_CACHE.get(key)
+                if h is None:
+                    h = _HASH_CACHE[key] = int(mask_hash(ancestor_mask(ps)))
+                hashes[u] = h
+            out[rows] = hashes[inv]
+            for r in np.flatnonzero(mism):
+                out[r] = self._hash_of(r)
+            if len(_HASH_CACHE) > 100_000:
+                _HASH_CACHE.clear()
+        return out
+
+    @staticmethod
+    def _chain_hash(n: np.ndarray) -> np.ndarray:
+        out = np.zeros(len(n), dtype=np.uint64)
+        for nn in np.unique(n):
+            key = ("chain", int(nn))
+            if key not in _HASH_CACHE:
+                _HASH_CACHE[key] = int(mask_hash(ancestor_mask(np.arange(-1, nn - 1, dtype=I64))))
+            out[n == nn] = _HASH_CACHE[key]
+        return out
+
+    @cached_property
+    def causal_mask_hash(self) -> np.ndarray:
+        """Hash of a plain causal mask of each row's N (what a tree gets by mistake)."""
+        return self._chain_hash(self.n)
+
+    # path entries: k (index in the path), global node index, validity
+    @cached_property
+    def path_k(self) -> np.ndarray:
+        return _local_index(self.path_row, self.path_start, len(self.path))
+
+    @cached_property
+    def path_in_range(self) -> np.ndarray:
+        """Per path entry: 0 <= node < N of its row."""
+        return (self.path >= 0) & (self.path < self.n[self.path_row])
+
+    @cached_property
+    def path_glob(self) -> np.ndarray:
+        return np.where(self.path_in_range, self.start[self.path_row] + self.path, 0)
+
+    @cached_property
+    def path_struct_bad(self) -> np.ndarray:
+        """Rows whose path does not start at 0, leaves the tree, or is not parent->child."""
+        k = self.path_k
+        bad = ~self.path_in_range | ((k == 0) & (self.path != 0))
+        if len(self.path) > 1:
+            link = np.zeros(len(self.path), dtype=bool)
+            link[1:] = (k[1:] > 0) & (self.pglob[self.path_glob[1:]] != self.path_glob[:-1])
+            bad |= link
+        return (np.bincount(self.path_row[bad], minlength=self.R) > 0) | (self.path_len < 1)
+
+    @cached_property
+    def path_ok(self) -> np.ndarray:
+        return self.ok & ~self.path_struct_bad
+
+    @cached_property
+    def last_node(self) -> np.ndarray:
+        """Global index of the path's last node per row (the row's root when empty)."""
+        out = self.start.copy()
+        has = self.path_len > 0
+        out[has] = self.path_glob[self.path_start[has] + self.path_len[has] - 1]
+        return np.minimum(out, max(self.T - 1, 0))
+
+    @cached_property
+    def bonus(self) -> np.ndarray:
+        """The target's argmax at the path's last node (the bonus token) per row."""
+        if self.T == 0:
+            return np.full(self.R, -1, dtype=I64)
+        return self.argmax[self.last_node]
+
+    @cached_property
+    def path_last_k(self) -> np.ndarray:
+        """Per path entry: is it its row's last entry."""
+        return self.path_k == self.path_len[self.path_row] - 1
+
+    @cached_property
+    def expected_commit(self) -> np.ndarray:
+        """Flat, aligned with `path`: accepted draft tokens then the bonus (entry k is the
+        token of path[k+1], the last entry is the bonus). Offsets: expected_start."""
+        P = len(self.path)
+        out = np.empty(P, dtype=I64)
+        if P == 0:
+            return out
+        last = self.path_last_k
+        nxt = np.flatnonzero(~last)
+        out[nxt] = self.tokens[self.path_glob[nxt + 1]] if self.T else -1
+        out[last] = self.bonus[self.path_row[last]]
+        return out
+
+    @property
+    def expected_start(self) -> np.ndarray:
+        return self.path_start
+
+    @cached_property
+    def commit_k(self) -> np.ndarray:
+        return _local_index(self.commit_row, self.commit_start, len(self.commit))
+
+    @cached_property
+    def commit_mismatch_at(self) -> np.ndarray:
+        """Per row: first commit index where committed_tokens differs from the expected
+        commit (accepted drafts + bonus), or where it runs past it; -1 when none."""
+        out = np.full(self.R, -1, dtype=I64)
+        if len(self.commit):
+            k, r = self.commit_k, self.commit_row
+            inside = k < self.path_len[r]
+            e = np.full(len(k), -2, dtype=I64)
+            if len(self.expected_commit):
+                e[inside] = self.expected_commit[self.path_start[r[inside]] + k[inside]]
+            idx = np.flatnonzero((self.commit != e) | ~inside)[::-1]
+            out[r[idx]] = k[idx]
+        return out
+
+    @cached_property
+    def commit_eos_at(self) -> np.ndarray:
+        """Per row: first commit index holding EOS, or -1."""
+        out = np.full(self.R, -1, dtype=I64)
+        if len(self.commit):
+            idx = np.flatnonzero(self.commit == self.eos_id)[::-1]
+            out[self.commit_row[idx]] = self.commit_k[idx]
+        return out
+
+    def node_values(self, flat: np.ndarray, rows: np.ndarray, width: int = 16) -> list:
+        """Small per-row lists of a flat node array, for messages (only hit rows)."""
+        return [flat[self.start[r]: self.start[r] + min(self.n[r], width)].tolist() for r in rows]
+
+    def finish_carry(self) -> None:
+        """Fold this batch into the carry (call once, after the rules ran)."""
+        c, cr, gstart, gid = self._carry, self._cr, self._gstart, self._gid
+        if self.R == 0:
+            return
+        G = len(gstart)
+        last = np.concatenate((gstart[1:], [self.R])) - 1
+        sums = lambda v: np.bincount(gid, weights=v, minlength=G).astype(I64)  # noqa: E731
+        new = ~c.seen[cr]
+        fr = gstart[new]
+        c.first_seq_len[cr[new]] = self.seq_len[fr]
+        c.first_root[cr[new]] = np.where(self.n[fr] > 0, self.tokens[np.minimum(self.start[fr], max(self.T - 1, 0))]
+                                         if self.T else -1, -1)
+        c.seen[cr] = True
+        c.n_steps[cr] += np.bincount(gid, minlength=G)
+        c.sum_commit_len[cr] += sums(self.commit_len)
+        c.sum_commit_n[cr] += sums(self.commit_n)
+        c.sum_depth[cr] += sums(self.accepted_depth)
+        c.sum_true_depth[cr] += sums(self.true_depth)
+        # order-sensitive fingerprint of the commits at their output positions
+        if len(self.commit):
+            pos = self.out_before[self.commit_row] + self.commit_k
+            contrib = token_mix(self.commit, pos)
+            # commit entries of one row are contiguous in batch order
+            row_h = np.zeros(self.R, dtype=np.uint64)
+            nz = self.commit_n > 0
+            s0 = self.commit_start[nz]
+            o = np.argsort(s0, kind="stable")
+            red = np.add.reduceat(contrib, s0[o])
+            rows_nz = np.flatnonzero(nz)[o]
+            row_h[rows_nz] = red
+            grp_h = np.add.reduceat(row_h, gstart)
+            with np.errstate(over="ignore"):
+                c.hash[cr] += grp_h
+        c.out_len[cr] += sums(self.commit_n)
+        c.contiguous[cr] = self.contiguous[last]
+        c.finished[cr] |= np.bincount(gid, weights=self.finished, minlength=G) > 0
+        c.last_finished[cr] = self.finished[last]
+        c.last_step[cr] = np.maximum(c.last_step[cr], self.step[last])
+        c.seq_end[cr] = self.seq_len[last] + self.commit_n[last]
+        c.last_tok[cr] = self.commit_last[last]
+
+
+def _local_index(row: np.ndarray, start: np.ndarray, size: int) -> np.ndarray:
+    return np.arange(size, dtype=I64) - start[row] if size else np.zeros(0, dtype=I64)
+
+
+_HASH_CACHE: dict = {}
+_POSW = np.random.default_rng(20261130).integers(1, 2**63 - 1, size=MAX_NODES + 1,
+                                                   dtype=np.int64).astype(np.uint64) | np.uint64(1)
+
+
+# ----------------------------------------------------------------- requests
+
+
+class RequestFrame:
+    """Every request of a run: the requests table joined with its steps' carry.
+
+    Arrays [Q] over the carry's request indices (`request_id`): has_row (a requests
+    row exists), prompt_len, first_token, output_len, output_hash (fingerprint of
+    output_tokens[1:] at positions 1..), output_last, eos_inside (EOS before the
+    last output token), finish_reason, reference_equal (-1 no reference, 0 differs,
+    1 equal), reference_first_diff; from the steps: has_steps, n_steps, first_step
+    facts (first_seq_len, first_root), commits_hash, commits_len (= 1 + sum of
+    len(committed_tokens)), sum_commit_len, last_finished, contiguous; plus `extra`
+    (optional client-side columns of the requests table, by name), run_id,
+    eos_id, max_new_tokens, complete (the run ended normally).
+    """
+
+    def __init__(self, carry: Carry, table_facts: dict | None, *, run_id: str, eos_id: int,
+                 max_new_tokens: int | None, complete: bool, manifest: dict):
+        Q = carry.n
+        self.run_id, self.eos_id, self.max_new_tokens = run_id, eos_id, max_new_tokens
+        self.complete, self.manifest = complete, manifest
+        self.R = Q
+        self.request_id = np.asarray(carry.names[:Q], dtype=object)
+        self.has_steps = carry.view("seen").copy()
+        self.n_steps = carry.view("n_steps").copy()
+        self.first_seq_len = carry.view("first_seq_len").copy()
+        self.first_root = carry.view("first_root").copy()
+        self.commits_hash = carry.view("hash").copy()
+        self.commits_len = carry.view("out_len").copy()
+        self.sum_commit_len = carry.view("sum_commit_len").copy()
+        self.sum_commit_n = carry.view("sum_commit_n").copy()
+        self.sum_depth = carry.view("sum_depth").copy()
+        self.sum_true_depth = carry.view("sum_true_depth").copy()
+        self.last_finished = carry.view("last_finished").copy()
+        self.contiguous = carry.view("contiguous").copy()
+        t = table_facts or {}
+        def arr(k, fill, dt):  # noqa: E306
+            a = np.full(Q, fill, dtype=dt)
+            if k in t:
+                a[t["idx"]] = t[k]
+            return a
+        self.has_row = np.zeros(Q, dtype=bool)
+        if "idx" in t:
+            self.has_row[t["idx"]] = True
+        self.prompt_len = arr("prompt_len", -1, I64)
+        self.first_token = arr("first_token", -1, I64)
+        self.output_len = arr("output_len", -1, I64)
+        self.output_hash = arr("output_hash", 0, np.uint64)
+        self.output_last = arr("output_last", -1, I64)
+        self.eos_inside = arr("eos_inside", -1, I64)
+        self.reference_equal = arr("reference_equal", -1, I64)
+        self.reference_first_diff = arr("reference_first_diff", -1, I64)
+        self.reference_len = arr("reference_len", -1, I64)
+        self.finish_reason = arr("finish_reason", None, object)
+        self.extra = {k[6:]: arr(k, np.nan, float) for k in t if k.startswith("extra:")}
+        self.null_slot = self.request_id == "\0null"
+
+
+class RunFrame:
+    """One run: manifest, reported, conventions, and the aggregates re-derived.
+
+    derived: steps, drafted (sum of N - 1), accepted (sum of len(path) - 1),
+    accepted_counter (sum of accepted_depth), committed (sum of len(committed_tokens)),
+    commit_len_sum, generated (sum of len(output_tokens), complete runs), requests,
+    per_request_mean_depth / per_request_mean_commit (mean of per-request means),
+    width_sum (steps x budget), depth_hist (steps by true depth), wall_s (from
+    t_start/step_s), partitions: {name: same counters for that file or rank}.
+    R = 1 (one row), so step-style rules work unchanged.
+    """
+
+    def __init__(self, run_id: str, manifest: dict | None, derived: dict, complete: bool,
+                 conventions: dict, incomplete_reason: str | None = None):
+        self.run_id = run_id
+        self.manifest = manifest or {}
+        self.reported = (manifest or {}).get("reported") or {}
+        self.derived = derived
+        self.complete = complete
+        self.conventions = conventions
+        self.incomplete_reason = incomplete_reason
+        self.config = (manifest or {}).get("config") or {}
+        self.R = 1

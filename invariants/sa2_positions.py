@@ -1,0 +1,89 @@
+"""SA2xx: positions and the attention mask actually fed (contract rules 3 and 4)."""
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Hits, Rule
+
+
+class Positions(Rule):
+    """What: positions[i] = seq_len + depth(i) for every node.
+
+    Why: a node's position is where its token would sit in the output; a tree's
+    siblings share a position. A shifted or node-index position makes the target
+    predict for the wrong place, and acceptance silently drops.
+
+    Example: seq_len 22, node 3 at depth 3 fed position 26 instead of 25 (every node
+    shifted by one: an off-by-one in the position ids).
+    """
+
+    code = "SA201"
+    name = "positions"
+    message = ("node {node} (depth {depth}) was fed position {pos}, expected seq_len {seq_len} "
+               "+ depth {depth} = {want}{pattern}")
+
+    def check(self, f):
+        if f.T == 0:
+            return None
+        want = f.seq_len[f.node_row] + f.depth
+        badn = f.positions != want
+        node = f.first_node(badn)
+        hit = node >= 0
+        g = np.where(hit, f.start + np.maximum(node, 0), 0)
+        pos = np.where(hit, f.positions[np.minimum(g, f.T - 1)], -1)
+        dep = np.where(hit, f.depth[np.minimum(g, f.T - 1)], -1)
+        # explain: the same shift on every node, or positions by node index
+        shift = f.positions - want
+        smin = np.full(f.R, np.iinfo(np.int64).max)
+        smax = np.full(f.R, np.iinfo(np.int64).min)
+        np.minimum.at(smin, f.node_row, shift)
+        np.maximum.at(smax, f.node_row, shift)
+        byidx = ~f.row_any(f.positions != f.seq_len[f.node_row] + f.node_i)
+        pattern = np.where((smin == smax) & hit, np.char.add(" (every node shifted by ",
+                           np.char.add(smin.astype(str), ")")), "")
+        pattern = np.where(byidx & hit & ~f.chain_shaped, " (positions follow node index, not depth)", pattern)
+        return Hits(hit, node=node, depth=dep, pos=pos, seq_len=f.seq_len,
+                    want=f.seq_len + np.maximum(dep, 0), pattern=pattern)
+
+    def fail(self, run):
+        s = run.steps[5]
+        s["positions"] = [p + 1 for p in s["positions"]]
+
+
+class MaskHash(Rule):
+    """What: mask_hash equals the contract hash of the ancestor-or-self visibility of
+    `parents` (each node sees itself and its ancestors, never a sibling's branch).
+
+    Why: the hash is of the mask the verify forward really used; a mask that lets a
+    node see other branches (a plain causal mask on a tree) changes the target's
+    predictions, so acceptance and even the output can go wrong.
+
+    Example: a branching tree verified with a lower-triangular mask: the recorded
+    hash is the causal mask's, not the tree's.
+    """
+
+    code = "SA202"
+    name = "mask-hash"
+    message = "mask_hash {got} is not the ancestor-or-self mask of these parents ({want}){explain}"
+    fixture_algo = "tree"
+
+    def check(self, f):
+        want = f.derived_mask_hash
+        bad = f.mask_hash != want
+        if not bad.any():
+            return None
+        causal = f.causal_mask_hash
+        explain = np.where(bad & (f.mask_hash == causal), ": it is a plain causal mask over node index", "")
+        got = np.array([f"{int(x):#018x}" for x in f.mask_hash[bad]], dtype=object)
+        wanted = np.array([f"{int(x):#018x}" for x in want[bad]], dtype=object)
+        g = np.full(f.R, "", dtype=object)
+        w = np.full(f.R, "", dtype=object)
+        g[bad], w[bad] = got, wanted
+        return Hits(bad, got=g, want=w, explain=explain)
+
+    def fail(self, run):
+        from ..schema import mask_hash
+        import numpy as _np
+        s = run.steps_where(lambda s: any(p != i - 1 for i, p in enumerate(s["parents"]) if i))[0]
+        n = len(s["parents"])
+        s["mask_hash"] = int(mask_hash(_np.tril(_np.ones((n, n), dtype=bool))))

@@ -1,0 +1,351 @@
+"""SA3xx: the accepted path and the per-step counters (contract rules 5 and 6)."""
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Hits, Rule
+
+
+def _lists(f, rows, flat, start, lens, width=12):
+    out = np.full(f.R, "", dtype=object)
+    for r in rows:
+        v = flat[start[r]: start[r] + min(lens[r], width)].tolist()
+        out[r] = str(v)[:-1] + (", ...]" if lens[r] > width else "]")
+    return out
+
+
+def _unfinished_with_depth(s):
+    return not s["finished"] and s["accepted_depth"] >= 1
+
+
+class CommitLenVsDepth(Rule):
+    """What: an unfinished step has commit_len = accepted_depth + 1 (the accepted
+    drafts plus the bonus token); a finished step commits at most that.
+
+    Why: this is the impossibility specaudit exists to catch: a single chain that
+    reported mean accepted depth 7.00 next to mean commit length 2.00. One of the two
+    counters reads the wrong variable.
+
+    Example: `SA301 run r1 request 17 step 4: chain committed 2 tokens but accepted
+    depth is 7 (an unfinished step commits depth + 1 = 8)`.
+    """
+
+    code = "SA301"
+    name = "commit-len-vs-depth"
+    message = "{algo} committed {commit_len} tokens but accepted depth is {accepted_depth} ({rule})"
+
+    def check(self, f):
+        want = f.accepted_depth + 1
+        unf = ~f.finished & (f.commit_len != want)
+        fin = f.finished & (f.commit_len > want)
+        rule = np.where(unf, np.char.add("an unfinished step commits depth + 1 = ", want.astype(str)),
+                        np.char.add("a finished step commits at most depth + 1 = ", want.astype(str)))
+        return Hits(unf | fin, algo=f.algo, commit_len=f.commit_len, accepted_depth=f.accepted_depth,
+                    rule=rule)
+
+    def fail(self, run):
+        s = run.steps_where(_unfinished_with_depth)[0]
+        s["accepted_depth"], s["commit_len"] = len(s["node_tokens"]) - 1, 2
+
+
+class DepthVsPath(Rule):
+    """What: accepted_depth = len(accepted_path) - 1.
+
+    Why: the depth counter and the path the engine accepted must describe the same
+    acceptance; counting the bonus token as accepted makes the depth one too high
+    (and an accept rate above one follows).
+
+    Example: accepted_path [0, 1, 2] (depth 2) and accepted_depth 3: the bonus token
+    was counted as an accepted draft.
+    """
+
+    code = "SA302"
+    name = "depth-vs-path"
+    message = "accepted_depth is {accepted_depth} but the accepted path {path} has depth {path_depth}{explain}"
+
+    def check(self, f):
+        bad = f.path_len.astype(np.int64) - 1 != f.accepted_depth
+        bad &= f.path_len >= 1
+        if not bad.any():
+            return None
+        rows = np.flatnonzero(bad & f.ok)
+        explain = np.where(f.accepted_depth == f.path_len, " (the bonus token counted as an accepted draft)",
+                           np.where(f.accepted_depth == f.n - 1, " (it is the number of drafted nodes)", ""))
+        return Hits(bad, accepted_depth=f.accepted_depth, path_depth=f.path_len - 1, explain=explain,
+                    path=_lists(f, rows, f.path, f.path_start, f.path_len))
+
+    def fail(self, run):
+        s = run.steps[2]
+        s["accepted_depth"] += 1
+
+
+class PathWalk(Rule):
+    """What: accepted_path starts at node 0 and each next entry is a child of the one
+    before, inside the tree.
+
+    Why: greedy verification accepts a root-to-node path; anything else is not an
+    acceptance the target could have made.
+
+    Example: accepted_path [0, 2] where node 2's parent is node 1.
+    """
+
+    code = "SA303"
+    name = "path-walk"
+    message = "accepted_path {path} is not a root-to-node walk of this tree (parents {parents})"
+    fixture_algo = "tree"
+
+    def check(self, f):
+        bad = f.path_struct_bad & f.ok
+        rows = np.flatnonzero(bad)
+        return Hits(bad, path=_lists(f, rows, f.path, f.path_start, f.path_len),
+                    parents=_lists(f, rows, f.parents, f.start, f.n))
+
+    def fail(self, run):
+        s = run.steps_where(lambda s: len(s["accepted_path"]) >= 3)[0]
+        s["accepted_path"] = [0] + s["accepted_path"][2:]
+
+
+class PathMatchesArgmax(Rule):
+    """What: along the accepted path, target_argmax[parent] = node_tokens[child] for
+    each consecutive pair.
+
+    Why: a draft is accepted only when the target, at its parent, would have
+    produced exactly that token; otherwise the output is no longer the target's
+    greedy output.
+
+    Example: node 3 (token 40) accepted although the target's argmax at node 2 is 133.
+    """
+
+    code = "SA304"
+    name = "path-matches-argmax"
+    message = ("accepted node {node} carries token {token} but the target's argmax at its parent "
+               "node {parent} is {argmax}: a draft the target rejects was accepted")
+
+    def check(self, f):
+        ok = f.path_ok
+        if not len(f.path) or not ok.any():
+            return None
+        k = f.path_k
+        g = f.path_glob
+        badp = np.zeros(len(g), dtype=bool)
+        badp[1:] = (k[1:] > 0) & (f.argmax[g[:-1]] != f.tokens[g[1:]])
+        badp &= ok[f.path_row]
+        first = np.full(f.R, -1, dtype=np.int64)
+        idx = np.flatnonzero(badp)[::-1]
+        first[f.path_row[idx]] = idx
+        hit = first >= 0
+        j = np.maximum(first, 1)
+        node = np.where(hit, f.path[j], -1)
+        parent = np.where(hit, f.path[j - 1], -1)
+        token = np.where(hit, f.tokens[g[j]], -1)
+        am = np.where(hit, f.argmax[g[j - 1]], -1)
+        return Hits(hit, node=node, parent=parent, token=token, argmax=am)
+
+    def fail(self, run):
+        s = run.steps_where(lambda s: len(s["accepted_path"]) >= 2)[0]
+        p = s["accepted_path"][0]
+        s["target_argmax"][p] = (s["target_argmax"][p] + 1) % 250 + 1
+
+
+class PathMaximal(Rule):
+    """What: the accepted path is maximal: no child of its last node carries the
+    target's argmax at that node.
+
+    Why: greedy verification keeps walking while a child matches; stopping early
+    throws accepted tokens away and understates acceptance (or the path was cut to
+    make a counter fit).
+
+    Example: path [0, 1] stops at node 1 while its child node 2 carries the target's
+    argmax at node 1.
+    """
+
+    code = "SA305"
+    name = "path-maximal"
+    message = ("the accepted path stops at node {last} but its child node {child} carries the target's "
+               "argmax {token}: acceptance stopped early")
+
+    def check(self, f):
+        ok = f.path_ok
+        if f.T == 0 or not ok.any():
+            return None
+        last = f.last_node
+        isc = (f.pglob >= 0) & (f.pglob == last[f.node_row]) & (f.tokens == f.bonus[f.node_row])
+        isc &= ok[f.node_row]
+        child = f.first_node(isc)
+        hit = child >= 0
+        return Hits(hit, last=last - f.start, child=child, token=f.bonus)
+
+    def fail(self, run):
+        s = run.steps_where(lambda s: 2 <= len(s["accepted_path"]) and not s["finished"])[0]
+        # drop the last accepted node: the path now stops before a matching child
+        s["accepted_path"] = s["accepted_path"][:-1]
+        s["accepted_depth"] -= 1
+        s["commit_len"] -= 1
+        s["committed_tokens"] = s["committed_tokens"][:-1]
+
+
+class CommitLenVsTokens(Rule):
+    """What: commit_len = len(committed_tokens).
+
+    Why: the counter must count the tokens the engine actually appended.
+
+    Example: committed_tokens holds 4 tokens and commit_len says 2.
+    """
+
+    code = "SA306"
+    name = "commit-len-vs-tokens"
+    message = "commit_len is {commit_len} but committed_tokens holds {n} tokens"
+
+    def check(self, f):
+        return Hits(f.commit_len != f.commit_n, commit_len=f.commit_len, n=f.commit_n)
+
+    def fail(self, run):
+        run.steps[3]["commit_len"] += 1
+
+
+class CommittedTokens(Rule):
+    """What: an unfinished step commits exactly the accepted draft tokens then the
+    bonus (target_argmax at the path's last node); a finished step commits a prefix
+    of that.
+
+    Why: the commit is what the user receives; a commit that is not the accepted
+    drafts + bonus is not the target's greedy output.
+
+    Example: path tokens [95, 184] and bonus 40, committed [95, 184, 41].
+    """
+
+    code = "SA307"
+    name = "committed-tokens"
+    message = "committed_tokens {got} are not the accepted drafts + bonus {want}: {what}"
+
+    def check(self, f):
+        ok = f.path_ok
+        mis = f.commit_mismatch_at
+        short = ~f.finished & (f.commit_n < f.path_len) & (mis < 0)
+        bad = ok & ((mis >= 0) | short)
+        if not bad.any():
+            return None
+        rows = np.flatnonzero(bad)
+        what = np.where(short, "the commit is shorter but the step is not finished",
+                        np.char.add("first difference at index ", mis.astype(str)))
+        return Hits(bad, got=_lists(f, rows, f.commit, f.commit_start, f.commit_n),
+                    want=_lists(f, rows, f.expected_commit, f.path_start, f.path_len), what=what)
+
+    def fail(self, run):
+        s = run.steps_where(lambda s: not s["finished"])[1]
+        s["committed_tokens"][-1] = (s["committed_tokens"][-1] % 250) + 1
+
+
+class CommitEndsAtEos(Rule):
+    """What: a commit holds no token after an EOS.
+
+    Why: the request ends at EOS; drafts accepted past it must not be committed (or
+    counted). Engines that forget the cut emit text after the end and inflate the
+    committed and accepted counts.
+
+    Example: EOS 10 at commit index 1 of [7, 10, 33, 12]: three tokens past EOS.
+    """
+
+    code = "SA308"
+    name = "commit-ends-at-eos"
+    message = "the commit holds EOS ({eos}) at index {k} but goes on for {extra} more token(s)"
+
+    def check(self, f):
+        k = f.commit_eos_at
+        bad = (k >= 0) & (k < f.commit_n - 1)
+        return Hits(bad, eos=f.eos_id, k=k, extra=f.commit_n - 1 - k)
+
+    def fail(self, run):
+        s = run.steps_where(_unfinished_with_depth)[0]
+        s["committed_tokens"][0] = run.eos_id
+        s["finished"] = True
+
+
+class EosFinishes(Rule):
+    """What: a step whose commit holds EOS is finished.
+
+    Why: EOS ends the request; a step after it generates text past the end.
+
+    Example: committed [5, 0] with EOS 0 and finished false.
+    """
+
+    code = "SA309"
+    name = "eos-finishes"
+    message = "the commit holds EOS ({eos}) at index {k} but the step is not finished"
+
+    def check(self, f):
+        k = f.commit_eos_at
+        return Hits((k >= 0) & ~f.finished, eos=f.eos_id, k=k)
+
+    def fail(self, run):
+        s = run.steps_where(lambda s: s["finished"] and s["committed_tokens"]
+                            and s["committed_tokens"][-1] == 0)[0]
+        s["finished"] = False
+
+
+class CountersSign(Rule):
+    """What: accepted_depth >= 0 and commit_len >= 1.
+
+    Why: every step commits at least the bonus token; a negative or empty count is
+    the "empty commit" bug that reported -1 accepted tokens and crashed a counter.
+
+    Example: accepted_depth -1, commit_len 0.
+    """
+
+    code = "SA310"
+    name = "counters-sign"
+    message = "accepted_depth {accepted_depth} and commit_len {commit_len}: a step commits at least one token"
+
+    def check(self, f):
+        bad = (f.accepted_depth < 0) | (f.commit_len < 1) | (f.commit_n < 1)
+        return Hits(bad, accepted_depth=f.accepted_depth, commit_len=f.commit_len)
+
+    def fail(self, run):
+        s = run.steps[1]
+        s["accepted_depth"], s["commit_len"] = -1, 0
+
+
+class FinishCause(Rule):
+    """What: a request finishes exactly when its commit ends at EOS or its output
+    reaches the token limit (config.max_new_tokens), never past the limit.
+
+    Why: finishing for no reason truncates a user's answer; not finishing at the
+    limit lets the output overrun it. The output length is known from the first
+    token and every earlier commit of the request.
+
+    Example: a finished step that commits [5, 9] with no EOS when the output holds 30
+    of 64 tokens.
+    """
+
+    code = "SA311"
+    name = "finish-cause"
+    message = "{what}"
+
+    def check(self, f):
+        if f.max_new_tokens is None:
+            return None
+        M = f.max_new_tokens
+        out = f.out_before + f.commit_n
+        ends_eos = f.commit_last == f.eos_id
+        usable = f.contiguous & f.path_ok
+        no_cause = f.finished & ~ends_eos & (out != M)
+        over = out > M
+        missed = ~f.finished & (out >= M) & ~over
+        bad = usable & (no_cause | over | missed)
+        if not bad.any():
+            return None
+        what = np.full(f.R, "", dtype=object)
+        r = np.flatnonzero(bad & no_cause & ~over)
+        for i in r:
+            what[i] = (f"the step finished after committing {f.commit_n[i]} token(s) but the commit does not "
+                       f"end at EOS ({f.eos_id}) and the output holds {out[i]} of {M} tokens")
+        for i in np.flatnonzero(bad & over):
+            what[i] = f"the output reaches {out[i]} tokens, past the token limit {M}"
+        for i in np.flatnonzero(bad & missed):
+            what[i] = f"the output reached the token limit ({out[i]} of {M}) but the step is not finished"
+        return Hits(bad, what=what)
+
+    def fail(self, run):
+        s = run.steps_where(lambda s: s["finished"] and s["committed_tokens"]
+                            and s["committed_tokens"][-1] != 0)[0]
+        s["finished"] = False

@@ -1,0 +1,472 @@
+"""`specaudit check`: re-derive every counter of a trace dataset and report what lies.
+
+    from specaudit.check import check_paths
+    res = check_paths(["traces/"], select=("SA3",), ignore=())
+    res.exit_code, res.counts, res.findings[:3], res.bad_files, res.incomplete_runs
+
+The core, `check_batches`, is a function over Arrow record batches of one run, read
+in file order (a request's steps in step order across batches), plus the run's
+requests table and manifest: it keeps a per-request carry (a few integers per
+request), never the rows, so memory stays bounded however large the run. Step rules
+see one batch at a time (vectorised), request rules see every request of the run,
+run rules see the re-derived aggregates. Files are streamed by row group.
+
+Bad input never raises past check_paths: an unreadable or malformed file becomes a
+finding SA000 (error, named file and reason) and the other files are still checked;
+a run without finished_at or requests table is checked for what it holds and
+reported as incomplete (SA001, info). check_paths raises InputError only when a
+path does not exist or holds nothing that looks like a trace.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .findings import Finding
+from .invariants import load_rules
+from .invariants.frame import Carry, RequestFrame, RunFrame, StepFrame, token_mix
+from .schema import (CONVENTIONS, REQUESTS_SCHEMA, STEPS_SCHEMA, InputError, RunFiles,
+                     check_table_schema, discover, manifest_conventions)
+
+BATCH_ROWS = 65536
+# Optional client-side per-request columns a requests table may carry; SA410 compares
+# them with what the request's steps add up to.
+CLIENT_COLUMNS = ("completion_tokens", "verify_steps", "accept_length")
+STEP_READ_COLUMNS = [c for c in STEPS_SCHEMA.names if c not in ("t_start", "draft_s", "verify_s", "step_s")]
+
+
+@dataclass
+class CheckResult:
+    findings: list = field(default_factory=list)      # capped per code (see max_per_code)
+    counts: Counter = field(default_factory=Counter)  # code -> all findings, uncapped
+    severities: dict = field(default_factory=dict)    # code -> severity
+    names: dict = field(default_factory=dict)         # code -> rule name
+    files_checked: list = field(default_factory=list)
+    bad_files: list = field(default_factory=list)     # (path, reason)
+    incomplete_runs: list = field(default_factory=list)  # (run_id, reason)
+    runs: list = field(default_factory=list)          # run ids checked
+    steps: int = 0
+    requests: int = 0
+    rules: list = field(default_factory=list)         # codes run
+    max_per_code: int = 1000
+
+    @property
+    def errors(self) -> int:
+        return sum(n for c, n in self.counts.items() if self.severities.get(c) == "error")
+
+    @property
+    def violations(self) -> int:
+        return self.errors
+
+    @property
+    def checked_anything(self) -> bool:
+        return bool(self.files_checked)
+
+    @property
+    def exit_code(self) -> int:
+        if not self.checked_anything:
+            return 2
+        return 1 if self.errors else 0
+
+    def add(self, f: Finding) -> None:
+        self.counts[f.code] += 1
+        self.severities.setdefault(f.code, f.severity)
+        self.names.setdefault(f.code, f.name)
+        if self.max_per_code <= 0 or self.counts[f.code] <= self.max_per_code:
+            self.findings.append(f)
+
+    def summary(self) -> dict:
+        return {
+            "runs": len(self.runs), "steps": self.steps, "requests": self.requests,
+            "files_checked": len(self.files_checked), "bad_files": len(self.bad_files),
+            "incomplete_runs": len(self.incomplete_runs), "violations": self.errors,
+            "findings": sum(self.counts.values()), "rules": len(self.rules),
+        }
+
+
+# ------------------------------------------------------------------ run config
+
+
+def run_config(manifest: dict | None) -> tuple[int, int | None, dict]:
+    """(eos_id, max_new_tokens or None, conventions) from a manifest."""
+    cfg = (manifest or {}).get("config") or {}
+    eos = cfg.get("eos_id", 0)
+    eos = 0 if eos is None else int(eos)
+    mnt = cfg.get("max_new_tokens")
+    return eos, (int(mnt) if isinstance(mnt, (int, float)) and mnt is not None else None), \
+        manifest_conventions(manifest or {})
+
+
+# ------------------------------------------------------------- request table
+
+
+def request_facts(batches, carry: Carry, eos_id: int) -> dict:
+    """Per-request facts from the requests table, streamed by batch.
+
+    Returns arrays keyed like RequestFrame's (idx = carry index of each row)."""
+    out: dict[str, list] = {}
+
+    def put(k, v):
+        out.setdefault(k, []).append(v)
+
+    for b in batches:
+        names = b.schema.names
+        col = {n: b.column(i) for i, n in enumerate(names)}
+        rid = [str(x) for x in col["request_id"].to_pylist()]
+        idx = carry.index(rid)
+        put("idx", idx)
+        R = b.num_rows
+        plen = _lens(col["prompt_tokens"])
+        put("prompt_len", plen)
+        ft = col["first_token"].fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+        put("first_token", ft)
+        off, vals, olen = _list(col["output_tokens"])
+        put("output_len", olen)
+        # fingerprint of output_tokens[1:] at positions 1.., as the commits' fingerprint
+        ln = np.maximum(olen, 0)
+        rows = np.repeat(np.arange(R), ln)
+        k = np.arange(int(ln.sum())) - np.repeat(np.cumsum(ln) - ln, ln)
+        flat = vals[off[0]: off[-1]] if len(vals) else np.zeros(0, np.int64)
+        if (olen < 0).any():
+            flat = flat[np.repeat(olen >= 0, np.diff(off))]
+        h = np.zeros(R, dtype=np.uint64)
+        if len(flat):
+            tail = k > 0
+            np.add.at(h, rows[tail], token_mix(flat[tail], k[tail]))
+        put("output_hash", h)
+        last = np.full(R, -1, dtype=np.int64)
+        has = ln > 0
+        start = np.cumsum(ln) - ln
+        if len(flat):
+            last[has] = flat[start[has] + ln[has] - 1]
+        put("output_last", last)
+        eos_in = np.full(R, -1, dtype=np.int64)
+        if len(flat):
+            e = np.flatnonzero((flat == eos_id) & (k < ln[rows] - 1))[::-1]
+            eos_in[rows[e]] = k[e]
+        put("eos_inside", eos_in)
+        # lossless: reference_tokens, when present
+        req_eq = np.full(R, -1, dtype=np.int64)
+        first_diff = np.full(R, -1, dtype=np.int64)
+        rlen = np.full(R, -1, dtype=np.int64)
+        if "reference_tokens" in col:
+            roff, rvals, rl = _list(col["reference_tokens"])
+            rlen = rl
+            present = rl >= 0
+            if present.any():
+                rln = np.maximum(rl, 0)
+                rflat = rvals[roff[0]: roff[-1]] if len(rvals) else np.zeros(0, np.int64)
+                if (rl < 0).any():
+                    rflat = rflat[np.repeat(rl >= 0, np.diff(roff))]
+                rstart = np.cumsum(rln) - rln
+                m = np.minimum(ln, rln)
+                mrows = np.repeat(np.arange(R), m)
+                mk = np.arange(int(m.sum())) - np.repeat(np.cumsum(m) - m, m)
+                a = flat[start[mrows] + mk] if len(flat) else np.zeros(0, np.int64)
+                bb = rflat[rstart[mrows] + mk] if len(rflat) else np.zeros(0, np.int64)
+                d = np.flatnonzero(a != bb)[::-1]
+                first_diff[mrows[d]] = mk[d]
+                lendiff = (first_diff < 0) & (ln != rln)
+                first_diff[lendiff] = m[lendiff]
+                req_eq = np.where(present, (first_diff < 0).astype(np.int64), -1)
+                first_diff = np.where(present, first_diff, -1)
+        put("reference_equal", req_eq)
+        put("reference_first_diff", first_diff)
+        put("reference_len", rlen)
+        put("finish_reason", np.asarray(col["finish_reason"].to_pylist(), dtype=object))
+        for c in CLIENT_COLUMNS:
+            if c in col:
+                try:
+                    put("extra:" + c, col[c].cast(pa.float64()).fill_null(np.nan)
+                        .to_numpy(zero_copy_only=False))
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                    pass
+    return {k: np.concatenate(v) for k, v in out.items()}
+
+
+def _lens(arr):
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    off = arr.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+    ln = np.diff(off)
+    if arr.null_count:
+        ln = np.where(arr.is_null().to_numpy(zero_copy_only=False), -1, ln)
+    return ln
+
+
+def _list(arr):
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    off = arr.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+    vals = arr.values
+    if vals.null_count:
+        vals = vals.fill_null(-1)
+    v = vals.to_numpy(zero_copy_only=False).astype(np.int64)
+    return off, v, _lens(arr)
+
+
+# ------------------------------------------------------------------- the core
+
+
+class _Derived:
+    """Run aggregates, summed over batches, overall and per partition (file or rank)."""
+
+    KEYS = ("steps", "drafted", "accepted", "accepted_counter", "committed", "commit_len_sum",
+            "width_sum")
+
+    def __init__(self):
+        self.total = dict.fromkeys(self.KEYS, 0)
+        self.parts: dict[str, dict] = {}
+        self.depth_hist = np.zeros(1, dtype=np.int64)
+
+    def add(self, f: StepFrame, part: str) -> None:
+        vals = {
+            "steps": f.R, "drafted": int(np.maximum(f.n - 1, 0).sum()),
+            "accepted": int(np.maximum(f.true_depth, 0).sum()),
+            "accepted_counter": int(f.accepted_depth.sum()), "committed": int(f.commit_n.sum()),
+            "commit_len_sum": int(f.commit_len.sum()), "width_sum": int(np.maximum(f.budget, 0).sum()),
+        }
+        p = self.parts.setdefault(part, dict.fromkeys(self.KEYS, 0))
+        for k, v in vals.items():
+            self.total[k] += v
+            p[k] += v
+        h = np.bincount(np.clip(f.true_depth, 0, 4096))
+        if len(h) > len(self.depth_hist):
+            h[: len(self.depth_hist)] += self.depth_hist
+            self.depth_hist = h
+        else:
+            self.depth_hist[: len(h)] += h
+
+
+def _emit_hits(rule, hits, f, result: CheckResult, *, kind: str, file=None) -> None:
+    """Turn a rule's return value into findings."""
+    if hits is None:
+        return
+    from .invariants import Hits
+    if isinstance(hits, Hits):
+        rows = hits.rows()
+        if kind == "step" and rule.family != "SA1":
+            rows = rows[f.ok[rows]]
+        if not len(rows):
+            return
+        cap = result.max_per_code
+        have = result.counts[rule.code]
+        take = rows if cap <= 0 else rows[: max(cap - have, 0)]
+        for r in take:
+            vals = hits.at(int(r))
+            if kind == "step":
+                fd = rule.make_finding(vals, run_id=f.run_id, request_id=str(f.request_id[r]),
+                                       step=int(f.step[r]), file=file)
+            elif kind == "request":
+                fd = rule.make_finding(vals, run_id=f.run_id, request_id=str(f.request_id[r]), file=file)
+            else:
+                fd = rule.make_finding(vals, run_id=f.run_id, file=file)
+            result.add(fd)
+        # the rest only counted
+        extra = len(rows) - len(take)
+        if extra:
+            result.counts[rule.code] += extra
+            result.severities.setdefault(rule.code, rule.severity)
+            result.names.setdefault(rule.code, rule.name)
+        return
+    for item in hits:
+        if isinstance(item, Finding):
+            result.add(item)
+        else:
+            d = dict(item)
+            loc = {k: d.pop(k, None) for k in ("run_id", "request_id", "step", "file", "line")}
+            if loc["run_id"] is None:
+                loc["run_id"] = getattr(f, "run_id", None)
+            if loc["file"] is None:
+                loc["file"] = file
+            result.add(rule.make_finding(d, **loc))
+
+
+def check_batches(batches, *, run_id: str, manifest: dict | None, rules, result: CheckResult,
+                  requests=None, complete: bool = True, incomplete_reason: str | None = None,
+                  on_error=None) -> None:
+    """The core: check one run from an iterable of step record batches (or
+    (batch, file, partition) triples) and an iterable of requests batches (or None).
+
+    Step batches must give each request's steps in step order across batches.
+    """
+    eos_id, max_new, conv = run_config(manifest)
+    by_scope = {s: [r for r in rules if r.scope == s] for s in ("step", "request", "run")}
+    carry = Carry()
+    facts = None
+    if requests is not None:
+        facts = request_facts(requests, carry, eos_id)
+        result.requests += len(facts.get("idx", ()))
+    derived = _Derived()
+    rows_seen = 0
+    for item in batches:
+        if isinstance(item, tuple):
+            batch, file, part = item
+        else:
+            batch, file, part = item, None, "all"
+        if batch.num_rows == 0:
+            continue
+        f = StepFrame(batch, run_id=run_id, carry=carry, eos_id=eos_id, max_new_tokens=max_new,
+                      manifest=manifest, conventions=conv, file=file, row_offset=rows_seen)
+        rows_seen += batch.num_rows
+        for rule in by_scope["step"]:
+            _emit_hits(rule, rule.check(f), f, result, kind="step", file=file)
+        derived.add(f, part if part is not None else "all")
+        f.finish_carry()
+    result.steps += rows_seen
+    rq = RequestFrame(carry, facts, run_id=run_id, eos_id=eos_id, max_new_tokens=max_new,
+                      complete=complete and facts is not None, manifest=manifest or {})
+    for rule in by_scope["request"]:
+        _emit_hits(rule, rule.check(rq), rq, result, kind="request")
+    d = dict(derived.total)
+    real = ~rq.null_slot & rq.has_steps
+    ns = np.maximum(rq.n_steps[real], 1)
+    d["requests"] = int((rq.has_row | rq.has_steps).sum() - (rq.null_slot & rq.has_steps).sum())
+    d["generated"] = int(np.maximum(rq.output_len[rq.has_row], 0).sum()) if facts is not None else None
+    d["first_tokens"] = int(rq.has_row.sum()) if facts is not None else None
+    d["per_request_mean_depth"] = float((rq.sum_true_depth[real] / ns).mean()) if real.any() else 0.0
+    d["per_request_mean_depth_counter"] = float((rq.sum_depth[real] / ns).mean()) if real.any() else 0.0
+    d["per_request_mean_commit"] = float((rq.sum_commit_n[real] / ns).mean()) if real.any() else 0.0
+    d["per_request_mean_commit_counter"] = float((rq.sum_commit_len[real] / ns).mean()) if real.any() else 0.0
+    d["depth_hist"] = derived.depth_hist.tolist()
+    d["partitions"] = derived.parts
+    d["budget"] = int(((manifest or {}).get("config") or {}).get("budget") or 0)
+    run = RunFrame(run_id, manifest, d, complete and facts is not None, conv, incomplete_reason)
+    for rule in by_scope["run"]:
+        _emit_hits(rule, rule.check(run), run, result, kind="run")
+
+
+def _iter_step_batches(rf: RunFiles, result: CheckResult, batch_rows: int, columns):
+    """Stream (batch, file, partition) over a run's step files; bad files -> SA000."""
+    for path in rf.step_files:
+        try:
+            pf = pq.ParquetFile(path)
+            check_table_schema(path, pf.schema_arrow, STEPS_SCHEMA)
+        except InputError as e:
+            result_bad(result, path, e.reason, rf.run_id)
+            continue
+        except Exception as e:  # truncated, not Parquet, unreadable
+            result_bad(result, path, _reason(e), rf.run_id)
+            continue
+        have = set(pf.schema_arrow.names)
+        cols = [c for c in columns if c in have]
+        rank = "rank" in have
+        if rank:
+            cols.append("rank")
+        n = 0
+        try:
+            for b in pf.iter_batches(batch_size=batch_rows, columns=cols):
+                if rank:
+                    # one partition per rank: split the batch by rank value
+                    rk = b.column(b.schema.get_field_index("rank")).to_numpy(zero_copy_only=False)
+                    for v in np.unique(rk):
+                        yield b.filter(pa.array(rk == v)), str(path), f"rank {int(v)}"
+                else:
+                    yield b, str(path), path.name
+                n += b.num_rows
+        except Exception as e:
+            result_bad(result, path, f"unreadable after {n} rows: {_reason(e)}", rf.run_id)
+            continue
+        result.files_checked.append(str(path))
+
+
+def _reason(e: Exception) -> str:
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if "magic bytes" in msg or "Parquet magic" in msg:
+        return f"not a Parquet file ({msg})"
+    return f"cannot read as Parquet: {msg}"
+
+
+def result_bad(result: CheckResult, path, reason: str, run_id=None) -> None:
+    from .invariants import get_rule
+    result.bad_files.append((str(path), reason))
+    rule = get_rule("SA000")
+    result.add(rule.finding(run_id=run_id, file=str(path), where=str(path), reason=reason))
+
+
+def _iter_requests(rf: RunFiles, result: CheckResult, batch_rows: int):
+    path = rf.requests_file
+    try:
+        pf = pq.ParquetFile(path)
+        check_table_schema(path, pf.schema_arrow, REQUESTS_SCHEMA)
+    except InputError as e:
+        result_bad(result, path, e.reason, rf.run_id)
+        return None
+    except Exception as e:
+        result_bad(result, path, _reason(e), rf.run_id)
+        return None
+    have = set(pf.schema_arrow.names)
+    cols = [c for c in REQUESTS_SCHEMA.names if c in have] + [c for c in CLIENT_COLUMNS if c in have]
+    try:
+        batches = list(pf.iter_batches(batch_size=batch_rows, columns=cols))
+    except Exception as e:
+        result_bad(result, path, f"unreadable: {_reason(e)}", rf.run_id)
+        return None
+    result.files_checked.append(str(path))
+    return batches
+
+
+def check_run(rf: RunFiles, rules, result: CheckResult, batch_rows: int = BATCH_ROWS) -> None:
+    for prob in rf.problems:
+        result_bad(result, prob.path, prob.reason, rf.run_id)
+    manifest = rf.manifest
+    if manifest is None and not rf.step_files and rf.requests_file is None:
+        return
+    reasons = []
+    if not manifest or not manifest.get("finished_at"):
+        reasons.append("no finished_at in run.json")
+    if rf.requests_file is None:
+        reasons.append("no requests table")
+    requests = _iter_requests(rf, result, batch_rows) if rf.requests_file is not None else None
+    complete = not reasons
+    if reasons:
+        why = "; ".join(reasons)
+        result.incomplete_runs.append((rf.run_id, why))
+        from .invariants import get_rule
+        result.add(get_rule("SA001").finding(run_id=rf.run_id, file=str(rf.run_dir), reason=why))
+    n_before = len(result.files_checked)
+    check_batches(_iter_step_batches(rf, result, batch_rows, STEP_READ_COLUMNS), run_id=rf.run_id,
+                  manifest=manifest, rules=rules, result=result, requests=requests,
+                  complete=complete and requests is not None,
+                  incomplete_reason="; ".join(reasons) or None)
+    if len(result.files_checked) > n_before or requests is not None:
+        result.runs.append(rf.run_id)
+
+
+def check_paths(paths, select=(), ignore=(), *, invariants_dirs=(), entry_points: bool = True,
+                max_per_code: int = 1000, batch_rows: int = BATCH_ROWS) -> CheckResult:
+    """Check every run under the given paths (dataset folders, run folders, files)."""
+    rules = [r for r in load_rules(select=select, ignore=ignore, dirs=invariants_dirs,
+                                   entry_points=entry_points) if r.scope != "source"]
+    result = CheckResult(max_per_code=max_per_code, rules=[r.code for r in rules])
+    runs = discover(paths)
+    # one run id in two folders is two runs only if the folders differ; keep order
+    for rf in runs:
+        check_run(rf, rules, result, batch_rows)
+    return result
+
+
+def check_tables(steps: pa.Table, requests: pa.Table | None, manifest: dict | None, *, select=(),
+                 ignore=(), rules=None, batch_rows: int = BATCH_ROWS, max_per_code: int = 1000) -> CheckResult:
+    """Check one run held in memory (tests, fixtures, other tools' rows)."""
+    if rules is None:
+        rules = [r for r in load_rules(select=select, ignore=ignore, entry_points=False) if r.scope != "source"]
+    result = CheckResult(max_per_code=max_per_code, rules=[r.code for r in rules])
+    run_id = (manifest or {}).get("run_id") or "memory"
+    complete = bool(manifest and manifest.get("finished_at")) and requests is not None
+    cols = [c for c in STEP_READ_COLUMNS if c in steps.schema.names]
+    batches = [(b, None, "all") for b in steps.select(cols).to_batches(max_chunksize=batch_rows)]
+    check_batches(batches, run_id=run_id, manifest=manifest, rules=rules, result=result,
+                  requests=requests.to_batches() if requests is not None else None, complete=complete)
+    result.files_checked.append("<memory>")
+    result.runs.append(run_id)
+    return result
+
+
+def conventions_known() -> dict:
+    return {k: list(v) for k, v in CONVENTIONS.items()}
