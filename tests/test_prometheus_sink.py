@@ -1,0 +1,229 @@
+"""PromSink and the inline invariant rules, without a server.
+
+Clean rows come from specaudit.synth (contract-valid by construction) and from the
+runtime; each rule gets a mutated row that must trip it, on that row only.
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from specaudit.prom import INLINE_CODES, INLINE_RULES, PromSink, inline_violations
+from specaudit.schema import STEPS_SCHEMA, tree_depths
+from specaudit.synth import synth_run_rows
+
+CODE = {name: code for code, name, _ in INLINE_RULES}
+
+
+def synth_batch(algo="chain", seed=0, **kw) -> pa.RecordBatch:
+    steps, _, _ = synth_run_rows(n_requests=12, algo=algo, seed=seed, **kw)
+    return steps.combine_chunks().to_batches()[0]
+
+
+def rows_to_batch(rows: list[dict]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist(rows, schema=STEPS_SCHEMA)
+
+
+@pytest.mark.parametrize("algo,ragged", [("chain", False), ("chain", True), ("tree", False), ("tree", True)])
+def test_clean_rows_break_no_rule(algo, ragged):
+    for seed in range(3):
+        b = synth_batch(algo, seed, ragged=ragged)
+        v = inline_violations(b, eos_id=0)
+        assert set(v) == set(INLINE_CODES)
+        assert {c: int(m.sum()) for c, m in v.items() if m.any()} == {}
+
+
+def _pick(rows, pred):
+    for i, r in enumerate(rows):
+        if pred(r):
+            return i
+    raise AssertionError("no row fits the mutation")
+
+
+def _deep(r):
+    return not r["finished"] and len(r["accepted_path"]) >= 3
+
+
+# (rule name, row picker, mutation). Each mutation is the smallest lie that breaks the rule.
+MUTATIONS = [
+    ("node-list-lengths", lambda r: True, lambda r: r.update(parents=r["parents"][:-1])),
+    ("path-starts-at-root", lambda r: True, lambda r: r.update(accepted_path=[1] + r["accepted_path"][1:])),
+    ("path-follows-tree", _deep, lambda r: r.update(accepted_path=[0] + r["accepted_path"][2:])),
+    ("path-matches-argmax", _deep,
+     lambda r: r["node_tokens"].__setitem__(r["accepted_path"][1], (r["node_tokens"][r["accepted_path"][1]] + 1) % 256)),
+    ("depth-equals-path", lambda r: True, lambda r: r.update(accepted_depth=r["accepted_depth"] + 1)),
+    # the seed case: a chain reporting the drafted count as depth and 2 as commit
+    ("commit-len-vs-depth", _deep, lambda r: r.update(commit_len=2, committed_tokens=r["committed_tokens"][:2])),
+    ("commit-len-equals-tokens", lambda r: True, lambda r: r.update(commit_len=r["commit_len"] + 1)),
+    ("committed-tokens-match-path", lambda r: True,
+     lambda r: r["committed_tokens"].__setitem__(-1, (r["committed_tokens"][-1] % 255) + 1)),
+    ("counter-range", lambda r: True, lambda r: r.update(accepted_depth=len(r["node_tokens"]))),
+    ("commit-stops-at-eos", _deep,
+     lambda r: r["committed_tokens"].__setitem__(0, 0)),
+    ("positions-are-depths", lambda r: len(r["positions"]) > 1,
+     lambda r: r["positions"].__setitem__(1, r["positions"][1] + 1)),
+]
+
+
+@pytest.mark.parametrize("algo", ["chain", "tree"])
+@pytest.mark.parametrize("name,pick,mutate", MUTATIONS, ids=[m[0] for m in MUTATIONS])
+def test_each_rule_catches_its_lie_on_that_row_only(algo, name, pick, mutate):
+    rows = synth_batch(algo, seed=3, eos_frac=0.0).to_pylist()
+    i = _pick(rows, pick)
+    rows = copy.deepcopy(rows)
+    mutate(rows[i])
+    v = inline_violations(rows_to_batch(rows), eos_id=0)
+    hit = np.flatnonzero(v[CODE[name]])
+    assert hit.tolist() == [i], f"{CODE[name]} {name}: rows {hit.tolist()}, expected [{i}]"
+    # nothing else in the batch is flagged by any rule
+    for code, m in v.items():
+        assert not np.delete(m, i).any(), f"{code} fired on an untouched row"
+
+
+def test_eos_rule_needs_eos_id_and_honours_finished():
+    rows = copy.deepcopy(synth_batch("chain", seed=4, eos_frac=0.0).to_pylist())
+    i = _pick(rows, _deep)
+    rows[i]["committed_tokens"][-1] = 0            # EOS as the last token of an unfinished step
+    b = rows_to_batch(rows)
+    assert inline_violations(b, eos_id=0)[CODE["commit-stops-at-eos"]].tolist().count(True) == 1
+    assert not inline_violations(b)[CODE["commit-stops-at-eos"]].any()   # unknown EOS: rule off
+    rows[i]["finished"] = True                     # ... and finished there: legal
+    assert not inline_violations(rows_to_batch(rows), eos_id=0)[CODE["commit-stops-at-eos"]].any()
+
+
+# ----------------------------------------------------------------------- the sink
+
+def samples(registry) -> dict:
+    out = {}
+    for fam in text_string_to_metric_families(generate_latest(registry).decode()):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_every_series_exported_as_zero_from_the_start():
+    reg = CollectorRegistry()
+    PromSink(reg, max_depth=8)
+    s = samples(reg)
+    names = {n for n, _ in s}
+    for n in ("specaudit_verify_steps_total", "specaudit_drafted_tokens_total", "specaudit_accepted_tokens_total",
+              "specaudit_committed_tokens_total", "specaudit_derived_committed_tokens_total",
+              "specaudit_running_requests", "specaudit_estimated_commit_length",
+              "specaudit_reported_commit_length", "specaudit_step_duration_seconds_count",
+              "specaudit_commit_length_tokens_bucket", "specaudit_accepted_depth_tokens_bucket"):
+        assert n in names, n
+    for d in range(1, 9):
+        assert s[("specaudit_depth_accepted_total", (("depth", str(d)),))] == 0
+        assert s[("specaudit_depth_drafted_total", (("depth", str(d)),))] == 0
+    for code in INLINE_CODES:
+        assert s[("specaudit_invariant_violations_total", (("code", code),))] == 0
+    for fr in ("eos", "length", "abort"):
+        assert s[("specaudit_requests_total", (("finish_reason", fr),))] == 0
+    nonzero = {k: v for k, v in s.items() if v != 0 and not k[0].endswith("_created")}
+    assert nonzero == {}
+    # one histogram bucket per integer commit length 0..max_depth + 1, then +Inf
+    les = sorted(float(dict(lb)["le"]) for (n, lb) in s if n == "specaudit_commit_length_tokens_bucket")
+    assert les == [float(i) for i in range(0, 10)] + [float("inf")]
+
+
+def test_names_follow_prometheus_conventions():
+    reg = CollectorRegistry()
+    PromSink(reg, max_depth=4)
+    # `_created` twins are prometheus_client's (specaudit serve turns them off)
+    fams = [f for f in text_string_to_metric_families(generate_latest(reg).decode())
+            if not f.name.endswith("_created")]
+    allowed_labels = {"depth", "code", "finish_reason", "le", "run_id", "algo", "budget", "topk", "fault", "model"}
+    for f in fams:
+        assert f.name.startswith("specaudit_") and ":" not in f.name, f.name
+        assert f.type in ("counter", "gauge", "histogram"), (f.name, f.type)   # no summaries
+        if f.type == "counter":
+            assert all(s.name.endswith("_total") for s in f.samples), f.name
+        if "duration" in f.name or "time" in f.name:
+            assert f.name.endswith("_seconds"), f.name
+        for s in f.samples:
+            assert set(s.labels) <= allowed_labels, (f.name, s.labels)          # no per-request labels
+
+
+@pytest.mark.parametrize("algo", ["chain", "tree"])
+def test_counters_equal_sums_over_the_rows(algo):
+    steps, reqs, manifest = synth_run_rows(n_requests=12, algo=algo, seed=5, ragged=True)
+    reg = CollectorRegistry()
+    sink = PromSink(reg)
+    sink.open_run(manifest)
+    D = sink.max_depth
+    assert D == manifest["config"]["budget"] + 1
+    for b in steps.to_batches(max_chunksize=7):          # several "forwards"
+        sink.write_steps(b)
+    for r in reqs.to_pylist():
+        sink.write_request(r)
+    g = reg.get_sample_value
+    d = steps.to_pydict()
+    n = np.array([len(x) for x in d["node_tokens"]])
+    depth = np.array(d["accepted_depth"])
+    commit = np.array(d["commit_len"])
+    assert g("specaudit_verify_steps_total") == steps.num_rows
+    assert g("specaudit_drafted_tokens_total") == (n - 1).sum()
+    assert g("specaudit_accepted_tokens_total") == depth.sum() == g("specaudit_derived_accepted_tokens_total")
+    assert g("specaudit_committed_tokens_total") == commit.sum() == g("specaudit_derived_committed_tokens_total")
+    assert g("specaudit_generated_tokens_total") == sum(len(o) for o in reqs.column("output_tokens").to_pylist())
+    # per depth: reached by the draft (from the parents) and accepted (from the counter)
+    reach = np.array([tree_depths(np.array([p]))[0].max() for p in d["parents"]])
+    for k in range(1, D + 1):
+        assert g("specaudit_depth_drafted_total", {"depth": str(k)}) == (reach >= k).sum()
+        assert g("specaudit_depth_accepted_total", {"depth": str(k)}) == (depth >= k).sum()
+    # vLLM's identity: accepted tokens = sum over depths of acceptance at that depth
+    assert sum(g("specaudit_depth_accepted_total", {"depth": str(k)}) for k in range(1, D + 1)) == depth.sum()
+    for c in range(0, D + 2):
+        assert g("specaudit_commit_length_tokens_bucket", {"le": f"{float(c)}"}) == (commit <= c).sum()
+    assert g("specaudit_step_duration_seconds_count") == len(list(steps.to_batches(max_chunksize=7)))
+    for code in INLINE_CODES:
+        assert g("specaudit_invariant_violations_total", {"code": code}) == 0
+    fr = reqs.column("finish_reason").to_pylist()
+    for reason in ("eos", "length", "abort"):
+        assert g("specaudit_requests_total", {"finish_reason": reason}) == fr.count(reason)
+
+
+def test_sink_counts_violations_and_tolerates_negative_counters():
+    rows = copy.deepcopy(synth_batch("chain", seed=6, eos_frac=0.0).to_pylist())
+    rows[0]["accepted_depth"] = -1      # the "empty commit" bug class: a -1 counter
+    rows[1]["accepted_depth"] = 7
+    rows[1]["commit_len"] = 2
+    reg = CollectorRegistry()
+    sink = PromSink(reg, max_depth=8)
+    sink.write_steps(rows_to_batch(rows))
+    g = reg.get_sample_value
+    assert g("specaudit_invariant_violations_total", {"code": CODE["counter-range"]}) >= 1
+    assert g("specaudit_invariant_violations_total", {"code": CODE["depth-equals-path"]}) >= 2
+    # the reported counter reflects the lie; the derived one does not
+    assert g("specaudit_derived_accepted_tokens_total") == sum(len(r["accepted_path"]) - 1 for r in rows)
+
+
+@pytest.mark.parametrize("fault,algo,codes", [
+    ("commit-counter", "chain", {"depth-equals-path", "commit-len-vs-depth"}),
+    ("bonus-double-count", "chain", {"depth-equals-path"}),
+    ("position-off-by-one", "tree", {"positions-are-depths"}),
+    ("eos-overcount", "chain", {"commit-stops-at-eos"}),
+])
+def test_runtime_faults_light_up_live(fault_run, clean_dataset, fault, algo, codes):
+    """The runtime's own faults, recorded through the tracer, trip the inline rules;
+    the clean runs of every configuration trip none."""
+    import glob
+
+    import pyarrow.parquet as pq
+    out, res = fault_run(fault, algo)
+    files = sorted(glob.glob(str(res.run_dir / "steps-*.parquet")))
+    t = pa.concat_tables([pq.ParquetFile(f).read() for f in files]).combine_chunks()
+    v = inline_violations(t.to_batches()[0], eos_id=res.manifest["config"]["eos_id"])
+    fired = {name for code, name, _ in INLINE_RULES if v[code].any()}
+    assert codes <= fired, (fault, fired)
+    clean_out, results = clean_dataset
+    for r in results:
+        files = sorted(glob.glob(str(r.run_dir / "steps-*.parquet")))
+        t = pa.concat_tables([pq.ParquetFile(f).read() for f in files]).combine_chunks()
+        v = inline_violations(t.to_batches()[0], eos_id=r.manifest["config"]["eos_id"])
+        assert not any(m.any() for m in v.values()), (r.run_id, {c: int(m.sum()) for c, m in v.items()})
