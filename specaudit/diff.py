@@ -32,8 +32,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .schema import (REQUESTS_SCHEMA, SCHEMA_VERSION, STEPS_SCHEMA, InputError, RunFiles,
-                     check_table_schema, discover, manifest_conventions)
+from .schema import (CONVENTIONS, REQUESTS_SCHEMA, STEPS_SCHEMA, InputError, RunFiles, check_table_schema,
+                     discover, manifest_conventions)
 
 CLASSES = ("draft", "verify", "metric", "none")
 EXPLAIN = {
@@ -145,8 +145,7 @@ def load_side(path, label: str) -> Side:
                           "request_id, prompts and outputs not compared")
     if not steps and not requests:
         raise InputError(run.run_dir, f"{label} is empty: no step rows and no requests")
-    for k, allowed in (("accept_length", ("includes_bonus", "excludes_bonus")),
-                       ("mean", ("pooled", "per_request"))):
+    for k, allowed in CONVENTIONS.items():
         if side.conventions.get(k) not in allowed:
             raise InputError(run.run_dir / "run.json", f"conventions.{k} = {side.conventions.get(k)!r}; "
                                                        f"known: {', '.join(allowed)}")
@@ -437,18 +436,20 @@ class DiffResult:
 
 
 def _means(side: Side, rids: list[str]) -> dict:
-    """Rows-derived pooled means over the given requests (contract convention), and the
-    run's reported ones as the producer declared them."""
+    """Acceptance of the matched requests from the rows, pooled over steps in the contract's
+    convention (so A and B compare), next to the run's reported figures, which are in the
+    producer's declared conventions (and cover the whole run)."""
     rows = [s for r in rids for s in side.steps.get(r, [])]
-    n = max(len(rows), 1)
+    depth = [len(s["accepted_path"] or []) - 1 for s in rows]
+    commit = [len(s["committed_tokens"] or []) for s in rows]
     rep = side.manifest.get("reported") or {}
     return {
         "steps": len(rows),
-        "rows_mean_accepted_depth": sum(len(s["accepted_path"] or []) - 1 for s in rows) / n if rows else None,
-        "rows_mean_commit_len": sum(len(s["committed_tokens"] or []) for s in rows) / n if rows else None,
+        "rows_mean_accepted_depth": sum(depth) / len(rows) if rows else None,
+        "rows_mean_commit_len": sum(commit) / len(rows) if rows else None,
         "reported_mean_accepted_depth": rep.get("mean_accepted_depth"),
         "reported_mean_commit_len": rep.get("mean_commit_len"),
-        "conventions": side.conventions,
+        "reported_conventions": side.conventions,
     }
 
 
@@ -509,7 +510,9 @@ def format_text(res: DiffResult, examples: int = 5) -> str:
                f"{_fmt(B['rows_mean_accepted_depth'])}, commit {_fmt(A['rows_mean_commit_len'])} vs "
                f"{_fmt(B['rows_mean_commit_len'])}; reported: depth {_fmt(A['reported_mean_accepted_depth'])} vs "
                f"{_fmt(B['reported_mean_accepted_depth'])}, commit {_fmt(A['reported_mean_commit_len'])} vs "
-               f"{_fmt(B['reported_mean_commit_len'])}")
+               f"{_fmt(B['reported_mean_commit_len'])}"
+               + (" (each in its declared conventions)" if A["reported_conventions"] != B["reported_conventions"]
+                  else ""))
     for n in res.notes:
         out.append(f"note: {n}")
     counts = res.counts

@@ -1,0 +1,367 @@
+"""A/B of two runtime configurations on the same prompts, interleaved, with bootstrap intervals.
+
+    res = run_ab(parse_arm("--algo chain --budget 7"), parse_arm("--algo tree --budget 7 --topk 1"),
+                 prompts=texts, repeats=2, out="ab/")
+    res["verdict"]          # "same" | "A better" | "B better" | "undecided"
+
+Each repeat runs both arms on the same prompt list, alternating the order (A B, then B A,
+...): over an even number of repeats a linear drift of the machine (thermal, another
+tenant) lands on both arms equally. Every run is traced into out/a or out/b (one run
+partition per repeat) and the result is written to out/ab.json.
+
+Per arm, over requests (the bootstrap resamples prompts, the same resample for both arms,
+so the difference B - A is paired):
+    accepted depth   sum of (len(accepted_path) - 1) / steps     from the trace, not the counters
+    commit length    sum of len(committed_tokens) / steps
+    tokens/s         output tokens / engine seconds, where a request's engine seconds are its
+                     prefill plus, for each step, step_s / batch_size (its share of the batch)
+The verdict for a metric (higher is better for all three): `same` when the 95% interval of
+B - A lies within +-same_within of A, `B better` / `A better` when it excludes 0, else
+`undecided` (more repeats or prompts would decide).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .schema import InputError, atomic_write_bytes
+
+# The settings of one arm (the `specaudit run` runtime options, topk resolved).
+SETTINGS = ("algo", "budget", "topk", "concurrency", "max_new_tokens", "inject", "seed", "device",
+            "dtype", "eos_id")
+# Settings that change speed or acceptance without being the algorithm under test: a
+# comparison that varies one of them unnamed is confounded (the seed case's trap).
+CONFOUNDERS = ("concurrency", "batch", "device", "dtype", "max_new_tokens", "eos_id", "seed", "inject")
+METRICS = ("accepted_depth", "commit_len", "tokens_per_s")
+METRIC_LABEL = {"accepted_depth": "mean accepted depth", "commit_len": "mean commit length",
+                "tokens_per_s": "tokens/s"}
+VERDICTS = ("same", "A better", "B better", "undecided")
+
+
+# ---------------------------------------------------------------------- arm args
+
+
+class _ArmParser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting, so a bad --a is one line and exit 2."""
+
+    def error(self, message):
+        raise ValueError(f"{self.prog}: {message}")
+
+
+def parse_arm(text: str, label: str = "a") -> dict:
+    """`specaudit run` runtime options (a string) -> the arm's settings dict."""
+    from .commands.run import add_runtime_arguments, resolve_topk
+
+    p = _ArmParser(prog=f"--{label}", add_help=False)
+    add_runtime_arguments(p)
+    try:
+        argv = shlex.split(text or "")
+    except ValueError as e:
+        raise ValueError(f"--{label}: cannot split {text!r}: {e}") from None
+    ns = p.parse_args(argv)
+    cfg = {k: getattr(ns, k) for k in SETTINGS if k != "topk"}
+    cfg["topk"] = resolve_topk(ns)
+    if cfg["eos_id"] is None:
+        cfg["eos_id"] = 0  # the embedded model's EOS (specaudit.model.EOS_ID), without importing torch
+    cfg["args"] = text or ""
+    return cfg
+
+
+def settings_differ(a: dict, b: dict) -> dict:
+    """setting -> [A, B] for every setting in which the arms differ."""
+    return {k: [a.get(k), b.get(k)] for k in SETTINGS if a.get(k) != b.get(k)}
+
+
+def confounding_warnings(differ: dict, vary: list[str] | None) -> list[str]:
+    """Warnings when more settings differ than the experiment names (`vary`)."""
+    out = []
+    if vary:
+        for v in vary:
+            if v not in differ:
+                out.append(f"--vary {v}: A and B have the same {v}")
+        extra = [k for k in differ if k not in vary]
+        if extra:
+            conf = [k for k in extra if k in CONFOUNDERS]
+            out.append(f"A and B also differ in {', '.join(extra)}, which the experiment does not name "
+                       f"(--vary {','.join(vary)})" + (f"; {', '.join(conf)} change speed or acceptance on "
+                                                       "their own: the comparison is confounded" if conf else ""))
+    elif len(differ) > 1:
+        conf = [k for k in differ if k in CONFOUNDERS]
+        out.append(f"A and B differ in {len(differ)} settings ({', '.join(differ)}): a difference cannot be "
+                   "pinned on one of them; name the one under test with --vary"
+                   + (f" ({', '.join(conf)} change speed or acceptance on their own)" if conf else ""))
+    return out
+
+
+# ----------------------------------------------------------------- measurement
+
+
+class Collector:
+    """A tracer sink that keeps, per request, what the A/B needs (no re-reading Parquet)."""
+
+    def __init__(self):
+        self.req: dict[str, dict] = {}
+
+    def _r(self, rid):
+        return self.req.setdefault(rid, {"steps": 0, "depth": 0, "commit": 0, "cost": 0.0, "batch": 0.0,
+                                         "reported_depth": 0, "reported_commit": 0, "output": None})
+
+    def write_steps(self, batch) -> None:
+        d = batch.to_pydict()
+        for i, rid in enumerate(d["request_id"]):
+            r = self._r(rid)
+            r["steps"] += 1
+            r["depth"] += len(d["accepted_path"][i]) - 1
+            r["commit"] += len(d["committed_tokens"][i])
+            r["reported_depth"] += d["accepted_depth"][i]
+            r["reported_commit"] += d["commit_len"][i]
+            r["cost"] += d["step_s"][i] / max(d["batch_size"][i], 1)  # this request's share of the forward
+            r["batch"] += d["batch_size"][i]
+
+    def write_request(self, row: dict) -> None:
+        r = self._r(row["request_id"])
+        r["output"] = list(row["output_tokens"])
+        r["cost"] += row["ttft_s"]  # the prefill
+
+
+def _ratio_boot(num: np.ndarray, den: np.ndarray, W: np.ndarray):
+    """Ratio of sums over prompts, point estimate and bootstrap replicates.
+
+    num, den: [P]; W: [R, P] resample counts (row r = how often each prompt was drawn).
+    """
+    point = num.sum() / den.sum()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        reps = (W @ num) / (W @ den)  # [R]
+    return float(point), reps
+
+
+def _ci(reps: np.ndarray) -> list[float]:
+    reps = reps[np.isfinite(reps)]
+    if reps.size == 0:
+        return [float("nan"), float("nan")]
+    lo, hi = np.percentile(reps, [2.5, 97.5])
+    return [float(lo), float(hi)]
+
+
+def verdict(diff_ci: list[float], base: float, same_within: float) -> str:
+    """Verdict from the 95% interval of B - A (higher is better)."""
+    lo, hi = diff_ci
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return "undecided"
+    band = abs(base) * same_within
+    if -band <= lo and hi <= band:
+        return "same"
+    if lo > 0:
+        return "B better"
+    if hi < 0:
+        return "A better"
+    return "undecided"
+
+
+def summarize(per_prompt: dict[str, np.ndarray], same_within: float, n_boot: int, seed: int = 0) -> dict:
+    """Per-arm means with bootstrap 95% intervals, the paired difference and a verdict per metric.
+
+    per_prompt[arm + "_" + quantity] are [P] sums over the arm's repeats for each prompt:
+    depth, commit, steps, tokens, cost.
+    """
+    P = per_prompt["a_steps"].shape[0]
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, P, size=(n_boot, P))
+    W = np.zeros((n_boot, P))
+    np.add.at(W, (np.arange(n_boot)[:, None], idx), 1.0)  # [R, P] draw counts
+    out = {}
+    for m, (num, den) in {"accepted_depth": ("depth", "steps"), "commit_len": ("commit", "steps"),
+                          "tokens_per_s": ("tokens", "cost")}.items():
+        pa_, ra = _ratio_boot(per_prompt[f"a_{num}"], per_prompt[f"a_{den}"], W)
+        pb_, rb = _ratio_boot(per_prompt[f"b_{num}"], per_prompt[f"b_{den}"], W)
+        dci = _ci(rb - ra)
+        out[m] = {"a": {"mean": pa_, "ci95": _ci(ra)}, "b": {"mean": pb_, "ci95": _ci(rb)},
+                  "diff_b_minus_a": {"mean": pb_ - pa_, "ci95": dci},
+                  "verdict": verdict(dci, pa_, same_within)}
+    return out
+
+
+# ------------------------------------------------------------------------- run
+
+
+def _default_loader():
+    cache = {}
+
+    def load(device, dtype):
+        if (device, dtype) not in cache:
+            import torch
+
+            from .model import default_models
+            cache[(device, dtype)] = default_models(device, getattr(torch, dtype))
+        return cache[(device, dtype)]
+    return load
+
+
+def _validate(arm: dict, label: str, models, prompts: list[str]) -> None:
+    """Refuse a bad arm before anything runs (so no half-written experiment)."""
+    from .run import encode
+    from .runtime.engine import SpecConfig
+
+    target, drafter, _ = models
+    try:
+        SpecConfig(algo=arm["algo"], budget=arm["budget"], topk=arm["topk"],
+                   max_new_tokens=arm["max_new_tokens"], concurrency=arm["concurrency"],
+                   eos_id=arm["eos_id"], fault=arm["inject"]).validate(drafter.depth)
+    except ValueError as e:
+        raise ValueError(f"--{label}: {e}") from None
+    longest = max(len(encode(t)) for t in prompts)
+    if longest + arm["max_new_tokens"] > target.max_seq_len:
+        raise ValueError(f"--{label}: a prompt of {longest} tokens + --max-new-tokens {arm['max_new_tokens']} "
+                         f"exceeds the context of {target.max_seq_len}")
+
+
+def run_ab(a: dict, b: dict, *, prompts: list[str], repeats: int = 2, out, vary: list[str] | None = None,
+           same_within: float = 0.02, n_boot: int = 2000, primary: str = "tokens_per_s",
+           load_models=None, log=None, warmup: bool = True) -> dict:
+    """Run arms A and B `repeats` times each, interleaved, traced; return (and write) the result."""
+    from .run import run_traced
+
+    if repeats < 1:
+        raise ValueError(f"--repeats must be at least 1 (got {repeats})")
+    if not prompts:
+        raise ValueError("no prompts")
+    if primary not in METRICS:
+        raise ValueError(f"--primary must be one of {', '.join(METRICS)}")
+    bad = [v for v in vary or [] if v not in SETTINGS]
+    if bad:
+        raise ValueError(f"--vary {','.join(bad)}: not a setting; settings are {', '.join(SETTINGS)}")
+    out = Path(out)
+    if (out / "ab.json").exists():
+        raise InputError(out, "already holds an A/B result (ab.json); pick another --out")
+    for sub in ("a", "b"):
+        if (out / sub).exists() and any((out / sub).iterdir()):
+            raise InputError(out / sub, "is not empty; pick another --out")
+    load = load_models or _default_loader()
+    arms = {"A": a, "B": b}
+    for lab, arm in arms.items():
+        try:
+            models = load(arm["device"], arm["dtype"])
+        except InputError:
+            raise
+        _validate(arm, lab.lower(), models, prompts)
+    differ = settings_differ(a, b)
+    warnings = confounding_warnings(differ, vary)
+    if len(prompts) < 5:
+        warnings.append(f"only {len(prompts)} prompts: the intervals over requests are rough")
+
+    if warmup:  # first-call costs (allocator, kernels, caches) must not land on the first arm
+        for lab, arm in arms.items():
+            run_traced(algo=arm["algo"], budget=arm["budget"], topk=arm["topk"], concurrency=arm["concurrency"],
+                       num_prompts=1, max_new_tokens=min(8, arm["max_new_tokens"]), prompts=list(prompts[:1]),
+                       inject=arm["inject"], seed=arm["seed"], device=arm["device"], dtype=arm["dtype"],
+                       eos_id=arm["eos_id"], trace=False, models=load(arm["device"], arm["dtype"]))
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    order, runs = [], {"A": [], "B": []}
+    data = {"A": [], "B": []}  # per run: Collector.req
+    wall_tps = {"A": [], "B": []}
+    reported = {"A": [], "B": []}
+    for rep in range(repeats):
+        for lab in (("A", "B") if rep % 2 == 0 else ("B", "A")):
+            arm = arms[lab]
+            col = Collector()
+            rid = f"{lab.lower()}-r{rep}-{arm['algo']}-b{arm['budget']}-k{arm['topk']}-c{arm['concurrency']}-{stamp}"
+            if log:
+                log(f"repeat {rep + 1}/{repeats} {lab}: {arm['args'] or '(defaults)'}")
+            res = run_traced(algo=arm["algo"], budget=arm["budget"], topk=arm["topk"],
+                             concurrency=arm["concurrency"], num_prompts=len(prompts),
+                             max_new_tokens=arm["max_new_tokens"], prompts=list(prompts), inject=arm["inject"],
+                             seed=arm["seed"], device=arm["device"], dtype=arm["dtype"], eos_id=arm["eos_id"],
+                             out=out / lab.lower(), run_id=rid, extra_sinks=[col],
+                             models=load(arm["device"], arm["dtype"]))
+            order.append(lab)
+            runs[lab].append(res.run_id)
+            data[lab].append(col.req)
+            wall_tps[lab].append(res.summary["tokens_per_s"])
+            reported[lab].append(res.manifest.get("reported") or {})
+
+    P = len(prompts)
+    ids = [str(i) for i in range(P)]  # run_traced numbers requests 0..P-1 in prompt order
+    per_prompt = {}
+    for lab in ("A", "B"):
+        for q, key in (("depth", "depth"), ("commit", "commit"), ("steps", "steps"), ("cost", "cost")):
+            per_prompt[f"{lab.lower()}_{q}"] = np.array(
+                [sum(run[i][key] for run in data[lab] if i in run) for i in ids], dtype=np.float64)
+        per_prompt[f"{lab.lower()}_tokens"] = np.array(
+            [sum(len(run[i]["output"] or []) for run in data[lab] if i in run) for i in ids], dtype=np.float64)
+    metrics = summarize(per_prompt, same_within, n_boot)
+
+    # what else a reader of the result must know
+    same_out = sum(all(data["A"][r][i]["output"] == data["B"][r][i]["output"] for r in range(repeats))
+                   for i in ids)
+    batch = {lab: (sum(x["batch"] for run in data[lab] for x in run.values())
+                   / max(sum(x["steps"] for run in data[lab] for x in run.values()), 1)) for lab in "AB"}
+    if abs(batch["A"] - batch["B"]) > 1e-9:
+        differ["batch"] = [round(batch["A"], 3), round(batch["B"], 3)]  # observed mean requests per forward
+        if vary and "batch" not in vary and "concurrency" not in vary:
+            warnings.append(f"the observed batch differs (mean {batch['A']:.2f} vs {batch['B']:.2f} requests "
+                            "per verify forward), which the experiment does not name")
+    for lab in "AB":
+        steps = sum(x["steps"] for run in data[lab] for x in run.values())
+        rep_depth = sum(x["reported_depth"] for run in data[lab] for x in run.values()) / max(steps, 1)
+        row_depth = sum(x["depth"] for run in data[lab] for x in run.values()) / max(steps, 1)
+        rep_commit = sum(x["reported_commit"] for run in data[lab] for x in run.values()) / max(steps, 1)
+        row_commit = sum(x["commit"] for run in data[lab] for x in run.values()) / max(steps, 1)
+        if abs(rep_depth - row_depth) > 1e-9 or abs(rep_commit - row_commit) > 1e-9:
+            warnings.append(f"{lab}'s own counters disagree with its trace (reported depth {rep_depth:.2f}, "
+                            f"commit {rep_commit:.2f}; rows {row_depth:.2f}, {row_commit:.2f}): the figures here "
+                            f"come from the rows; run `specaudit check {out / lab.lower()}`")
+    result = {
+        "a": {"args": a["args"], "settings": {k: a[k] for k in SETTINGS}, "dataset": str(out / "a"),
+              "runs": runs["A"], "wall_tokens_per_s": wall_tps["A"], "mean_batch": batch["A"]},
+        "b": {"args": b["args"], "settings": {k: b[k] for k in SETTINGS}, "dataset": str(out / "b"),
+              "runs": runs["B"], "wall_tokens_per_s": wall_tps["B"], "mean_batch": batch["B"]},
+        "prompts": P, "repeats": repeats, "order": order, "vary": vary or [],
+        "settings_differ": differ, "warnings": warnings,
+        "metrics": metrics, "primary": primary, "verdict": metrics[primary]["verdict"],
+        "same_within": same_within, "bootstrap": n_boot,
+        "outputs_identical": {"prompts": same_out, "of": P},
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(out / "ab.json", (json.dumps(result, indent=1) + "\n").encode())
+    result["path"] = str(out / "ab.json")
+    return result
+
+
+# ------------------------------------------------------------------------ output
+
+
+def format_text(res: dict) -> str:
+    a, b = res["a"], res["b"]
+    lines = [f"A: {a['args'] or '(defaults)'}", f"B: {b['args'] or '(defaults)'}",
+             f"{res['prompts']} prompts x {res['repeats']} repeats, order {' '.join(res['order'])}"]
+    d = res["settings_differ"]
+    lines.append("settings that differ: " + (", ".join(f"{k} {x!r} -> {y!r}" for k, (x, y) in d.items())
+                                             if d else "none (an A/A run: expect 'same')"))
+    for w in res["warnings"]:
+        lines.append(f"WARNING: {w}")
+    lines.append("")
+    lines.append(f"{'metric':<20} {'A [95% CI]':<26} {'B [95% CI]':<26} {'B - A [95% CI]':<28} verdict")
+    for m in METRICS:
+        x = res["metrics"][m]
+
+        def cell(v, sign=False):
+            f = "+.3f" if sign else ".3f"
+            return f"{v['mean']:{f}} [{v['ci95'][0]:{f}}, {v['ci95'][1]:{f}}]"
+        lines.append(f"{METRIC_LABEL[m]:<20} {cell(x['a']):<26} {cell(x['b']):<26} "
+                     f"{cell(x['diff_b_minus_a'], True):<28} {x['verdict']}")
+    o = res["outputs_identical"]
+    lines.append("")
+    lines.append(f"outputs identical in A and B: {o['prompts']}/{o['of']} prompts")
+    lines.append(f"verdict ({METRIC_LABEL[res['primary']]}): {res['verdict']}")
+    lines.append(f"traces: {a['dataset']}, {b['dataset']}; result: {res.get('path', '')}")
+    return "\n".join(lines)
+
+
+def stderr_log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
