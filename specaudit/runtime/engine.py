@@ -248,7 +248,9 @@ class SpecEngine:
         if self.auditor is not None:
             self.auditor.audit(algo=cfg.algo, node_tokens=vb.tokens, parents=vb.parents,
                                n_nodes=vb.n_nodes, target_argmax=argmax_t,
-                               accepted_depth=depths, commit_len=commit_lens, finished=fin_flags)
+                               accepted_depth=depths, commit_len=commit_lens, finished=fin_flags,
+                               node_mask=vb.node_mask, positions=vb.positions, seq_len=seq_lens,
+                               eos_id=cfg.eos_id)
         if self.tracer is not None:
             self.tracer.record_step(
                 request_ids=[r.request_id for r in reqs],
