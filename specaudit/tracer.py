@@ -59,8 +59,9 @@ class Tracer:
     from close(), never in the decode loop.
     """
 
-    def __init__(self, sinks, manifest: dict, run_id: str):
+    def __init__(self, sinks, manifest: dict, run_id: str, batch_s: float = 0.1):
         self.sinks = list(sinks)
+        self.batch_s = batch_s
         self.run_id = run_id
         self.manifest = dict(manifest, run_id=run_id)
         self.manifest.setdefault("started_at", time.time())
@@ -133,28 +134,56 @@ class Tracer:
 
     # ------------------------------------------------------------------ worker
     def _worker(self) -> None:
+        """Drain the queue every `batch_s` seconds and convert all pending steps at once.
+
+        Converting many steps in one go keeps the per-step cost (and the GIL time taken
+        from the decode loop) to a few microseconds; sinks still see data within batch_s.
+        """
         while True:
-            kind, item = self._q.get()
-            try:
+            items = [self._q.get()]
+            deadline = time.monotonic() + self.batch_s
+            while items[-1][0] == "steps" and time.monotonic() < deadline:
+                try:
+                    items.append(self._q.get(timeout=max(0.0, deadline - time.monotonic())))
+                except queue.Empty:
+                    break
+            steps: list[_StepItem] = []
+            for kind, item in items:
+                if kind == "steps":
+                    steps.append(item)
+                    continue
+                self._emit(steps)  # keep order: a request's steps reach sinks before it
+                steps = []
                 if kind == "stop":
                     return
                 if kind == "flush":
                     item.set()
-                    continue
-                if kind == "steps":
-                    if item.event is not None:
-                        item.event.synchronize()
-                    batch = steps_to_arrow(self.run_id, item.fields)
-                    for s in self.sinks:
-                        if hasattr(s, "write_steps"):
-                            s.write_steps(batch)
                 elif kind == "request":
-                    for s in self.sinks:
-                        if hasattr(s, "write_request"):
-                            s.write_request(item)
-            except BaseException as e:  # keep the decode loop alive; report at close
-                with self._lock:
-                    self._errors.append(e)
+                    self._call("write_request", item)
+            self._emit(steps)
+
+    def _emit(self, steps: list[_StepItem]) -> None:
+        if not steps:
+            return
+        try:
+            for it in steps:
+                if it.event is not None:
+                    it.event.synchronize()
+            batch = steps_to_arrow(self.run_id, [it.fields for it in steps])
+        except BaseException as e:  # keep the decode loop alive; report at close
+            with self._lock:
+                self._errors.append(e)
+            return
+        self._call("write_steps", batch)
+
+    def _call(self, method: str, arg) -> None:
+        for s in self.sinks:
+            if hasattr(s, method):
+                try:
+                    getattr(s, method)(arg)
+                except BaseException as e:
+                    with self._lock:
+                        self._errors.append(e)
 
     def flush(self, timeout: float | None = None) -> None:
         """Block until everything recorded so far reached the sinks."""
@@ -194,16 +223,6 @@ def _ragged(x, B: int, lengths=None) -> list[list[int]]:
     return [[int(v) for v in a[i] if v >= 0] for i in range(B)]
 
 
-def _list_array(padded: np.ndarray, n: np.ndarray, typ: pa.DataType) -> pa.Array:
-    """[B, N] padded + [B] lengths -> Arrow list array, without a Python loop."""
-    B, N = padded.shape
-    keep = np.arange(N)[None, :] < n[:, None]
-    values = padded[keep]
-    offsets = np.concatenate(([0], np.cumsum(n))).astype(np.int32)
-    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()),
-                                    pa.array(values, typ.value_type))
-
-
 def node_mask_hashes(mask: np.ndarray, n: np.ndarray) -> np.ndarray:
     """Contract hash of each row's [n_r, n_r] block of a padded [B, N, N] mask."""
     out = np.zeros(len(n), dtype=np.uint64)
@@ -213,50 +232,75 @@ def node_mask_hashes(mask: np.ndarray, n: np.ndarray) -> np.ndarray:
     return out
 
 
-def steps_to_arrow(run_id: str, f: dict) -> pa.RecordBatch:
-    """One batched step's fields (host arrays) -> a RecordBatch of STEPS_SCHEMA."""
-    B = len(f["request_ids"])
-    n = np.asarray(_np(f["n_nodes"]), dtype=np.int64)
-    if f["mask_hash"] is not None:
-        mh = np.asarray(_np(f["mask_hash"]), dtype=np.uint64)
-    else:
-        mh = node_mask_hashes(np.asarray(_np(f["node_mask"]), dtype=bool), n)
+def steps_to_arrow(run_id: str, items) -> pa.RecordBatch:
+    """Batched steps' fields (host arrays) -> one RecordBatch of STEPS_SCHEMA.
+
+    `items` is one field dict (one batched verify) or a list of them. Per-node columns
+    become list arrays from values + offsets, without a Python loop over rows.
+    """
+    if isinstance(items, dict):
+        items = [items]
     i32 = pa.list_(pa.int32())
     f32 = pa.list_(pa.float32())
+    ns = [np.asarray(_np(f["n_nodes"]), dtype=np.int64) for f in items]
+    n_all = np.concatenate(ns)
+    R = len(n_all)
+    offsets = pa.array(np.concatenate(([0], np.cumsum(n_all))).astype(np.int32), pa.int32())
 
     def node_col(key, typ, dtype):
-        v = f[key]
-        if v is None:
-            return pa.nulls(B, typ)
-        return _list_array(np.asarray(_np(v)).astype(dtype), n, typ)
+        if all(f[key] is None for f in items):
+            return pa.nulls(R, typ)
+        vals = []
+        for f, n in zip(items, ns):
+            v = f[key]
+            if v is None:  # mixed: a producer sent it for some steps only
+                return pa.array([None if f2[key] is None else np.asarray(_np(f2[key]))[i, :n2[i]].tolist()
+                                 for f2, n2 in zip(items, ns) for i in range(len(n2))], typ)
+            a = np.asarray(_np(v))
+            vals.append(a[np.arange(a.shape[1])[None, :] < n[:, None]].astype(dtype))
+        return pa.ListArray.from_arrays(offsets, pa.array(np.concatenate(vals), typ.value_type))
 
-    commit = _ragged(_np(f["committed_tokens"]), B)
-    path = _ragged(_np(f["accepted_path"]), B)
-    full = lambda v, t: pa.array(np.full(B, v), t)  # noqa: E731
+    def per_row(key, dtype):
+        return np.concatenate([np.asarray(_np(f[key])).reshape(-1).astype(dtype) for f in items])
+
+    def per_step(key, dtype, typ):
+        return pa.array(np.concatenate([np.full(len(n), f[key]) for f, n in zip(items, ns)]).astype(dtype), typ)
+
+    hashes = []
+    for f, n in zip(items, ns):
+        if f["mask_hash"] is not None:
+            hashes.append(np.asarray(_np(f["mask_hash"]), dtype=np.uint64).reshape(-1))
+        else:
+            hashes.append(node_mask_hashes(np.asarray(_np(f["node_mask"]), dtype=bool), n))
+    commits, paths = [], []
+    for f, n in zip(items, ns):
+        commits += _ragged(_np(f["committed_tokens"]), len(n))
+        paths += _ragged(_np(f["accepted_path"]), len(n))
     cols = {
-        "run_id": pa.array([run_id] * B, pa.string()),
-        "request_id": pa.array([str(r) for r in f["request_ids"]], pa.string()),
-        "step": pa.array(np.asarray(_np(f["steps"])).astype(np.int32)),
-        "algo": pa.array([f["algo"]] * B, pa.string()),
-        "budget": full(f["budget"], pa.int32()),
-        "topk": full(f["topk"], pa.int32()),
-        "batch_size": full(f["batch_size"] or B, pa.int32()),
-        "seq_len": pa.array(np.asarray(_np(f["seq_len"])).astype(np.int32)),
+        "run_id": pa.array([run_id] * R, pa.string()),
+        "request_id": pa.array([str(r) for f in items for r in f["request_ids"]], pa.string()),
+        "step": pa.array(per_row("steps", np.int32)),
+        "algo": pa.array([f["algo"] for f, n in zip(items, ns) for _ in range(len(n))], pa.string()),
+        "budget": per_step("budget", np.int32, pa.int32()),
+        "topk": per_step("topk", np.int32, pa.int32()),
+        "batch_size": pa.array(np.concatenate([np.full(len(n), f["batch_size"] or len(n))
+                                               for f, n in zip(items, ns)]).astype(np.int32)),
+        "seq_len": pa.array(per_row("seq_len", np.int32)),
         "node_tokens": node_col("node_tokens", i32, np.int32),
         "parents": node_col("parents", i32, np.int32),
         "positions": node_col("positions", i32, np.int32),
-        "mask_hash": pa.array(mh, pa.uint64()),
+        "mask_hash": pa.array(np.concatenate(hashes), pa.uint64()),
         "draft_logprob": node_col("draft_logprob", f32, np.float32),
         "target_argmax": node_col("target_argmax", i32, np.int32),
         "target_margin": node_col("target_margin", f32, np.float32),
-        "accepted_path": pa.array(path, i32),
-        "accepted_depth": pa.array(np.asarray(_np(f["accepted_depth"])).astype(np.int32)),
-        "commit_len": pa.array(np.asarray(_np(f["commit_len"])).astype(np.int32)),
-        "committed_tokens": pa.array(commit, i32),
-        "finished": pa.array(np.asarray(_np(f["finished"])).astype(bool)),
-        "t_start": full(f["t_start"], pa.float64()),
-        "draft_s": full(f["draft_s"], pa.float64()),
-        "verify_s": full(f["verify_s"], pa.float64()),
-        "step_s": full(f["step_s"], pa.float64()),
+        "accepted_path": pa.array(paths, i32),
+        "accepted_depth": pa.array(per_row("accepted_depth", np.int32)),
+        "commit_len": pa.array(per_row("commit_len", np.int32)),
+        "committed_tokens": pa.array(commits, i32),
+        "finished": pa.array(per_row("finished", bool)),
+        "t_start": per_step("t_start", np.float64, pa.float64()),
+        "draft_s": per_step("draft_s", np.float64, pa.float64()),
+        "verify_s": per_step("verify_s", np.float64, pa.float64()),
+        "step_s": per_step("step_s", np.float64, pa.float64()),
     }
     return pa.RecordBatch.from_arrays([cols[c] for c in STEPS_SCHEMA.names], schema=STEPS_SCHEMA)

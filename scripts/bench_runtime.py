@@ -1,0 +1,107 @@
+"""Benchmark the reference runtime: plain greedy vs chain vs trees, traced vs untraced.
+
+Everything is measured side by side in one run, interleaved round by round (so drift
+and other load hit every configuration alike), on the embedded models at batch 1 with
+held-out prompts. Prints one JSON object per configuration, then a last line with:
+    speedup_chain        chain tokens/s (traced) / plain greedy tokens/s
+    speedup_best_tree    best tree tokens/s (traced) / plain greedy tokens/s
+    trace_overhead       1 - traced / untraced tokens/s (chain and trees pooled)
+    mean_commit_len_chain, and the same figures per configuration.
+
+    python scripts/bench_runtime.py                 # ~4 minutes on 2 cores
+    python scripts/bench_runtime.py --quick         # smoke run
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", type=int, default=4, help="held-out prompts per measurement (default 4)")
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median is reported")
+    ap.add_argument("--trees", default="15:4,31:4,15:2", help="tree budget:topk list")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.prompts, args.max_new_tokens, args.rounds, args.trees = 1, 64, 1, "15:4"
+
+    import torch
+
+    from specaudit.model import default_models
+    from specaudit.run import default_prompts, encode, run_traced
+    from specaudit.runtime.engine import greedy_generate
+
+    models = default_models()
+    target = models[0]
+    prompts = default_prompts()[: args.prompts]
+    toks = [encode(p) for p in prompts]
+    configs = [("chain", 7, 1)] + [("tree", int(b), int(k)) for b, k in
+                                   (t.split(":") for t in args.trees.split(","))]
+    tmp = Path(tempfile.mkdtemp(prefix="bench-runtime-"))
+    samples: dict[str, list[float]] = {}
+    commit: dict[str, float] = {}
+    depth: dict[str, float] = {}
+    lossless = True
+    reference = None
+    for rnd in range(args.rounds):
+        outs, wall = greedy_generate(target, toks, args.max_new_tokens, target.eos_id)
+        reference = reference or outs
+        samples.setdefault("greedy", []).append(sum(len(o) for o in outs) / wall)
+        for algo, budget, topk in configs:
+            for traced in (False, True):
+                name = f"{algo}-b{budget}-k{topk}-{'traced' if traced else 'untraced'}"
+                res = run_traced(algo=algo, budget=budget, topk=topk, prompts=prompts,
+                                 num_prompts=len(prompts), max_new_tokens=args.max_new_tokens,
+                                 models=models, trace=traced, out=tmp if traced else None,
+                                 run_id=f"{name}-r{rnd}")
+                lossless &= res.outputs == reference
+                samples.setdefault(name, []).append(res.summary["tokens"] / res.wall_s)
+                commit[name] = res.summary["mean_commit_len"]
+                depth[name] = res.summary["mean_accepted_depth"]
+        print(f"round {rnd + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    base = med["greedy"]
+    rows = []
+    for algo, budget, topk in configs:
+        t, u = f"{algo}-b{budget}-k{topk}-traced", f"{algo}-b{budget}-k{topk}-untraced"
+        row = {"config": f"{algo}-b{budget}-k{topk}", "tokens_per_s_traced": round(med[t], 1),
+               "tokens_per_s_untraced": round(med[u], 1), "speedup_traced": round(med[t] / base, 3),
+               "trace_overhead": round(1 - med[t] / med[u], 4), "mean_commit_len": commit[t],
+               "mean_accepted_depth": depth[t]}
+        rows.append(row)
+        print(json.dumps(row))
+    trees = [r for r in rows if r["config"].startswith("tree")]
+    best_tree = max(trees, key=lambda r: r["speedup_traced"]) if trees else None
+    traced_sum = sum(med[f"{r['config']}-traced"] for r in rows)
+    untraced_sum = sum(med[f"{r['config']}-untraced"] for r in rows)
+    chain_commit = rows[0]["mean_commit_len"]
+    summary = {
+        "greedy_tokens_per_s": round(base, 1),
+        "speedup_chain": rows[0]["speedup_traced"],
+        "speedup_best_tree": best_tree["speedup_traced"] if best_tree else None,
+        "best_tree": best_tree["config"] if best_tree else None,
+        "trace_overhead": round(1 - traced_sum / untraced_sum, 4),
+        "mean_commit_len_chain": chain_commit,
+        "mean_commit_len_best_tree_commit": max((r["mean_commit_len"] for r in trees), default=None),
+        "tree_commits_more_than_chain": any(r["mean_commit_len"] > chain_commit for r in trees),
+        "lossless": lossless,
+        "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
+        "batch": 1, "torch_threads": torch.get_num_threads(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

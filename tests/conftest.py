@@ -1,0 +1,83 @@
+"""Shared fixtures. TRITON_INTERPRET must be set before any kernel is defined."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # noqa: E402  (before kernels import)
+
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def mask_hash_vectors() -> list[dict]:
+    """The contract's test vectors: ../shared/spec when present, else the committed copy."""
+    shared = REPO.parent / "shared" / "spec" / "mask-hash-vectors.json"
+    path = shared if shared.exists() else DATA / "mask-hash-vectors.json"
+    return json.loads(path.read_text())["vectors"]
+
+
+@pytest.fixture(scope="session")
+def models():
+    """The embedded target and drafter, loaded once per session."""
+    from specaudit.model import default_models
+    return default_models()
+
+
+@pytest.fixture(scope="session")
+def make_run(tmp_path_factory, models):
+    """make_run(out=None, **run_traced kwargs) -> RunResult, on the embedded models.
+
+    Defaults are small (4 prompts, 40 new tokens) so a run takes about a second.
+    """
+    from specaudit.run import run_traced
+
+    def _run(out=None, **kw):
+        kw.setdefault("num_prompts", 4)
+        kw.setdefault("max_new_tokens", 40)
+        out = out or tmp_path_factory.mktemp("traces")
+        return run_traced(out=out, models=models, **kw)
+    return _run
+
+
+# Configurations every reader must handle: chain, topk=1 tree, branching tree, at
+# concurrency 1 and 4, with EOS (newline as EOS hits it mid-commit) and the token limit.
+CLEAN_CONFIGS = [
+    dict(algo="chain", budget=7, topk=1, concurrency=1),
+    dict(algo="chain", budget=7, topk=1, concurrency=4, eos_id=10),
+    dict(algo="tree", budget=7, topk=1, concurrency=1),
+    dict(algo="tree", budget=12, topk=3, concurrency=1, eos_id=10),
+    dict(algo="tree", budget=12, topk=3, concurrency=4),
+]
+
+
+@pytest.fixture(scope="session")
+def clean_dataset(tmp_path_factory, make_run):
+    """One dataset folder holding a clean --oracle run of each CLEAN_CONFIGS entry."""
+    out = tmp_path_factory.mktemp("clean")
+    results = [make_run(out=out, oracle=True, max_new_tokens=37, **cfg) for cfg in CLEAN_CONFIGS]
+    return out, results
+
+
+@pytest.fixture(scope="session")
+def fault_run(tmp_path_factory, make_run):
+    """fault_run(name, algo="chain"|"tree") -> (dataset folder, RunResult), cached.
+
+    Trees use budget 12, topk 3 (branching); EOS is newline so eos-overcount shows.
+    """
+    cache = {}
+
+    def _get(name, algo="chain"):
+        key = (name, algo)
+        if key not in cache:
+            out = tmp_path_factory.mktemp(f"fault-{name}-{algo}")
+            kw = dict(algo=algo, budget=7 if algo == "chain" else 12, topk=1 if algo == "chain" else 3)
+            if name == "eos-overcount":
+                kw["eos_id"] = 10
+            cache[key] = (out, make_run(out=out, oracle=True, inject=name, **kw))
+        return cache[key]
+    return _get

@@ -1,0 +1,66 @@
+"""`pip install .` (a real wheel, not the editable tree) ships everything the CLI needs."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    out = tmp_path_factory.mktemp("wheel")
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                        "-q", "-w", str(out), str(REPO)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    (whl,) = out.glob("specaudit-*.whl")
+    return whl
+
+
+def test_wheel_contents(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for need in ["specaudit/weights/target.safetensors", "specaudit/weights/drafter.safetensors",
+                 "specaudit/data/prompts.jsonl", "specaudit/invariants/__init__.py",
+                 "specaudit/kernels/__init__.py", "specaudit/dashboards/__init__.py",
+                 "specaudit/runtime/engine.py", "specaudit/commands/run.py"]:
+        assert need in names, need
+    for d in ("invariants", "kernels", "dashboards"):
+        src = {p.relative_to(REPO / d).as_posix() for p in (REPO / d).rglob("*")
+               if p.is_file() and "__pycache__" not in p.parts and p.suffix in (".py", ".json", ".yml", ".yaml", ".sql")}
+        shipped = {n.split(f"specaudit/{d}/", 1)[1] for n in names if n.startswith(f"specaudit/{d}/")}
+        assert src <= shipped, f"{d}/ files missing from the wheel: {sorted(src - shipped)}"
+    sql = {p.name for p in (REPO / "specaudit" / "queries").glob("*.sql")}
+    assert {n.rsplit("/", 1)[1] for n in names if n.startswith("specaudit/queries/")} >= sql
+    assert not any(n.endswith((".pt", ".pth", ".bin", ".pkl")) for n in names), "pickle weights shipped"
+
+
+def test_installed_wheel_runs_outside_the_repo(wheel, tmp_path):
+    """Install the wheel into its own folder and run the CLI from there.
+
+    The dev checkout is installed editable, and its import hook is set up by a .pth
+    file; `python -S` skips .pth processing, so only the wheel's copy can be imported.
+    Dependencies come from this interpreter's site-packages.
+    """
+    import site
+    import sysconfig
+    target = tmp_path / "site"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
+                        str(target), str(wheel)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "specaudit = specaudit.cli:main" in (
+        next(target.glob("specaudit-*.dist-info")) / "entry_points.txt").read_text()
+    paths = [str(target), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
+             *site.getsitepackages()]
+    env = {"PYTHONPATH": ":".join(dict.fromkeys(paths)), "PATH": "/usr/bin:/bin"}
+    r = subprocess.run([sys.executable, "-S", "-m", "specaudit", "run", "--num-prompts", "1",
+                        "--max-new-tokens", "16", "--oracle", "--out", str(tmp_path / "t")],
+                       capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "lossless: yes" in r.stdout
+    where = subprocess.run([sys.executable, "-S", "-c", "import specaudit.invariants as m; print(m.__file__)"],
+                           capture_output=True, text=True, cwd=tmp_path, env=env).stdout
+    assert where.startswith(str(target)), f"imported from the repo, not the wheel: {where}"
