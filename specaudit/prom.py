@@ -39,38 +39,51 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # --------------------------------------------------------------------- inline rules
 
-# (code, name, what it catches). Same codes as the offline checker.
+# (code, name, what it catches): the step-scope rules of specaudit.invariants that need
+# nothing but the row itself, under the checker's own codes and names. Rows whose
+# structure is unsound (any SA1xx but SA105/SA106) are skipped by the SA2xx/SA3xx rules,
+# as the checker does. Left to the offline checker: SA107 (nulls), SA108 (partition),
+# SA311 and SA4xx (need the request's earlier steps), SA5xx (run aggregates).
 INLINE_RULES = (
-    ("SA101", "node-list-lengths", "a per-node list does not have N entries, or N > budget + 1"),
-    ("SA201", "path-starts-at-root", "accepted_path is empty or does not start at node 0"),
-    ("SA202", "path-follows-tree", "an accepted_path entry is not a child of the one before"),
-    ("SA203", "path-matches-argmax", "an accepted draft token differs from the target's argmax at its parent"),
-    ("SA301", "depth-equals-path", "accepted_depth != len(accepted_path) - 1"),
-    ("SA302", "commit-len-vs-depth", "unfinished step with commit_len != accepted_depth + 1, "
-                                     "or a finished one with commit_len outside 1..accepted_depth + 1"),
-    ("SA303", "commit-len-equals-tokens", "commit_len != len(committed_tokens)"),
-    ("SA304", "committed-tokens-match-path", "committed_tokens are not the accepted drafts then the bonus"),
-    ("SA305", "counter-range", "a negative counter, or accepted_depth above the drafted nodes"),
-    ("SA306", "commit-stops-at-eos", "a commit goes on past an EOS, or a step that committed EOS is not finished"),
-    ("SA401", "positions-are-depths", "positions[i] != seq_len + depth(i)"),
+    ("SA101", "node-list-lengths", "a per-node list does not have N = len(node_tokens) entries"),
+    ("SA102", "node-count", "N outside 1..budget + 1"),
+    ("SA103", "root-parent", "parents[0] != -1"),
+    ("SA104", "parent-precedes", "a parent outside 0..i-1"),
+    ("SA105", "topk-children", "a node with more than topk children"),
+    ("SA106", "chain-shape", "a chain (or topk 1) whose parents are not i - 1"),
+    ("SA201", "positions", "positions[i] != seq_len + depth(i)"),
+    ("SA202", "mask-hash", "mask_hash is not the ancestor-or-self mask of the parents"),
+    ("SA301", "commit-len-vs-depth", "unfinished commit_len != accepted_depth + 1, or finished above it"),
+    ("SA302", "depth-vs-path", "accepted_depth != len(accepted_path) - 1"),
+    ("SA303", "path-walk", "accepted_path is not a root-to-node walk of the tree"),
+    ("SA304", "path-matches-argmax", "an accepted token differs from the target's argmax at its parent"),
+    ("SA305", "path-maximal", "a child of the path's last node carries the bonus token"),
+    ("SA306", "commit-len-vs-tokens", "commit_len != len(committed_tokens)"),
+    ("SA307", "committed-tokens", "committed_tokens are not the accepted drafts then the bonus"),
+    ("SA308", "commit-ends-at-eos", "the commit goes on after an EOS"),
+    ("SA309", "eos-finishes", "a commit holding EOS on an unfinished step"),
+    ("SA310", "counters-sign", "accepted_depth < 0 or commit_len < 1"),
 )
 INLINE_CODES = tuple(r[0] for r in INLINE_RULES)
+_CHAIN_HASH: dict[int, int] = {}
 
 
 def _lists(arr) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A list column -> (flat values int64 [sum L], lengths int64 [B], starts int64 [B]).
+    """A list column -> (flat values int64 [sum L], lengths int64 [B] (-1 when null), starts [B]).
 
-    Null lists count as empty. Works on sliced arrays (flatten honours the slice).
+    Works on sliced arrays (flatten honours the slice; null lists hold no values).
     """
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
-    lens = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    lens = pc.list_value_length(arr)
+    null = lens.is_null().to_numpy(zero_copy_only=False)
+    lens = pc.fill_null(lens, 0).to_numpy(zero_copy_only=False).astype(np.int64)
     flat = arr.flatten().to_numpy(zero_copy_only=False)
     flat = np.asarray(flat, dtype=np.int64) if flat.dtype.kind in "iu" else np.asarray(flat)
     starts = np.zeros(len(lens), dtype=np.int64)
     if len(lens) > 1:
         np.cumsum(lens[:-1], out=starts[1:])
-    return flat, lens, starts
+    return flat, np.where(null, -1, lens), starts
 
 
 def _col(batch, name) -> np.ndarray:
@@ -78,21 +91,20 @@ def _col(batch, name) -> np.ndarray:
 
 
 def _padded(flat, lens, starts, n_max: int, fill: int = -1) -> np.ndarray:
-    """Ragged rows -> [B, n_max] int64 padded with `fill` (rows longer are cut)."""
+    """Ragged rows -> [B, n_max] int64 padded with `fill` (longer rows are cut)."""
     B = len(lens)
     out = np.full((B, max(n_max, 1)), fill, dtype=np.int64)
     j = np.arange(out.shape[1])[None, :]
-    keep = j < np.minimum(lens, out.shape[1])[:, None]
-    idx = (starts[:, None] + j)[keep]
-    out[keep] = flat[idx]
+    keep = j < np.minimum(np.maximum(lens, 0), out.shape[1])[:, None]
+    out[keep] = flat[(starts[:, None] + j)[keep]]
     return out
 
 
 def _depths(par: np.ndarray, n: np.ndarray) -> np.ndarray:
     """[B, N] padded parents -> [B, N] node depths (root 0; -1 on padding or a broken parent).
 
-    A node whose parent is out of range (not 0 <= p < i) gets depth -1, and so do its
-    descendants: N passes of one gather, parents precede children.
+    N passes of one gather (parents precede children); a node whose parent is not in
+    0..i-1 gets -1, and so do its descendants.
     """
     B, N = par.shape
     d = np.full((B, N), -1, dtype=np.int64)
@@ -106,94 +118,138 @@ def _depths(par: np.ndarray, n: np.ndarray) -> np.ndarray:
     return d
 
 
+def _mask_hashes(P: np.ndarray, n: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Contract hash of the ancestor-or-self mask of each listed row's tree, uint64 [B].
+
+    Chains (the common case) hit a per-N cache; trees are hashed per distinct N."""
+    from .schema import ancestor_mask, mask_hash
+    out = np.zeros(len(n), dtype=np.uint64)
+    N = P.shape[1]
+    is_chain = (P == np.where(np.arange(N)[None, :] < n[:, None], np.arange(N)[None, :] - 1, -1)).all(axis=1)
+    for r in rows[is_chain[rows]]:
+        k = int(n[r])
+        if k not in _CHAIN_HASH:
+            _CHAIN_HASH[k] = int(mask_hash(ancestor_mask(np.arange(-1, k - 1, dtype=np.int64))))
+        out[r] = _CHAIN_HASH[k]
+    tree = rows[~is_chain[rows]]
+    for k in np.unique(n[tree]):
+        sel = tree[n[tree] == k]
+        out[sel] = mask_hash(ancestor_mask(P[sel, :k]))
+    return out
+
+
 def inline_violations(batch: pa.RecordBatch, budget: int | None = None,
                       eos_id: int | None = None) -> dict[str, np.ndarray]:
     """Evaluate the cheap per-step rules on one RecordBatch of STEPS_SCHEMA rows.
 
-    Returns {code: bool [B]} (True = the row breaks the rule). `budget` defaults to the
-    batch's own budget column; the EOS rule runs only when `eos_id` is known (the
-    manifest's config.eos_id). Rows with broken shapes are flagged SA101 and skipped by
-    the rules that index into their lists.
+    Returns {code: bool [B]} (True = the row breaks the rule), every code of
+    INLINE_CODES present. `budget` defaults to the batch's own budget column; the EOS
+    rules (SA308, SA309) run only when `eos_id` is known (the manifest's config.eos_id).
+    Vectorised: rows are padded to [B, Nmax] (Nmax <= budget + 1) and every rule is a
+    few array expressions; the loops run over node index, never over rows.
     """
     B = batch.num_rows
-    tok, n, tok_s = _lists(batch.column(batch.schema.get_field_index("node_tokens")))
-    par, n_par, par_s = _lists(batch.column(batch.schema.get_field_index("parents")))
-    pos, n_pos, pos_s = _lists(batch.column(batch.schema.get_field_index("positions")))
-    am, n_am, am_s = _lists(batch.column(batch.schema.get_field_index("target_argmax")))
-    path, n_path, path_s = _lists(batch.column(batch.schema.get_field_index("accepted_path")))
-    com, n_com, com_s = _lists(batch.column(batch.schema.get_field_index("committed_tokens")))
+    col = lambda name: batch.column(batch.schema.get_field_index(name))  # noqa: E731
+    tok, n, tok_s = _lists(col("node_tokens"))
+    par, n_par, par_s = _lists(col("parents"))
+    pos, n_pos, pos_s = _lists(col("positions"))
+    am, n_am, am_s = _lists(col("target_argmax"))
+    path, n_path, path_s = _lists(col("accepted_path"))
+    com, n_com, com_s = _lists(col("committed_tokens"))
+    n = np.maximum(n, 0)
+    n_path, n_com = np.maximum(n_path, 0), np.maximum(n_com, 0)
     depth = _col(batch, "accepted_depth").astype(np.int64)
     commit = _col(batch, "commit_len").astype(np.int64)
     fin = _col(batch, "finished").astype(bool)
     seq = _col(batch, "seq_len").astype(np.int64)
+    topk = _col(batch, "topk").astype(np.int64)
+    chain_algo = pc.equal(col("algo"), "chain").to_numpy(zero_copy_only=False).astype(bool)
     bud = (np.full(B, budget, dtype=np.int64) if budget is not None
            else _col(batch, "budget").astype(np.int64))
     out: dict[str, np.ndarray] = {}
+    rows = np.arange(B)
+    R = rows[:, None]
 
-    # SA101 shapes: every per-node list has N = len(node_tokens) entries, 1 <= N <= budget + 1
-    shape_bad = (n < 1) | (n > bud + 1) | (n_par != n) | (n_pos != n) | (n_am != n)
-    out["SA101"] = shape_bad
-    good = ~shape_bad
-    # SA301, SA303, SA305: the counters against the lists they count
-    out["SA301"] = depth != n_path - 1
-    out["SA303"] = commit != n_com
-    out["SA305"] = (depth < 0) | (commit < 0) | (depth > n - 1)
-    # SA302: unfinished commit = depth + 1; finished commits a non-empty prefix of that
-    out["SA302"] = np.where(fin, (commit < 1) | (commit > depth + 1), commit != depth + 1)
-
-    # Path rules need each row's lists: pad to [B, Nmax] and [B, Pmax] (Nmax <= budget + 1).
-    n_max = int(n.max()) if B else 1
-    p_max = int(n_path.max()) if B else 1
+    # ---- SA1xx: shapes and tree structure
+    lens_bad = (n_par != n) | (n_pos != n) | (n_am != n)
+    for name in ("draft_logprob", "target_margin"):
+        _, nl, _ = _lists(col(name))
+        lens_bad |= (nl != -1) & (nl != n)
+    out["SA101"] = lens_bad
+    out["SA102"] = (n < 1) | (n > bud + 1)
+    shapes_ok = ~lens_bad & (n >= 1) & (n_path >= 1)
+    n_max = max(int(n.max()) if B else 1, 1)
     P = _padded(par, n_par, par_s, n_max)
     T = _padded(tok, n, tok_s, n_max)
     A = _padded(am, n_am, am_s, n_max)
-    Q = _padded(path, n_path, path_s, max(p_max, 1))          # [B, Pmax], -1 padded
-    rows = np.arange(B)[:, None]
-    out["SA201"] = (n_path < 1) | (Q[:, 0] != 0)
-    # consecutive (prev, cur) pairs of the path; valid where both exist and are in range
-    if Q.shape[1] > 1:
-        prev, cur = Q[:, :-1], Q[:, 1:]
-        has = (np.arange(1, Q.shape[1])[None, :] < n_path[:, None])
-        inr = has & (prev >= 0) & (prev < n[:, None]) & (cur >= 0) & (cur < n[:, None]) & good[:, None]
-        pc_ = np.clip(prev, 0, n_max - 1)
-        cc_ = np.clip(cur, 0, n_max - 1)
-        follows = P[rows, cc_] == prev
-        out["SA202"] = (has & ~(inr & follows)).any(axis=1) & good
-        out["SA203"] = (inr & follows & (A[rows, pc_] != T[rows, cc_])).any(axis=1)
-    else:
-        out["SA202"] = np.zeros(B, dtype=bool)
-        out["SA203"] = np.zeros(B, dtype=bool)
+    j = np.arange(n_max)[None, :]
+    real = (j < n[:, None]) & shapes_ok[:, None]             # [B, N] nodes of sound rows
+    out["SA103"] = (n < 1) | (shapes_ok & (P[:, 0] != -1))
+    out["SA104"] = shapes_ok & ((real & (j > 0) & ((P < 0) | (P >= j))).any(axis=1))
+    ok = shapes_ok & ~out["SA103"] & ~out["SA104"]            # the checker's `ok`
+    okn = real & ok[:, None]
+    kids = np.zeros((B, n_max + 1), dtype=np.int64)           # children per node (col n_max: sink)
+    np.add.at(kids, (R.repeat(n_max, 1), np.where(okn & (j > 0), P, n_max)), 1)
+    out["SA105"] = ok & (kids[:, :n_max].max(axis=1) > topk)
+    need_chain = chain_algo | (topk == 1)
+    out["SA106"] = ok & need_chain & (okn & (j > 0) & (P != j - 1)).any(axis=1)
 
-    # SA304: committed = node_tokens[path[1:]] then target_argmax[path[-1]]; a finished
-    # step commits a prefix of that. Compare position by position over the commit.
-    path_ok = good & ~out["SA201"] & ~out["SA202"]
-    L = n_path                                              # expected full commit length
-    C = _padded(com, n_com, com_s, max(int(n_com.max()) if B else 1, 1))
-    k = np.arange(C.shape[1])[None, :]
-    q_next = Q[rows, np.clip(k + 1, 0, Q.shape[1] - 1)]     # path[k + 1] (draft k)
-    last = Q[np.arange(B), np.clip(L - 1, 0, Q.shape[1] - 1)]
-    exp = np.where(k < (L - 1)[:, None], T[rows, np.clip(q_next, 0, n_max - 1)],
-                   A[np.arange(B), np.clip(last, 0, n_max - 1)][:, None])
-    in_commit = k < np.minimum(n_com, L)[:, None]
-    mism = (in_commit & (C != exp)).any(axis=1) | (n_com > L) | (~fin & (n_com != L))
-    out["SA304"] = path_ok & mism
-
-    # SA306: EOS ends the commit; a commit holding EOS ends the request
-    if eos_id is not None:
-        is_eos = C == eos_id                                     # [B, Cmax] (padding is -1)
-        in_c = k < n_com[:, None]
-        last_k = (n_com - 1)[:, None]
-        early = (is_eos & in_c & (k < last_k)).any(axis=1)       # EOS before the last token
-        out["SA306"] = early | ((is_eos & in_c).any(axis=1) & ~fin)
-    else:
-        out["SA306"] = np.zeros(B, dtype=bool)
-
-    # SA401: positions[i] = seq_len + depth(i) (depth from parents; broken trees skipped)
+    # ---- SA2xx: positions and mask
     D = _depths(P, n)
     Pos = _padded(pos, n_pos, pos_s, n_max)
-    valid = (np.arange(n_max)[None, :] < n[:, None]) & (D >= 0) & good[:, None]
-    out["SA401"] = (valid & (Pos != seq[:, None] + D)).any(axis=1)
-    return out
+    out["SA201"] = ok & (okn & (Pos != seq[:, None] + D)).any(axis=1)
+    mh = _col(batch, "mask_hash").astype(np.uint64)
+    want = _mask_hashes(P, n, rows[ok]) if ok.any() else np.zeros(B, dtype=np.uint64)
+    out["SA202"] = ok & (mh != want)
+
+    # ---- SA3xx: counters
+    out["SA301"] = ok & np.where(fin, commit > depth + 1, commit != depth + 1)
+    out["SA302"] = ok & (n_path >= 1) & (depth != n_path - 1)
+    out["SA306"] = ok & (commit != n_com)
+    out["SA310"] = ok & ((depth < 0) | (commit < 1) | (n_com < 1))
+
+    # ---- SA3xx: the path: [B, Pmax] node indices, -1 padded
+    p_max = max(int(n_path.max()) if B else 1, 1)
+    Q = _padded(path, n_path, path_s, p_max)
+    kq = np.arange(p_max)[None, :]
+    inpath = kq < n_path[:, None]
+    in_range = (Q >= 0) & (Q < n[:, None])
+    Qc = np.clip(Q, 0, n_max - 1)
+    walk_bad = (inpath & ~in_range).any(axis=1) | (Q[:, 0] != 0) | (n_path < 1)
+    if p_max > 1:
+        link = inpath[:, 1:] & (P[R, Qc[:, 1:]] != Q[:, :-1])
+        walk_bad |= link.any(axis=1)
+    out["SA303"] = ok & walk_bad
+    path_ok = ok & ~walk_bad
+    if p_max > 1:
+        mism = inpath[:, 1:] & (A[R, Qc[:, :-1]] != T[R, Qc[:, 1:]])
+        out["SA304"] = path_ok & mism.any(axis=1)
+    else:
+        out["SA304"] = np.zeros(B, dtype=bool)
+    last = Qc[rows, np.clip(n_path - 1, 0, p_max - 1)]       # path's last node
+    bonus = A[rows, last]
+    out["SA305"] = path_ok & (okn & (j > 0) & (P == last[:, None]) & (T == bonus[:, None])).any(axis=1)
+
+    # expected commit: token of path[k+1] for k < len-1, then the bonus
+    c_max = max(int(n_com.max()) if B else 1, 1)
+    C = _padded(com, n_com, com_s, c_max)
+    kc = np.arange(c_max)[None, :]
+    nxt = Qc[R, np.clip(kc + 1, 0, p_max - 1)]
+    exp = np.where(kc < (n_path - 1)[:, None], T[R, nxt], bonus[:, None])
+    in_c = kc < n_com[:, None]
+    differs = in_c & ((C != exp) | (kc >= n_path[:, None]))
+    out["SA307"] = path_ok & (differs.any(axis=1) | (~fin & (n_com < n_path)))
+
+    # ---- SA308, SA309: EOS
+    if eos_id is not None:
+        is_eos = in_c & (C == eos_id)
+        first = np.where(is_eos.any(axis=1), is_eos.argmax(axis=1), -1)
+        out["SA308"] = ok & (first >= 0) & (first < n_com - 1)
+        out["SA309"] = ok & (first >= 0) & ~fin
+    else:
+        out["SA308"] = np.zeros(B, dtype=bool)
+        out["SA309"] = np.zeros(B, dtype=bool)
+    return {c: out[c] for c in INLINE_CODES}
 
 
 # ------------------------------------------------------------------------ the sink
@@ -315,7 +371,7 @@ class PromSink:
             reach = np.maximum(n - 1, 0)
         else:
             par, n_par, par_s = _lists(batch.column(batch.schema.get_field_index("parents")))
-            P = _padded(par, n_par, par_s, int(n.max()))
+            P = _padded(par, n_par, par_s, max(int(n.max()), 1))
             reach = np.maximum(_depths(P, n).max(axis=1), 0)
         # at-least-d counts for d = 1..D from one bincount each (deeper values land in D)
         reach_ge = np.cumsum(np.bincount(np.clip(reach, 0, D), minlength=D + 1)[::-1])[::-1]

@@ -49,29 +49,57 @@ def _deep(r):
     return not r["finished"] and len(r["accepted_path"]) >= 3
 
 
+def _set(lst_key, i, f):
+    """Mutation: r[lst_key][i] = f(r) (i may be negative)."""
+    return lambda r: r[lst_key].__setitem__(i, f(r))
+
+
+def _drop_last_accepted(r):
+    r["accepted_path"] = r["accepted_path"][:-1]
+    r["accepted_depth"] -= 1
+    r["commit_len"] -= 1
+    r["committed_tokens"] = r["committed_tokens"][:-1]
+
+
+def _bonus_is_eos(r):
+    """The target's argmax at the path's last node becomes EOS (0), and so the bonus."""
+    r["target_argmax"][r["accepted_path"][-1]] = 0
+    r["committed_tokens"][-1] = 0
+
+
+def _max_kids(r):
+    return max(np.bincount(np.array(r["parents"][1:]), minlength=1).max(initial=0), 1)
+
+
 # (rule name, row picker, mutation). Each mutation is the smallest lie that breaks the rule.
 MUTATIONS = [
     ("node-list-lengths", lambda r: True, lambda r: r.update(parents=r["parents"][:-1])),
-    ("path-starts-at-root", lambda r: True, lambda r: r.update(accepted_path=[1] + r["accepted_path"][1:])),
-    ("path-follows-tree", _deep, lambda r: r.update(accepted_path=[0] + r["accepted_path"][2:])),
+    ("node-count", lambda r: len(r["node_tokens"]) >= 3, lambda r: r.update(budget=len(r["node_tokens"]) - 2)),
+    ("root-parent", lambda r: True, _set("parents", 0, lambda r: 0)),
+    ("parent-precedes", lambda r: len(r["parents"]) >= 2, _set("parents", 1, lambda r: 1)),
+    ("topk-children", lambda r: True, lambda r: r.update(topk=_max_kids(r) - 1)),
+    ("chain-shape", lambda r: len(r["parents"]) >= 3,
+     lambda r: (r["parents"].__setitem__(2, 0), r.update(algo="chain", topk=1))),
+    ("positions", lambda r: len(r["positions"]) > 1, _set("positions", 1, lambda r: r["positions"][1] + 1)),
+    ("mask-hash", lambda r: True, lambda r: r.update(mask_hash=r["mask_hash"] ^ 1)),
+    # the seed case: the drafted count reported as depth and 2 as commit
+    ("commit-len-vs-depth", _deep, lambda r: r.update(commit_len=2, committed_tokens=r["committed_tokens"][:2])),
+    ("depth-vs-path", lambda r: True, lambda r: r.update(accepted_depth=r["accepted_depth"] + 1)),
+    ("path-walk", lambda r: True, lambda r: r.update(accepted_path=[1] + r["accepted_path"][1:])),
+    ("path-walk", _deep, lambda r: r.update(accepted_path=[0] + r["accepted_path"][2:])),
     ("path-matches-argmax", _deep,
      lambda r: r["node_tokens"].__setitem__(r["accepted_path"][1], (r["node_tokens"][r["accepted_path"][1]] + 1) % 256)),
-    ("depth-equals-path", lambda r: True, lambda r: r.update(accepted_depth=r["accepted_depth"] + 1)),
-    # the seed case: a chain reporting the drafted count as depth and 2 as commit
-    ("commit-len-vs-depth", _deep, lambda r: r.update(commit_len=2, committed_tokens=r["committed_tokens"][:2])),
-    ("commit-len-equals-tokens", lambda r: True, lambda r: r.update(commit_len=r["commit_len"] + 1)),
-    ("committed-tokens-match-path", lambda r: True,
-     lambda r: r["committed_tokens"].__setitem__(-1, (r["committed_tokens"][-1] % 255) + 1)),
-    ("counter-range", lambda r: True, lambda r: r.update(accepted_depth=len(r["node_tokens"]))),
-    ("commit-stops-at-eos", _deep,
-     lambda r: r["committed_tokens"].__setitem__(0, 0)),
-    ("positions-are-depths", lambda r: len(r["positions"]) > 1,
-     lambda r: r["positions"].__setitem__(1, r["positions"][1] + 1)),
+    ("path-maximal", lambda r: not r["finished"] and len(r["accepted_path"]) >= 2, _drop_last_accepted),
+    ("commit-len-vs-tokens", lambda r: True, lambda r: r.update(commit_len=r["commit_len"] + 1)),
+    ("committed-tokens", lambda r: True, _set("committed_tokens", -1, lambda r: (r["committed_tokens"][-1] % 255) + 1)),
+    ("commit-ends-at-eos", _deep, _set("committed_tokens", 0, lambda r: 0)),
+    ("eos-finishes", lambda r: not r["finished"], lambda r: _bonus_is_eos(r)),
+    ("counters-sign", lambda r: True, lambda r: r.update(accepted_depth=-1)),
 ]
 
 
 @pytest.mark.parametrize("algo", ["chain", "tree"])
-@pytest.mark.parametrize("name,pick,mutate", MUTATIONS, ids=[m[0] for m in MUTATIONS])
+@pytest.mark.parametrize("name,pick,mutate", MUTATIONS, ids=[f"{m[0]}-{i}" for i, m in enumerate(MUTATIONS)])
 def test_each_rule_catches_its_lie_on_that_row_only(algo, name, pick, mutate):
     rows = synth_batch(algo, seed=3, eos_frac=0.0).to_pylist()
     i = _pick(rows, pick)
@@ -85,15 +113,16 @@ def test_each_rule_catches_its_lie_on_that_row_only(algo, name, pick, mutate):
         assert not np.delete(m, i).any(), f"{code} fired on an untouched row"
 
 
-def test_eos_rule_needs_eos_id_and_honours_finished():
+def test_eos_rules_need_eos_id_and_honour_finished():
     rows = copy.deepcopy(synth_batch("chain", seed=4, eos_frac=0.0).to_pylist())
     i = _pick(rows, _deep)
-    rows[i]["committed_tokens"][-1] = 0            # EOS as the last token of an unfinished step
+    _bonus_is_eos(rows[i])                         # EOS as the bonus of an unfinished step
     b = rows_to_batch(rows)
-    assert inline_violations(b, eos_id=0)[CODE["commit-stops-at-eos"]].tolist().count(True) == 1
-    assert not inline_violations(b)[CODE["commit-stops-at-eos"]].any()   # unknown EOS: rule off
+    assert np.flatnonzero(inline_violations(b, eos_id=0)[CODE["eos-finishes"]]).tolist() == [i]
+    assert not inline_violations(b)[CODE["eos-finishes"]].any()   # EOS unknown: the rule is off
     rows[i]["finished"] = True                     # ... and finished there: legal
-    assert not inline_violations(rows_to_batch(rows), eos_id=0)[CODE["commit-stops-at-eos"]].any()
+    v = inline_violations(rows_to_batch(rows), eos_id=0)
+    assert not any(m.any() for m in v.values())
 
 
 # ----------------------------------------------------------------------- the sink
@@ -197,17 +226,18 @@ def test_sink_counts_violations_and_tolerates_negative_counters():
     sink = PromSink(reg, max_depth=8)
     sink.write_steps(rows_to_batch(rows))
     g = reg.get_sample_value
-    assert g("specaudit_invariant_violations_total", {"code": CODE["counter-range"]}) >= 1
-    assert g("specaudit_invariant_violations_total", {"code": CODE["depth-equals-path"]}) >= 2
+    assert g("specaudit_invariant_violations_total", {"code": CODE["counters-sign"]}) == 1
+    assert g("specaudit_invariant_violations_total", {"code": CODE["depth-vs-path"]}) == 2
     # the reported counter reflects the lie; the derived one does not
     assert g("specaudit_derived_accepted_tokens_total") == sum(len(r["accepted_path"]) - 1 for r in rows)
 
 
 @pytest.mark.parametrize("fault,algo,codes", [
-    ("commit-counter", "chain", {"depth-equals-path", "commit-len-vs-depth"}),
-    ("bonus-double-count", "chain", {"depth-equals-path"}),
-    ("position-off-by-one", "tree", {"positions-are-depths"}),
-    ("eos-overcount", "chain", {"commit-stops-at-eos"}),
+    ("commit-counter", "chain", {"depth-vs-path", "commit-len-vs-depth"}),
+    ("bonus-double-count", "chain", {"depth-vs-path"}),
+    ("position-off-by-one", "tree", {"positions"}),
+    ("causal-mask-on-tree", "tree", {"mask-hash"}),
+    ("eos-overcount", "chain", {"commit-ends-at-eos"}),
 ])
 def test_runtime_faults_light_up_live(fault_run, clean_dataset, fault, algo, codes):
     """The runtime's own faults, recorded through the tracer, trip the inline rules;
@@ -227,3 +257,26 @@ def test_runtime_faults_light_up_live(fault_run, clean_dataset, fault, algo, cod
         t = pa.concat_tables([pq.ParquetFile(f).read() for f in files]).combine_chunks()
         v = inline_violations(t.to_batches()[0], eos_id=r.manifest["config"]["eos_id"])
         assert not any(m.any() for m in v.values()), (r.run_id, {c: int(m.sum()) for c, m in v.items()})
+
+
+@pytest.mark.parametrize("code", INLINE_CODES)
+def test_inline_rules_agree_with_the_checker_on_its_own_fixtures(code):
+    """Each catalog rule's own failing fixture: the live rules flag exactly the (request,
+    step, code) triples that `specaudit check` reports, for every inline code."""
+    from specaudit.check import check_tables
+    from specaudit.invariants.fixtures import FixtureRun
+    from specaudit.invariants.registry import get_rule
+
+    rule = get_rule(code)
+    assert rule is not None and rule.name == dict((c, n) for c, n, _ in INLINE_RULES)[code]
+    run = FixtureRun.make(getattr(rule, "fixture_algo", None) or "chain")
+    rule.fail(run)
+    steps, requests = run.tables()
+    res = check_tables(steps, requests, run.manifest, select=INLINE_CODES, max_per_code=0)
+    want = {(f.code, f.request_id, f.step) for f in res.findings if f.code in INLINE_CODES}
+    assert any(c == code for c, _, _ in want), f"the checker's own fixture does not fire {code}"
+    b = steps.combine_chunks().to_batches()[0]
+    v = inline_violations(b, eos_id=run.eos_id)
+    rid, st = b.column(1).to_pylist(), b.column(2).to_pylist()
+    got = {(c, rid[i], st[i]) for c, m in v.items() for i in np.flatnonzero(m)}
+    assert got == want
