@@ -165,6 +165,9 @@ def parse(text: str, path: str) -> Reading:
     ranked = [_by_rank(s, fam) for s in scrapes]
     reading.series = ranked[-1]
     reading.config["scrapes"] = len(scrapes)
+    pos = max((len(d.get("per_pos") or {}) for d in ranked[-1].values()), default=0)
+    if pos and engine == "vllm":
+        reading.config["num_spec_tokens"] = pos
     if engine == "sglang":
         # gauges: each scrape is a window over SGLang's last decode-log interval
         for s, by in zip(scrapes, ranked):

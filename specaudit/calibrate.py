@@ -1,0 +1,228 @@
+"""Measure the step cost factor r(N, c) = (t_draft + t_verify(c, N)) / t_ar(c).
+
+Three ways to a cost profile (JSON, read by `specaudit estimate --profile`):
+
+measured   on the reference runtime: for each concurrency c, the same c prompts are
+           decoded plainly (one target forward of [c, 1] per token, argmax to the host:
+           exactly greedy_generate's step) and speculatively with a budget of N - 1
+           draft nodes (SpecEngine.step: drafter forward, proposal, verify forward of
+           [c, N], acceptance, commit, KV compaction). t_verify therefore includes the
+           host work of accepting and committing, as a real engine's step does. Each
+           (N, c) is measured `repeats` times on different prompts, interleaved with
+           its plain twin so a busy machine slows both alike; r is the ratio of mean
+           step times and r_std the standard error over the repeats.
+manual     one number for every (N, c), typed by hand (the seed's r = 1.5)
+trace      from a trace dataset's own draft_s + verify_s (one value per batched forward)
+           against plain decode steps timed here on the same models at the run's
+           concurrency and context
+"""
+from __future__ import annotations
+
+import math
+import platform
+import time
+
+import numpy as np
+
+from .estimate import CostEntry, CostProfile
+from .schema import InputError
+
+DEFAULT_N = (2, 4, 8, 9, 13, 16)
+DEFAULT_C = (1, 4, 8)
+
+
+class _StepClock:
+    """A tracer stand-in that keeps the engine's own per-step timings (no records)."""
+
+    def __init__(self):
+        self.draft, self.verify, self.step, self.batch = [], [], [], []
+
+    def begin_request(self, *a, **k):
+        pass
+
+    def end_request(self, *a, **k):
+        pass
+
+    def record_step(self, *, draft_s, verify_s, step_s, request_ids, **k):
+        self.draft.append(draft_s)
+        self.verify.append(verify_s)
+        self.step.append(step_s)
+        self.batch.append(len(request_ids))
+
+
+def algo_for(n_nodes: int, drafter_depth: int) -> tuple[str, int, int]:
+    """(algo, budget, topk) that verifies N nodes: a chain when the drafter is deep
+    enough, else a best-first tree with topk 4."""
+    budget = n_nodes - 1
+    if budget < 1:
+        raise ValueError(f"N must be at least 2 (a root and one draft), got {n_nodes}")
+    if budget <= drafter_depth:
+        return "chain", budget, 1
+    return "tree", budget, min(4, budget)
+
+
+def plain_steps(target, prompts, steps: int, device) -> list[float]:
+    """Wall seconds of `steps` plain decode steps of len(prompts) requests (greedy_generate's
+    step: one [c, 1] forward, argmax to the host). Prefill is not timed."""
+    import torch
+    dev = torch.device(device)
+    c = len(prompts)
+    cache = target.new_cache(c)
+    cur, lens = [], []
+    with torch.inference_mode():
+        for j, p in enumerate(prompts):
+            L = len(p)
+            logits, _ = target(torch.tensor([p], device=dev), torch.arange(L, device=dev)[None], cache,
+                               torch.zeros(1, dtype=torch.long, device=dev),
+                               torch.ones(L, L, dtype=torch.bool, device=dev).tril()[None],
+                               rows=torch.tensor([j], device=dev))
+            cur.append(int(logits[0, -1].argmax()))
+            lens.append(L)
+        lens_t = torch.tensor(lens, device=dev)
+        one = torch.ones(c, 1, 1, dtype=torch.bool, device=dev)
+        out = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            tok = torch.tensor(cur, device=dev)[:, None]
+            logits, _ = target(tok, lens_t[:, None], cache, lens_t, one)
+            lens_t = lens_t + 1
+            cur = logits[:, -1].argmax(-1).tolist()
+            out.append(time.perf_counter() - t0)
+    return out
+
+
+def spec_steps(target, drafter, prompts, n_nodes: int, max_new_tokens: int, device, eos_id=None):
+    """Wall seconds of every SpecEngine.step() decoding `prompts` with N-node drafts, and
+    the engine's own draft_s / verify_s. Requests never finish early on EOS (eos_id is set
+    to a token that does not occur) so the batch keeps c rows."""
+    import torch
+
+    from .runtime.engine import Request, SpecConfig, SpecEngine
+    algo, budget, topk = algo_for(n_nodes, drafter.depth)
+    cfg = SpecConfig(algo=algo, budget=budget, topk=topk, max_new_tokens=max_new_tokens,
+                     concurrency=len(prompts), eos_id=-1 if eos_id is None else eos_id)
+    clock = _StepClock()
+    eng = SpecEngine(target, drafter, cfg, tracer=clock, device=device)
+    for i, p in enumerate(prompts):
+        eng.add(Request(request_id=str(i), prompt=p, max_new_tokens=max_new_tokens))
+    walls = []
+    with torch.inference_mode():
+        while eng.running and len(eng.running) == len(prompts):
+            t0 = time.perf_counter()
+            eng.step()
+            walls.append(time.perf_counter() - t0)
+    n = len(walls)
+    return walls, clock.draft[:n], clock.verify[:n], algo
+
+
+def measure_profile(models=None, n_grid=DEFAULT_N, c_grid=DEFAULT_C, repeats: int = 3, max_new_tokens: int = 96,
+                    device: str = "cpu", prompts=None, progress=None) -> CostProfile:
+    """Measure r(N, c) on the reference runtime (see the module docstring)."""
+    import torch
+
+    from .model import default_models
+    from .run import default_prompts, encode
+    if repeats < 1:
+        raise ValueError(f"--repeats must be at least 1 (got {repeats})")
+    target, drafter, info = models if models is not None else default_models(device)
+    texts = prompts or default_prompts()
+    toks = [encode(t) for t in texts]
+    toks = [t for t in toks if t and len(t) + max_new_tokens <= target.max_seq_len]
+    if not toks:
+        raise InputError(None, f"no prompt fits the context of {target.max_seq_len} with "
+                               f"--max-new-tokens {max_new_tokens}")
+    for n in n_grid:
+        algo_for(n, drafter.depth)
+    entries = []
+    torch.manual_seed(0)
+    k = 0
+    for c in c_grid:
+        if c < 1:
+            raise ValueError(f"concurrency must be at least 1 (got {c})")
+        per_n: dict[int, list] = {n: [] for n in n_grid}
+        t_ar_all = []
+        for rep in range(repeats):
+            batch = [toks[(k + j) % len(toks)] for j in range(c)]
+            k += c
+            for n in n_grid:
+                # plain twin right before each speculative measurement: same prompts, same load
+                ar = plain_steps(target, batch, max(8, max_new_tokens // 3), device)
+                walls, d, v, algo = spec_steps(target, drafter, batch, n, max_new_tokens, device)
+                if len(walls) < 2 or len(ar) < 2:
+                    continue
+                # drop the first step of each (allocator warm-up)
+                t_ar, t_step = float(np.mean(ar[1:])), float(np.mean(walls[1:]))
+                per_n[n].append((t_step / t_ar, t_ar, float(np.mean(d[1:])), float(np.mean(v[1:])), algo))
+                t_ar_all.append(t_ar)
+                if progress:
+                    progress(c, n, rep, t_step / t_ar)
+        for n, rows in per_n.items():
+            if not rows:
+                continue
+            rs = np.array([r[0] for r in rows])
+            se = float(rs.std(ddof=1) / math.sqrt(len(rs))) if len(rs) > 1 else 0.05 * float(rs.mean())
+            entries.append(CostEntry(
+                r=round(float(rs.mean()), 5), r_std=round(se, 5), n_nodes=int(n), concurrency=int(c),
+                t_ar_s=round(float(np.mean([r[1] for r in rows])), 7),
+                t_draft_s=round(float(np.mean([r[2] for r in rows])), 7),
+                t_verify_s=round(float(np.mean([r[3] for r in rows])), 7), samples=len(rows)))
+    meta = {"method": "measured on the reference runtime (SpecEngine.step vs plain greedy steps)",
+            "device": device, "repeats": repeats, "max_new_tokens": max_new_tokens,
+            "host": platform.node(), "torch_threads": torch.get_num_threads(),
+            "models": {k2: v2.get("sha256") for k2, v2 in (info or {}).items() if isinstance(v2, dict)}}
+    return CostProfile(entries, source="measured", meta=meta)
+
+
+def profile_from_traces(path, models=None, device="cpu", steps: int = 24) -> CostProfile:
+    """r per run of a trace dataset: mean(draft_s + verify_s) over its batched forwards,
+    over plain decode steps timed here at the run's concurrency and mean context."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from .model import default_models
+    from .schema import discover
+    runs = discover([path])
+    target, drafter, info = models if models is not None else default_models(device)
+    entries = []
+    for rf in runs:
+        if not rf.step_files:
+            raise InputError(rf.run_dir, "run has no steps-*.parquet: no timings to derive r from")
+        try:
+            t = pa.concat_tables([pq.read_table(f, columns=["t_start", "draft_s", "verify_s", "budget", "batch_size",
+                                                            "seq_len"]) for f in rf.step_files])
+        except Exception as e:
+            raise InputError(rf.run_dir, f"cannot read step files: {e}") from None
+        d = t.to_pydict()
+        if not d["t_start"]:
+            raise InputError(rf.run_dir, "no step rows")
+        # one timing per batched forward: rows of one forward share t_start
+        fw: dict[float, tuple] = {}
+        for ts, a, b, bs in zip(d["t_start"], d["draft_s"], d["verify_s"], d["batch_size"]):
+            fw[ts] = (a + b, bs)
+        cfg = (rf.manifest or {}).get("config") or {}
+        c = int(cfg.get("concurrency") or max(d["batch_size"]))
+        full = [x for x, bs in fw.values() if bs == c] or [x for x, _ in fw.values()]
+        mean_ctx = int(np.mean(d["seq_len"]))
+        ctx = max(1, min(mean_ctx, target.max_seq_len - steps - 1))
+        prompts = [[(i * 7 + j) % 250 + 1 for j in range(ctx)] for i in range(c)]
+        ar = plain_steps(target, prompts, steps, device)[1:]
+        t_ar = float(np.mean(ar))
+        m = float(np.mean(full))
+        se = float(np.std(full, ddof=1) / math.sqrt(len(full))) if len(full) > 1 else 0.0
+        se_ar = float(np.std(ar, ddof=1) / math.sqrt(len(ar))) if len(ar) > 1 else 0.0
+        r = m / t_ar
+        r_std = r * math.hypot(se / m if m else 0.0, se_ar / t_ar)
+        entries.append(CostEntry(r=round(r, 5), r_std=round(r_std, 5), n_nodes=int(d["budget"][0]) + 1,
+                                 concurrency=c, t_ar_s=round(t_ar, 7), t_verify_s=round(m, 7), samples=len(full)))
+    # one entry per (N, c): average duplicates
+    merged: dict = {}
+    for e in entries:
+        merged.setdefault((e.n_nodes, e.concurrency), []).append(e)
+    out = []
+    for (n, c), es in sorted(merged.items()):
+        out.append(CostEntry(r=round(float(np.mean([e.r for e in es])), 5),
+                             r_std=round(float(np.sqrt(np.mean([e.r_std ** 2 for e in es]))), 5),
+                             n_nodes=n, concurrency=c, t_ar_s=es[0].t_ar_s, t_verify_s=es[0].t_verify_s,
+                             samples=sum(e.samples or 0 for e in es)))
+    return CostProfile(out, source="trace", meta={"method": "trace draft_s + verify_s over plain decode steps timed "
+                                                            "on this machine", "traces": str(path), "device": device})

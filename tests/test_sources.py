@@ -1,0 +1,281 @@
+"""Readers of SGLang/vLLM logs and Prometheus text, and the SA7xx rules on them."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specaudit.invariants import all_rules
+from specaudit.schema import InputError
+from specaudit.sources import audit_file, detect, read_source
+
+FIX = Path(__file__).parent / "fixtures" / "engines"
+
+# fixture -> the error codes it must raise (the bug class it shows), or warnings for
+# the classes that are not metric bugs. Every code listed must fire; no other error may.
+CASES = {
+    # clean
+    "sglang_clean.log": ((), ()),
+    "sglang_clean_dp2.log": ((), ()),
+    "sglang_clean_old_format.log": ((), ()),
+    "vllm_clean.log": ((), ()),
+    "vllm_clean_k5.log": ((), ()),
+    "vllm_clean_dp2.log": ((), ()),
+    "vllm_clean.prom": ((), ()),
+    "vllm_clean_dp2.prom": ((), ()),
+    "vllm_clean_single_scrape.prom": ((), ()),
+    "sglang_clean.prom": ((), ()),
+    "specaudit_clean.prom": ((), ()),
+    # depth/commit split
+    "vllm_depth_commit_split.log": (("SA705",), ()),
+    "sglang_accept_len_above_max.log": (("SA705", "SA703"), ()),
+    "specaudit_derived_mismatch.prom": (("SA705",), ()),
+    # rate above one
+    "vllm_rate_above_one.log": (("SA701", "SA702"), ()),
+    "sglang_rate_above_one.log": (("SA701", "SA703"), ()),
+    "sglang_rate_above_one.prom": (("SA701",), ()),
+    "vllm_accepted_over_drafted.prom": (("SA702", "SA705"), ()),
+    # bonus in numerator, root in denominator
+    "sglang_rate_bonus_root.log": (("SA703",), ()),
+    "sglang_rate_bonus_root_noargs.log": (("SA703",), ()),
+    "vllm_rate_bonus_numerator.log": (("SA703",), ()),
+    # bonus off by one
+    "vllm_bonus_off_by_one.log": (("SA704",), ()),
+    "sglang_bonus_excluded.log": (("SA704",), ()),
+    "sglang_bonus_excluded.prom": (("SA704",), ()),
+    # empty commit / negative counters
+    "vllm_negative_counter.log": (("SA706", "SA708"), ()),
+    "vllm_negative_counter.prom": (("SA706", "SA705"), ()),
+    "sglang_empty_commit.log": (("SA706",), ()),
+    # one rank read as the whole
+    "vllm_per_pos_divided.log": (("SA707",), ()),
+    "vllm_rank_partial.prom": (("SA707",), ()),
+    "sglang_rank_partial.prom": (("SA707",), ("SA711",)),
+    "sglang_dp_ranks.log": ((), ("SA711",)),
+    # accept length against throughput
+    "sglang_counter_vs_throughput.log": (("SA708",), ("SA709",)),
+    "specaudit_estimate_diverged.prom": (("SA708",), ()),
+    # metric right, acceptance degraded (a warning, with the counter shown honest)
+    "sglang_cuda_graph_degraded.log": ((), ("SA709",)),
+    # concurrency changed between the compared windows: a confounder, not a bug
+    "sglang_concurrency_shift.log": ((), ("SA710",)),
+    # unreadable lines are reported, the rest is audited
+    "sglang_truncated.log": ((), ("SA700",)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_fixture_codes(name):
+    errors, warnings = CASES[name]
+    fs = audit_file(FIX / name)
+    got_err = {f.code for f in fs if f.severity == "error"}
+    got_warn = {f.code for f in fs if f.severity == "warning"}
+    assert got_err == set(errors), [f.message for f in fs]
+    assert set(warnings) <= got_warn, [f.message for f in fs]
+    if not errors and not warnings:
+        assert fs == [], [f.message for f in fs]
+    for f in fs:  # every finding points at the file and a line and shows numbers
+        assert f.file == str(FIX / name) and f.line and f.line >= 1
+        assert any(ch.isdigit() for ch in f.message)
+
+
+def test_every_fixture_is_listed():
+    files = {p.name for p in FIX.iterdir() if p.suffix in (".log", ".prom") and not p.name.startswith("bad_")}
+    assert files == set(CASES)
+
+
+def test_messages_show_the_numbers():
+    f = [f for f in audit_file(FIX / "vllm_rate_bonus_numerator.log") if f.code == "SA703"][0]
+    assert "Accepted" in f.message and "%" in f.message and "bonus token is in the numerator" in f.message
+    f = [f for f in audit_file(FIX / "vllm_per_pos_divided.log") if f.code == "SA707"][0]
+    assert "rank count of 2" in f.message
+    f = [f for f in audit_file(FIX / "sglang_cuda_graph_degraded.log") if f.code == "SA709"][0]
+    assert "cuda graph False" in f.message and "counter is honest" in f.message and "-33%" in f.message
+    f = [f for f in audit_file(FIX / "sglang_concurrency_shift.log") if f.code == "SA710"][0]
+    assert "1.0 running" in f.message and "16.0 running" in f.message
+    assert not [f for f in audit_file(FIX / "sglang_concurrency_shift.log") if f.code == "SA709"]
+
+
+@pytest.mark.parametrize("name,word", [
+    ("bad_empty.log", "empty file"),
+    ("bad_no_matching_lines.log", "not a recognised"),
+    ("bad_mixed_engines.log", "mixed engines"),
+    ("bad_all_truncated.log", "truncated SGLang decode line"),
+    ("bad_vllm_missing_series.prom", "lack vllm:spec_decode_num_accepted_tokens_total"),
+])
+def test_bad_input(name, word):
+    with pytest.raises(InputError) as ei:
+        audit_file(FIX / name)
+    assert word in str(ei.value) and "\n" not in str(ei.value)
+
+
+def test_bad_paths(tmp_path):
+    with pytest.raises(InputError, match="no such file"):
+        audit_file(tmp_path / "nope.log")
+    with pytest.raises(InputError, match="folder"):
+        audit_file(tmp_path)
+    b = tmp_path / "bin.log"
+    b.write_bytes(b"PAR1\x00\x00\x01")
+    with pytest.raises(InputError, match="binary"):
+        audit_file(b)
+    with pytest.raises(InputError, match="unknown --source"):
+        audit_file(FIX / "vllm_clean.log", source="trt-log")
+    # forcing the wrong reader finds nothing usable: one clear line
+    with pytest.raises(InputError, match="no usable"):
+        audit_file(FIX / "vllm_clean.log", source="sglang-log")
+
+
+def test_detect():
+    assert detect(FIX / "sglang_clean.log") == "sglang-log"
+    assert detect(FIX / "vllm_clean.log") == "vllm-log"
+    assert detect(FIX / "vllm_clean.prom") == "prom-text"
+    assert detect(FIX / "specaudit_clean.prom") == "prom-text"
+
+
+def test_sglang_parse_details():
+    r = read_source(FIX / "sglang_clean.log")
+    assert r.config["num_draft_tokens"] == 4 and r.config["num_steps"] == 3 and r.config["max_accept_len"] == 4
+    w = r.windows[0]
+    assert (w.concurrency, w.accept_len, w.accept_rate, w.cuda_graph) == (7, 3.31, 0.77, True)
+    assert w.gen_tps == pytest.approx(1779.43) and w.time == "2025-10-02 14:00:45" and w.rank is None
+    r = read_source(FIX / "sglang_clean_dp2.log")
+    assert {w.rank for w in r.windows} == {"DP0 TP0", "DP1 TP1"}
+    r = read_source(FIX / "sglang_clean_old_format.log")
+    assert r.windows and all(w.accept_rate is None for w in r.windows)
+
+
+def test_vllm_parse_details():
+    r = read_source(FIX / "vllm_clean.log")
+    w = r.windows[0]
+    assert (w.accept_len, w.accepted_tokens, w.draft_tokens) == (2.80, 11037, 18417)
+    assert w.per_pos == [0.825, 0.592, 0.382] and w.printed_rate_pct == 59.9
+    assert w.gen_tps == pytest.approx(1717.6) and w.concurrency == 8  # paired with the Engine 000 line
+    assert w.drafts == round(11037 / 1.80)
+    r = read_source(FIX / "vllm_clean_dp2.log")
+    assert {w.rank for w in r.windows} == {"engine 0", "engine 1"}
+
+
+def test_prom_scrapes_and_rates():
+    r = read_source(FIX / "vllm_clean.prom")
+    assert r.config["scrapes"] == 3 and len(r.windows) == 2  # two intervals
+    for w in r.windows:
+        assert w.gen_tps and w.gen_tps > 0 and w.concurrency == 8
+        assert sum(w.per_pos_counts) == pytest.approx(w.accepted_tokens)
+    r1 = read_source(FIX / "vllm_clean_single_scrape.prom")
+    assert len(r1.windows) == 1 and r1.windows[0].gen_tps is None
+
+
+def test_counter_reset_is_a_warning(tmp_path):
+    text = (FIX / "vllm_clean.prom").read_text().split("# scraped_at: ")
+    # scrape 3 before scrape 2: counters go down
+    f = tmp_path / "reset.prom"
+    f.write_text("# scraped_at: " + text[1] + "# scraped_at: " + text[3].replace("1759414030", "1759414015")
+                 + "# scraped_at: " + text[2].replace("1759414015", "1759414030"))
+    fs = audit_file(f)
+    assert [x.code for x in fs if x.severity == "error"] == []
+    assert any(x.code == "SA700" and "restarted" in x.message for x in fs)
+
+
+def test_rule_catalog_entries():
+    rules = [r for r in all_rules() if r.code.startswith("SA7")]
+    codes = {r.code for r in rules}
+    assert {"SA700", "SA701", "SA702", "SA703", "SA704", "SA705", "SA706", "SA707", "SA708", "SA709", "SA710",
+            "SA711"} <= codes
+    for r in rules:
+        assert r.scope == "source"
+        doc = r.doc()
+        assert "What:" in doc and "Why:" in doc and "Example:" in doc, r.code
+        # its own fail fixture raises it; its pass fixture is clean
+        assert r.code in {f.code for f in audit_file(FIX / r.fail_fixture)}, r.code
+        assert audit_file(FIX / r.pass_fixture) == [], r.code
+
+
+# --------------------------------------------------------------- property tests
+
+
+def vllm_line(drafts, per_counts, k, mean=None, pct=None):
+    A = sum(per_counts)
+    D = drafts * k
+    mean = 1 + A / drafts if mean is None else mean
+    pct = 100 * A / D if pct is None else pct
+    rates = ", ".join(f"{c / drafts:.3f}" for c in per_counts)
+    return (f"INFO 10-02 14:11:08 [loggers.py:123] Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation "
+            f"throughput: {drafts * mean / 10:.1f} tokens/s, Running: 4 reqs, Waiting: 0 reqs\n"
+            f"INFO 10-02 14:11:08 [metrics.py:96] SpecDecoding metrics: Mean acceptance length: {mean:.2f}, "
+            f"Accepted throughput: {A / 10:.2f} tokens/s, Drafted throughput: {D / 10:.2f} tokens/s, Accepted: {A} "
+            f"tokens, Drafted: {D} tokens, Per-position acceptance rate: {rates}, Avg Draft acceptance rate: "
+            f"{pct:.1f}%\n")
+
+
+@st.composite
+def vllm_window(draw):
+    k = draw(st.integers(1, 8))
+    drafts = draw(st.integers(1, 5000))
+    counts, prev = [], drafts
+    for _ in range(k):  # accepted at position i <= accepted at position i - 1
+        prev = draw(st.integers(0, prev))
+        counts.append(prev)
+    return drafts, counts, k
+
+
+@settings(max_examples=150, deadline=None)
+@given(vllm_window())
+def test_honest_vllm_lines_never_error(tmp_path_factory, win):
+    drafts, counts, k = win
+    f = tmp_path_factory.mktemp("h") / "v.log"
+    f.write_text(vllm_line(drafts, counts, k))
+    errs = [x for x in audit_file(f) if x.severity == "error"]
+    assert errs == [], [x.message for x in errs]
+
+
+@settings(max_examples=100, deadline=None)
+@given(vllm_window())
+def test_mean_without_bonus_is_caught(tmp_path_factory, win):
+    drafts, counts, k = win
+    A = sum(counts)
+    if A / drafts < 0.05:
+        return  # a mean of ~1.0 vs ~0.0: caught as below 1 only when tokens flow; covered elsewhere
+    f = tmp_path_factory.mktemp("b") / "v.log"
+    f.write_text(vllm_line(drafts, counts, k, mean=A / drafts))
+    codes = {x.code for x in audit_file(f) if x.severity == "error"}
+    assert "SA704" in codes
+
+
+@settings(max_examples=100, deadline=None)
+@given(vllm_window(), st.floats(1.02, 1.5))
+def test_inflated_rate_is_caught(tmp_path_factory, win, factor):
+    drafts, counts, k = win
+    A = sum(counts)
+    if A == 0:
+        return
+    pct = 100 * A / (drafts * k) * factor
+    if abs(pct - 100 * A / (drafts * k)) <= 0.06:
+        return  # below the printed precision
+    f = tmp_path_factory.mktemp("r") / "v.log"
+    f.write_text(vllm_line(drafts, counts, k, pct=pct))
+    codes = {x.code for x in audit_file(f) if x.severity == "error"}
+    assert codes & {"SA701", "SA703"}
+
+
+def test_sglang_honest_random_logs_are_clean(tmp_path):
+    """Honest SGLang logs with noisy throughput and acceptance: no error, no warning."""
+    rng = random.Random(3)
+    for trial in range(20):
+        D = rng.choice([2, 4, 6, 8])
+        c = rng.choice([1, 2, 8, 32])
+        base_L = rng.uniform(1.2, D - 0.2)
+        lines = [f"[2025-10-02 14:00:02] server_args=ServerArgs(speculative_num_steps={D - 1}, "
+                 f"speculative_eagle_topk=1, speculative_num_draft_tokens={D}, dp_size=1)"]
+        for i in range(30):
+            L = min(D, max(1.0, rng.gauss(base_L, 0.08)))
+            tps = c * L / (0.01 + 0.0005 * c) * rng.uniform(0.9, 1.1)
+            lines.append(f"[2025-10-02 14:{i // 20:02d}:{i % 20 * 3:02d}] Decode batch, #running-req: {c}, "
+                         f"#token: {100 * c}, token usage: 0.01, accept len: {L:.2f}, accept rate: "
+                         f"{(L - 1) / (D - 1):.2f}, cuda graph: True, gen throughput (token/s): {tps:.2f}, "
+                         "#queue-req: 0, ")
+        f = tmp_path / f"s{trial}.log"
+        f.write_text("\n".join(lines) + "\n")
+        assert audit_file(f) == [], (trial, [x.message for x in audit_file(f)])
