@@ -1,0 +1,105 @@
+-- A against B: two runs (or two configs) side by side
+--
+-- What: the headline numbers of side A and side B and their difference and ratio: steps,
+-- requests, drafted and accepted draft tokens, acceptance rate (accepted / drafted), mean
+-- accepted depth and commit length (from the rows), tokens per second of wall time, and
+-- mean draft / verify / step time. A side is every run whose run_id or config label
+-- equals the parameter (so repeated runs of one config pool together).
+-- Why: "metric right, acceptance degraded": a counter can be honest while acceptance
+-- silently drops (a CUDA-graph path, a new kernel, a changed drafter). Put the suspect run
+-- next to a known-good one; b_over_a far from 1 on accept_rate with equal configs is the
+-- finding. The rows here are derived from the trace, never from the engine's counters.
+-- param a: run_id or config label of side A (default: the run that started first)
+-- param b: run_id or config label of side B (default: the run that started last)
+-- Example: specaudit query traces/ a_vs_b --param a="chain b7 k1 c1" --param b=RUN_ID
+-- Columns: metric, a, b, b_minus_a, b_over_a, a_runs, b_runs
+WITH sel AS (
+    SELECT
+        coalesce(getvariable('a')::VARCHAR,
+                 (SELECT run_id FROM runs ORDER BY started_at NULLS LAST, run_id LIMIT 1)) AS a,
+        coalesce(getvariable('b')::VARCHAR,
+                 (SELECT run_id FROM runs ORDER BY started_at DESC NULLS LAST, run_id DESC LIMIT 1)) AS b
+),
+members AS (
+    SELECT 'A' AS side, runs.run_id FROM runs, sel WHERE runs.run_id = sel.a OR runs.config = sel.a
+    UNION ALL
+    SELECT 'B' AS side, runs.run_id FROM runs, sel WHERE runs.run_id = sel.b OR runs.config = sel.b
+),
+checked AS (
+    SELECT CASE
+        WHEN NOT EXISTS (SELECT 1 FROM members WHERE side = 'A')
+            THEN error('a_vs_b: no run_id or config named ' || (SELECT a FROM sel) ||
+                       '; see: specaudit query PATH "SELECT run_id, config FROM runs"')
+        WHEN NOT EXISTS (SELECT 1 FROM members WHERE side = 'B')
+            THEN error('a_vs_b: no run_id or config named ' || (SELECT b FROM sel) ||
+                       '; see: specaudit query PATH "SELECT run_id, config FROM runs"')
+        ELSE true END AS ok
+),
+per_run AS (
+    SELECT
+        run_id,
+        count(*) AS steps,
+        sum(len(node_tokens) - 1) AS drafted,
+        sum(len(accepted_path) - 1) AS accepted,
+        sum(commit_len) AS committed,
+        sum(step_s) AS step_s,
+        sum(draft_s) AS draft_s,
+        sum(verify_s) AS verify_s,
+        max(t_start + step_s) - min(t_start) AS wall_s
+    FROM steps
+    WHERE run_id IN (SELECT run_id FROM members)
+    GROUP BY run_id
+),
+req AS (
+    SELECT run_id, count(*) AS requests FROM requests
+    WHERE run_id IN (SELECT run_id FROM members)
+    GROUP BY run_id
+),
+agg AS (
+    SELECT
+        m.side,
+        string_agg(DISTINCT m.run_id, ', ' ORDER BY m.run_id) AS runs,
+        sum(p.steps)::DOUBLE AS steps,
+        sum(coalesce(q.requests, 0))::DOUBLE AS requests,
+        sum(p.drafted)::DOUBLE AS drafted,
+        sum(p.accepted)::DOUBLE AS accepted,
+        sum(p.accepted) / nullif(sum(p.drafted), 0) AS accept_rate,
+        sum(p.accepted) / sum(p.steps) AS mean_accepted_depth,
+        sum(p.committed) / sum(p.steps) AS mean_commit_len,
+        sum(p.committed) / nullif(sum(p.wall_s), 0) AS tokens_per_s,
+        sum(p.draft_s) / sum(p.steps) AS mean_draft_s,
+        sum(p.verify_s) / sum(p.steps) AS mean_verify_s,
+        sum(p.step_s) / sum(p.steps) AS mean_step_s
+    FROM members AS m
+    JOIN per_run AS p USING (run_id)
+    LEFT JOIN req AS q USING (run_id), checked
+    WHERE checked.ok
+    GROUP BY m.side
+),
+long AS (
+    SELECT side, runs, unnest([
+        {'i': 1, 'metric': 'steps', 'v': steps},
+        {'i': 2, 'metric': 'requests', 'v': requests},
+        {'i': 3, 'metric': 'drafted_tokens', 'v': drafted},
+        {'i': 4, 'metric': 'accepted_tokens', 'v': accepted},
+        {'i': 5, 'metric': 'accept_rate', 'v': accept_rate},
+        {'i': 6, 'metric': 'mean_accepted_depth', 'v': mean_accepted_depth},
+        {'i': 7, 'metric': 'mean_commit_len', 'v': mean_commit_len},
+        {'i': 8, 'metric': 'tokens_per_s', 'v': tokens_per_s},
+        {'i': 9, 'metric': 'mean_draft_s', 'v': mean_draft_s},
+        {'i': 10, 'metric': 'mean_verify_s', 'v': mean_verify_s},
+        {'i': 11, 'metric': 'mean_step_s', 'v': mean_step_s}
+    ]) AS m
+    FROM agg
+)
+SELECT
+    m.metric,
+    max(m.v) FILTER (WHERE side = 'A') AS a,
+    max(m.v) FILTER (WHERE side = 'B') AS b,
+    max(m.v) FILTER (WHERE side = 'B') - max(m.v) FILTER (WHERE side = 'A') AS b_minus_a,
+    max(m.v) FILTER (WHERE side = 'B') / nullif(max(m.v) FILTER (WHERE side = 'A'), 0) AS b_over_a,
+    max(runs) FILTER (WHERE side = 'A') AS a_runs,
+    max(runs) FILTER (WHERE side = 'B') AS b_runs
+FROM long
+GROUP BY m.i, m.metric
+ORDER BY m.i

@@ -1,0 +1,45 @@
+-- Throughput and commit length over time, per run
+--
+-- What: each run's wall time cut into equal buckets (from its first step's start to its
+-- last step's end); per bucket, the steps that started in it, the tokens they committed,
+-- tokens per second (committed tokens / bucket width, all requests together) and the mean
+-- commit length and accepted depth.
+-- Why: an incident has a time. Acceptance that drops after a deploy, a cache that fills, a
+-- CUDA-graph path that kicks in at some batch size: all show as a step in these lines
+-- while the run's mean looks fine.
+-- param buckets: time buckets per run (default 60)
+-- Example: specaudit query traces/ throughput_over_time --param buckets=20
+-- Columns: config, run_id, bucket, t_rel_s, bucket_s, steps, committed_tokens, tokens_per_s,
+--          mean_commit_len, mean_accepted_depth
+WITH nb AS (
+    SELECT greatest(coalesce(getvariable('buckets'), 60)::INTEGER, 1) AS buckets
+),
+bounds AS (
+    SELECT run_id, min(t_start) AS t0,
+           greatest(max(t_start + step_s) - min(t_start), 1e-9) AS span
+    FROM steps
+    GROUP BY run_id
+),
+b AS (
+    SELECT
+        s.run_id,
+        least(floor((s.t_start - bd.t0) / bd.span * nb.buckets), nb.buckets - 1)::INTEGER AS bucket,
+        count(*) AS steps,
+        sum(s.commit_len) AS committed,
+        sum(len(s.accepted_path) - 1) AS depth_sum
+    FROM steps AS s JOIN bounds AS bd USING (run_id), nb
+    GROUP BY ALL
+)
+SELECT
+    coalesce(r.config, b.run_id) AS config,
+    b.run_id,
+    b.bucket,
+    b.bucket * bd.span / nb.buckets AS t_rel_s,
+    bd.span / nb.buckets AS bucket_s,
+    b.steps::BIGINT AS steps,
+    b.committed::BIGINT AS committed_tokens,
+    b.committed / (bd.span / nb.buckets) AS tokens_per_s,
+    b.committed / b.steps AS mean_commit_len,
+    b.depth_sum / b.steps AS mean_accepted_depth
+FROM b JOIN bounds AS bd USING (run_id) LEFT JOIN runs AS r USING (run_id), nb
+ORDER BY config, b.run_id, b.bucket

@@ -1,0 +1,650 @@
+"""Trace datasets as DuckDB views, read-only and offline, plus the canned post-mortem queries.
+
+    con = connect(["traces/"], findings=findings)      # findings: the checker's, optional
+    tbl = fetch_arrow(con, "SELECT * FROM steps LIMIT 5")
+    tbl = fetch_arrow(con, canned("acceptance_by_depth").sql)
+
+Views (one DuckDB connection, in memory):
+    steps       the step rows of every run (the contract's columns, as written)
+    requests    the request rows
+    runs        one row per run: the manifest flattened (config label, models, reported.*)
+    nodes       one row per node of every step: node, depth (from parents), token, parent,
+                position, draft_logprob, target_argmax, target_margin, accepted (on the
+                accepted path), parent_accepted (reached: its parent is on the path)
+    violations  the checker's findings (empty when none were passed in)
+
+Read-only and offline, also when the SQL asks otherwise. Two layers:
+  1. statements that touch files or extensions are refused before DuckDB sees them:
+     COPY, EXPORT, ATTACH, INSTALL/LOAD, PREPARE/EXECUTE, UPDATE EXTENSIONS;
+  2. DuckDB itself is locked: enable_external_access=false with only the trace's Parquet
+     files on allowed_paths, extension autoinstall/autoload off, community extensions
+     and extension repositories off, no temp directory (no spill files), Python
+     replacement scans off, then lock_configuration=true so no SET can undo any of it.
+Layer 1 matters because DuckDB lets a statement *write* to a path on allowed_paths
+(COPY ... TO a trace file with USE_TMP_FILE false overwrote it in a test).
+
+Readers never import each other: the command layer runs the checker and passes its
+findings in (Finding objects, dicts, or an Arrow table).
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import pyarrow as pa
+
+from .schema import REPORTED_KEYS, REQUESTS_SCHEMA, STEPS_SCHEMA, InputError, discover, tree_depths
+
+VIEWS = ("steps", "requests", "runs", "nodes", "violations")
+
+# ------------------------------------------------------------------------ refusals
+
+
+class QueryRefused(ValueError):
+    """A statement or an access that the read-only, offline session refuses."""
+
+
+# statement type -> why it is refused (one line each)
+REFUSED = {
+    "COPY": "COPY reads or writes files; this session is read-only (save a result with -o FILE)",
+    "COPY_DATABASE": "COPY FROM DATABASE writes a database; this session is read-only",
+    "EXPORT": "EXPORT DATABASE writes files; this session is read-only (save a result with -o FILE)",
+    "ATTACH": "ATTACH opens database files; this session only reads the trace views",
+    "DETACH": "DETACH is not needed: this session has no attached databases",
+    "LOAD": "INSTALL/LOAD of DuckDB extensions is disabled (offline, no extensions)",
+    "EXTENSION": "extension management is disabled (offline, no extensions)",
+    "PREPARE": "PREPARE/EXECUTE are not supported here (pass parameters with --param KEY=VALUE)",
+    "EXECUTE": "PREPARE/EXECUTE are not supported here (pass parameters with --param KEY=VALUE)",
+    "LOGICAL_PLAN": "this statement type is not allowed here",
+    "RELATION": "this statement type is not allowed here",
+    "INVALID": "this statement type is not allowed here",
+}
+
+# SQL prefixes that parse but whose StatementType is not one of the above or fails to map
+_REFUSED_PREFIX = re.compile(r"^\s*(install|force\s+install|load|update\s+extensions|attach|copy|export)\b", re.I)
+
+
+def one_line(msg: str) -> str:
+    """DuckDB's multi-line error (message, LINE n: context, caret line) as one line."""
+    lines = [ln.strip() for ln in str(msg).splitlines()]
+    lines = [ln for ln in lines if ln and not set(ln) <= {"^", " "}]
+    return " | ".join(lines)
+
+
+def check_statements(con, sql: str) -> list:
+    """Parse sql into statements and refuse those that could touch files or extensions.
+
+    Raises QueryRefused (one line naming the statement) or ValueError (a parse error in
+    DuckDB's words). Returns the parsed statements.
+    """
+    import duckdb
+    try:
+        stmts = con.extract_statements(sql)
+    except duckdb.Error as e:
+        raise ValueError(f"SQL error: {one_line(e)}") from None
+    except ValueError:
+        # a statement type this duckdb build cannot name (e.g. UPDATE EXTENSIONS)
+        raise QueryRefused("refused: this statement type is not allowed in a read-only session") from None
+    if not stmts:
+        raise ValueError("SQL error: no statement in the query")
+    for st in stmts:
+        try:
+            kind = st.type.name
+        except ValueError:  # a statement type this duckdb build cannot name (UPDATE EXTENSIONS)
+            raise QueryRefused(f"refused: this statement type is not allowed in a read-only session: "
+                               f"{_snippet(getattr(st, 'query', '') or sql)}") from None
+        text = getattr(st, "query", "") or ""
+        if kind in REFUSED:
+            raise QueryRefused(f"refused: {REFUSED[kind]}: {_snippet(text)}")
+        if kind == "PRAGMA" and re.match(r"^\s*copy\b", text, re.I):
+            raise QueryRefused(f"refused: {REFUSED['COPY_DATABASE']}: {_snippet(text)}")
+        if _REFUSED_PREFIX.match(text):
+            raise QueryRefused(f"refused: this statement touches files or extensions: {_snippet(text)}")
+    return stmts
+
+
+def _snippet(text: str, n: int = 60) -> str:
+    t = " ".join(text.split())
+    return t if len(t) <= n else t[: n - 3] + "..."
+
+
+def translate_error(e: Exception) -> Exception:
+    """A duckdb.Error as a one-line ValueError/QueryRefused the CLI prints with exit 2."""
+    import duckdb
+    msg = one_line(e)
+    if isinstance(e, duckdb.PermissionException) or "disabled by configuration" in msg:
+        return QueryRefused(f"refused (read-only, offline session): {msg}")
+    if "configuration has been locked" in msg:
+        return QueryRefused(f"refused (settings are locked in a read-only session): {msg}")
+    return ValueError(f"SQL error: {msg}")
+
+
+# -------------------------------------------------------------------- type mapping
+
+def duck_type(t: pa.DataType) -> str:
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return duck_type(t.value_type) + "[]"
+    return {pa.string(): "VARCHAR", pa.int32(): "INTEGER", pa.int64(): "BIGINT",
+            pa.uint64(): "UBIGINT", pa.float32(): "FLOAT", pa.float64(): "DOUBLE",
+            pa.bool_(): "BOOLEAN"}[t]
+
+
+def _empty_select(schema: pa.Schema) -> str:
+    cols = ", ".join(f"NULL::{duck_type(f.type)} AS {f.name}" for f in schema)
+    return f"SELECT {cols} WHERE false"
+
+
+def sql_str(s) -> str:
+    """A SQL string literal."""
+    return "'" + str(s).replace("'", "''") + "'"
+
+
+# ------------------------------------------------------------------------ findings
+
+VIOLATION_SCHEMA = pa.schema([
+    ("code", pa.string()), ("name", pa.string()), ("severity", pa.string()),
+    ("message", pa.string()), ("run_id", pa.string()), ("request_id", pa.string()),
+    ("step", pa.int64()), ("file", pa.string()), ("line", pa.int64()),
+    ("values", pa.string()),  # JSON text: the numbers, machine-readable
+])
+
+
+def findings_table(findings) -> pa.Table:
+    """Findings (Finding objects, dicts, or an Arrow table) -> the `violations` table."""
+    if findings is None:
+        return VIOLATION_SCHEMA.empty_table()
+    if isinstance(findings, pa.Table):
+        rows = findings.to_pylist()
+    else:
+        rows = [f.to_dict() if hasattr(f, "to_dict") else dict(f) for f in findings]
+    cols = {f.name: [] for f in VIOLATION_SCHEMA}
+    for r in rows:
+        for name in cols:
+            v = r.get(name)
+            if name == "values":
+                v = json.dumps(v if v is not None else {}, default=str, sort_keys=True)
+            elif name in ("step", "line") and v is not None:
+                v = int(v)
+            elif v is not None:
+                v = str(v)
+            cols[name].append(v)
+    return pa.table(cols, schema=VIOLATION_SCHEMA)
+
+
+# ---------------------------------------------------------------------------- runs
+
+RUN_COLUMNS = [
+    ("run_id", pa.string()), ("config", pa.string()), ("algo", pa.string()),
+    ("budget", pa.int64()), ("topk", pa.int64()), ("block_size", pa.int64()),
+    ("concurrency", pa.int64()), ("max_new_tokens", pa.int64()), ("dtype", pa.string()),
+    ("device", pa.string()), ("seed", pa.int64()), ("fault", pa.string()),
+    ("engine", pa.string()), ("engine_version", pa.string()),
+    ("target_model", pa.string()), ("target_sha256", pa.string()),
+    ("drafter_model", pa.string()), ("drafter_sha256", pa.string()),
+    ("hostname", pa.string()), ("started_at", pa.float64()), ("finished_at", pa.float64()),
+    ("complete", pa.bool_()), ("accept_length_convention", pa.string()),
+    ("mean_convention", pa.string()),
+] + [(f"reported_{k}", pa.float64()) for k in REPORTED_KEYS] + [
+    ("step_files", pa.int64()), ("run_dir", pa.string()), ("problems", pa.string()),
+    ("manifest", pa.string()),
+]
+RUNS_SCHEMA = pa.schema(RUN_COLUMNS)
+
+
+def config_label(cfg: dict) -> str | None:
+    """'chain b7 k1 c4' (+ ' fault=NAME'): the name a config goes by in queries and plots."""
+    if not cfg or not cfg.get("algo"):
+        return None
+    s = f"{cfg.get('algo')} b{cfg.get('budget')} k{cfg.get('topk')} c{cfg.get('concurrency', 1)}"
+    if cfg.get("fault"):
+        s += f" fault={cfg['fault']}"
+    return s
+
+
+def _num(v, typ=float):
+    try:
+        if v is None or isinstance(v, bool):
+            return None
+        x = typ(v)
+        return None if isinstance(x, float) and not math.isfinite(x) else x
+    except (TypeError, ValueError):
+        return None
+
+
+def runs_table(runs) -> pa.Table:
+    """RunFiles (from schema.discover) -> the `runs` table: one row per run, manifest flattened."""
+    cols = {name: [] for name, _ in RUN_COLUMNS}
+    for rf in runs:
+        m = rf.manifest or {}
+        cfg = m.get("config") or {}
+        eng = m.get("engine") or {}
+        models = m.get("models") or {}
+        rep = m.get("reported") or {}
+        conv = m.get("conventions") or {}
+        host = m.get("host") or {}
+        row = {
+            "run_id": rf.run_id, "config": config_label(cfg), "algo": cfg.get("algo"),
+            "budget": _num(cfg.get("budget"), int), "topk": _num(cfg.get("topk"), int),
+            "block_size": _num(cfg.get("block_size"), int),
+            "concurrency": _num(cfg.get("concurrency"), int),
+            "max_new_tokens": _num(cfg.get("max_new_tokens"), int),
+            "dtype": cfg.get("dtype"), "device": cfg.get("device"), "seed": _num(cfg.get("seed"), int),
+            "fault": cfg.get("fault"),
+            "engine": eng.get("name") if isinstance(eng, dict) else str(eng),
+            "engine_version": eng.get("version") if isinstance(eng, dict) else None,
+            "target_model": (models.get("target") or {}).get("name"),
+            "target_sha256": (models.get("target") or {}).get("sha256"),
+            "drafter_model": (models.get("drafter") or {}).get("name"),
+            "drafter_sha256": (models.get("drafter") or {}).get("sha256"),
+            "hostname": host.get("hostname") if isinstance(host, dict) else str(host),
+            "started_at": _num(m.get("started_at")), "finished_at": _num(m.get("finished_at")),
+            "complete": rf.complete,
+            "accept_length_convention": conv.get("accept_length"), "mean_convention": conv.get("mean"),
+            "step_files": len(rf.step_files), "run_dir": str(rf.run_dir),
+            "problems": "; ".join(str(p) for p in rf.problems) or None,
+            "manifest": json.dumps(m, sort_keys=True, default=str) if m else None,
+        }
+        for k in REPORTED_KEYS:
+            row[f"reported_{k}"] = _num(rep.get(k))
+        for name in cols:
+            v = row[name]
+            cols[name].append(str(v) if v is not None and dict(RUN_COLUMNS)[name] == pa.string() else v)
+    return pa.table(cols, schema=RUNS_SCHEMA)
+
+
+# ---------------------------------------------------------------------- view SQL
+
+# accepted_path as a bit set (nodes 0..63) so per-node membership is a shift, not a search
+PATH_BITS = ("list_aggregate(list_transform(accepted_path, lambda i: CASE WHEN i BETWEEN 0 AND 63 "
+             "THEN (1::UBIGINT << i) ELSE 0::UBIGINT END), 'bit_or')")
+# Depth of every node, from parents. connect() registers specaudit_depths(parents), a
+# vectorised numpy UDF; the duckdb CLI cannot call Python, so the shell gets SQL: a chain
+# (checked, not assumed) is its index, a tree folds parents left to right (parents[i] < i)
+# with list_reduce on duckdb >= 2.0, or with pointer doubling (12 rounds: 2^12 = MAX_NODES)
+# on older CLIs whose list_reduce cannot carry a list.
+CHAIN_TEST = "parents = range(-1, len(parents) - 1)::INTEGER[]"
+DEPTHS_REDUCE = (f"CASE WHEN {CHAIN_TEST} THEN range(len(parents))::INTEGER[] "
+                 "ELSE list_reduce(parents[2:], lambda acc, p: list_append(acc, "
+                 "CASE WHEN p >= 0 AND p < len(acc) THEN acc[p + 1] + 1 ELSE NULL END), [0]) END")
+
+
+def _depths_doubling(rounds: int = 12) -> str:
+    """anc_k[i] = the 2^k-th ancestor (-1 past the root), dep_k[i] = min(2^k, depth(i))."""
+    anc = "parents"
+    dep = "list_transform(parents, lambda p: CASE WHEN p >= 0 THEN 1 ELSE 0 END)"
+    for _ in range(rounds):
+        anc, dep = (f"list_transform(range(len({anc})), lambda i: CASE WHEN ({anc})[i + 1] >= 0 "
+                    f"THEN ({anc})[({anc})[i + 1] + 1] ELSE -1 END)",
+                    f"list_transform(range(len({anc})), lambda i: CASE WHEN ({anc})[i + 1] >= 0 "
+                    f"THEN ({dep})[i + 1] + ({dep})[({anc})[i + 1] + 1] ELSE ({dep})[i + 1] END)")
+    return dep
+
+
+def nodes_view_sql(depths: str = "specaudit_depths(parents)") -> str:
+    """CREATE VIEW nodes: one row per node (see the module docstring)."""
+    return f"""
+CREATE VIEW nodes AS
+SELECT run_id, request_id, step, algo, budget, topk, batch_size, seq_len, n_nodes,
+       node, depth, token, parent, position, draft_logprob, target_argmax, target_margin,
+       CASE WHEN n_nodes <= 64 THEN ((path_bits >> node) & 1) = 1
+            ELSE list_contains(accepted_path, node) END AS accepted,
+       CASE WHEN parent IS NULL OR parent < 0 THEN NULL
+            WHEN n_nodes <= 64 THEN ((path_bits >> parent) & 1) = 1
+            ELSE list_contains(accepted_path, parent) END AS parent_accepted
+FROM (
+  SELECT run_id, request_id, step, algo, budget, topk, batch_size, seq_len,
+         len(node_tokens) AS n_nodes, accepted_path, {PATH_BITS} AS path_bits,
+         unnest(range(len(node_tokens)))::INTEGER AS node,
+         unnest({depths}) AS depth,
+         unnest(node_tokens) AS token,
+         unnest(parents) AS parent,
+         unnest(positions) AS position,
+         unnest(draft_logprob) AS draft_logprob,
+         unnest(target_argmax) AS target_argmax,
+         unnest(target_margin) AS target_margin
+  FROM steps
+)
+"""
+
+
+def depths_udf(parents) -> pa.Array:
+    """Arrow UDF body: list<int> parents -> list<int32> depths (root 0), same lengths.
+
+    Vectorised over the chunk: pad to [B, Nmax] with -1 and run schema.tree_depths
+    (one pass over node columns). A parent that is not an earlier node gives depth NULL
+    (the checker's tree rule reports such rows).
+    """
+    import numpy as np
+    import pyarrow.compute as pc
+
+    if isinstance(parents, pa.ChunkedArray):
+        parents = parents.combine_chunks()
+    lens = pc.list_value_length(parents).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    flat = pc.list_flatten(parents).to_numpy(zero_copy_only=False).astype(np.int64)
+    B = len(lens)
+    offs = np.zeros(B + 1, np.int64)
+    np.cumsum(lens, out=offs[1:])
+    nmax = int(lens.max()) if B else 0
+    if nmax == 0:
+        vals = np.zeros(0, np.int32)
+        valid = np.zeros(0, bool)
+    else:
+        row = np.repeat(np.arange(B), lens)
+        col = np.arange(len(flat)) - offs[:-1][row]
+        P = np.full((B, nmax), -1, np.int64)
+        P[row, col] = flat
+        D = tree_depths(P)
+        bad = (P >= np.arange(nmax)) | ((P < 0) & (np.arange(nmax) > 0))  # not an earlier node
+        badrow = np.zeros((B, nmax), bool)
+        # a node under a bad node is bad too: propagate left to right (parents precede children)
+        for i in range(1, nmax):
+            p = np.clip(P[:, i], 0, nmax - 1)
+            badrow[:, i] = bad[:, i] | badrow[np.arange(B), p]
+        vals = D[row, col].astype(np.int32)
+        valid = ~badrow[row, col]
+    values = pa.array(vals, pa.int32(), mask=~valid if len(valid) else None)
+    out = pa.ListArray.from_arrays(pa.array(offs.astype(np.int32)), values)
+    if parents.null_count:
+        out = pc.if_else(pc.is_null(parents), pa.scalar(None, out.type), out)
+    return out
+
+
+def _parquet_view(name: str, files: list[Path], schema: pa.Schema) -> str:
+    if not files:
+        return f"CREATE VIEW {name} AS {_empty_select(schema)}"
+    lst = ", ".join(sql_str(f) for f in files)
+    return (f"CREATE VIEW {name} AS SELECT * FROM read_parquet([{lst}], union_by_name = true, "
+            f"hive_partitioning = false)")
+
+
+@dataclass
+class Dataset:
+    """What connect() found: the run partitions and their files."""
+
+    runs: list
+    step_files: list[Path] = field(default_factory=list)
+    request_files: list[Path] = field(default_factory=list)
+
+    @property
+    def files(self) -> list[Path]:
+        return self.step_files + self.request_files
+
+
+def find_dataset(paths) -> Dataset:
+    """discover() the runs under paths (InputError when there are none)."""
+    runs = discover([str(p) for p in paths])
+    if not runs:
+        raise InputError(None, "no trace runs found")
+    steps = [f.resolve() for rf in runs for f in rf.step_files]
+    reqs = [rf.requests_file.resolve() for rf in runs if rf.requests_file is not None]
+    return Dataset(runs=runs, step_files=steps, request_files=reqs)
+
+
+# settings applied before the views exist (order matters: allowed_paths, then the switch)
+HARDEN = [
+    ("autoinstall_known_extensions", "false"),
+    ("autoload_known_extensions", "false"),
+    ("allow_community_extensions", "false"),
+    ("allow_unsigned_extensions", "false"),
+    ("allow_extension_repositories", "'forbidden'"),   # duckdb >= 2.0
+    ("python_enable_replacements", "false"),
+    ("temp_directory", "''"),                          # no spill files
+    ("allow_persistent_secrets", "false"),
+]
+REQUIRED_SETTINGS = ("enable_external_access", "lock_configuration", "autoinstall_known_extensions",
+                     "autoload_known_extensions")
+
+
+def _set(con, name: str, value: str, required: bool) -> None:
+    import duckdb
+    try:
+        con.execute(f"SET {name} = {value}")
+    except duckdb.Error:
+        if required or name in REQUIRED_SETTINGS:
+            raise
+
+
+def connect(paths, findings=None, *, threads: int | None = None, variables: dict | None = None,
+            dataset: Dataset | None = None):
+    """A locked, in-memory DuckDB connection with the five views over the trace at paths.
+
+    findings: the checker's findings (Finding objects, dicts or an Arrow table) for the
+    `violations` view; None leaves it empty. variables: {name: value} for getvariable()
+    in canned queries (set before the lock). threads: DuckDB worker threads (default: all).
+    """
+    import duckdb
+
+    ds = dataset or find_dataset(paths)
+    config = {"autoinstall_known_extensions": "false", "autoload_known_extensions": "false"}
+    if threads:
+        config["threads"] = str(int(threads))
+    con = duckdb.connect(":memory:", config=config)
+    try:
+        for name, value in HARDEN:
+            _set(con, name, value, required=False)
+        allowed = ", ".join(sql_str(f) for f in ds.files)
+        con.execute(f"SET allowed_paths = [{allowed}]")
+        con.execute("SET allowed_directories = []")
+        con.execute("SET enable_external_access = false")
+        # from here on DuckDB reads only the trace's own Parquet files
+        try:
+            con.execute(_parquet_view("steps", ds.step_files, STEPS_SCHEMA))
+            con.execute(_parquet_view("requests", ds.request_files, REQUESTS_SCHEMA))
+        except duckdb.Error as e:
+            raise InputError(None, f"cannot read the trace's Parquet files: {one_line(e)}") from None
+        _load_table(con, "runs", runs_table(ds.runs))
+        _load_table(con, "violations", findings_table(findings))
+        _register_depths(con)
+        con.execute(nodes_view_sql())
+        # runs without a manifest: name their config from the step rows
+        con.execute("""UPDATE runs SET config = s.cfg, algo = s.algo, budget = s.budget, topk = s.topk
+                       FROM (SELECT run_id, any_value(algo) AS algo, any_value(budget) AS budget,
+                                    any_value(topk) AS topk,
+                                    any_value(algo || ' b' || budget || ' k' || topk) AS cfg
+                             FROM steps WHERE run_id IN (SELECT run_id FROM runs WHERE config IS NULL)
+                             GROUP BY run_id) s
+                       WHERE runs.run_id = s.run_id AND runs.config IS NULL""")
+        for k, v in (variables or {}).items():
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
+                raise ValueError(f"--param {k!r}: names are letters, digits and '_'")
+            con.execute(f"SET VARIABLE {k} = $v", {"v": v})
+        con.execute("SET lock_configuration = true")
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def _register_depths(con) -> None:
+    import duckdb
+    il = duckdb.list_type(duckdb.sqltype("INTEGER"))
+    con.create_function("specaudit_depths", depths_udf, [il], il, type="arrow",
+                        null_handling="special", side_effects=False)
+
+
+def _load_table(con, name: str, table: pa.Table) -> None:
+    """Copy a small Arrow table into an in-memory DuckDB table (no Python scan stays registered)."""
+    tmp = f"_specaudit_{name}"
+    con.register(tmp, table)
+    try:
+        con.execute(f"CREATE TABLE {name} AS SELECT * FROM {tmp}")
+    finally:
+        con.unregister(tmp)
+
+
+# statement types whose result is rows worth printing; others run and print nothing
+ROW_TYPES = {"SELECT", "EXPLAIN", "PRAGMA", "CALL", "MULTI"}
+
+
+def execute(con, sql: str):
+    """Run (possibly several) statements after the refusal check.
+
+    Returns a DuckDB relation for the last statement when it yields rows, else None.
+    Errors come back as one-line ValueError / QueryRefused.
+    """
+    import duckdb
+    stmts = check_statements(con, sql)
+    try:
+        for st in stmts[:-1]:
+            con.execute(st.query)
+        last = stmts[-1]
+        if last.type.name not in ROW_TYPES:
+            con.execute(last.query)
+            return None
+        return con.sql(last.query)
+    except duckdb.Error as e:
+        raise translate_error(e) from None
+
+
+def fetch_arrow(con, sql: str) -> pa.Table:
+    """execute() and fetch the last statement's rows as an Arrow table (empty when none)."""
+    import duckdb
+    rel = execute(con, sql)
+    if rel is None:
+        return pa.table({})
+    try:
+        return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+    except duckdb.Error as e:
+        raise translate_error(e) from None
+
+
+def fetch_batches(con, sql: str, rows_per_batch: int = 65536):
+    """execute() and stream the result: (schema, iterator of RecordBatch), or (None, empty)."""
+    import duckdb
+    rel = execute(con, sql)
+    if rel is None:
+        return None, iter(())
+    try:
+        reader = (rel.to_arrow_reader(rows_per_batch) if hasattr(rel, "to_arrow_reader")
+                  else rel.record_batch(rows_per_batch))
+    except duckdb.Error as e:
+        raise translate_error(e) from None
+
+    def _it():
+        try:
+            yield from reader
+        except duckdb.Error as e:
+            raise translate_error(e) from None
+        except OSError as e:  # pyarrow wraps errors raised inside the stream
+            raise ValueError(f"SQL error: {one_line(e)}") from None
+    return reader.schema, _it()
+
+
+# ------------------------------------------------------------------ canned queries
+
+@dataclass
+class Canned:
+    """One documented SQL file from specaudit/queries/."""
+
+    name: str
+    title: str
+    doc: str            # the header comment, without the leading '-- '
+    params: dict        # name -> description (with its default)
+    sql: str            # the whole file (header included: it is a comment)
+
+
+def _parse_canned(name: str, text: str) -> Canned:
+    head = []
+    for line in text.splitlines():
+        if line.startswith("--"):
+            head.append(line[2:].removeprefix(" "))
+        elif line.strip():
+            break
+        else:
+            head.append("")
+    title = head[0].strip() if head else name
+    params = {}
+    for ln in head:
+        m = re.match(r"^param\s+([A-Za-z_]\w*)\s*:\s*(.*)$", ln.strip())
+        if m:
+            params[m.group(1)] = m.group(2)
+    return Canned(name=name, title=title, doc="\n".join(head).strip(), params=params, sql=text)
+
+
+def canned_queries() -> dict[str, Canned]:
+    """All canned queries by name (file stem), in file-name order."""
+    root = resources.files("specaudit").joinpath("queries")
+    out = {}
+    for entry in sorted(root.iterdir(), key=lambda p: p.name):
+        if entry.name.endswith(".sql"):
+            name = entry.name[:-4]
+            out[name] = _parse_canned(name, entry.read_text(encoding="utf-8"))
+    return out
+
+
+def canned(name: str) -> Canned:
+    """The canned query called name; ValueError listing the known ones otherwise."""
+    qs = canned_queries()
+    if name not in qs:
+        raise ValueError(f"unknown canned query {name!r}; known: {', '.join(qs)} "
+                         "(specaudit query --list describes them)")
+    return qs[name]
+
+
+def describe_canned() -> str:
+    """The --list text: name, title, parameters."""
+    lines = []
+    for q in canned_queries().values():
+        lines.append(f"{q.name:30s} {q.title}")
+        for p, d in q.params.items():
+            lines.append(f"{'':30s}   --param {p}=...  {d}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------- interactive shell
+
+def _values_sql(name: str, table: pa.Table) -> str:
+    """CREATE TABLE name AS VALUES ... for the duckdb CLI (it cannot take Arrow from us)."""
+    cols = ", ".join(f"{f.name} {duck_type(f.type)}" for f in table.schema)
+    out = [f"CREATE TABLE {name} ({cols});"]
+    rows = table.to_pylist()
+    for i in range(0, len(rows), 500):
+        vals = []
+        for r in rows[i:i + 500]:
+            vals.append("(" + ", ".join(_literal(r[f.name]) for f in table.schema) + ")")
+        out.append(f"INSERT INTO {name} VALUES {', '.join(vals)};")
+    return "\n".join(out)
+
+
+def _literal(v) -> str:
+    if v is None:
+        return "NULL"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else "NULL"
+    return sql_str(v)
+
+
+def shell_setup_sql(paths, findings=None, dataset: Dataset | None = None, lock: bool = True,
+                    duckdb_major: int = 2) -> str:
+    """The SQL that gives the duckdb CLI the same views and settings as connect().
+
+    lock=False leaves out the final `enable_external_access = false` and
+    `lock_configuration = true`: the CLI's `.safe_mode`, run right after, does both (and
+    a SET after it would fail as locked). allowed_paths is set before any view exists.
+    """
+    ds = dataset or find_dataset(paths)
+    parts = [f"SET {k} = {v};" for k, v in HARDEN if k not in ("allow_extension_repositories",
+                                                                "python_enable_replacements")]
+    allowed = ", ".join(sql_str(f) for f in ds.files)
+    parts.append(f"SET allowed_paths = [{allowed}];")
+    if lock:
+        parts.append("SET enable_external_access = false;")
+    parts.append(_parquet_view("steps", ds.step_files, STEPS_SCHEMA) + ";")
+    parts.append(_parquet_view("requests", ds.request_files, REQUESTS_SCHEMA) + ";")
+    parts.append(_values_sql("runs", runs_table(ds.runs)))
+    parts.append(_values_sql("violations", findings_table(findings)))
+    depths = DEPTHS_REDUCE if duckdb_major >= 2 else (f"CASE WHEN {CHAIN_TEST} THEN "
+                                                       f"range(len(parents))::INTEGER[] "
+                                                       f"ELSE {_depths_doubling()} END")
+    parts.append(nodes_view_sql(depths).strip() + ";")
+    if lock:
+        parts.append("SET lock_configuration = true;")
+    return "\n".join(parts)

@@ -1,0 +1,394 @@
+"""`specaudit report`: one self-contained HTML page (and a PNG per plot) for a post-mortem.
+
+    from specaudit.report import build_report
+    html = build_report(["traces/"], "report/", findings=res.findings, summary=res.summary())
+
+The page has the run configs (with each run's reported counters next to the same numbers
+derived from its rows) and the checker's summary on top, then six plots, each also
+written as a PNG beside report.html:
+    acceptance_by_depth.png            reach and conditional acceptance rate per depth
+    commit_length_histogram.png        share of steps per commit length
+    acceptance_vs_draft_confidence.png drafter calibration: accept rate vs draft probability
+    latency_breakdown.png              draft / verify / other time per step
+    commit_length_over_time.png        mean commit length and tokens/s over each run's time
+    violations_by_code.png             the checker's findings per rule code
+Every number comes from the canned queries in specaudit/queries/ over the read-only
+DuckDB views (specaudit.query), so `specaudit query PATH NAME` prints the data behind a
+plot. The page loads nothing: CSS is inline and the images are data: URIs.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+import time
+from pathlib import Path
+
+from .schema import atomic_write_bytes
+
+PLOTS = [
+    # (file stem, title, canned query, what the reader should look for)
+    ("acceptance_by_depth", "Acceptance by depth", "acceptance_by_depth",
+     "Left: share of steps whose accepted path reaches each depth (sums to the mean accepted "
+     "depth). Right: share of steps at depth d-1 that go on to d. A sudden drop at one depth "
+     "points at that draft position, or at a position/mask bug there."),
+    ("commit_length_histogram", "Commit-length histogram", "commit_length_histogram",
+     "Share of verify steps committing 1, 2, ... tokens. Mass at 1 is a drafter that never "
+     "lands; anything above budget + 1 is impossible."),
+    ("acceptance_vs_draft_confidence", "Acceptance against draft confidence",
+     "acceptance_vs_draft_logprob",
+     "Reached draft nodes binned by draft probability: accept rate against the mean draft "
+     "probability of the bin. A calibrated drafter sits on the diagonal; a flat line means its "
+     "confidence carries no information."),
+    ("latency_breakdown", "Draft / verify / other latency", "latency_breakdown",
+     "Mean wall time per step: drafting, verifying, and everything else. Acceptance cannot win "
+     "back time spent outside the two forwards."),
+    ("commit_length_over_time", "Commit length over time", "throughput_over_time",
+     "Each run's wall time in equal buckets: mean commit length (top) and committed tokens per "
+     "second (bottom). A step change marks when something happened."),
+    ("violations_by_code", "Violations by code", "violations_by_code",
+     "The checker's findings per rule code, colored by severity (`specaudit rules` explains "
+     "each code)."),
+]
+SEVERITY_COLORS = {"error": "#c62828", "warning": "#ef6c00", "info": "#1565c0"}
+FIG_W, FIG_H, DPI = 9.0, 4.6, 100     # -> 900 x 460 px PNGs, shown at natural size
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
+    _plt().close(fig)
+    return buf.getvalue()
+
+
+def _groups(rows: list[dict], key: str = "config") -> dict:
+    out: dict = {}
+    for r in rows:
+        out.setdefault(r[key], []).append(r)
+    return out
+
+
+def _legend(ax, n: int) -> None:
+    if n:
+        ax.legend(fontsize=7 if n > 4 else 8, loc="best", ncol=1 if n <= 6 else 2)
+
+
+def _empty(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=12, color="#555",
+            transform=ax.transAxes)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+# ------------------------------------------------------------------------- plots
+
+def plot_acceptance_by_depth(rows):
+    plt = _plt()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(FIG_W, FIG_H), constrained_layout=True)
+    g = _groups(rows)
+    for cfg, rs in g.items():
+        d = [r["depth"] for r in rs]
+        a1.plot(d, [r["reach_rate"] for r in rs], marker="o", ms=3, label=cfg)
+        a2.plot(d, [r["conditional_rate"] for r in rs], marker="o", ms=3, label=cfg)
+    for ax, t in ((a1, "reach rate: P(accepted depth >= d)"), (a2, "conditional: P(>= d | >= d-1)")):
+        ax.set_xlabel("depth d")
+        ax.set_title(t, fontsize=10)
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+    if not g:
+        _empty(a1, "no steps")
+    _legend(a1, len(g))
+    return fig
+
+
+def plot_commit_hist(rows):
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(FIG_W, FIG_H), constrained_layout=True)
+    g = _groups(rows)
+    n = max(len(g), 1)
+    w = 0.8 / n
+    for i, (cfg, rs) in enumerate(g.items()):
+        ax.bar([r["commit_len"] + (i - (n - 1) / 2) * w for r in rs], [r["share"] for r in rs],
+               width=w, label=cfg)
+    ax.set_xlabel("tokens committed in the step (commit_len)")
+    ax.set_ylabel("share of steps")
+    ax.grid(alpha=0.3, axis="y")
+    if not g:
+        _empty(ax, "no steps")
+    _legend(ax, len(g))
+    return fig
+
+
+def plot_calibration(rows):
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(FIG_W, FIG_H), constrained_layout=True)
+    ax.plot([0, 1], [0, 1], ls="--", color="#888", lw=1, label="calibrated")
+    g = _groups(rows)
+    for cfg, rs in g.items():
+        tot = max(sum(r["reached"] for r in rs), 1)
+        ax.plot([r["mean_draft_p"] for r in rs], [r["accept_rate"] for r in rs], marker="o", ms=3, lw=1)
+        ax.scatter([r["mean_draft_p"] for r in rs], [r["accept_rate"] for r in rs],
+                   s=[8 + 200 * r["reached"] / tot for r in rs], alpha=0.6, label=cfg)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("mean draft probability in the bin, exp(draft_logprob)")
+    ax.set_ylabel("accept rate of reached nodes")
+    ax.grid(alpha=0.3)
+    if not g:
+        _empty(ax, "no draft_logprob in the trace")
+    _legend(ax, len(g) + 1)
+    return fig
+
+
+def plot_latency(rows):
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(FIG_W, FIG_H), constrained_layout=True)
+    cfgs = [r["config"] for r in rows]
+    y = list(range(len(rows)))
+    left = [0.0] * len(rows)
+    for key, label, color in (("mean_draft_s", "draft", "#42a5f5"), ("mean_verify_s", "verify", "#66bb6a"),
+                              ("mean_other_s", "other", "#bdbdbd")):
+        vals = [max((r[key] or 0.0) * 1e3, 0.0) for r in rows]
+        ax.barh(y, vals, left=left, color=color, label=label)
+        left = [a + b for a, b in zip(left, vals)]
+    ax.set_yticks(y, cfgs, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("mean milliseconds per step")
+    ax.grid(alpha=0.3, axis="x")
+    if not rows:
+        _empty(ax, "no steps")
+    else:
+        ax.legend(fontsize=8, loc="lower right")
+    return fig
+
+
+def plot_over_time(rows):
+    plt = _plt()
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(FIG_W, FIG_H), sharex=True, constrained_layout=True)
+    g = _groups(rows, "run_id")
+    for rid, rs in g.items():
+        t = [r["t_rel_s"] + r["bucket_s"] / 2 for r in rs]
+        label = f"{rs[0]['config']} ({rid})" if rs[0]["config"] != rid else rid
+        a1.plot(t, [r["mean_commit_len"] for r in rs], lw=1.2, label=label)
+        a2.plot(t, [r["tokens_per_s"] for r in rs], lw=1.2)
+    a1.set_ylabel("mean commit len")
+    a2.set_ylabel("tokens / s")
+    a2.set_xlabel("seconds since the run's first step")
+    for ax in (a1, a2):
+        ax.grid(alpha=0.3)
+    if not g:
+        _empty(a1, "no steps")
+    _legend(a1, len(g))
+    return fig
+
+
+def plot_violations(rows, checked: bool):
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(FIG_W, FIG_H), constrained_layout=True)
+    if not rows:
+        _empty(ax, "no findings: every rule held" if checked else "checker not run (no findings passed in)")
+        return fig
+    rows = rows[:30]
+    y = list(range(len(rows)))
+    ax.barh(y, [r["findings"] for r in rows],
+            color=[SEVERITY_COLORS.get(r["severity"], "#777") for r in rows])
+    ax.set_yticks(y, [f"{r['code']} {r['name'] or ''}"[:48] for r in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("findings")
+    if max(r["findings"] for r in rows) > 50 * max(min(r["findings"] for r in rows), 1):
+        ax.set_xscale("log")
+    for sev, c in SEVERITY_COLORS.items():
+        if any(r["severity"] == sev for r in rows):
+            ax.barh([], [], color=c, label=sev)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(alpha=0.3, axis="x")
+    return fig
+
+
+# ------------------------------------------------------------------------- html
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;
+ max-width:960px;color:#222;background:#fff;padding:0 16px}
+h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
+.meta{color:#666;font-size:12px}
+table{border-collapse:collapse;font-size:12px;margin:6px 0;width:100%}
+th,td{border:1px solid #ddd;padding:3px 6px;text-align:left;vertical-align:top}
+td.n{text-align:right;font-variant-numeric:tabular-nums} th{background:#f5f5f5}
+.bad{color:#c62828;font-weight:600} .ok{color:#2e7d32;font-weight:600}
+figure{margin:14px 0 22px} figure img{display:block;border:1px solid #eee}
+figcaption{color:#555;font-size:12px;max-width:900px;margin-top:4px}
+code{background:#f5f5f5;padding:0 3px}
+"""
+
+
+def _e(x) -> str:
+    return html.escape("" if x is None else str(x))
+
+
+def _fmt(v, digits: int = 4) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return str(v)
+        return f"{v:.{digits}g}" if abs(v) < 1e6 else f"{v:,.0f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+def _table(headers, rows, numeric=()) -> str:
+    h = "".join(f"<th>{_e(x)}</th>" for x in headers)
+    body = []
+    for r in rows:
+        cells = []
+        for i, v in enumerate(r):
+            if isinstance(v, tuple):           # (text, css class)
+                cells.append(f'<td class="n {v[1]}">{_e(v[0])}</td>')
+            else:
+                cells.append(f'<td class="n">{_e(v)}</td>' if i in numeric else f"<td>{_e(v)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><tr>{h}</tr>{''.join(body)}</table>"
+
+
+def _close(a, b, rel: float = 1e-3) -> bool:
+    if a is None or b is None:
+        return True
+    return abs(a - b) <= rel * max(abs(a), abs(b), 1e-9)
+
+
+def _runs_section(runs: list[dict]) -> str:
+    rows = []
+    for r in runs:
+        def pair(rep, der):
+            if rep is None:
+                return (f"— / {_fmt(der)}", "")
+            return (f"{_fmt(rep)} / {_fmt(der)}", "" if _close(rep, der) else "bad")
+        rows.append([
+            r["config"] or "", r["run_id"], f"{r['engine'] or ''} {r['engine_version'] or ''}".strip(),
+            f"{r['target_model'] or ''} / {r['drafter_model'] or ''}",
+            time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r["started_at"])) if r["started_at"] else "",
+            _fmt(r["steps"]), _fmt(r["requests"]),
+            pair(r["reported_mean_accepted_depth"], r["mean_accepted_depth"]),
+            pair(r["reported_mean_commit_len"], r["mean_commit_len"]),
+            _fmt(r["tokens_per_s"]),
+            "yes" if r["complete"] else "no",
+        ])
+    t = _table(["config", "run_id", "engine", "target / drafter", "started (UTC)", "steps", "requests",
+                "mean accepted depth: reported / rows", "mean commit len: reported / rows",
+                "tokens/s (rows)", "complete"], rows, numeric={5, 6, 9})
+    return (t + '<p class="meta">reported = the engine\'s own counter from run.json; rows = '
+            'derived from the step rows. A pair in <span class="bad">red</span> disagrees '
+            '(the checker says which rule).</p>')
+
+
+def _checker_section(findings_rows, summary, checked: bool) -> str:
+    if not checked:
+        return "<p>The checker was not run (no findings passed in): run <code>specaudit check PATH</code>.</p>"
+    parts = []
+    errors = sum(r["findings"] for r in findings_rows if r["severity"] == "error")
+    verdict = ('<span class="ok">clean: no rule broken</span>' if errors == 0
+               else f'<span class="bad">{errors:,} error finding(s)</span>')
+    parts.append(f"<p>Verdict: {verdict}</p>")
+    if summary:
+        items = summary.items() if isinstance(summary, dict) else [("summary", summary)]
+        parts.append(_table(["", ""], [[k, _fmt(v)] for k, v in items]))
+    if findings_rows:
+        parts.append(_table(["code", "name", "severity", "findings", "runs", "requests", "example"],
+                            [[r["code"], r["name"], r["severity"], _fmt(r["findings"]), _fmt(r["runs"]),
+                              _fmt(r["requests"]), r["example"]] for r in findings_rows[:40]],
+                            numeric={3, 4, 5}))
+    return "".join(parts)
+
+
+RUNS_SQL = """
+WITH s AS (
+    SELECT run_id, count(*) AS steps, avg(len(accepted_path) - 1) AS mean_accepted_depth,
+           avg(commit_len) AS mean_commit_len, sum(commit_len) AS committed,
+           max(t_start + step_s) - min(t_start) AS wall_s
+    FROM steps GROUP BY run_id
+), q AS (SELECT run_id, count(*) AS requests FROM requests GROUP BY run_id)
+SELECT r.run_id, r.config, r.engine, r.engine_version, r.target_model, r.drafter_model,
+       r.started_at, r.complete, r.reported_mean_accepted_depth, r.reported_mean_commit_len,
+       s.steps, q.requests, s.mean_accepted_depth, s.mean_commit_len,
+       s.committed / nullif(s.wall_s, 0) AS tokens_per_s
+FROM runs AS r LEFT JOIN s USING (run_id) LEFT JOIN q USING (run_id)
+ORDER BY r.config, r.started_at, r.run_id
+"""
+
+
+def build_report(paths, out_dir, findings=None, summary=None, *, threads: int | None = None,
+                 title: str | None = None) -> Path:
+    """Write out_dir/report.html and one PNG per plot; return the report's path.
+
+    paths: dataset folders / run folders / files (as `specaudit query`). findings: the
+    checker's findings (Finding objects, dicts or an Arrow table; None = checker not run).
+    summary: the checker's summary (CheckResult.summary(), a dict) shown on top.
+    Raises InputError when paths hold no trace, ValueError when out_dir is a file.
+    """
+    from . import query as Q
+
+    t0 = time.time()
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: exists and is not a folder")
+    ds = Q.find_dataset(paths)
+    con = Q.connect(paths, findings, threads=threads, dataset=ds)
+    try:
+        data = {q: Q.fetch_arrow(con, Q.canned(q).sql).to_pylist() for q in dict.fromkeys(p[2] for p in PLOTS)}
+        runs = Q.fetch_arrow(con, RUNS_SQL).to_pylist()
+    finally:
+        con.close()
+    checked = findings is not None
+    makers = {
+        "acceptance_by_depth": lambda: plot_acceptance_by_depth(data["acceptance_by_depth"]),
+        "commit_length_histogram": lambda: plot_commit_hist(data["commit_length_histogram"]),
+        "acceptance_vs_draft_confidence": lambda: plot_calibration(data["acceptance_vs_draft_logprob"]),
+        "latency_breakdown": lambda: plot_latency(data["latency_breakdown"]),
+        "commit_length_over_time": lambda: plot_over_time(data["throughput_over_time"]),
+        "violations_by_code": lambda: plot_violations(data["violations_by_code"], checked),
+    }
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--out {out}: cannot create the folder: {e.strerror or e}") from None
+    figures = []
+    for stem, heading, _query, caption in PLOTS:
+        png = _png(makers[stem]())
+        atomic_write_bytes(out / f"{stem}.png", png)
+        b64 = base64.b64encode(png).decode("ascii")
+        w, h = int(FIG_W * DPI), int(FIG_H * DPI)
+        figures.append(
+            f'<h2 id="h-{stem}">{_e(heading)}</h2><figure>'
+            f'<img id="{stem}" class="plot" alt="{_e(heading)}" width="{w}" height="{h}" '
+            f'src="data:image/png;base64,{b64}">'
+            f"<figcaption>{_e(caption)} Data: <code>specaudit query PATH {_e(_query)}</code>; "
+            f"image: <code>{stem}.png</code>.</figcaption></figure>")
+    n_steps = sum(r["steps"] or 0 for r in runs)
+    head = title or "specaudit post-mortem report"
+    src = ", ".join(str(p) for p in paths)
+    page = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{_e(head)}</title><style>{CSS}</style></head><body>
+<h1>{_e(head)}</h1>
+<p class="meta">{_e(src)} · {len(runs)} run(s), {n_steps:,} steps ·
+generated {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())} in {{build_s}} s</p>
+<h2>Runs</h2>{_runs_section(runs)}
+<h2>Checker</h2>{_checker_section(data['violations_by_code'], summary, checked)}
+{''.join(figures)}
+</body></html>
+"""
+    page = page.replace("{build_s}", f"{time.time() - t0:.1f}")
+    path = out / "report.html"
+    atomic_write_bytes(path, page.encode("utf-8"))
+    return path
