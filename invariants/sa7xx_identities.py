@@ -21,6 +21,11 @@ class SourceRule(Rule):
     fail_fixture: str = ""
     pass_fixture: str = ""
 
+    def finding(self, *, where: str | None = "", **kw):
+        """Findings of engine files carry file and line; the formatters print them, so the
+        message itself starts with what is wrong, not with the location."""
+        return super().finding(where=where, **kw)
+
     def emit(self, reading, items):
         """items: iterable of (window, values) -> Findings, at most MAX_PER_RULE, plus a summary."""
         out, extra, first_extra = [], 0, None
@@ -32,8 +37,7 @@ class SourceRule(Rule):
                 first_extra = first_extra or w.line
         if extra:
             f = self.finding(file=reading.path, line=first_extra, **values)
-            f.message = (f"{reading.path}:{first_extra}: {extra} more windows break {self.code} "
-                         f"({self.name}); first at line {first_extra}")
+            f.message = f"{extra} more windows break {self.code} ({self.name}); first at line {first_extra}"
             out.append(f)
         return out
 
@@ -55,18 +59,19 @@ class UnreadableLine(SourceRule):
     code = "SA700"
     name = "unreadable-line"
     severity = "warning"
-    message = "{reason}"
+    message = "{reason}: {text}"
     fail_fixture = "sglang_truncated.log"
     pass_fixture = "sglang_clean.log"
 
     def check(self, reading):
-        out = [self.finding(file=n["file"], line=n["line"], reason=n["reason"], text=n["text"])
+        out = [self.finding(file=n["file"], line=n["line"], reason=n["reason"],
+                            text=(n["text"][:100] + "...") if len(n["text"]) > 100 else n["text"])
                for n in reading.notes]
         for w in reading.windows:
             if w.extra.get("counter_reset"):
                 out.append(self.finding(file=reading.path, line=w.line,
                                         reason=f"a counter went down since the previous scrape{where(w)}: the "
-                                               "server restarted (this interval is skipped)"))
+                                               "server restarted (this interval is skipped)", text=w.text))
         return out
 
 

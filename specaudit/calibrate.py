@@ -8,9 +8,9 @@ measured   on the reference runtime: for each concurrency c, the same c prompts 
            draft nodes (SpecEngine.step: drafter forward, proposal, verify forward of
            [c, N], acceptance, commit, KV compaction). t_verify therefore includes the
            host work of accepting and committing, as a real engine's step does. Each
-           (N, c) is measured `repeats` times on different prompts, interleaved with
-           its plain twin so a busy machine slows both alike; r is the ratio of mean
-           step times and r_std the standard error over the repeats.
+           (N, c) is measured `repeats` times on different prompts, one plain step
+           after each speculative step, so a busy machine slows both alike; r is the
+           ratio of median step times and r_std the standard error over the repeats.
 manual     one number for every (N, c), typed by hand (the seed's r = 1.5)
 trace      from a trace dataset's own draft_s + verify_s (one value per batched forward)
            against plain decode steps timed here on the same models at the run's
@@ -61,40 +61,60 @@ def algo_for(n_nodes: int, drafter_depth: int) -> tuple[str, int, int]:
     return "tree", budget, min(4, budget)
 
 
+class PlainStepper:
+    """Plain greedy decoding of len(prompts) requests, one timed step at a time
+    (greedy_generate's step: one [c, 1] forward, argmax to the host). Prefill happens in
+    the constructor and is not timed. Stepping it between speculative steps makes the
+    two share whatever load the machine has at that moment."""
+
+    def __init__(self, target, prompts, device="cpu"):
+        import torch
+        self.torch, self.target = torch, target
+        self.dev = dev = torch.device(device)
+        c = len(prompts)
+        self.cache = target.new_cache(c)
+        cur, lens = [], []
+        with torch.inference_mode():
+            for j, p in enumerate(prompts):
+                L = len(p)
+                logits, _ = target(torch.tensor([p], device=dev), torch.arange(L, device=dev)[None], self.cache,
+                                   torch.zeros(1, dtype=torch.long, device=dev),
+                                   torch.ones(L, L, dtype=torch.bool, device=dev).tril()[None],
+                                   rows=torch.tensor([j], device=dev))
+                cur.append(int(logits[0, -1].argmax()))
+                lens.append(L)
+        self.cur = cur
+        self.lens_t = torch.tensor(lens, device=dev)
+        self.one = torch.ones(c, 1, 1, dtype=torch.bool, device=dev)
+        self.room = target.max_seq_len - max(lens)
+        self.steps = 0
+
+    def step(self) -> float:
+        """One decode step of every row; returns its wall seconds."""
+        torch = self.torch
+        if self.steps >= self.room - 1:
+            raise ValueError("plain decoding ran past the model's context")
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            tok = torch.tensor(self.cur, device=self.dev)[:, None]
+            logits, _ = self.target(tok, self.lens_t[:, None], self.cache, self.lens_t, self.one)
+            self.lens_t = self.lens_t + 1
+            self.cur = logits[:, -1].argmax(-1).tolist()
+        self.steps += 1
+        return time.perf_counter() - t0
+
+
 def plain_steps(target, prompts, steps: int, device) -> list[float]:
-    """Wall seconds of `steps` plain decode steps of len(prompts) requests (greedy_generate's
-    step: one [c, 1] forward, argmax to the host). Prefill is not timed."""
-    import torch
-    dev = torch.device(device)
-    c = len(prompts)
-    cache = target.new_cache(c)
-    cur, lens = [], []
-    with torch.inference_mode():
-        for j, p in enumerate(prompts):
-            L = len(p)
-            logits, _ = target(torch.tensor([p], device=dev), torch.arange(L, device=dev)[None], cache,
-                               torch.zeros(1, dtype=torch.long, device=dev),
-                               torch.ones(L, L, dtype=torch.bool, device=dev).tril()[None],
-                               rows=torch.tensor([j], device=dev))
-            cur.append(int(logits[0, -1].argmax()))
-            lens.append(L)
-        lens_t = torch.tensor(lens, device=dev)
-        one = torch.ones(c, 1, 1, dtype=torch.bool, device=dev)
-        out = []
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            tok = torch.tensor(cur, device=dev)[:, None]
-            logits, _ = target(tok, lens_t[:, None], cache, lens_t, one)
-            lens_t = lens_t + 1
-            cur = logits[:, -1].argmax(-1).tolist()
-            out.append(time.perf_counter() - t0)
-    return out
+    """Wall seconds of `steps` plain decode steps of len(prompts) requests (prefill not timed)."""
+    st = PlainStepper(target, prompts, device)
+    return [st.step() for _ in range(steps)]
 
 
-def spec_steps(target, drafter, prompts, n_nodes: int, max_new_tokens: int, device, eos_id=None):
-    """Wall seconds of every SpecEngine.step() decoding `prompts` with N-node drafts, and
-    the engine's own draft_s / verify_s. Requests never finish early on EOS (eos_id is set
-    to a token that does not occur) so the batch keeps c rows."""
+def spec_steps(target, drafter, prompts, n_nodes: int, max_new_tokens: int, device, eos_id=None, twin=None):
+    """Wall seconds of every SpecEngine.step() decoding `prompts` with N-node drafts while
+    the batch is full, and the engine's own draft_s / verify_s. Requests never finish early
+    on EOS (eos_id is set to a token that does not occur). With `twin` (a PlainStepper),
+    one plain step is timed right after each speculative step: returns its walls too."""
     import torch
 
     from .runtime.engine import Request, SpecConfig, SpecEngine
@@ -105,14 +125,16 @@ def spec_steps(target, drafter, prompts, n_nodes: int, max_new_tokens: int, devi
     eng = SpecEngine(target, drafter, cfg, tracer=clock, device=device)
     for i, p in enumerate(prompts):
         eng.add(Request(request_id=str(i), prompt=p, max_new_tokens=max_new_tokens))
-    walls = []
+    walls, plain = [], []
     with torch.inference_mode():
         while eng.running and len(eng.running) == len(prompts):
             t0 = time.perf_counter()
             eng.step()
             walls.append(time.perf_counter() - t0)
+            if twin is not None and twin.steps < twin.room - 1:
+                plain.append(twin.step())
     n = len(walls)
-    return walls, clock.draft[:n], clock.verify[:n], algo
+    return walls, clock.draft[:n], clock.verify[:n], algo, plain
 
 
 def measure_profile(models=None, n_grid=DEFAULT_N, c_grid=DEFAULT_C, repeats: int = 3, max_new_tokens: int = 96,
@@ -145,14 +167,15 @@ def measure_profile(models=None, n_grid=DEFAULT_N, c_grid=DEFAULT_C, repeats: in
             batch = [toks[(k + j) % len(toks)] for j in range(c)]
             k += c
             for n in n_grid:
-                # plain twin right before each speculative measurement: same prompts, same load
-                ar = plain_steps(target, batch, max(8, max_new_tokens // 3), device)
-                walls, d, v, algo = spec_steps(target, drafter, batch, n, max_new_tokens, device)
+                # a plain twin stepped between the speculative steps: same prompts, same load
+                twin = PlainStepper(target, batch, device)
+                walls, d, v, algo, ar = spec_steps(target, drafter, batch, n, max_new_tokens, device, twin=twin)
                 if len(walls) < 2 or len(ar) < 2:
                     continue
-                # drop the first step of each (allocator warm-up)
-                t_ar, t_step = float(np.mean(ar[1:])), float(np.mean(walls[1:]))
-                per_n[n].append((t_step / t_ar, t_ar, float(np.mean(d[1:])), float(np.mean(v[1:])), algo))
+                # medians, first step dropped (allocator warm-up): r is a property of the step,
+                # not of the machine's other tenants, whose preemptions hit single steps
+                t_ar, t_step = float(np.median(ar[1:])), float(np.median(walls[1:]))
+                per_n[n].append((t_step / t_ar, t_ar, float(np.median(d[1:])), float(np.median(v[1:])), algo))
                 t_ar_all.append(t_ar)
                 if progress:
                     progress(c, n, rep, t_step / t_ar)

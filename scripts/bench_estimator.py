@@ -1,0 +1,143 @@
+"""Accuracy of the throughput-derived commit length on the reference runtime.
+
+For chain and tree speculative decoding at concurrency 1, 4 and 8 (6 configurations),
+this script plays the client: it times the decode phase of each run from outside the
+runtime (wall clock around the engine's steps, after every request's first token, as a
+streaming client measures inter-token throughput) and a plain greedy decode of the same
+prompts, side by side: the two are stepped in turn so a busy machine slows both alike. It never reads the runtime's own
+counters for the estimate: only tokens / wall and a calibration profile measured first
+(specaudit.calibrate.measure_profile, the same as `specaudit calibrate`).
+
+    C_est = (spec tokens/s / greedy tokens/s) * r(N, c)
+
+The truth is the runtime's pooled mean commit length (committed tokens / verify steps,
+honest in these clean runs). One JSON line per configuration, then one last JSON line:
+    {"max_rel_error": ..., "configs": [...], "target": 0.1, "within_target": true, ...}
+
+    python3 scripts/bench_estimator.py                  # ~5-10 minutes on 2 busy CPU cores
+    python3 scripts/bench_estimator.py --quick          # fewer tokens and trials
+    python3 scripts/bench_estimator.py --profile cost.json   # reuse a calibration
+
+Timing runs use one torch thread (a shared machine's extra threads add jitter, not speed);
+calibrate with the same thread count as the runs the profile describes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+
+import numpy as np
+import torch
+
+from specaudit.calibrate import PlainStepper, measure_profile
+from specaudit.estimate import CostProfile, estimate_commit_length
+from specaudit.model import default_models
+from specaudit.run import default_prompts, encode
+from specaudit.runtime.engine import Request, SpecConfig, SpecEngine
+
+CONFIGS = [dict(algo=a, budget=b, topk=k, concurrency=c)
+           for a, b, k in (("chain", 7, 1), ("tree", 12, 4)) for c in (1, 4, 8)]
+
+
+def side_by_side(target, drafter, prompts, cfg: dict, max_new_tokens: int):
+    """One speculative run and its plain greedy twin on the same prompts, stepped in turn
+    (after each speculative step, plain steps until it has decoded the same share of its
+    tokens), so load on the machine hits both alike. Each is timed from outside the
+    runtime, decode phase only (prefill = the client's TTFT is not timed).
+
+    Returns (spec tokens/s, greedy tokens/s, true mean commit length of the spec run)."""
+    c = len(prompts)
+    sc = SpecConfig(algo=cfg["algo"], budget=cfg["budget"], topk=cfg["topk"], max_new_tokens=max_new_tokens,
+                    concurrency=c, eos_id=-1)  # no early EOS: every request decodes max_new_tokens
+    eng = SpecEngine(target, drafter, sc)
+    reqs = [Request(request_id=str(i), prompt=p, max_new_tokens=max_new_tokens) for i, p in enumerate(prompts)]
+    for r in reqs:
+        eng.add(r)
+    plain = PlainStepper(target, prompts)
+    total = max_new_tokens - 1               # decode tokens per request, both ways
+    spec_wall = plain_wall = 0.0
+    while eng.running or plain.steps < total:
+        if eng.running:
+            t0 = time.perf_counter()
+            eng.step()
+            spec_wall += time.perf_counter() - t0
+        done = sum(len(r.output) - 1 for r in reqs) / (c * total) if eng.running else 1.0
+        while plain.steps < total and plain.steps < done * total:
+            plain_wall += plain.step()
+    tokens = sum(len(r.output) - 1 for r in reqs)
+    m = eng.metrics
+    return tokens / spec_wall, c * total / plain_wall, m.sum_commit / max(m.verify_steps, 1)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer tokens and trials (a smoke run)")
+    ap.add_argument("--trials", type=int, default=None, help="side-by-side trials per config (default 4; quick 2)")
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="tokens per request (default 160; quick 64)")
+    ap.add_argument("--profile", help="use this cost profile instead of calibrating first")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    trials = args.trials or (2 if args.quick else 4)
+    M = args.max_new_tokens or (64 if args.quick else 160)
+    target, drafter, _ = default_models()
+    texts = default_prompts()
+    toks = [t for t in (encode(x) for x in texts) if len(t) + M <= target.max_seq_len]
+
+    t0 = time.time()
+    n_grid = sorted({c["budget"] + 1 for c in CONFIGS})
+    c_grid = sorted({c["concurrency"] for c in CONFIGS})
+    if args.profile:
+        prof = CostProfile.load(args.profile)
+    else:
+        prof = measure_profile(models=(target, drafter, {}), n_grid=n_grid, c_grid=c_grid,
+                               repeats=2 if args.quick else 3, max_new_tokens=M)
+    calib_s = time.time() - t0
+    print(json.dumps({"profile": prof.to_dict()["entries"], "calibration_s": round(calib_s, 1)}), flush=True)
+
+    results = []
+    k = 7  # prompt offset: the bench's prompts differ from the calibration's first ones
+    for cfg in CONFIGS:
+        c, n = cfg["concurrency"], cfg["budget"] + 1
+        spec_tps, base_tps, truth = [], [], []
+        for t in range(trials):
+            prompts = [toks[(k + j) % len(toks)] for j in range(c)]
+            k += c
+            s_tps, g_tps, C = side_by_side(target, drafter, prompts, cfg, M)
+            spec_tps.append(s_tps)
+            base_tps.append(g_tps)
+            truth.append(C)
+        # per-trial ratios pair each speculative run with its plain twin; their spread is the
+        # throughput side of the interval (relative standard error of the mean ratio)
+        ratios = np.array(spec_tps) / np.array(base_tps)
+        # the median trial (robust to a trial a busy machine spoiled); its spread from the ratios'
+        mid = float(np.median(ratios))
+        rel_se = float(ratios.std(ddof=1) / math.sqrt(len(ratios)) / ratios.mean()) if len(ratios) > 1 else 0.0
+        r, r_sd = prof.lookup(n, c)
+        est = estimate_commit_length(mid, 1.0, r, cost_factor_std=r_sd, tps_std=rel_se * mid)
+        true_c = float(np.mean(truth))
+        row = {"algo": cfg["algo"], "budget": cfg["budget"], "topk": cfg["topk"], "concurrency": c, "n_nodes": n,
+               "true_mean_commit_len": round(true_c, 4), "estimated": round(est.value, 4),
+               "low": round(est.low, 4), "high": round(est.high, 4),
+               "rel_error": round(abs(est.value - true_c) / true_c, 4),
+               "covered": bool(est.low <= true_c <= est.high),
+               "spec_tps": round(float(np.mean(spec_tps)), 1), "greedy_tps": round(float(np.mean(base_tps)), 1),
+               "speedup": round(mid, 4), "cost_factor": round(r, 4), "cost_factor_std": round(r_sd, 4),
+               "trials": trials}
+        results.append(row)
+        print(json.dumps(row), flush=True)
+    worst = max(r["rel_error"] for r in results)
+    summary = {"max_rel_error": worst, "mean_rel_error": round(float(np.mean([r["rel_error"] for r in results])), 4),
+               "target": 0.1, "within_target": worst <= 0.1,
+               "covered": sum(r["covered"] for r in results), "configs": results,
+               "max_new_tokens": M, "trials": trials, "threads": args.threads, "calibration_s": round(calib_s, 1),
+               "wall_s": round(time.time() - t0, 1)}
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
