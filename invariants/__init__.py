@@ -66,10 +66,15 @@ What each scope receives (all arrays are numpy; [R] = one entry per row):
            (list length of each list column, -1 when null), ok (structure sound:
            the engine hides rows that are not ok from every rule outside SA1xx).
            Per node, flat over the batch (T = n.sum(); row r's nodes are
-           start[r] .. start[r]+n[r]-1): node_row, node_i, tokens, parents,
-           positions, argmax, depth. Path: path (flat), path_start [R+1], path_len.
-           Commit: commit (flat), commit_start [R+1], commit_n. Derived: true_depth,
-           bonus, expected_commit (flat) with expected_start [R+1], derived_mask_hash.
+           start[r] .. start[r]+n[r]-1; node_row maps a flat node to its row):
+           node_i (index in its row), tokens, parents, positions, argmax, depth,
+           pglob (parent as a flat index, -1 at roots). Path: path (flat),
+           path_start [R], path_len, path_row, path_k, path_glob, path_ok (rows
+           whose path is a valid root->child walk). Commit: commit (flat),
+           commit_start [R], commit_n, commit_row, commit_k, commit_last. Derived:
+           true_depth (len(path) - 1), bonus, expected_commit (flat, aligned with
+           path: accepted drafts then the bonus), commit_mismatch_at, commit_eos_at,
+           derived_mask_hash, causal_mask_hash, children_max, chain_shaped.
            Continuity (from the request's previous step, in this batch or earlier
            ones): has_prev, prev_step, prev_seq_end, prev_last, prev_finished,
            out_before (output tokens before this step, first token included).

@@ -33,8 +33,9 @@ class Hits:
     """The rows of a frame that break a rule, and the numbers for its message.
 
     mask:    bool [R], one entry per row of the frame the rule was given
-    values:  name -> array [R] (or a scalar, the same for every row); the message
-             template is formatted with these, taken at each hit row
+    values:  name -> array [R], a scalar (the same for every row), or a callable
+             row -> value (computed only for the hit rows that become findings: use
+             it for text, so that no string is built for rows that pass)
     """
 
     __slots__ = ("mask", "values")
@@ -50,7 +51,9 @@ class Hits:
         """The values of row i as plain Python numbers (for messages and JSON)."""
         out = {}
         for k, v in self.values.items():
-            if isinstance(v, np.ndarray) and v.ndim >= 1 and v.shape[0] == self.mask.shape[0]:
+            if callable(v):
+                v = v(i)
+            elif isinstance(v, np.ndarray) and v.ndim >= 1 and v.shape[0] == self.mask.shape[0]:
                 v = v[i]
             out[k] = _py(v)
         return out
@@ -158,16 +161,20 @@ class Rule:
 
     @classmethod
     def summary(cls) -> str:
-        """First line of the docstring's What paragraph."""
+        """The first sentence of the docstring's What paragraph."""
+        para = []
         for line in cls.doc().splitlines():
-            line = line.strip()
-            if line and not line.lower().startswith("what"):
-                return line
-            if line.lower().startswith("what:"):
-                rest = line[5:].strip()
-                if rest:
-                    return rest
-        return cls.name
+            if not line.strip():
+                if para:
+                    break
+                continue
+            para.append(line.strip())
+        text = " ".join(para)
+        if text.lower().startswith("what:"):
+            text = text[5:].strip()
+        end = text.find(". ")
+        text = text if end < 0 else text[: end + 1]
+        return text or cls.name
 
 
 def location(run_id=None, request_id=None, step=None, file=None, line=None) -> str:

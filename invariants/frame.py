@@ -86,7 +86,7 @@ def _strings(arr):
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     if not pa.types.is_dictionary(arr.type):
-        arr = arr.dictionary_encode()
+        arr = arr.dictionary_encode()  # (files are read with read_dictionary: already encoded)
     codes = arr.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(I64)
     return codes, arr.dictionary.to_pylist()
 
@@ -115,16 +115,18 @@ class Carry:
 
     def index(self, names: list[str]) -> np.ndarray:
         """Request ids -> dense indices (new ids get new slots)."""
-        out = np.empty(len(names), dtype=I64)
         ids = self.ids
-        for i, s in enumerate(names):
-            j = ids.get(s)
-            if j is None:
-                j = ids[s] = len(self.names)
-                self.names.append(s)
-            out[i] = j
+        got = [ids.get(s, -1) for s in names]
+        if -1 in got:
+            for i, s in enumerate(names):
+                if got[i] == -1:
+                    j = ids.get(s)
+                    if j is None:
+                        j = ids[s] = len(self.names)
+                        self.names.append(s)
+                    got[i] = j
         self._grow(len(self.names))
-        return out
+        return np.asarray(got, dtype=I64)
 
     def _grow(self, n: int) -> None:
         cap = len(self.last_step)
@@ -171,19 +173,23 @@ class StepFrame:
         self.row_in_file = order + row_offset
         self.req = req[order]
         self.step = step[order]
-        names_arr = np.asarray(rdict + ["<null>"], dtype=object)
-        self.request_id = names_arr[rcodes[order]]
+        self._rid_names = rdict + ["<null>"]
+        self._rid_codes = rcodes[order]
         self.nulls: dict[str, np.ndarray] = {}  # column -> bool [R] (required values missing)
         if step_null is not None:
             self.nulls["step"] = step_null[order]
         if rcodes.min(initial=0) < 0:
             self.nulls["request_id"] = (rcodes < 0)[order]
-        # run_id per row (for the partition check)
+        # run_id and algo per row: codes into small per-batch dictionaries
         rc, rd = _strings(col["run_id"])
-        self.row_run_id = np.asarray([str(x) for x in rd] + ["<null>"], dtype=object)[rc[order]]
+        self._run_names = np.asarray([str(x) for x in rd] + ["<null>"], dtype=object)
+        self._run_codes = rc[order]
+        self.run_id_ok = (self._run_names == run_id)[self._run_codes]
         ac, ad = _strings(col["algo"])
-        self.algo = np.asarray([str(x) for x in ad] + ["<null>"], dtype=object)[ac[order]]
-        self.is_chain = self.algo == "chain"
+        self._algo_names = np.asarray([str(x) for x in ad] + ["<null>"], dtype=object)
+        self._algo_codes = ac[order]
+        self.is_chain = (self._algo_names == "chain")[self._algo_codes]
+        self.algo_known = np.isin(self._algo_names, ["chain", "tree"])[self._algo_codes]
         for name in ("budget", "topk", "batch_size", "seq_len", "accepted_depth", "commit_len"):
             v, nl = _scalar(col[name])
             setattr(self, name, v[order])
@@ -269,7 +275,7 @@ class StepFrame:
         cr = self.req[first]                             # carry index of each group
         seq_end_row = self.seq_len + self.commit_n
         nf = ~first
-        self.has_prev = carry.last_step[cr][gid] >= 0
+        self.has_prev = carry.seen[cr][gid].copy()
         self.has_prev[nf] = True
         self.prev_step = carry.last_step[cr][gid]
         self.prev_step[nf] = self.step[prev[nf]]
@@ -277,8 +283,9 @@ class StepFrame:
         self.prev_seq_end[nf] = seq_end_row[prev[nf]]
         self.prev_last = carry.last_tok[cr][gid]
         self.prev_last[nf] = self.commit_last[prev[nf]]
-        self.prev_finished = carry.finished[cr][gid]
-        self.prev_finished[nf] = self.finished[prev[nf]]
+        # any earlier step of the request finished (carried, or earlier in this batch)
+        fcum = np.cumsum(self.finished) - self.finished   # exclusive, over sorted rows
+        self.prev_finished = carry.finished[cr][gid] | (fcum - fcum[gstart][gid] > 0)
         # output tokens before this step: carried length + earlier commits in this batch
         csum = np.cumsum(self.commit_n) - self.commit_n  # exclusive, over the sorted rows
         self.out_before = carry.out_len[cr][gid] + csum - csum[gstart][gid]
@@ -291,6 +298,19 @@ class StepFrame:
         self.contiguous = carry.contiguous[cr][gid] & (bad_cum - before_group == 0)
         self._carry = carry
         self._gid, self._gstart, self._cr = gid, gstart, cr
+
+    # per-row strings, built only when a rule needs them (messages, mostly)
+    @cached_property
+    def request_id(self) -> np.ndarray:
+        return np.asarray(self._rid_names, dtype=object)[self._rid_codes]
+
+    @cached_property
+    def row_run_id(self) -> np.ndarray:
+        return self._run_names[self._run_codes]
+
+    @cached_property
+    def algo(self) -> np.ndarray:
+        return self._algo_names[self._algo_codes]
 
     # ------------------------------------------------------------ flat helpers
     def _aligned(self, part, n0, rows0, s0):
@@ -587,7 +607,7 @@ class StepFrame:
         c.contiguous[cr] = self.contiguous[last]
         c.finished[cr] |= np.bincount(gid, weights=self.finished, minlength=G) > 0
         c.last_finished[cr] = self.finished[last]
-        c.last_step[cr] = np.maximum(c.last_step[cr], self.step[last])
+        c.last_step[cr] = self.step[last]
         c.seq_end[cr] = self.seq_len[last] + self.commit_n[last]
         c.last_tok[cr] = self.commit_last[last]
 
@@ -641,16 +661,19 @@ class RequestFrame:
         def arr(k, fill, dt):  # noqa: E306
             a = np.full(Q, fill, dtype=dt)
             if k in t:
-                a[t["idx"]] = t[k]
+                a[t["idx"]] = t[k]   # a duplicated request keeps its last row
             return a
         self.has_row = np.zeros(Q, dtype=bool)
+        self.row_count = np.zeros(Q, dtype=I64)   # rows in the requests table
         if "idx" in t:
             self.has_row[t["idx"]] = True
+            np.add.at(self.row_count, t["idx"], 1)
         self.prompt_len = arr("prompt_len", -1, I64)
         self.first_token = arr("first_token", -1, I64)
         self.output_len = arr("output_len", -1, I64)
         self.output_hash = arr("output_hash", 0, np.uint64)
         self.output_last = arr("output_last", -1, I64)
+        self.output_first = arr("output_first", -1, I64)
         self.eos_inside = arr("eos_inside", -1, I64)
         self.reference_equal = arr("reference_equal", -1, I64)
         self.reference_first_diff = arr("reference_first_diff", -1, I64)

@@ -63,7 +63,7 @@ class NodeCount(Rule):
 
     def check(self, f):
         bad = (f.n_raw < 1) | (f.n > f.budget + 1) | f.too_many_nodes
-        refused = np.where(f.too_many_nodes, f" (above {MAX_NODES}: row refused)", "")
+        refused = lambda i: f" (above {MAX_NODES}: row refused)" if f.too_many_nodes[i] else ""  # noqa: E731
         return Hits(bad, n=f.n_raw, budget=f.budget, limit=f.budget + 1, refused=refused)
 
     def fail(self, run):
@@ -113,7 +113,7 @@ class ParentPrecedes(Rule):
         par = np.full(f.R, -1, dtype=np.int64)
         hit = node >= 0
         par[hit] = p[f.start[hit] + node[hit]]
-        what = np.where(par == node, " (a self-loop)", np.where(par > node, " (forward: a cycle)", ""))
+        what = lambda i: " (a self-loop)" if par[i] == node[i] else (" (forward: a cycle)" if par[i] > node[i] else "")  # noqa: E731
         return Hits(hit & f.shapes_ok, node=node, parent=par, what=what)
 
     def fail(self, run):
@@ -196,8 +196,9 @@ class RequiredValues(Rule):
             nl = f.lens[c] < 0
             what[nl & ~bad] = f"{c} is null"
             bad |= nl
-        unk = (f.algo != "chain") & (f.algo != "tree")
-        what[unk & ~bad] = np.char.add("unknown algo ", f.algo[unk & ~bad].astype(str)) if (unk & ~bad).any() else ""
+        unk = ~f.algo_known
+        for i in np.flatnonzero(unk & ~bad):
+            what[i] = f"unknown algo {f.algo[i]!r}"
         bad |= unk
         return Hits(bad, what=what)
 
@@ -219,7 +220,9 @@ class RunIdPartition(Rule):
     message = "row has run_id {row_run}, but it is in the partition of run {run}"
 
     def check(self, f):
-        bad = f.row_run_id != f.run_id
+        bad = ~f.run_id_ok
+        if not bad.any():
+            return None
         return Hits(bad, row_run=f.row_run_id, run=f.run_id)
 
     def fail(self, run):

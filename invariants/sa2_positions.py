@@ -29,6 +29,8 @@ class Positions(Rule):
         badn = f.positions != want
         node = f.first_node(badn)
         hit = node >= 0
+        if not hit.any():
+            return None
         g = np.where(hit, f.start + np.maximum(node, 0), 0)
         pos = np.where(hit, f.positions[np.minimum(g, f.T - 1)], -1)
         dep = np.where(hit, f.depth[np.minimum(g, f.T - 1)], -1)
@@ -39,9 +41,10 @@ class Positions(Rule):
         np.minimum.at(smin, f.node_row, shift)
         np.maximum.at(smax, f.node_row, shift)
         byidx = ~f.row_any(f.positions != f.seq_len[f.node_row] + f.node_i)
-        pattern = np.where((smin == smax) & hit, np.char.add(" (every node shifted by ",
-                           np.char.add(smin.astype(str), ")")), "")
-        pattern = np.where(byidx & hit & ~f.chain_shaped, " (positions follow node index, not depth)", pattern)
+        def pattern(i):
+            if byidx[i] and not f.chain_shaped[i]:
+                return " (positions follow node index, not depth)"
+            return f" (every node shifted by {smin[i]})" if smin[i] == smax[i] else ""
         return Hits(hit, node=node, depth=dep, pos=pos, seq_len=f.seq_len,
                     want=f.seq_len + np.maximum(dep, 0), pattern=pattern)
 
@@ -73,7 +76,7 @@ class MaskHash(Rule):
         if not bad.any():
             return None
         causal = f.causal_mask_hash
-        explain = np.where(bad & (f.mask_hash == causal), ": it is a plain causal mask over node index", "")
+        explain = lambda i: ": it is a plain causal mask over node index" if f.mask_hash[i] == causal[i] else ""  # noqa: E731
         got = np.array([f"{int(x):#018x}" for x in f.mask_hash[bad]], dtype=object)
         wanted = np.array([f"{int(x):#018x}" for x in want[bad]], dtype=object)
         g = np.full(f.R, "", dtype=object)

@@ -38,9 +38,12 @@ class CommitLenVsDepth(Rule):
         want = f.accepted_depth + 1
         unf = ~f.finished & (f.commit_len != want)
         fin = f.finished & (f.commit_len > want)
-        rule = np.where(unf, np.char.add("an unfinished step commits depth + 1 = ", want.astype(str)),
-                        np.char.add("a finished step commits at most depth + 1 = ", want.astype(str)))
-        return Hits(unf | fin, algo=f.algo, commit_len=f.commit_len, accepted_depth=f.accepted_depth,
+        bad = unf | fin
+        if not bad.any():
+            return None
+        rule = lambda i: (f"an unfinished step commits depth + 1 = {want[i]}" if unf[i]  # noqa: E731
+                          else f"a finished step commits at most depth + 1 = {want[i]}")
+        return Hits(bad, algo=f.algo, commit_len=f.commit_len, accepted_depth=f.accepted_depth,
                     rule=rule)
 
     def fail(self, run):
@@ -69,8 +72,10 @@ class DepthVsPath(Rule):
         if not bad.any():
             return None
         rows = np.flatnonzero(bad & f.ok)
-        explain = np.where(f.accepted_depth == f.path_len, " (the bonus token counted as an accepted draft)",
-                           np.where(f.accepted_depth == f.n - 1, " (it is the number of drafted nodes)", ""))
+        def explain(i):
+            if f.accepted_depth[i] == f.path_len[i]:
+                return " (the bonus token counted as an accepted draft)"
+            return " (it is the number of drafted nodes)" if f.accepted_depth[i] == f.n[i] - 1 else ""
         return Hits(bad, accepted_depth=f.accepted_depth, path_depth=f.path_len - 1, explain=explain,
                     path=_lists(f, rows, f.path, f.path_start, f.path_len))
 
@@ -134,11 +139,10 @@ class PathMatchesArgmax(Rule):
         idx = np.flatnonzero(badp)[::-1]
         first[f.path_row[idx]] = idx
         hit = first >= 0
-        j = np.maximum(first, 1)
-        node = np.where(hit, f.path[j], -1)
-        parent = np.where(hit, f.path[j - 1], -1)
-        token = np.where(hit, f.tokens[g[j]], -1)
-        am = np.where(hit, f.argmax[g[j - 1]], -1)
+        node, parent, token, am = (np.full(f.R, -1, dtype=np.int64) for _ in range(4))
+        j = first[hit]
+        node[hit], parent[hit] = f.path[j], f.path[j - 1]
+        token[hit], am[hit] = f.tokens[g[j]], f.argmax[g[j - 1]]
         return Hits(hit, node=node, parent=parent, token=token, argmax=am)
 
     def fail(self, run):
@@ -226,8 +230,8 @@ class CommittedTokens(Rule):
         if not bad.any():
             return None
         rows = np.flatnonzero(bad)
-        what = np.where(short, "the commit is shorter but the step is not finished",
-                        np.char.add("first difference at index ", mis.astype(str)))
+        what = lambda i: ("the commit is shorter but the step is not finished" if short[i]  # noqa: E731
+                          else f"first difference at index {mis[i]}")
         return Hits(bad, got=_lists(f, rows, f.commit, f.commit_start, f.commit_n),
                     want=_lists(f, rows, f.expected_commit, f.path_start, f.path_len), what=what)
 

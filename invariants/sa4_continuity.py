@@ -31,10 +31,16 @@ class StepSequence(Rule):
     def check(self, f):
         want = np.where(f.has_prev, f.prev_step + 1, 0)
         bad = f.step != want
-        what = np.where(~f.has_prev, _STEP_DESC["start"],
-                        np.where(f.step > want, _STEP_DESC["gap"],
-                                 np.where(f.step == f.prev_step, _STEP_DESC["repeat"], _STEP_DESC["late"])))
-        prev = np.where(f.has_prev, f.prev_step.astype(str), "none")
+        if not bad.any():
+            return None
+
+        def what(i):
+            if not f.has_prev[i]:
+                return _STEP_DESC["start"]
+            if f.step[i] > want[i]:
+                return _STEP_DESC["gap"]
+            return _STEP_DESC["repeat"] if f.step[i] == f.prev_step[i] else _STEP_DESC["late"]
+        prev = lambda i: str(f.prev_step[i]) if f.has_prev[i] else "none"  # noqa: E731
         return Hits(bad, step=f.step, prev=prev, want=want, what=what)
 
     def fail(self, run):
@@ -169,8 +175,10 @@ class OutputReassembles(Rule):
 
     def check(self, q):
         use = q.has_row & q.has_steps & q.contiguous & ~q.null_slot & (q.output_len >= 0)
-        bad = use & ((q.commits_len != q.output_len) | (q.commits_hash != q.output_hash))
-        what = np.where(q.commits_len == q.output_len, ": the tokens differ", "")
+        first_bad = q.output_first != q.first_token
+        bad = use & ((q.commits_len != q.output_len) | (q.commits_hash != q.output_hash) | first_bad)
+        what = lambda i: ("" if q.commits_len[i] != q.output_len[i] else  # noqa: E731
+                          ": output_tokens[0] is not first_token" if first_bad[i] else ": the tokens differ")
         return Hits(bad, olen=q.output_len, clen=q.commits_len, what=what)
 
     def fail(self, run):
@@ -231,7 +239,7 @@ class FinishReason(Rule):
         len_bad = (reason == "length") & (q.output_len != M) if M is not None else np.zeros(q.R, bool)
         inside = q.eos_inside >= 0
         not_fin = q.complete & q.has_steps & (reason != "abort") & ~q.last_finished
-        nosteps = ~q.has_steps & (reason != "abort") & (q.output_len != 1)
+        nosteps = q.complete & ~q.has_steps & (reason != "abort") & (q.output_len != 1)
         bad = use & (~known | eos_bad | len_bad | inside | not_fin | nosteps)
         what = np.full(q.R, "", dtype=object)
         for i in np.flatnonzero(bad):
@@ -272,12 +280,21 @@ class RequestCoverage(Rule):
     def check(self, q):
         if not q.complete:
             return None
-        bad = q.has_steps & ~q.has_row & ~q.null_slot
-        what = np.where(bad, "step rows but no row in the requests table", "")
-        return Hits(bad, what=what)
+        nrow = q.has_steps & ~q.has_row & ~q.null_slot
+        dup = q.row_count > 1
+        what = lambda i: ("step rows but no row in the requests table" if nrow[i]  # noqa: E731
+                          else f"the requests table holds {q.row_count[i]} rows for this request")
+        return Hits(nrow | dup, what=what)
 
     def fail(self, run):
         run.requests.pop(0)
+
+    def passing(self, run):  # a request that ended at its first token has no steps
+        run.requests.append(dict(run.requests[0], request_id="prefill-only", output_tokens=[0],
+                                 first_token=0, finish_reason="eos", reference_tokens=[0]))
+        rep = run.reported
+        rep["generated_tokens"] += 1
+        rep["gen_throughput_tps"] = rep["generated_tokens"] / rep["wall_s"]
 
 
 class ClientFigures(Rule):

@@ -120,6 +120,7 @@ def request_facts(batches, carry: Carry, eos_id: int) -> dict:
         rid = [str(x) for x in col["request_id"].to_pylist()]
         idx = carry.index(rid)
         put("idx", idx)
+        put("row_count", np.ones(len(idx), dtype=np.int64))
         R = b.num_rows
         plen = _lens(col["prompt_tokens"])
         put("prompt_len", plen)
@@ -136,8 +137,10 @@ def request_facts(batches, carry: Carry, eos_id: int) -> dict:
             flat = flat[np.repeat(olen >= 0, np.diff(off))]
         h = np.zeros(R, dtype=np.uint64)
         if len(flat):
-            tail = k > 0
-            np.add.at(h, rows[tail], token_mix(flat[tail], k[tail]))
+            mix = token_mix(flat, k)
+            mix[k == 0] = 0                       # the first token is compared on its own
+            nz = ln > 0
+            h[nz] = np.add.reduceat(mix, (np.cumsum(ln) - ln)[nz])
         put("output_hash", h)
         last = np.full(R, -1, dtype=np.int64)
         has = ln > 0
@@ -145,6 +148,10 @@ def request_facts(batches, carry: Carry, eos_id: int) -> dict:
         if len(flat):
             last[has] = flat[start[has] + ln[has] - 1]
         put("output_last", last)
+        fst = np.full(R, -1, dtype=np.int64)
+        if len(flat):
+            fst[has] = flat[start[has]]
+        put("output_first", fst)
         eos_in = np.full(R, -1, dtype=np.int64)
         if len(flat):
             e = np.flatnonzero((flat == eos_id) & (k < ln[rows] - 1))[::-1]
@@ -319,6 +326,8 @@ def check_batches(batches, *, run_id: str, manifest: dict | None, rules, result:
         derived.add(f, part if part is not None else "all")
         f.finish_carry()
     result.steps += rows_seen
+    if callable(complete):
+        complete = complete()
     rq = RequestFrame(carry, facts, run_id=run_id, eos_id=eos_id, max_new_tokens=max_new,
                       complete=complete and facts is not None, manifest=manifest or {})
     for rule in by_scope["request"]:
@@ -341,17 +350,25 @@ def check_batches(batches, *, run_id: str, manifest: dict | None, rules, result:
         _emit_hits(rule, rule.check(run), run, result, kind="run")
 
 
-def _iter_step_batches(rf: RunFiles, result: CheckResult, batch_rows: int, columns):
-    """Stream (batch, file, partition) over a run's step files; bad files -> SA000."""
+class _Bad:
+    """A file that failed while streaming (recorded by the consuming thread)."""
+
+    def __init__(self, path, reason):
+        self.path, self.reason = path, reason
+
+
+def _iter_step_batches(rf: RunFiles, batch_rows: int, columns):
+    """Stream (batch, file, partition) over a run's step files; a bad file yields _Bad
+    (and the next file is still read); a file read to the end yields its path as str."""
     for path in rf.step_files:
         try:
-            pf = pq.ParquetFile(path)
-            check_table_schema(path, pf.schema_arrow, STEPS_SCHEMA)
+            pf = pq.ParquetFile(path, read_dictionary=["run_id", "request_id", "algo"])
+            check_table_schema(path, _plain(pf.schema_arrow), STEPS_SCHEMA)
         except InputError as e:
-            result_bad(result, path, e.reason, rf.run_id)
+            yield _Bad(path, e.reason)
             continue
         except Exception as e:  # truncated, not Parquet, unreadable
-            result_bad(result, path, _reason(e), rf.run_id)
+            yield _Bad(path, _reason(e))
             continue
         have = set(pf.schema_arrow.names)
         cols = [c for c in columns if c in have]
@@ -370,9 +387,64 @@ def _iter_step_batches(rf: RunFiles, result: CheckResult, batch_rows: int, colum
                     yield b, str(path), path.name
                 n += b.num_rows
         except Exception as e:
-            result_bad(result, path, f"unreadable after {n} rows: {_reason(e)}", rf.run_id)
+            yield _Bad(path, f"unreadable after {n} rows: {_reason(e)}")
             continue
-        result.files_checked.append(str(path))
+        yield str(path)
+
+
+def _plain(schema: pa.Schema) -> pa.Schema:
+    """Dictionary-encoded string columns (read_dictionary) checked as their values."""
+    return pa.schema([pa.field(f.name, f.type.value_type) if pa.types.is_dictionary(f.type) else f
+                      for f in schema])
+
+
+def _prefetch(gen, depth: int = 2):
+    """Run a generator in a thread, `depth` items ahead: Parquet decoding (C++, GIL
+    released) overlaps the numpy work on the previous batch."""
+    import queue
+    import threading
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    END = object()
+    stop = threading.Event()
+
+    def work():
+        try:
+            for item in gen:
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(END)
+        except BaseException as e:  # surfaced in the consumer
+            q.put(e)
+
+    t = threading.Thread(target=work, name="specaudit-check-read", daemon=True)
+    t.start()
+    try:
+        while True:
+            item = q.get()
+            if item is END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+
+
+def _run_batches(items, result: CheckResult, run_id: str):
+    """Record files and bad files as the stream reports them; pass batches on."""
+    for item in items:
+        if isinstance(item, _Bad):
+            result_bad(result, item.path, item.reason, run_id)
+        elif isinstance(item, str):
+            result.files_checked.append(item)
+        else:
+            yield item
 
 
 def _reason(e: Exception) -> str:
@@ -389,26 +461,37 @@ def result_bad(result: CheckResult, path, reason: str, run_id=None) -> None:
     result.add(rule.finding(run_id=run_id, file=str(path), where=str(path), reason=reason))
 
 
-def _iter_requests(rf: RunFiles, result: CheckResult, batch_rows: int):
+def _open_requests(rf: RunFiles, result: CheckResult, batch_rows: int):
+    """The requests table as a stream of batches, or None when it cannot be opened.
+
+    A failure mid-stream is recorded (SA000) and ends the stream; `state["ok"]`
+    tells whether the whole table was read."""
     path = rf.requests_file
     try:
         pf = pq.ParquetFile(path)
         check_table_schema(path, pf.schema_arrow, REQUESTS_SCHEMA)
     except InputError as e:
         result_bad(result, path, e.reason, rf.run_id)
-        return None
+        return None, {"ok": False}
     except Exception as e:
         result_bad(result, path, _reason(e), rf.run_id)
-        return None
+        return None, {"ok": False}
     have = set(pf.schema_arrow.names)
     cols = [c for c in REQUESTS_SCHEMA.names if c in have] + [c for c in CLIENT_COLUMNS if c in have]
-    try:
-        batches = list(pf.iter_batches(batch_size=batch_rows, columns=cols))
-    except Exception as e:
-        result_bad(result, path, f"unreadable: {_reason(e)}", rf.run_id)
-        return None
-    result.files_checked.append(str(path))
-    return batches
+    state = {"ok": True}
+
+    def gen():
+        n = 0
+        try:
+            for b in pf.iter_batches(batch_size=batch_rows, columns=cols):
+                n += b.num_rows
+                yield b
+        except Exception as e:
+            state["ok"] = False
+            result_bad(result, path, f"unreadable after {n} rows: {_reason(e)}", rf.run_id)
+            return
+        result.files_checked.append(str(path))
+    return gen(), state
 
 
 def check_run(rf: RunFiles, rules, result: CheckResult, batch_rows: int = BATCH_ROWS) -> None:
@@ -422,7 +505,8 @@ def check_run(rf: RunFiles, rules, result: CheckResult, batch_rows: int = BATCH_
         reasons.append("no finished_at in run.json")
     if rf.requests_file is None:
         reasons.append("no requests table")
-    requests = _iter_requests(rf, result, batch_rows) if rf.requests_file is not None else None
+    requests, rq_state = (_open_requests(rf, result, batch_rows) if rf.requests_file is not None
+                          else (None, {"ok": False}))
     complete = not reasons
     if reasons:
         why = "; ".join(reasons)
@@ -430,9 +514,13 @@ def check_run(rf: RunFiles, rules, result: CheckResult, batch_rows: int = BATCH_
         from .invariants import get_rule
         result.add(get_rule("SA001").finding(run_id=rf.run_id, file=str(rf.run_dir), reason=why))
     n_before = len(result.files_checked)
-    check_batches(_iter_step_batches(rf, result, batch_rows, STEP_READ_COLUMNS), run_id=rf.run_id,
-                  manifest=manifest, rules=rules, result=result, requests=requests,
-                  complete=complete and requests is not None,
+    bad_before = len(result.bad_files)
+    # a step file that could not be read makes the run's totals partial: request and
+    # aggregate rules that compare with the steps are skipped for this run
+    steps_whole = lambda: len(result.bad_files) == bad_before  # noqa: E731
+    stream = _run_batches(_prefetch(_iter_step_batches(rf, batch_rows, STEP_READ_COLUMNS)), result, rf.run_id)
+    check_batches(stream, run_id=rf.run_id, manifest=manifest, rules=rules, result=result, requests=requests,
+                  complete=lambda: complete and requests is not None and rq_state["ok"] and steps_whole(),
                   incomplete_reason="; ".join(reasons) or None)
     if len(result.files_checked) > n_before or requests is not None:
         result.runs.append(rf.run_id)
@@ -440,14 +528,29 @@ def check_run(rf: RunFiles, rules, result: CheckResult, batch_rows: int = BATCH_
 
 def check_paths(paths, select=(), ignore=(), *, invariants_dirs=(), entry_points: bool = True,
                 max_per_code: int = 1000, batch_rows: int = BATCH_ROWS) -> CheckResult:
-    """Check every run under the given paths (dataset folders, run folders, files)."""
+    """Check every run under the given paths (dataset folders, run folders, files).
+
+    Never raises for bad data: a path that does not exist or holds no trace, and
+    every unreadable file, becomes an SA000 finding and a `bad_files` entry; when
+    nothing could be checked, `exit_code` is 2. Bad rule files (--invariants) raise
+    InputError.
+    """
     rules = [r for r in load_rules(select=select, ignore=ignore, dirs=invariants_dirs,
                                    entry_points=entry_points) if r.scope != "source"]
     result = CheckResult(max_per_code=max_per_code, rules=[r.code for r in rules])
-    runs = discover(paths)
-    # one run id in two folders is two runs only if the folders differ; keep order
-    for rf in runs:
-        check_run(rf, rules, result, batch_rows)
+    seen = set()
+    for p in paths:
+        try:
+            runs = discover([p])
+        except InputError as e:
+            result_bad(result, e.path, e.reason)
+            continue
+        for rf in runs:
+            key = Path(rf.run_dir).resolve()
+            if key in seen:
+                continue
+            seen.add(key)
+            check_run(rf, rules, result, batch_rows)
     return result
 
 

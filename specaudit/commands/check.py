@@ -1,0 +1,150 @@
+"""Re-derive every counter of trace datasets (or audit engine logs) and report what lies.
+
+Each step row's raw tensors (tree, positions, mask hash, target argmax, accepted path,
+commit) are checked against the engine's own counters, each request against its
+steps and the requests table, each run's run.json `reported` against the aggregates
+re-derived from all its rows. `specaudit rules` lists the catalog.
+
+Examples:
+  specaudit check traces/                                 # every run in a dataset
+  specaudit check traces/run_id=chain-b7-*/ other/        # run folders, many datasets
+  specaudit check traces/ --select SA3,SA5 --ignore SA311 # code prefixes
+  specaudit check traces/ --statistics                    # one line per code
+  specaudit check traces/ --output-format sarif -o check.sarif
+  specaudit check traces/ --output-format github          # annotations in GitHub Actions
+  specaudit check traces/ --invariants my_rules/          # add your own rules (README)
+  specaudit check sglang_server.log metrics.txt           # engine logs, Prometheus text
+  specaudit check server.log --source vllm-log            # force the source kind
+
+Inputs: a folder (dataset or run), a steps-*.parquet / requests.parquet / run.json
+file (its run is checked), or a text file that is an engine log or a Prometheus
+scrape (--source sglang-log|vllm-log|prom-text, detected when omitted).
+
+A run killed mid-way (no finished_at, no requests table) is checked for what it holds
+and reported as incomplete (SA001, info) without failing. Unreadable files are named
+with their reason (SA000); the others are still checked.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HELP = "check trace datasets (or engine logs) against the invariant catalog"
+ORDER = 20
+
+SOURCES = ("sglang-log", "vllm-log", "prom-text")
+
+
+def _codes(text):
+    out = []
+    for part in text or ():
+        out += [c.strip().upper() for c in part.split(",") if c.strip()]
+    return tuple(out)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("paths", nargs="+", metavar="PATH", help="dataset folders, run folders, trace files or log files")
+    p.add_argument("--select", action="append", metavar="CODES",
+                   help="only these code prefixes, comma-separated (e.g. SA3,SA501)")
+    p.add_argument("--ignore", action="append", metavar="CODES", help="skip these code prefixes")
+    p.add_argument("--output-format", choices=["text", "json", "junit", "github", "sarif"], default="text",
+                   help="text (default), json, junit (XML), github (workflow annotations), sarif (2.1.0)")
+    p.add_argument("--statistics", action="store_true", help="text: one line per code with its count")
+    p.add_argument("--exit-zero", action="store_true", help="exit 0 even when violations are found")
+    p.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
+    p.add_argument("--invariants", action="append", metavar="DIR", default=[],
+                   help="a folder of .py files defining extra rules (repeatable)")
+    p.add_argument("--no-entry-points", action="store_true",
+                   help="do not load rules from installed packages (entry-point group specaudit.invariants)")
+    p.add_argument("--source", choices=SOURCES,
+                   help="read every PATH as this kind of engine output instead of detecting it")
+    p.add_argument("--examples", type=int, default=3, metavar="N",
+                   help="text: findings shown per code (default 3; 0 = all kept)")
+    p.add_argument("--max-per-code", type=int, default=1000, metavar="N",
+                   help="findings kept per code for json/junit/github/sarif; all are counted (default 1000; 0 = all)")
+
+
+def is_trace_path(p: Path) -> bool:
+    return p.is_dir() or p.suffix == ".parquet" or p.name == "run.json"
+
+
+def audit_sources(files, source, select, ignore, result) -> None:
+    """Engine logs / metrics text through specaudit.sources, into the same result."""
+    try:
+        from ..sources import audit_file
+    except ImportError as e:
+        for f in files:
+            from ..check import result_bad
+            result_bad(result, f, f"not a trace file, and the engine-log readers (specaudit.sources) "
+                                  f"are not available: {e}")
+        return
+    from ..check import result_bad
+    from ..schema import InputError
+    for f in files:
+        try:
+            found = audit_file(f, source=source, select=select, ignore=ignore)
+        except InputError as e:
+            result_bad(result, e.path or f, e.reason)
+            continue
+        except ValueError as e:
+            result_bad(result, f, str(e))
+            continue
+        result.files_checked.append(str(f))
+        for fd in found:
+            result.add(fd)
+
+
+def run_check(args):
+    """The check as the CLI runs it -> (CheckResult, rendered report)."""
+    from ..check import CheckResult, check_paths, result_bad
+    from ..check_formats import format_findings
+    select, ignore = _codes(args.select), _codes(args.ignore)
+    paths = [Path(p) for p in args.paths]
+    traces, logs = [], []
+    for p in paths:
+        if args.source is not None:
+            logs.append(p)
+        elif not p.exists():
+            traces.append(p)  # check_paths names it
+        elif is_trace_path(p):
+            traces.append(p)
+        else:
+            logs.append(p)
+    if traces:
+        res = check_paths(traces, select=select, ignore=ignore, invariants_dirs=args.invariants,
+                          entry_points=not args.no_entry_points, max_per_code=args.max_per_code)
+    else:
+        from ..invariants import load_rules
+        load_rules(dirs=args.invariants, entry_points=not args.no_entry_points)
+        res = CheckResult(max_per_code=args.max_per_code)
+    if logs:
+        missing = [p for p in logs if not p.exists()]
+        for p in missing:
+            result_bad(res, p, "no such file or folder")
+        audit_sources([p for p in logs if p.exists()], args.source, select, ignore, res)
+    summary = res.summary()
+    text = format_findings(res.findings, args.output_format, counts=res.counts, summary=summary,
+                           statistics=args.statistics, examples=args.examples, checked=res.rules)
+    return res, text
+
+
+def main(args) -> int:
+    res, text = run_check(args)
+    if not res.checked_anything:
+        # nothing could be checked: one line per bad input, exit 2
+        for path, reason in res.bad_files:
+            print(f"specaudit check: error: {path}: {reason}", file=sys.stderr)
+        if not res.bad_files:
+            print("specaudit check: error: nothing to check", file=sys.stderr)
+        return 2
+    if args.output:
+        from ..schema import atomic_write_bytes
+        try:
+            atomic_write_bytes(Path(args.output), text.encode())
+        except OSError as e:
+            raise ValueError(f"cannot write {args.output}: {e.strerror or e}") from None
+    else:
+        sys.stdout.write(text)
+    if args.exit_zero:
+        return 0
+    return res.exit_code
