@@ -259,6 +259,27 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0,
 FINISH_REASONS = ("eos", "length", "abort")
 
 
+def _observe(h: Histogram, values: np.ndarray) -> None:
+    """h.observe(v) for every v, in one increment per distinct bucket.
+
+    prometheus_client's Histogram keeps per-bucket (non-cumulative) counts in `_buckets`
+    beside `_upper_bounds` and `_sum`; when those are there (every release since 0.4),
+    add each bucket's count at once, else fall back to one observe per value.
+    """
+    values = np.asarray(values, dtype=float)
+    if not len(values):
+        return
+    ub = getattr(h, "_upper_bounds", None)
+    if ub is None or not hasattr(h, "_buckets") or not hasattr(h, "_sum"):
+        for v in values:
+            h.observe(float(v))
+        return
+    idx = np.searchsorted(np.asarray(ub, dtype=float), values, side="left")  # first bound >= v
+    for i, k in zip(*np.unique(idx, return_counts=True)):
+        h._buckets[int(i)].inc(int(k))
+    h._sum.inc(float(values.sum()))
+
+
 class PromSink:
     """Tracer sink that keeps Prometheus metric families up to date.
 
@@ -377,11 +398,15 @@ class PromSink:
         reach_ge = np.cumsum(np.bincount(np.clip(reach, 0, D), minlength=D + 1)[::-1])[::-1]
         depth_ge = np.cumsum(np.bincount(np.clip(depth, 0, D), minlength=D + 1)[::-1])[::-1]
         viol = inline_violations(batch, eos_id=self.eos_id) if self.rules else {}
-        t = {name: float(_col(batch, name)[0]) for name in ("draft_s", "verify_s", "step_s")}
-        bs = int(_col(batch, "batch_size")[0])
+        # The tracer hands over many forwards at once; a forward's rows are consecutive
+        # and share t_start and its timings: observe each forward once, at its first row.
+        ts = _col(batch, "t_start")
+        first = np.flatnonzero(np.concatenate(([True], ts[1:] != ts[:-1])))
+        t = {name: _col(batch, name)[first].astype(float) for name in ("draft_s", "verify_s", "step_s")}
+        bs = _col(batch, "batch_size")[first].astype(float)
         with self._lock:
             self.verify_steps.inc(B)
-            self.verify_forwards.inc()
+            self.verify_forwards.inc(len(first))
             self.drafted.inc(int(np.maximum(n - 1, 0).sum()))
             # Counter.inc refuses negatives: a negative reported counter is SA305, not a crash
             self.accepted.inc(int(np.maximum(depth, 0).sum()))
@@ -397,19 +422,12 @@ class PromSink:
                 k = int(bad.sum())
                 if k:
                     self._violations[code].inc(k)
-            for c, k in zip(*np.unique(commit, return_counts=True)):
-                self._observe_many(self.commit_hist, float(c), int(k))
-            for c, k in zip(*np.unique(depth, return_counts=True)):
-                self._observe_many(self.depth_hist, float(c), int(k))
-            self.draft_s.observe(t["draft_s"])
-            self.verify_s.observe(t["verify_s"])
-            self.step_s.observe(t["step_s"])
-            self.batch_size.observe(bs)
-
-    @staticmethod
-    def _observe_many(h: Histogram, value: float, k: int) -> None:
-        for _ in range(k):  # k rows of one value: at most B per forward
-            h.observe(value)
+            _observe(self.commit_hist, commit)
+            _observe(self.depth_hist, depth)
+            _observe(self.draft_s, t["draft_s"])
+            _observe(self.verify_s, t["verify_s"])
+            _observe(self.step_s, t["step_s"])
+            _observe(self.batch_size, bs)
 
     def write_request(self, row: dict) -> None:
         if not self._built:

@@ -455,6 +455,7 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "specaudit"
     sys_version = ""
     srv: "SpecServer"  # set on the subclass made per server
+    _next_peer_check = 0.0
 
     def log_message(self, fmt, *args):  # quiet by default; --log-requests turns it on
         if self.srv.log_requests:
@@ -559,14 +560,20 @@ class Handler(BaseHTTPRequestHandler):
 
     def _wait(self, job: Job):
         """Next event of the job; cancels it and returns None when the client left."""
+        # Check the client every POLL_S whether or not events keep coming: a non-streaming
+        # handler receives tokens every step and would otherwise never look.
         while True:
-            try:
-                return job.events.get(timeout=POLL_S)
-            except queue.Empty:
+            now = time.monotonic()
+            if now >= self._next_peer_check:
+                self._next_peer_check = now + POLL_S
                 if self._peer_gone():
                     self.srv.loop.cancel(job)
                     self.close_connection = True
                     return None
+            try:
+                return job.events.get(timeout=max(0.0, self._next_peer_check - now))
+            except queue.Empty:
+                continue
 
     def _usage(self, job: Job, n_out: int) -> dict:
         p = len(job.req.prompt)
@@ -738,7 +745,10 @@ class SpecServer:
             "models": info,
             "config": {"algo": algo, "budget": budget, "topk": topk,
                        "block_size": budget + 1 if algo == "chain" else None,
-                       "concurrency": concurrency, "max_new_tokens": max_new_tokens,
+                       # each request brings its own max_tokens: no single token limit
+                       # (the checker's finish-cause rule needs one, so it stays off)
+                       "concurrency": concurrency, "max_new_tokens": None,
+                       "max_tokens_limit": max_new_tokens,
                        "num_prompts": None, "dtype": dtype, "device": device, "seed": seed,
                        "fault": inject, "eos_id": cfg.eos_id, "oracle": False},
             "conventions": {"accept_length": "includes_bonus", "mean": "pooled"},

@@ -209,12 +209,35 @@ def test_counters_equal_sums_over_the_rows(algo):
     assert sum(g("specaudit_depth_accepted_total", {"depth": str(k)}) for k in range(1, D + 1)) == depth.sum()
     for c in range(0, D + 2):
         assert g("specaudit_commit_length_tokens_bucket", {"le": f"{float(c)}"}) == (commit <= c).sum()
-    assert g("specaudit_step_duration_seconds_count") == len(list(steps.to_batches(max_chunksize=7)))
+    # one duration observation per forward: a run of rows sharing t_start
+    forwards = sum(1 + int((np.diff(b.column(b.schema.get_field_index("t_start")).to_numpy()) != 0).sum())
+                   for b in steps.to_batches(max_chunksize=7))
+    assert g("specaudit_step_duration_seconds_count") == forwards == g("specaudit_verify_forwards_total")
     for code in INLINE_CODES:
         assert g("specaudit_invariant_violations_total", {"code": code}) == 0
     fr = reqs.column("finish_reason").to_pylist()
     for reason in ("eos", "length", "abort"):
         assert g("specaudit_requests_total", {"finish_reason": reason}) == fr.count(reason)
+
+
+def test_bulk_histogram_update_equals_one_observe_per_value():
+    from prometheus_client import Histogram
+
+    from specaudit.prom import DURATION_BUCKETS, _observe
+    rng = np.random.default_rng(0)
+    vals = np.concatenate([rng.exponential(0.05, 300), list(DURATION_BUCKETS[:4]), [0.0, 99.0]])
+    r1, r2 = CollectorRegistry(), CollectorRegistry()
+    h1 = Histogram("h_seconds", "h", buckets=DURATION_BUCKETS, registry=r1)
+    h2 = Histogram("h_seconds", "h", buckets=DURATION_BUCKETS, registry=r2)
+    for v in vals:
+        h1.observe(float(v))
+    _observe(h2, vals)
+    s1, s2 = samples(r1), samples(r2)
+    for k, v in s1.items():
+        if k[0].endswith("_sum"):
+            assert s2[k] == pytest.approx(v)
+        elif not k[0].endswith("_created"):
+            assert s2[k] == v, k
 
 
 def test_sink_counts_violations_and_tolerates_negative_counters():

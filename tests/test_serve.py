@@ -1,0 +1,347 @@
+"""`specaudit serve`: the OpenAI-compatible API over the reference runtime.
+
+One in-process server on the embedded models (module scope) answers the openai
+package, raw HTTP, bad input, a client that disconnects and 32 concurrent streams;
+its trace must then pass `specaudit check`. A scripted fake engine tests streaming
+across UTF-8 boundaries and queueing without a model.
+"""
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from specaudit.run import decode, encode
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPT = "def fibonacci(n):\n    "
+
+
+@pytest.fixture(scope="module")
+def otel_memory():
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    exp = InMemorySpanExporter()
+    prov = TracerProvider()
+    prov.add_span_processor(SimpleSpanProcessor(exp))
+    return prov, exp
+
+
+@pytest.fixture(scope="module")
+def server(models, tmp_path_factory, otel_memory):
+    from specaudit.otel import OtelSink
+    from specaudit.serve import SpecServer
+    out = tmp_path_factory.mktemp("serve-traces")
+    srv = SpecServer(trace_dir=out, models=models, port=0, concurrency=8, max_new_tokens=200,
+                     otel=OtelSink(otel_memory[0], ratio=1.0), flush_s=0.5)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.close()
+
+
+def greedy(models, prompt: str, max_new: int) -> str:
+    from specaudit.runtime.engine import greedy_generate
+    target, _, _ = models
+    outs, _ = greedy_generate(target, [encode(prompt)], max_new, target.eos_id)
+    return decode(outs[0])
+
+
+def wait_until(cond, timeout=10.0) -> bool:
+    end = time.time() + timeout
+    while time.time() < end:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
+
+
+def post(srv, body, raw: bytes | None = None, headers=None):
+    return httpx.post(f"{srv.url}/v1/completions", json=None if raw is not None else body,
+                      content=raw, headers=headers, timeout=120)
+
+
+# ------------------------------------------------------------------ the API
+
+def test_openai_client_streaming_and_not_is_lossless(server, models):
+    import openai
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    [m] = client.models.list().data
+    assert m.id == server.model
+    r = client.completions.create(model=m.id, prompt=PROMPT, max_tokens=40)
+    want = greedy(models, PROMPT, 40)
+    assert r.choices[0].text == want                       # speculative == plain greedy
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.prompt_tokens == len(encode(PROMPT))
+    assert 1 <= r.usage.completion_tokens <= 40
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+    chunks = list(client.completions.create(model=m.id, prompt=PROMPT, max_tokens=40, stream=True,
+                                            stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == want
+    assert len([c for c in chunks if c.choices and c.choices[0].text]) > 1     # really streamed
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == r.choices[0].finish_reason
+    assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens and not chunks[-1].choices
+
+
+def test_raw_http_endpoints(server):
+    c = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    body = json.dumps({"prompt": [100, 101, 102, 32], "max_tokens": 5})   # token ids are bytes
+    c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    r = c.getresponse()
+    obj = json.loads(r.read())
+    assert r.status == 200 and obj["object"] == "text_completion" and obj["usage"]["prompt_tokens"] == 4
+    # the same keep-alive connection serves the next request
+    c.request("GET", "/health")
+    r = c.getresponse()
+    h = json.loads(r.read())
+    assert r.status == 200 and h["status"] == "ok" and h["slots"] == 8 and h["run_id"] == server.run_id
+    c.request("GET", "/metrics")
+    r = c.getresponse()
+    text = r.read().decode()
+    assert r.status == 200 and r.getheader("Content-Type").startswith("text/plain")
+    assert "specaudit_verify_steps_total" in text and "_created" not in text
+    for method, path, status in (("GET", "/nope", 404), ("GET", "/v1/completions", 405), ("POST", "/metrics", 405)):
+        c = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        c.request(method, path, "{}" if method == "POST" else None)
+        r = c.getresponse()
+        assert r.status == status and "message" in json.loads(r.read())["error"]
+
+
+BAD = [
+    ("malformed JSON", None, b'{"prompt": "x", ', 400, "invalid_json"),
+    ("not an object", None, b'["x"]', 400, "invalid_json"),
+    ("unknown field", {"prompt": "x", "max_tokens": 4, "temprature": 0}, None, 422, "unknown_field"),
+    ("max_tokens 0", {"prompt": "x", "max_tokens": 0}, None, 422, "invalid_value"),
+    ("max_tokens negative", {"prompt": "x", "max_tokens": -3}, None, 422, "invalid_value"),
+    ("max_tokens over the limit", {"prompt": "x", "max_tokens": 201}, None, 422, "invalid_value"),
+    ("max_tokens not an int", {"prompt": "x", "max_tokens": "8"}, None, 422, "invalid_type"),
+    ("prompt longer than the context", {"prompt": "x" * 600, "max_tokens": 4}, None, 413, "prompt_too_long"),
+    ("prompt + max_tokens past the context", {"prompt": "x" * 400, "max_tokens": 150}, None, 400,
+     "context_length_exceeded"),
+    ("empty prompt", {"prompt": "", "max_tokens": 4}, None, 422, "invalid_value"),
+    ("several prompts", {"prompt": ["a", "b"], "max_tokens": 4}, None, 422, "invalid_type"),
+    ("sampling", {"prompt": "x", "max_tokens": 4, "temperature": 0.7}, None, 422, "unsupported_value"),
+    ("wrong model", {"model": "gpt-9", "prompt": "x"}, None, 404, "model_not_found"),
+    ("body too large", None, b'{"prompt": "' + b"x" * (1 << 20) + b'"}', 413, "body_too_large"),
+]
+
+
+@pytest.mark.parametrize("what,body,raw,status,code", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_is_a_clear_json_error_and_the_server_keeps_serving(server, what, body, raw, status, code):
+    r = post(server, body, raw)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["code"] == code and err["message"] and err["type"]
+    ok = post(server, {"prompt": "x = ", "max_tokens": 3})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_disconnect_mid_stream_aborts_only_that_request(server, models):
+    """A streaming client that goes away: its request ends as abort in the trace; a
+    request running beside it is untouched (still lossless)."""
+    before = server.engine.metrics.verify_steps
+    s = socket.create_connection(("127.0.0.1", server.port))
+    body = json.dumps({"prompt": "import os\n", "max_tokens": 200, "stream": True}).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    got = b""
+    while got.count(b"data: ") < 2:                 # wait until it really streams
+        got += s.recv(4096)
+    # a non-streaming request that disconnects at once is aborted as well
+    s2 = socket.create_connection(("127.0.0.1", server.port))
+    body2 = json.dumps({"prompt": "class A:\n", "max_tokens": 200}).encode()
+    s2.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body2), body2))
+    deadline = time.time() + 10
+    while server.loop.n_running < 2 and time.time() < deadline:   # both prefilled and running
+        time.sleep(0.01)
+    s.close()
+    s2.close()
+    other = post(server, {"prompt": PROMPT, "max_tokens": 60})
+    assert other.status_code == 200 and other.json()["choices"][0]["text"] == greedy(models, PROMPT, 60)
+    deadline = time.time() + 30
+    while time.time() < deadline and (server.loop.n_running or server.loop.n_queued):
+        time.sleep(0.05)
+    assert server.loop.n_running == 0 and server.engine.metrics.verify_steps > before
+    server.tracer.flush(10)
+    mine = {decode(r["prompt_tokens"]): r for r in server.parquet._requests
+            if decode(r["prompt_tokens"]) in ("import os\n", "class A:\n")}
+    assert {p: r["finish_reason"] for p, r in mine.items()} == {"import os\n": "abort", "class A:\n": "abort"}
+    aborted = list(mine.values())
+    for r in aborted:
+        assert 1 <= len(r["output_tokens"]) < 200
+
+
+def test_32_concurrent_streams_without_error(server):
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        from load import run_load
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    out = asyncio.run(run_load(server.url, concurrency=32, requests=32, duration=120, max_tokens=24,
+                               prompts=["def f(x):\n", "for i in range(10):\n", "# comment\n", "import sys\n"]))
+    assert out["errors"] == 0 and out["ok"] == 32, out.get("first_errors")
+    assert out["completion_tokens"] > 32 and out["tokens_per_s"] > 0
+    assert len(out["per_request_tokens_per_s"]) == 32
+    assert out["ttft_s"]["p50"] <= out["e2e_s"]["p50"] <= out["e2e_s"]["p99"]
+    assert out["verify_steps"] > 0 and out["mean_commit_len"] >= 1.0
+
+
+def test_otel_spans_per_request_with_traceparent(server, otel_memory):
+    _, exp = otel_memory
+    tid, sid = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+    r = post(server, {"prompt": "while True:\n", "max_tokens": 12}, headers={"traceparent": f"00-{tid}-{sid}-01"})
+    assert r.status_code == 200
+    rid = r.json()["id"]
+    server.tracer.flush(10)
+    [span] = [s for s in exp.get_finished_spans() if s.attributes.get("gen_ai.response.id") == rid]
+    assert format(span.context.trace_id, "032x") == tid and format(span.parent.span_id, "016x") == sid
+    assert span.attributes["gen_ai.request.max_tokens"] == 12
+    assert span.attributes["gen_ai.usage.output_tokens"] == r.json()["usage"]["completion_tokens"]
+    steps = [s for s in exp.get_finished_spans() if s.parent is not None and s.parent.span_id == span.context.span_id]
+    assert len(steps) == span.attributes["specaudit.verify_steps"] >= 1
+
+
+def test_trace_of_the_served_run_passes_the_checker(server, tmp_path):
+    """Last in this module: closes the server and checks what it wrote."""
+    from specaudit.check import check_paths
+    post(server, {"prompt": PROMPT, "max_tokens": 20})
+    m = server.close()
+    rep = m["reported"]
+    assert rep["verify_steps"] > 0 and m["finished_at"] and m["config"]["concurrency"] == 8
+    res = check_paths([server.run_dir])
+    assert res.errors == 0, [f.message for f in res.findings[:5]]
+    assert res.steps == rep["verify_steps"]
+    # the live counters saw every step the trace holds, and no violation
+    g = server.registry.get_sample_value
+    assert g("specaudit_verify_steps_total") == rep["verify_steps"]
+    assert g("specaudit_committed_tokens_total") == rep["committed_tokens"]
+    assert sum(g("specaudit_invariant_violations_total", {"code": c}) for c in server.prom._violations) == 0
+    import pyarrow.parquet as pq
+    reasons = pq.read_table(server.run_dir / "requests.parquet").column("finish_reason").to_pylist()
+    for fr in ("eos", "length", "abort"):
+        assert g("specaudit_requests_total", {"finish_reason": fr}) == reasons.count(fr)
+    assert g("specaudit_running_requests") == 0
+
+
+# ---------------------------------------------------------- a scripted engine
+
+class ScriptedEngine:
+    """Stands in for SpecEngine: each step appends the next scripted byte chunk."""
+
+    def __init__(self, chunks, slots=2, step_s=0.0):
+        self.chunks, self.slots, self.step_s = chunks, [None] * slots, step_s
+        self.pos = {}
+
+    def free_slots(self):
+        return [i for i, r in enumerate(self.slots) if r is None]
+
+    def add(self, req):
+        i = self.free_slots()[0]
+        req.slot, req.output = i, list(self.chunks[0])
+        self.slots[i], self.pos[req.request_id] = req, 1
+        return req
+
+    def abort(self, req):
+        self._end(req, "abort")
+
+    def _end(self, req, reason):
+        req.finished, req.finish_reason = True, reason
+        self.slots[req.slot] = None
+
+    def step(self):
+        time.sleep(self.step_s)
+        done = []
+        for r in [r for r in self.slots if r is not None]:
+            k = self.pos[r.request_id]
+            r.output.extend(self.chunks[k])
+            self.pos[r.request_id] = k + 1
+            if k + 1 == len(self.chunks):
+                self._end(r, "eos" if r.output[-1] == 0 else "length")
+                done.append(r)
+        return done
+
+
+@pytest.fixture
+def scripted(models, tmp_path):
+    from specaudit.serve import SpecServer
+
+    def make(chunks, slots=2, step_s=0.0):
+        srv = SpecServer(trace_dir=tmp_path, models=models, port=0, concurrency=slots, max_new_tokens=64,
+                         run_id=f"scripted-{time.time_ns()}")
+        srv.loop.engine = ScriptedEngine(chunks, slots, step_s)
+        made.append(srv)
+        return srv.start()
+    made = []
+    yield make
+    for s in made:
+        s.close()
+
+
+def test_streaming_splits_utf8_only_at_character_boundaries(scripted):
+    text = "héllo → wörld 🙂!"
+    b = list(text.encode())
+    # cut inside every multi-byte character: é | →(3 bytes) | ö | 🙂(4 bytes)
+    cuts = [0, 2, 3, 9, 10, 16, 17, 20, 22, len(b)]
+    chunks = [b[i:j] for i, j in zip(cuts, cuts[1:])] + [[0]]
+    srv = scripted(chunks)
+    with httpx.stream("POST", f"{srv.url}/v1/completions", json={"prompt": "x", "max_tokens": 64, "stream": True},
+                      timeout=30) as r:
+        events = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: {")]
+    pieces = [e["choices"][0]["text"] for e in events]
+    assert "".join(pieces) == text and all("\ufffd" not in p for p in pieces)
+    assert events[-1]["choices"][0]["finish_reason"] == "stop"
+    assert events[-1]["usage"]["completion_tokens"] == len(b) + 1      # EOS counts, it is not text
+    full = post(srv, {"prompt": "x", "max_tokens": 64}).json()
+    assert full["choices"][0]["text"] == text
+
+
+def test_queued_requests_wait_for_a_slot_and_a_queued_disconnect_costs_nothing(scripted):
+    srv = scripted([[65]] * 40, slots=1, step_s=0.05)   # one slot, 2 s per request
+    with httpx.Client(timeout=30) as c:
+        import threading
+        res = {}
+
+        def go(k):
+            res[k] = c.post(f"{srv.url}/v1/completions", json={"prompt": "x", "max_tokens": 64})
+        ts = [threading.Thread(target=go, args=(k,)) for k in range(3)]
+        for t in ts:
+            t.start()
+        assert wait_until(lambda: srv.loop.n_queued == 2 and srv.loop.n_running == 1)
+        # a fourth client queues, then leaves: dropped from the queue, never prefilled
+        s = socket.create_connection(("127.0.0.1", srv.port))
+        body = b'{"prompt": "y", "max_tokens": 64}'
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        assert wait_until(lambda: srv.loop.n_queued == 3)
+        s.close()
+        assert wait_until(lambda: srv.loop.n_queued == 2)
+        for t in ts:
+            t.join()
+    assert all(res[k].status_code == 200 and res[k].json()["choices"][0]["text"] == "A" * 40 for k in range(3))
+
+
+# ------------------------------------------------------------------------ CLI
+
+def test_cli_help_and_input_errors(tmp_path):
+    run = lambda *a: subprocess.run([sys.executable, "-m", "specaudit", "serve", *a],  # noqa: E731
+                                    capture_output=True, text=True, timeout=120)
+    h = run("--help")
+    assert h.returncode == 0 and "--trace-dir" in h.stdout and "Examples:" in h.stdout and "--concurrency" in h.stdout
+    for args, msg in ((["--port", "1"], "--trace-dir"),
+                      (["--trace-dir", str(tmp_path), "--inject", "nope", "--port", "0"], "unknown fault"),
+                      (["--trace-dir", str(tmp_path), "--baseline-tps", "10", "--port", "0"], "--cost-factor"),
+                      (["--trace-dir", str(tmp_path), "--port", "70000"], "--port")):
+        r = run(*args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert msg in r.stderr and "Traceback" not in r.stderr
