@@ -17,10 +17,13 @@ differs first in the order the engine computes it:
     none    identical to the end
 
 A prefill that produced a different first token is a verify divergence at step -1.
-Counters are compared in the contract's convention: a producer that declares
-`conventions.accept_length = excludes_bonus` has the bonus added back to commit_len (when the
-commit holds it) before comparing, so two engines that only name the same thing differently
-diff clean.
+
+Conventions (manifest `conventions`, as the checker reads them): step rows always mean what
+the contract says (commit_len = tokens appended, bonus included); the conventions govern
+the run's reported figures. diff re-derives each run's reported means from its rows under
+the run's declared conventions (pooled or per-request means; accept length with or without
+the bonus), says when a run's reported figure does not match its own rows, and compares A
+with B in the contract's convention (pooled, bonus in the commit).
 """
 from __future__ import annotations
 
@@ -251,16 +254,6 @@ class RequestDiff:
         return {k: v for k, v in d.items() if v is not None or k == "step"}
 
 
-def commit_len_contract(row: dict, conv: dict) -> int:
-    """commit_len in this page's convention (the bonus counted when it was committed)."""
-    c = row["commit_len"]
-    if conv.get("accept_length") == "excludes_bonus" and c is not None:
-        path = row["accepted_path"] or []
-        if len(row["committed_tokens"] or []) >= len(path):  # the commit reaches the bonus
-            c += 1
-    return c
-
-
 def _first_diff(x, y) -> int | None:
     x, y = x or [], y or []
     for i, (u, v) in enumerate(zip(x, y)):
@@ -276,7 +269,7 @@ def _show(xs, i, w=3) -> str:
     return f"[{'...,' if lo else ''}{s}{',...' if lo + w < len(xs) else ''}]"
 
 
-def compare_step(a: dict, b: dict, conv_a: dict, conv_b: dict, margin_tol: float):
+def compare_step(a: dict, b: dict, margin_tol: float):
     """Classify one aligned step pair. Returns (class, what, fields, verify_kind) or None."""
     # 1. draft: the proposal (root included: a different root is a different draft input)
     fields = [c for c in ("node_tokens", "parents") if a[c] != b[c]]
@@ -339,9 +332,8 @@ def compare_step(a: dict, b: dict, conv_a: dict, conv_b: dict, margin_tol: float
             parts.append(f"argmax agrees but the target's top-1 margin moved by up to {dmargin:.3g} "
                          f"(logits differ; > --margin-tol {margin_tol:g})")
         return "verify", "; ".join(parts), fields, kind
-    # 3. metric: same tensors, different bookkeeping (commit_len in the contract's convention)
-    ca, cb = commit_len_contract(a, conv_a), commit_len_contract(b, conv_b)
-    fields = [c for c in BOOKKEEPING if (a[c] != b[c] if c != "commit_len" else ca != cb)]
+    # 3. metric: same tensors, different bookkeeping
+    fields = [c for c in BOOKKEEPING if a[c] != b[c]]
     if fields:
         parts = []
         if "accepted_path" in fields:
@@ -349,8 +341,7 @@ def compare_step(a: dict, b: dict, conv_a: dict, conv_b: dict, margin_tol: float
         if "accepted_depth" in fields:
             parts.append(f"accepted_depth {a['accepted_depth']} vs {b['accepted_depth']}")
         if "commit_len" in fields:
-            parts.append(f"commit_len {ca} vs {cb}" + ("" if (ca, cb) == (a["commit_len"], b["commit_len"])
-                                                       else " (contract convention)"))
+            parts.append(f"commit_len {a['commit_len']} vs {b['commit_len']}")
         if "committed_tokens" in fields:
             la, lb = len(a["committed_tokens"] or []), len(b["committed_tokens"] or [])
             parts.append(f"committed {la} vs {lb} tokens (the outputs diverge here)")
@@ -375,7 +366,7 @@ def diff_request(a: Side, b: Side, ra: str, rb: str, margin_tol: float) -> Reque
         if x["step"] != y["step"]:
             return RequestDiff(ra, rb, "metric", x["step"], f"step numbering differs at row {i}: "
                                f"step {x['step']} vs {y['step']}", ["step"], i)
-        got = compare_step(x, y, a.conventions, b.conventions, margin_tol)
+        got = compare_step(x, y, margin_tol)
         if got:
             cls, what, fields, kind = got
             return RequestDiff(ra, rb, cls, x["step"], what, fields, i + 1, kind)
@@ -435,21 +426,47 @@ class DiffResult:
         }
 
 
-def _means(side: Side, rids: list[str]) -> dict:
-    """Acceptance of the matched requests from the rows, pooled over steps in the contract's
-    convention (so A and B compare), next to the run's reported figures, which are in the
-    producer's declared conventions (and cover the whole run)."""
-    rows = [s for r in rids for s in side.steps.get(r, [])]
-    depth = [len(s["accepted_path"] or []) - 1 for s in rows]
-    commit = [len(s["committed_tokens"] or []) for s in rows]
+REPORTED_MEANS = ("mean_accepted_depth", "mean_commit_len", "mean_accept_length")
+
+
+def rows_means(side: Side, rids: list[str], conventions: dict) -> dict:
+    """The reported means re-derived from the rows of the given requests, under `conventions`.
+
+    depth = len(accepted_path) - 1 and commit = len(committed_tokens) per step (what the
+    tensors say, not the counters); accept length = depth + 1 (includes_bonus) or depth.
+    mean: pooled over steps, or the mean of per-request means.
+    """
+    per = [[(len(s["accepted_path"] or []) - 1, len(s["committed_tokens"] or [])) for s in side.steps.get(r, [])]
+           for r in rids]
+    per = [p for p in per if p]
+    if not per:
+        return dict.fromkeys(REPORTED_MEANS)
+    bonus = 0 if conventions.get("accept_length") == "excludes_bonus" else 1
+    if conventions.get("mean") == "per_request":
+        d = sum(sum(x for x, _ in p) / len(p) for p in per) / len(per)
+        c = sum(sum(y for _, y in p) / len(p) for p in per) / len(per)
+    else:
+        n = sum(len(p) for p in per)
+        d = sum(x for p in per for x, _ in p) / n
+        c = sum(y for p in per for _, y in p) / n
+    return {"mean_accepted_depth": d, "mean_commit_len": c, "mean_accept_length": d + bonus}
+
+
+def _close(reported, derived) -> bool:
+    return abs(float(reported) - derived) <= max(0.005, 1e-3 * abs(derived))  # reported may be rounded
+
+
+def _acceptance(side: Side, rids: list[str]) -> dict:
+    """The matched requests' acceptance in the contract's convention (A and B compare), and the
+    run's reported means against its whole rows under its declared conventions."""
     rep = side.manifest.get("reported") or {}
+    own = rows_means(side, side.request_ids(), side.conventions)
+    reported = {k: rep[k] for k in REPORTED_MEANS if isinstance(rep.get(k), (int, float))}
     return {
-        "steps": len(rows),
-        "rows_mean_accepted_depth": sum(depth) / len(rows) if rows else None,
-        "rows_mean_commit_len": sum(commit) / len(rows) if rows else None,
-        "reported_mean_accepted_depth": rep.get("mean_accepted_depth"),
-        "reported_mean_commit_len": rep.get("mean_commit_len"),
-        "reported_conventions": side.conventions,
+        "matched_rows": rows_means(side, rids, {"mean": "pooled", "accept_length": "includes_bonus"}),
+        "reported": reported, "conventions": side.conventions,
+        "rows_in_declared_conventions": own,
+        "reported_matches_rows": {k: _close(v, own[k]) for k, v in reported.items() if own[k] is not None},
     }
 
 
@@ -480,10 +497,16 @@ def diff_runs(a_path, b_path, margin_tol: float = DEFAULT_MARGIN_TOL) -> DiffRes
         hb = (mb_.get(role) or {}).get("sha256") if isinstance(mb_.get(role), dict) else None
         if ha and hb and ha != hb:
             notes.append(f"the {role} models differ (sha256 {ha[:12]} vs {hb[:12]}): divergence is expected")
+    acc = {"A": _acceptance(a, [p[0] for p in m.pairs]), "B": _acceptance(b, [p[1] for p in m.pairs])}
+    for lab, side in (("A", a), ("B", b)):
+        for k, ok in acc[lab]["reported_matches_rows"].items():
+            if not ok:
+                notes.append(f"{lab}'s reported {k} {acc[lab]['reported'][k]:.3g} is not what its rows give under "
+                             f"its declared conventions ({acc[lab]['rows_in_declared_conventions'][k]:.3g}): its "
+                             f"metrics code is suspect; run `specaudit check {side.path}`")
     if a.conventions != b.conventions:
-        notes.append(f"conventions differ (A {a.conventions}, B {b.conventions}): counters compared in "
-                     "the contract's convention")
-    acc = {"A": _means(a, [p[0] for p in m.pairs]), "B": _means(b, [p[1] for p in m.pairs])}
+        notes.append(f"conventions differ (A {a.conventions}, B {b.conventions}): each run's reported figures "
+                     "are read in its own; the rows compare in the contract's")
     return DiffResult(_describe(a), _describe(b), m.by, m.note, m.unmatched_a, m.unmatched_b, differ, acc,
                       reqs, notes, margin_tol)
 
@@ -506,13 +529,14 @@ def format_text(res: DiffResult, examples: int = 5) -> str:
                                                          for k, (a, b) in res.settings_differ.items()))
     out.append(f"{res.match_note}: {len(res.requests)} requests compared")
     A, B = res.acceptance["A"], res.acceptance["B"]
-    out.append(f"acceptance from the rows: depth {_fmt(A['rows_mean_accepted_depth'])} vs "
-               f"{_fmt(B['rows_mean_accepted_depth'])}, commit {_fmt(A['rows_mean_commit_len'])} vs "
-               f"{_fmt(B['rows_mean_commit_len'])}; reported: depth {_fmt(A['reported_mean_accepted_depth'])} vs "
-               f"{_fmt(B['reported_mean_accepted_depth'])}, commit {_fmt(A['reported_mean_commit_len'])} vs "
-               f"{_fmt(B['reported_mean_commit_len'])}"
-               + (" (each in its declared conventions)" if A["reported_conventions"] != B["reported_conventions"]
-                  else ""))
+    ra, rb = A["matched_rows"], B["matched_rows"]
+    pa_, pb_ = A["reported"], B["reported"]
+    out.append(f"acceptance of the compared requests (rows, pooled): depth {_fmt(ra['mean_accepted_depth'])} vs "
+               f"{_fmt(rb['mean_accepted_depth'])}, commit {_fmt(ra['mean_commit_len'])} vs "
+               f"{_fmt(rb['mean_commit_len'])}; reported by the runs: depth {_fmt(pa_.get('mean_accepted_depth'))} "
+               f"vs {_fmt(pb_.get('mean_accepted_depth'))}, commit {_fmt(pa_.get('mean_commit_len'))} vs "
+               f"{_fmt(pb_.get('mean_commit_len'))}"
+               + (" (each in its declared conventions)" if A["conventions"] != B["conventions"] else ""))
     for n in res.notes:
         out.append(f"note: {n}")
     counts = res.counts

@@ -198,20 +198,51 @@ def test_metric_commit_not_cut(pair):
     assert r.fields == ["commit_len", "committed_tokens"] and "outputs diverge" in r.what
 
 
-def test_excludes_bonus_convention_diffs_clean(pair):
-    """An engine that counts commit length without the bonus, and says so, diffs clean."""
+def test_conventions_govern_reported_figures(tmp_path):
+    """As in the checker: step rows always mean what the contract says; `conventions` say how
+    a run's reported means are computed. diff reads each run's reported figures in its own
+    conventions and compares the rows in the contract's."""
+    steps, reqs = base_requests()
+    steps.remove(row(steps, "1", 2))   # request 1 ends a step early: pooled != per-request means
+    row(steps, "1", 1)["finished"] = True
+    # pooled: depth 10/5 = 2.0, commit 15/5 = 3.0; per request: depth (5/3 + 5/2) / 2, commit (8/3 + 7/2) / 2
+    pooled = {"mean_accepted_depth": 2.0, "mean_commit_len": 3.0, "mean_accept_length": 3.0}
+    per_req_depth = (5 / 3 + 5 / 2) / 2
+    other = {"mean_accepted_depth": per_req_depth, "mean_commit_len": (8 / 3 + 7 / 2) / 2,
+             "mean_accept_length": per_req_depth}  # excludes_bonus: the accept length is the depth
+    a = write_run(tmp_path / "a", "A", steps, reqs, manifest={"reported": pooled})
+    conv = {"accept_length": "excludes_bonus", "mean": "per_request"}
+    b = write_run(tmp_path / "b", "B", steps, reqs, manifest={"reported": other, "conventions": conv})
+    res = diff_runs(a, b)
+    assert res.clean
+    acc = res.acceptance
+    assert acc["A"]["matched_rows"] == acc["B"]["matched_rows"] == pooled
+    assert acc["B"]["rows_in_declared_conventions"] == pytest.approx(other)
+    assert all(acc["A"]["reported_matches_rows"].values()) and all(acc["B"]["reported_matches_rows"].values())
+    assert not any("suspect" in n for n in res.notes)
+    assert any("conventions differ" in n for n in res.notes)
+    # the same figures, undeclared: B's reported means are not what its rows give
+    b2 = write_run(tmp_path / "b2", "B", steps, reqs, manifest={"reported": other})
+    res = diff_runs(a, b2)
+    assert res.clean  # the rows are identical: the bug is in the figures, not the steps
+    bad = [n for n in res.notes if "suspect" in n]
+    assert len(bad) == 3 and all(n.startswith("B's reported mean_") for n in bad)
+    assert not res.acceptance["B"]["reported_matches_rows"]["mean_accept_length"]
+
+
+def test_row_counters_keep_contract_meaning_under_any_convention(pair):
+    """A commit_len without the bonus in the step rows is a metric divergence even when the
+    manifest declares excludes_bonus (the convention covers reported figures, not rows)."""
     a, make_b, _ = pair
 
     def edit(s):
         for r in s:
             r["commit_len"] -= 1
     conv = {"conventions": {"accept_length": "excludes_bonus", "mean": "pooled"}}
-    res = diff_runs(a, make_b(edit, manifest=conv))
-    assert res.clean, [r.what for r in res.requests]
-    assert any("conventions differ" in n for n in res.notes)
-    # undeclared, the same rows are a metric divergence at step 0
-    r = only(diff_runs(a, make_b(edit)))
-    assert (r.cls, r.step, r.fields) == ("metric", 0, ["commit_len"])
+    for b in (make_b(edit, manifest=conv), make_b(edit)):
+        r = only(diff_runs(a, b))
+        assert (r.cls, r.step, r.fields) == ("metric", 0, ["commit_len"])
+        assert r.what == "commit_len 3 vs 2"
 
 
 def test_prefill_divergence(pair):

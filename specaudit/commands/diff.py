@@ -16,9 +16,10 @@ index, and each request's first divergence is classified in the order the engine
   metric  same drafts and predictions, different counters or commit
   none    identical to the end
 
-Counters are compared in the contract's convention (a manifest declaring
-conventions.accept_length = excludes_bonus is converted). A partial overlap is compared on
-the requests both runs hold, and says so.
+Step rows mean what the contract says; a manifest's `conventions` (accept length with or
+without the bonus, pooled or per-request means) govern its reported figures, which diff
+re-derives from the run's own rows and flags when they do not match. A partial overlap is
+compared on the requests both runs hold, and says so.
 
 exit codes: 0 no divergence, 1 some request diverged, 2 usage or input error
 """
