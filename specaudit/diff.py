@@ -32,7 +32,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .schema import (CONVENTIONS, REQUESTS_SCHEMA, STEPS_SCHEMA, InputError, RunFiles, check_table_schema,
@@ -64,21 +66,28 @@ DEFAULT_MARGIN_TOL = 1e-3  # logits: float32 batch-shape noise is ~1e-5, a real 
 
 @dataclass
 class Side:
-    """One run, loaded: steps grouped per request (sorted by step) and the requests table."""
+    """One run, loaded: its step rows sorted by (request_id, step) and the requests table."""
 
     label: str                      # "A" or "B"
     path: Path
     run_id: str
     manifest: dict
     conventions: dict
-    steps: dict[str, list[dict]]    # request_id -> step rows in step order
+    table: pa.Table                 # step rows, sorted by (request_id, step); first of duplicates kept
+    ranges: dict[str, tuple[int, int]]  # request_id -> [start, end) rows of `table`
     requests: dict[str, dict] | None  # request_id -> request row (None: no requests table)
     notes: list[str] = field(default_factory=list)
+    cum_depth: np.ndarray | None = None   # [rows + 1] cumulative len(accepted_path) - 1
+    cum_commit: np.ndarray | None = None  # [rows + 1] cumulative len(committed_tokens)
 
     def request_ids(self) -> list[str]:
         ids = dict.fromkeys(self.requests or {})
-        ids.update(dict.fromkeys(self.steps))
+        ids.update(dict.fromkeys(self.ranges))
         return sorted(ids, key=natural_key)
+
+    def n_steps(self, rid: str) -> int:
+        s, e = self.ranges.get(rid, (0, 0))
+        return e - s
 
 
 def natural_key(rid: str):
@@ -115,6 +124,45 @@ def _read_table(path: Path, schema_needed: pa.Schema, optional: tuple) -> pa.Tab
         raise InputError(path, f"cannot read ({str(e).splitlines()[0][:120]})") from None
 
 
+def _sorted_steps(tables: list[pa.Table], files) -> tuple[pa.Table, dict, int, int]:
+    """Concatenate step files (types unified to the contract's), sort by (request_id, step),
+    keep the first row of each repeated (request, step). Returns (table, ranges, dups, skipped)."""
+    present = [c for c in OPTIONAL_STEP if any(c in t.column_names for t in tables)]
+    schema = pa.schema([STEPS_SCHEMA.field(c) for c in NEEDED_STEP + tuple(present)])
+    parts = []
+    for t, f in zip(tables, files):
+        for c in present:
+            if c not in t.column_names:
+                t = t.append_column(c, pa.nulls(t.num_rows, schema.field(c).type))
+        try:
+            parts.append(t.select(schema.names).cast(schema))
+        except (pa.ArrowException, ValueError) as e:
+            raise InputError(f, f"cannot read as the contract's types ({str(e).splitlines()[0][:120]})") from None
+    table = pa.concat_tables(parts) if parts else schema.empty_table()
+    ok = pc.and_(pc.is_valid(table["request_id"]), pc.is_valid(table["step"]))
+    skipped = table.num_rows - pc.sum(pc.cast(ok, pa.int64())).as_py() if table.num_rows else 0
+    if skipped:
+        table = table.filter(ok)
+    # sort_indices is stable: among repeated (request, step) rows the first in file order leads
+    table = table.take(pc.sort_indices(table, sort_keys=[("request_id", "ascending"), ("step", "ascending")]))
+    table = table.combine_chunks()
+    enc = table["request_id"].combine_chunks().dictionary_encode()
+    codes = enc.indices.to_numpy().astype(np.int64)
+    step = table["step"].to_numpy().astype(np.int64)
+    dup_mask = np.zeros(len(codes), dtype=bool)
+    dup_mask[1:] = (codes[1:] == codes[:-1]) & (step[1:] == step[:-1])
+    dups = int(dup_mask.sum())
+    if dups:
+        table = table.filter(pa.array(~dup_mask)).combine_chunks()
+        codes = codes[~dup_mask]
+    names = enc.dictionary.to_pylist()
+    bounds = np.flatnonzero(np.diff(codes)) + 1
+    starts = np.concatenate(([0], bounds)) if len(codes) else np.zeros(0, dtype=np.int64)
+    ends = np.concatenate((bounds, [len(codes)])) if len(codes) else np.zeros(0, dtype=np.int64)
+    ranges = {str(names[codes[s]]): (int(s), int(e)) for s, e in zip(starts, ends)}
+    return table, ranges, dups, skipped
+
+
 def load_side(path, label: str) -> Side:
     """Load one run (a run folder, or a dataset folder holding exactly one run)."""
     run = _one_run(path, label)
@@ -123,30 +171,26 @@ def load_side(path, label: str) -> Side:
         raise bad
     need_steps = pa.schema([STEPS_SCHEMA.field(c) for c in NEEDED_STEP])
     tables = [_read_table(f, need_steps, OPTIONAL_STEP) for f in run.step_files]
-    steps: dict[str, list[dict]] = {}
-    dup = 0
-    for t in tables:
-        for row in t.to_pylist():
-            steps.setdefault(str(row["request_id"]), []).append(row)
-    for rid, rows in steps.items():
-        rows.sort(key=lambda r: r["step"])
-        uniq = {r["step"]: r for r in reversed(rows)}  # first occurrence wins
-        if len(uniq) != len(rows):
-            dup += len(rows) - len(uniq)
-            steps[rid] = [uniq[s] for s in sorted(uniq)]
+    table, ranges, dup, skipped = _sorted_steps(tables, run.step_files)
     requests = None
     if run.requests_file is not None:
         need_req = pa.schema([REQUESTS_SCHEMA.field(c) for c in NEEDED_REQ])
         rt = _read_table(run.requests_file, need_req, OPTIONAL_REQ)
         requests = {str(r["request_id"]): r for r in rt.to_pylist()}
     side = Side(label, run.run_dir, run.run_id, run.manifest, manifest_conventions(run.manifest),
-                steps, requests)
+                table, ranges, requests)
+    depth = pc.fill_null(pc.list_value_length(table["accepted_path"]), 1).to_numpy().astype(np.int64) - 1
+    commit = pc.fill_null(pc.list_value_length(table["committed_tokens"]), 0).to_numpy().astype(np.int64)
+    side.cum_depth = np.concatenate(([0], np.cumsum(depth)))
+    side.cum_commit = np.concatenate(([0], np.cumsum(commit)))
+    if skipped:
+        side.notes.append(f"{label} has {skipped} step rows without request_id or step; skipped")
     if dup:
         side.notes.append(f"{label} repeats {dup} (request, step) rows; the first of each is compared")
     if requests is None:
         side.notes.append(f"{label} has no requests table (run not finished?): requests matched by "
                           "request_id, prompts and outputs not compared")
-    if not steps and not requests:
+    if not ranges and not requests:
         raise InputError(run.run_dir, f"{label} is empty: no step rows and no requests")
     for k, allowed in CONVENTIONS.items():
         if side.conventions.get(k) not in allowed:
@@ -351,7 +395,103 @@ def compare_step(a: dict, b: dict, margin_tol: float):
     return None
 
 
-def diff_request(a: Side, b: Side, ra: str, rb: str, margin_tol: float) -> RequestDiff:
+def _take(col, idx: np.ndarray) -> pa.Array:
+    x = col.take(pa.array(idx, pa.int64()))
+    return x.combine_chunks() if isinstance(x, pa.ChunkedArray) else x
+
+
+def _ne_scalar(ca, cb, ia, ib) -> np.ndarray:
+    """[M] bool: aligned scalar values differ (null differs from a value, equals null)."""
+    x, y = _take(ca, ia), _take(cb, ib)
+    ne = pc.fill_null(pc.not_equal(x, y), False).to_numpy(zero_copy_only=False)
+    return ne | (pc.is_null(x).to_numpy(zero_copy_only=False) != pc.is_null(y).to_numpy(zero_copy_only=False))
+
+
+def _list_pairs(ca, cb, ia, ib):
+    """Aligned list cells: (lengths x, lengths y, rows of equal non-zero length, flat x, flat y,
+    row index of each flat element)."""
+    x, y = _take(ca, ia), _take(cb, ib)
+    lx = pc.fill_null(pc.list_value_length(x), -1).to_numpy().astype(np.int64)
+    ly = pc.fill_null(pc.list_value_length(y), -1).to_numpy().astype(np.int64)
+    same = np.flatnonzero((lx == ly) & (lx > 0))
+    if not same.size:
+        return lx, ly, same, None, None, None
+    xs, ys = x.take(pa.array(same)), y.take(pa.array(same))
+    vx, vy = pc.list_flatten(xs), pc.list_flatten(ys)
+    rows = np.repeat(np.arange(same.size), lx[same])
+    return lx, ly, same, vx, vy, rows
+
+
+def _ne_list(ca, cb, ia, ib) -> np.ndarray:
+    """[M] bool: aligned list cells differ (length or any element)."""
+    lx, ly, same, vx, vy, rows = _list_pairs(ca, cb, ia, ib)
+    ne = lx != ly
+    if vx is not None:
+        bad = pc.fill_null(pc.not_equal(vx, vy), True).to_numpy(zero_copy_only=False)
+        ne[same[np.unique(rows[bad])]] = True
+    return ne
+
+
+def _margin_moved(ca, cb, ia, ib, tol: float) -> np.ndarray:
+    """[M] bool: the target's top-1 margin moved by more than tol at some node (nulls ignored)."""
+    lx, ly, same, vx, vy, rows = _list_pairs(ca, cb, ia, ib)
+    out = np.zeros(len(lx), dtype=bool)
+    if vx is not None and math.isfinite(tol):
+        d = np.abs(vx.to_numpy(zero_copy_only=False).astype(np.float64)
+                   - vy.to_numpy(zero_copy_only=False).astype(np.float64))
+        with np.errstate(invalid="ignore"):
+            out[same[np.unique(rows[d > tol])]] = True
+    return out
+
+
+def first_divergent_rows(a: Side, b: Side, pairs: list[tuple[str, str]], margin_tol: float):
+    """Vectorised over all aligned step pairs: for each request pair, the index (within the
+    request) of the first step where anything compare_step looks at differs, or -1.
+
+    Aligned rows: the first min(n_a, n_b) steps of each request pair, in step order.
+    Returns (first [P], row in A [P], row in B [P], n_common [P]).
+    """
+    P = len(pairs)
+    sa = np.array([a.ranges.get(ra, (0, 0))[0] for ra, _ in pairs], dtype=np.int64)
+    sb = np.array([b.ranges.get(rb, (0, 0))[0] for _, rb in pairs], dtype=np.int64)
+    n = np.array([min(a.n_steps(ra), b.n_steps(rb)) for ra, rb in pairs], dtype=np.int64)
+    first = np.full(P, -1, dtype=np.int64)
+    if P == 0 or n.sum() == 0:
+        return first, sa, sb, n
+    pair_of = np.repeat(np.arange(P), n)                      # [M] aligned row -> request pair
+    within = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)  # [M] step index within the request
+    ia, ib = sa[pair_of] + within, sb[pair_of] + within
+    ta, tb = a.table, b.table
+    diff = np.zeros(len(ia), dtype=bool)
+    for c in ("step", "seq_len", "mask_hash") + BOOKKEEPING:
+        if c in ("accepted_path", "committed_tokens"):
+            diff |= _ne_list(ta[c], tb[c], ia, ib)
+        else:
+            diff |= _ne_scalar(ta[c], tb[c], ia, ib)
+    for c in ("node_tokens", "parents", "positions", "target_argmax"):
+        diff |= _ne_list(ta[c], tb[c], ia, ib)
+    if "target_margin" in ta.column_names and "target_margin" in tb.column_names:
+        diff |= _margin_moved(ta["target_margin"], tb["target_margin"], ia, ib, margin_tol)
+    rows = np.flatnonzero(diff)
+    pairs_hit, at = np.unique(pair_of[rows], return_index=True)  # rows ascend: first per pair
+    first[pairs_hit] = within[rows[at]]
+    return first, sa, sb, n
+
+
+def diff_requests(a: Side, b: Side, pairs: list[tuple[str, str]], margin_tol: float) -> list[RequestDiff]:
+    """Each request pair's first divergence (vectorised search, detail from compare_step)."""
+    first, sa, sb, n = first_divergent_rows(a, b, pairs, margin_tol)
+    hit = np.flatnonzero(first >= 0)
+    rows_a = a.table.take(pa.array(sa[hit] + first[hit], pa.int64())).to_pylist() if hit.size else []
+    rows_b = b.table.take(pa.array(sb[hit] + first[hit], pa.int64())).to_pylist() if hit.size else []
+    detail = {int(p): (x, y) for p, x, y in zip(hit, rows_a, rows_b)}
+    out = []
+    for p, (ra, rb) in enumerate(pairs):
+        out.append(_request_result(a, b, ra, rb, int(first[p]), int(n[p]), detail.get(p), margin_tol))
+    return out
+
+
+def _request_result(a: Side, b: Side, ra: str, rb: str, first: int, n: int, rows, margin_tol: float) -> RequestDiff:
     qa = (a.requests or {}).get(ra) or {}
     qb = (b.requests or {}).get(rb) or {}
     # the prefill's argmax is the first prediction of the target, before any draft
@@ -359,30 +499,35 @@ def diff_request(a: Side, b: Side, ra: str, rb: str, margin_tol: float) -> Reque
     if fa is not None and fb is not None and fa != fb:
         return RequestDiff(ra, rb, "verify", -1, f"the prefill's first token differs ({fa} vs {fb}): "
                            "same prompt, different target prediction", ["first_token"], 0, "same-input")
-    sa, sb = a.steps.get(ra, []), b.steps.get(rb, [])
-    n = min(len(sa), len(sb))
-    for i in range(n):
-        x, y = sa[i], sb[i]
+    if rows is not None:
+        x, y = rows
         if x["step"] != y["step"]:
-            return RequestDiff(ra, rb, "metric", x["step"], f"step numbering differs at row {i}: "
-                               f"step {x['step']} vs {y['step']}", ["step"], i)
+            return RequestDiff(ra, rb, "metric", x["step"], f"step numbering differs at row {first}: "
+                               f"step {x['step']} vs {y['step']}", ["step"], first)
         got = compare_step(x, y, margin_tol)
-        if got:
-            cls, what, fields, kind = got
-            return RequestDiff(ra, rb, cls, x["step"], what, fields, i + 1, kind)
-    if len(sa) != len(sb):
-        short, long_, lab_s, lab_l = (sa, sb, "A", "B") if len(sa) < len(sb) else (sb, sa, "B", "A")
-        if short and short[-1]["finished"]:
-            return RequestDiff(ra, rb, "metric", long_[n]["step"],
-                               f"{lab_l} has {len(long_) - n} more step(s) after the request finished at step "
-                               f"{short[-1]['step']}", ["finished"], n)
+        assert got is not None, "vectorised and row comparison disagree"
+        cls, what, fields, kind = got
+        return RequestDiff(ra, rb, cls, x["step"], what, fields, first + 1, kind)
+    la, lb = a.n_steps(ra), b.n_steps(rb)
+    if la != lb:
+        if la < lb:
+            s_side, rid_s, short, lab_s, l_side, rid_l, long_, lab_l = a, ra, la, "A", b, rb, lb, "B"
+        else:
+            s_side, rid_s, short, lab_s, l_side, rid_l, long_, lab_l = b, rb, lb, "B", a, ra, la, "A"
+        if short:
+            last = s_side.table.slice(s_side.ranges[rid_s][0] + short - 1, 1).to_pylist()[0]
+            if last["finished"]:
+                nxt = l_side.table["step"][l_side.ranges[rid_l][0] + short].as_py()
+                return RequestDiff(ra, rb, "metric", nxt,
+                                   f"{lab_l} has {long_ - short} more step(s) after the request finished at step "
+                                   f"{last['step']}", ["finished"], n)
         return RequestDiff(ra, rb, "none", None, f"identical over the {n} steps both hold; {lab_s}'s trace "
-                           f"ends early ({len(short)} vs {len(long_)} steps)", [], n, truncated=True)
+                           f"ends early ({short} vs {long_} steps)", [], n, truncated=True)
     # steps agree: the request-level record must agree too (server vs client)
     for c in ("output_tokens", "finish_reason"):
         if c in qa and c in qb and qa[c] is not None and qb[c] is not None and qa[c] != qb[c]:
-            return RequestDiff(ra, rb, "metric", sa[-1]["step"] if sa else None,
-                               f"steps agree but the requests table's {c} differs", [c], n)
+            last = a.table["step"][a.ranges[ra][1] - 1].as_py() if la else None
+            return RequestDiff(ra, rb, "metric", last, f"steps agree but the requests table's {c} differs", [c], n)
     return RequestDiff(ra, rb, "none", None, f"identical over {n} steps", [], n)
 
 
@@ -436,19 +581,18 @@ def rows_means(side: Side, rids: list[str], conventions: dict) -> dict:
     tensors say, not the counters); accept length = depth + 1 (includes_bonus) or depth.
     mean: pooled over steps, or the mean of per-request means.
     """
-    per = [[(len(s["accepted_path"] or []) - 1, len(s["committed_tokens"] or [])) for s in side.steps.get(r, [])]
-           for r in rids]
-    per = [p for p in per if p]
-    if not per:
+    rng = np.array([side.ranges[r] for r in rids if side.n_steps(r) > 0], dtype=np.int64).reshape(-1, 2)
+    if not len(rng):
         return dict.fromkeys(REPORTED_MEANS)
+    s, e = rng[:, 0], rng[:, 1]
+    n = (e - s).astype(np.float64)
+    D = (side.cum_depth[e] - side.cum_depth[s]).astype(np.float64)   # [R] per-request sums
+    C = (side.cum_commit[e] - side.cum_commit[s]).astype(np.float64)
     bonus = 0 if conventions.get("accept_length") == "excludes_bonus" else 1
     if conventions.get("mean") == "per_request":
-        d = sum(sum(x for x, _ in p) / len(p) for p in per) / len(per)
-        c = sum(sum(y for _, y in p) / len(p) for p in per) / len(per)
+        d, c = float((D / n).mean()), float((C / n).mean())
     else:
-        n = sum(len(p) for p in per)
-        d = sum(x for p in per for x, _ in p) / n
-        c = sum(y for p in per for _, y in p) / n
+        d, c = float(D.sum() / n.sum()), float(C.sum() / n.sum())
     return {"mean_accepted_depth": d, "mean_commit_len": c, "mean_accept_length": d + bonus}
 
 
@@ -474,7 +618,7 @@ def _describe(side: Side) -> dict:
     cfg = side.manifest.get("config") or {}
     return {"path": str(side.path), "run_id": side.run_id, "engine": side.manifest.get("engine"),
             "config": cfg, "requests": len(side.request_ids()),
-            "steps": sum(len(v) for v in side.steps.values())}
+            "steps": side.table.num_rows}
 
 
 def diff_runs(a_path, b_path, margin_tol: float = DEFAULT_MARGIN_TOL) -> DiffResult:
@@ -482,7 +626,7 @@ def diff_runs(a_path, b_path, margin_tol: float = DEFAULT_MARGIN_TOL) -> DiffRes
     check_versions(a_path, b_path)
     a, b = load_side(a_path, "A"), load_side(b_path, "B")
     m = match_requests(a, b)
-    reqs = [diff_request(a, b, ra, rb, margin_tol) for ra, rb in m.pairs]
+    reqs = diff_requests(a, b, m.pairs, margin_tol)
     notes = a.notes + b.notes
     if m.unmatched_a or m.unmatched_b:
         notes.append(f"partial overlap: compared the {len(m.pairs)} requests both hold; "
