@@ -245,11 +245,14 @@ def run_ab(a: dict, b: dict, *, prompts: list[str], repeats: int = 2, out, vary:
     load = load_models or _default_loader()
     arms = {"A": a, "B": b}
     for lab, arm in arms.items():
-        try:
-            models = load(arm["device"], arm["dtype"])
-        except InputError:
-            raise
-        _validate(arm, lab.lower(), models, prompts)
+        if str(arm["device"]).startswith("cuda"):
+            import torch
+            if not torch.cuda.is_available():
+                raise InputError(None, f"--{lab.lower()}: --device {arm['device']}: CUDA is not available "
+                                       "on this machine")
+        elif arm["device"] != "cpu":
+            raise InputError(None, f"--{lab.lower()}: --device must be cpu or cuda[:N], not {arm['device']!r}")
+        _validate(arm, lab.lower(), load(arm["device"], arm["dtype"]), prompts)
     differ = settings_differ(a, b)
     warnings = confounding_warnings(differ, vary)
     if len(prompts) < 5:

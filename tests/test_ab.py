@@ -102,6 +102,7 @@ def cli(capsys, *argv):
 
 @pytest.mark.parametrize("extra,needle", [
     (["--a=--num-prompts 2"], "--a: unrecognized arguments"),
+    (["--a=--device tpu"], "--a: --device must be cpu or cuda"),
     (["--repeats", "0"], "--repeats must be at least 1"),
     (["--vary", "colour"], "--vary colour: not a setting"),
     (["--num-prompts", "0"], "--num-prompts"),

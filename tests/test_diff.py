@@ -449,3 +449,32 @@ def test_raises_input_error_in_library(pair):
     a, make_b, _ = pair
     with pytest.raises(InputError):
         diff_runs(a, make_b(reqs_edit=lambda rq: [q.update(prompt_tokens=[3]) for q in rq]))
+
+
+def test_foreign_types_split_files_and_repeated_rows(tmp_path, pair):
+    """Another producer: 64-bit ints, rows spread over two files out of order, one row
+    written twice (the first copy counts), and a margin column only in one file."""
+    a, _, steps = pair
+    _, reqs = base_requests()
+    d = tmp_path / "b" / "run_id=B"
+    d.mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps({"schema_version": 1, "run_id": "B", "engine": {"name": "x"},
+                                            "models": {}, "config": {}, "host": {}, "started_at": 0}))
+    wide = pa.schema([pa.field(f.name, pa.int64()) if f.type == pa.int32() else
+                      pa.field(f.name, pa.list_(pa.int64())) if f.type == pa.list_(pa.int32()) else f
+                      for f in STEPS_SCHEMA if f.name != "target_margin"])
+    rows = [{k: v for k, v in r.items() if k != "target_margin"} for r in steps]
+    second = copy.deepcopy(rows[4])
+    second["accepted_depth"] = 99  # a repeated row that differs: ignored, the first copy wins
+    pq.write_table(pa.Table.from_pylist(rows[3:] + [second], schema=wide), d / "steps-000000.parquet")
+    pq.write_table(pa.Table.from_pylist(steps[:3], schema=STEPS_SCHEMA), d / "steps-000001.parquet")
+    pq.write_table(pa.Table.from_pylist(reqs, schema=REQUESTS_SCHEMA), d / "requests.parquet")
+    res = diff_runs(a, d)
+    assert res.clean, [r.what for r in res.requests]
+    assert any("repeats 1 (request, step) rows" in n for n in res.notes)
+    assert [r.steps_compared for r in res.requests] == [3, 3]
+    # a real difference inside the 64-bit file is still found, at the right step
+    pq.write_table(pa.Table.from_pylist([dict(r, mask_hash=7) if (r["request_id"], r["step"]) == ("1", 1) else r
+                                         for r in rows[3:]], schema=wide), d / "steps-000000.parquet")
+    r = only(diff_runs(a, d), "1")
+    assert (r.cls, r.step, r.verify_kind) == ("verify", 1, "mask")
