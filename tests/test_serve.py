@@ -213,6 +213,25 @@ def test_otel_spans_per_request_with_traceparent(server, otel_memory):
     assert len(steps) == span.attributes["specaudit.verify_steps"] >= 1
 
 
+def test_load_and_scrape_scripts_end_with_one_json_line(server):
+    run = lambda *a: subprocess.run([sys.executable, *a], capture_output=True, text=True, timeout=180)  # noqa: E731
+    r = run(str(REPO / "scripts" / "load.py"), "--url", server.url, "--concurrency", "4", "--requests", "6",
+            "--max-tokens", "8")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    for k in ("tokens_per_s", "per_request_tokens_per_s", "concurrency", "requests", "completion_tokens",
+              "wall_s", "ttft_s", "e2e_s", "mean_commit_len"):
+        assert k in out, k
+    assert out["requests"] == out["ok"] == 6 and out["concurrency"] == 4 and out["e2e_s"]["p90"] > 0
+    r = run(str(REPO / "scripts" / "bench_scrape.py"), "--url", server.url, "--pairs", "1", "--phase-seconds",
+            "0.5", "--warmup", "0.3", "--concurrency", "4", "--max-tokens", "8")
+    assert r.returncode == 0, r.stderr
+    b = json.loads(r.stdout.strip().splitlines()[-1])
+    assert isinstance(b["scrape_overhead"], float) and b["scrapes"] >= 3 and b["tokens_per_s_no_scrape"] > 0
+    bad = run(str(REPO / "scripts" / "load.py"), "--url", server.url, "--concurrency", "0")
+    assert bad.returncode == 2 and "must be at least 1" in bad.stderr and "Traceback" not in bad.stderr
+
+
 def test_trace_of_the_served_run_passes_the_checker(server, tmp_path):
     """Last in this module: closes the server and checks what it wrote."""
     from specaudit.check import check_paths
