@@ -118,6 +118,10 @@ def translate_error(e: Exception) -> Exception:
     msg = one_line(e)
     if isinstance(e, duckdb.PermissionException) or "disabled by configuration" in msg:
         return QueryRefused(f"refused (read-only, offline session): {msg}")
+    m = re.search(r"in the (\w+) extension|extension \"?(\w+)\"? (?:is not loaded|not found)", msg)
+    if m or "autoinstall_known_extensions" in msg or "autoload_known_extensions" in msg:
+        first = one_line(str(e).splitlines()[0]) if str(e).strip() else msg
+        return QueryRefused(f"refused (offline, no extensions: nothing is installed or loaded): {first}")
     if "configuration has been locked" in msg:
         return QueryRefused(f"refused (settings are locked in a read-only session): {msg}")
     return ValueError(f"SQL error: {msg}")
@@ -166,7 +170,8 @@ def findings_table(findings) -> pa.Table:
         for name in cols:
             v = r.get(name)
             if name == "values":
-                v = json.dumps(v if v is not None else {}, default=str, sort_keys=True)
+                if not isinstance(v, str):      # already JSON text when it comes from this table
+                    v = json.dumps(v if v is not None else {}, default=str, sort_keys=True)
             elif name in ("step", "line") and v is not None:
                 v = int(v)
             elif v is not None:
@@ -272,19 +277,26 @@ DEPTHS_REDUCE = (f"CASE WHEN {CHAIN_TEST} THEN range(len(parents))::INTEGER[] "
                  "CASE WHEN p >= 0 AND p < len(acc) THEN acc[p + 1] + 1 ELSE NULL END), [0]) END")
 
 
-def _depths_doubling(rounds: int = 12) -> str:
-    """anc_k[i] = the 2^k-th ancestor (-1 past the root), dep_k[i] = min(2^k, depth(i))."""
-    anc = "parents"
-    dep = "list_transform(parents, lambda p: CASE WHEN p >= 0 THEN 1 ELSE 0 END)"
+def _doubling_source(rounds: int = 12) -> str:
+    """steps plus _dep (node depths) by pointer doubling, one subquery per round.
+
+    Round k: _anc[i] = the 2^k-th ancestor of i (-1 past the root), _dep[i] =
+    min(2^k, depth(i)); each round jumps every node by its own _anc. Subqueries keep the
+    SQL linear in rounds (inlining the lists would grow it 3x per round).
+    """
+    q = ("SELECT *, parents AS _anc, "
+         "list_transform(parents, lambda p: CASE WHEN p >= 0 THEN 1 ELSE 0 END) AS _dep FROM steps")
     for _ in range(rounds):
-        anc, dep = (f"list_transform(range(len({anc})), lambda i: CASE WHEN ({anc})[i + 1] >= 0 "
-                    f"THEN ({anc})[({anc})[i + 1] + 1] ELSE -1 END)",
-                    f"list_transform(range(len({anc})), lambda i: CASE WHEN ({anc})[i + 1] >= 0 "
-                    f"THEN ({dep})[i + 1] + ({dep})[({anc})[i + 1] + 1] ELSE ({dep})[i + 1] END)")
-    return dep
+        q = ("SELECT * REPLACE ("
+             "list_transform(range(len(_anc)), lambda i: CASE WHEN _anc[i + 1] >= 0 "
+             "THEN _anc[_anc[i + 1] + 1] ELSE -1 END) AS _anc, "
+             "list_transform(range(len(_anc)), lambda i: CASE WHEN _anc[i + 1] >= 0 "
+             "THEN _dep[i + 1] + _dep[_anc[i + 1] + 1] ELSE _dep[i + 1] END) AS _dep) "
+             f"FROM ({q})")
+    return f"({q})"
 
 
-def nodes_view_sql(depths: str = "specaudit_depths(parents)") -> str:
+def nodes_view_sql(depths: str = "specaudit_depths(parents)", source: str = "steps") -> str:
     """CREATE VIEW nodes: one row per node (see the module docstring)."""
     return f"""
 CREATE VIEW nodes AS
@@ -306,7 +318,7 @@ FROM (
          unnest(draft_logprob) AS draft_logprob,
          unnest(target_argmax) AS target_argmax,
          unnest(target_margin) AS target_margin
-  FROM steps
+  FROM {source}
 )
 """
 
@@ -641,10 +653,12 @@ def shell_setup_sql(paths, findings=None, dataset: Dataset | None = None, lock: 
     parts.append(_parquet_view("requests", ds.request_files, REQUESTS_SCHEMA) + ";")
     parts.append(_values_sql("runs", runs_table(ds.runs)))
     parts.append(_values_sql("violations", findings_table(findings)))
-    depths = DEPTHS_REDUCE if duckdb_major >= 2 else (f"CASE WHEN {CHAIN_TEST} THEN "
-                                                       f"range(len(parents))::INTEGER[] "
-                                                       f"ELSE {_depths_doubling()} END")
-    parts.append(nodes_view_sql(depths).strip() + ";")
+    if duckdb_major >= 2:
+        view = nodes_view_sql(DEPTHS_REDUCE)
+    else:
+        view = nodes_view_sql(f"CASE WHEN {CHAIN_TEST} THEN range(len(parents))::INTEGER[] ELSE _dep END",
+                              source=_doubling_source())
+    parts.append(view.strip() + ";")
     if lock:
         parts.append("SET lock_configuration = true;")
     return "\n".join(parts)

@@ -46,6 +46,7 @@ NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 
 
 def add_arguments(p) -> None:
+    _intermixed(p)
     p.add_argument("args", nargs="*", metavar="PATH... [SQL|NAME]",
                    help="dataset folders, run folders or files, then SQL or a canned query name")
     p.add_argument("--list", action="store_true", help="list the canned queries and exit")
@@ -64,6 +65,21 @@ def add_arguments(p) -> None:
 
 
 # --------------------------------------------------------------------- arguments
+
+def _intermixed(p) -> None:
+    """Let options and positionals mix (`query PATH --no-check "SQL"`): argparse's
+    subcommand dispatch calls parse_known_args, which stops collecting PATH... at the
+    first option; the intermixed variant does not."""
+    plain = p.parse_known_args
+
+    def intermixed(args=None, namespace=None):
+        p.parse_known_args = plain           # the intermixed parser calls it twice inside
+        try:
+            return p.parse_known_intermixed_args(args, namespace)
+        finally:
+            p.parse_known_args = intermixed
+    p.parse_known_args = intermixed
+
 
 def split_args(args: list[str], sql_file: str | None):
     """PATH... [SQL|NAME] -> (paths, sql or None, canned name or None)."""
@@ -284,7 +300,7 @@ def open_shell(cli: str, paths, findings, ds) -> int:
     external access off and locks the configuration)."""
     from .. import query as Q
     import tempfile
-    setup = Q.shell_setup_sql(paths, findings, dataset=ds, lock=False)
+    setup = Q.shell_setup_sql(paths, findings, dataset=ds, lock=False, duckdb_major=_cli_major(cli))
     # the setup (file list, runs, findings) can exceed the argument-size limit: hand it to
     # the CLI as its init file, private to this user and removed when the shell exits
     with tempfile.TemporaryDirectory(prefix="specaudit-shell-") as tmp:
@@ -297,6 +313,17 @@ def open_shell(cli: str, paths, findings, ds) -> int:
             return subprocess.call(argv)
         except OSError as e:
             raise ValueError(f"cannot start the duckdb CLI at {cli}: {e}") from None
+
+
+def _cli_major(cli: str) -> int:
+    """The CLI's major version ('v1.5.6 (Variegata) ...' -> 1); 1 when it cannot say."""
+    try:
+        r = subprocess.run([cli, "-version"], capture_output=True, text=True, timeout=30,
+                           stdin=subprocess.DEVNULL)
+        m = re.match(r"\s*v?(\d+)\.", r.stdout)
+        return int(m.group(1)) if m else 1
+    except (OSError, subprocess.TimeoutExpired):
+        return 1
 
 
 def _probe_safe_mode(cli: str) -> None:

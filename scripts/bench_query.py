@@ -1,0 +1,126 @@
+"""Benchmark the DuckDB views, every canned query and the report on a large trace dataset.
+
+    python3 scripts/bench_query.py                      # 2,000,000 steps (development size)
+    python3 scripts/bench_query.py --steps 20000000     # the issue's size (about 3 GB on disk)
+    python3 scripts/bench_query.py --dataset DIR        # an existing dataset (nothing generated)
+    taskset -c 0,1 python3 scripts/bench_query.py --threads 2 ...   # pin to 2 cores
+
+The dataset comes from specaudit.synth (contract-valid rows, vectorised): four runs,
+two chains of 8 nodes (concurrency 1 and 8), a chain of 16 nodes and a branching tree of 13
+nodes (topk 3), each a quarter of --steps. It is generated once into --workdir and reused
+while --steps and --seed match. DuckDB runs on --threads threads (default 2, the target).
+Each canned query is timed as a user meets it: open the views (connect) + run + fetch, on
+a fresh connection. The report is timed end to end (build_report, all six plots).
+--check also runs the checker (timed separately) and hands its findings to the report.
+
+The last output line is one JSON object:
+    {"steps": N, "max_query_s": ..., "report_s": ..., "queries": {name: seconds}, ...}
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# (algo, nodes, topk, concurrency): each run gets a quarter of the steps
+RUNS = [("chain", 8, 1, 1), ("chain", 8, 1, 8), ("chain", 16, 1, 4), ("tree", 13, 3, 4)]
+
+
+def make_dataset(root: Path, steps: int, seed: int) -> tuple[Path, float]:
+    """The dataset folder for (steps, seed), generated unless already complete."""
+    from specaudit.synth import write_synthetic_dataset
+    ds = root / f"steps-{steps}-seed{seed}"
+    done = ds / ".complete"
+    if done.exists():
+        return ds, 0.0
+    if ds.exists():
+        shutil.rmtree(ds)
+    ds.mkdir(parents=True)
+    t0 = time.time()
+    per = steps // len(RUNS)
+    for i, (algo, n, topk, conc) in enumerate(RUNS):
+        k = per + (steps - per * len(RUNS) if i == 0 else 0)
+        print(f"generating {algo} n={n} topk={topk} c={conc}: {k:,} steps", file=sys.stderr, flush=True)
+        write_synthetic_dataset(ds, k, n_nodes=n, algo=algo, seed=seed + i, topk=topk, concurrency=conc,
+                                run_id=f"bench-{algo}-n{n}-k{topk}-c{conc}", max_new_tokens=256)
+    done.write_text("ok\n")
+    return ds, time.time() - t0
+
+
+def du(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=2_000_000, help="steps in the dataset (default 2,000,000)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "specaudit-bench-query"),
+                    help="where datasets are generated and kept (default: $TMPDIR/specaudit-bench-query)")
+    ap.add_argument("--dataset", help="benchmark this dataset instead of generating one")
+    ap.add_argument("--threads", type=int, default=2, help="DuckDB threads (default 2)")
+    ap.add_argument("--check", action="store_true", help="also run the checker and pass its findings to the report")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per query; the slowest counts (default 1)")
+    args = ap.parse_args(argv)
+
+    from specaudit import query as Q
+    from specaudit.report import build_report
+
+    if args.dataset:
+        ds, gen_s = Path(args.dataset), 0.0
+    else:
+        ds, gen_s = make_dataset(Path(args.workdir), args.steps, args.seed)
+    paths = [str(ds)]
+
+    t0 = time.time()
+    con = Q.connect(paths, threads=args.threads)
+    connect_s = time.time() - t0
+    n_steps = Q.fetch_arrow(con, "SELECT count(*) AS n FROM steps").column(0)[0].as_py()
+    n_nodes = int(Q.fetch_arrow(con, "SELECT sum(len(node_tokens))::BIGINT FROM steps").column(0)[0].as_py())
+    con.close()
+
+    findings, check_s = None, None
+    if args.check:
+        from specaudit.check import check_paths
+        t0 = time.time()
+        res = check_paths(paths)
+        check_s = time.time() - t0
+        findings = res.findings
+        print(f"checker: {check_s:.1f} s, {res.summary()}", file=sys.stderr, flush=True)
+
+    times = {}
+    for name, q in Q.canned_queries().items():
+        worst = 0.0
+        for _ in range(max(args.repeat, 1)):
+            t0 = time.time()
+            con = Q.connect(paths, findings, threads=args.threads)
+            rows = Q.fetch_arrow(con, q.sql).num_rows
+            con.close()
+            worst = max(worst, time.time() - t0)
+        times[name] = round(worst, 3)
+        print(f"{name:32s} {worst:7.2f} s  ({rows} rows)", file=sys.stderr, flush=True)
+
+    out = Path(args.workdir) / "report"
+    t0 = time.time()
+    build_report(paths, out, findings=findings, threads=args.threads)
+    report_s = time.time() - t0
+    print(f"{'report':32s} {report_s:7.2f} s  ({out / 'report.html'})", file=sys.stderr, flush=True)
+
+    res = {
+        "steps": n_steps, "nodes": n_nodes, "threads": args.threads,
+        "dataset_bytes": du(ds), "generate_s": round(gen_s, 1), "connect_s": round(connect_s, 3),
+        "max_query_s": max(times.values()), "slowest_query": max(times, key=times.get),
+        "report_s": round(report_s, 2), "queries": times,
+    }
+    if check_s is not None:
+        res["check_s"] = round(check_s, 1)
+    print(json.dumps(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
