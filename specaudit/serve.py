@@ -377,8 +377,8 @@ class LiveEstimator:
             self.profile = CostProfile.manual(cost_factor, cost_factor_std)
         self.enabled = self.profile is not None and (baseline_tps is not None or self._profile_has_t_ar())
         self.window_s, self.every_s = window_s, every_s
-        self._acc = [0, 0.0, 0]          # tokens, request-seconds, rows since the last tick
-        self._samples: deque = deque()   # (t, tokens, req_s, rows, verify_steps, sum_commit)
+        self._acc = [0, 0.0, 0, 0]       # tokens, request-seconds, rows, forwards since the last tick
+        self._samples: deque = deque()   # (t, tokens, req_s, rows, forwards, verify_steps, sum_commit)
         self._last = time.monotonic()
         self._warned = False
         self.last = None                 # the last Estimate (tests and /health read it)
@@ -393,6 +393,7 @@ class LiveEstimator:
         self._acc[0] += tokens
         self._acc[1] += dt * rows
         self._acc[2] += rows
+        self._acc[3] += 1
 
     def _base_at(self, c: int) -> float:
         if self.baseline_tps is not None:
@@ -407,16 +408,16 @@ class LiveEstimator:
             return
         self._last = now
         m = self.metrics
-        tok, req_s, rows = self._acc
-        self._acc = [0, 0.0, 0]
-        self._samples.append((now, tok, req_s, rows, m.verify_steps, m.sum_commit))
+        tok, req_s, rows, fwd = self._acc
+        self._acc = [0, 0.0, 0, 0]
+        self._samples.append((now, tok, req_s, rows, fwd, m.verify_steps, m.sum_commit))
         while self._samples and now - self._samples[0][0] > self.window_s:
             self._samples.popleft()
         if len(self._samples) < 2:
             return
         first, last = self._samples[0], self._samples[-1]
-        d_steps = last[4] - first[4]
-        reported = (last[5] - first[5]) / d_steps if d_steps > 0 else None
+        d_steps = last[5] - first[5]
+        reported = (last[6] - first[6]) / d_steps if d_steps > 0 else None
         est = None
         body = list(self._samples)[1:]
         tokens = sum(s[1] for s in body)
@@ -427,7 +428,7 @@ class LiveEstimator:
                 rates = [s[1] / s[2] for s in body if s[2] > 0]
                 _, se, _ = mean_and_se(rates)
                 tps = tokens / reqsec
-                c = max(1, round(sum(s[3] for s in body) / max(sum(1 for s in body if s[3]), 1)))
+                c = max(1, round(sum(s[3] for s in body) / max(sum(s[4] for s in body), 1)))  # mean batch
                 r, r_std = self.profile.lookup(self.n_nodes, c)
                 est = estimate_commit_length(tps, self._base_at(c), r, cost_factor_std=r_std,
                                              tps_std=se if math.isfinite(se) else 0.0)

@@ -350,6 +350,47 @@ def test_queued_requests_wait_for_a_slot_and_a_queued_disconnect_costs_nothing(s
     assert all(res[k].status_code == 200 and res[k].json()["choices"][0]["text"] == "A" * 40 for k in range(3))
 
 
+# ------------------------------------------------------------------ estimator
+
+def test_live_estimator_feeds_the_commit_length_gauges():
+    from prometheus_client import CollectorRegistry
+
+    from specaudit.estimate import estimate_commit_length
+    from specaudit.prom import PromSink
+    from specaudit.serve import LiveEstimator
+
+    class Counters:                      # the engine's SpecMetrics, as far as the estimator reads it
+        verify_steps = 0
+        sum_commit = 0
+    m, reg = Counters(), CollectorRegistry()
+    prom = PromSink(reg, max_depth=8)
+    est = LiveEstimator(m, n_nodes=8, baseline_tps=50.0, cost_factor=1.5, cost_factor_std=0.0,
+                        window_s=60, every_s=0.0)
+    est.tick(prom)
+    for _ in range(5):                   # 4 requests per forward, 0.02 s, 3 tokens each
+        est.on_step(0.02, 4, 12)
+        m.verify_steps += 4
+        m.sum_commit += 8                # the counter says 2 per step
+        est.tick(prom)
+    g = reg.get_sample_value
+    assert g("specaudit_reported_commit_length") == pytest.approx(2.0)
+    want = estimate_commit_length(12 / (0.02 * 4), 50.0, 1.5)     # 150 tokens/s per request
+    assert g("specaudit_estimated_commit_length") == pytest.approx(want.value) == pytest.approx(4.5)
+    assert g("specaudit_estimated_commit_length_lower") <= 4.5 <= g("specaudit_estimated_commit_length_upper")
+    # without a baseline there is no estimate: the gauge stays 0, the reported one moves
+    reg2 = CollectorRegistry()
+    prom2 = PromSink(reg2, max_depth=8)
+    none = LiveEstimator(m, n_nodes=8, window_s=60, every_s=0.0)
+    assert not none.enabled
+    none.tick(prom2)
+    none.on_step(0.02, 4, 12)
+    m.verify_steps += 4
+    m.sum_commit += 12
+    none.tick(prom2)
+    assert reg2.get_sample_value("specaudit_estimated_commit_length") == 0
+    assert reg2.get_sample_value("specaudit_reported_commit_length") == pytest.approx(3.0)
+
+
 # ------------------------------------------------------------------------ CLI
 
 def test_cli_help_and_input_errors(tmp_path):
