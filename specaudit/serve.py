@@ -484,10 +484,16 @@ class Handler(BaseHTTPRequestHandler):
     def _peer_gone(self) -> bool:
         """True when the client closed its end (EOF readable) or reset the connection."""
         try:
-            r, _, _ = select.select([self.connection], [], [], 0)
-            if not r:
+            if hasattr(select, "poll"):  # poll, not select: descriptors above 1023 are fine
+                p = select.poll()
+                p.register(self.connection, select.POLLIN | select.POLLHUP | select.POLLERR)
+                if not p.poll(0):
+                    return False
+            elif not select.select([self.connection], [], [], 0)[0]:
                 return False
-            return self.connection.recv(1, socket.MSG_PEEK) == b""
+            return self.connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
         except (OSError, ValueError):
             return True
 
