@@ -32,9 +32,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from load import percentiles  # noqa: E402  (scripts/load.py, beside this file)
+from load import percentiles
 
-TOKENS_RE = re.compile(r"^specaudit_derived_committed_tokens_total\s+(\S+)", re.M)
+TOKENS_RE = re.compile(r"^specaudit_derived_committed_tokens_total\s+(\S+)", re.MULTILINE)
 
 
 def start_server(args) -> tuple[subprocess.Popen, str, str]:

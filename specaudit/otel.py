@@ -235,4 +235,4 @@ class OtelSink:
 
 
 def _ns(t: float) -> int:
-    return int(round(t * 1e9))
+    return round(t * 1e9)

@@ -149,7 +149,7 @@ def inline_violations(batch: pa.RecordBatch, budget: int | None = None,
     few array expressions; the loops run over node index, never over rows.
     """
     B = batch.num_rows
-    col = lambda name: batch.column(batch.schema.get_field_index(name))  # noqa: E731
+    col = lambda name: batch.column(batch.schema.get_field_index(name))
     tok, n, tok_s = _lists(col("node_tokens"))
     par, n_par, par_s = _lists(col("parents"))
     pos, n_pos, pos_s = _lists(col("positions"))
@@ -324,7 +324,7 @@ class PromSink:
         vio = Counter("specaudit_invariant_violations", "Step rows breaking an inline invariant rule, by rule code",
                       ["code"], registry=r)
         self._violations = {c: vio.labels(code=c) for c in INLINE_CODES}
-        int_buckets = tuple(float(i) for i in range(0, D + 2))    # one bucket per integer
+        int_buckets = tuple(float(i) for i in range(D + 2))    # one bucket per integer
         self.commit_hist = Histogram("specaudit_commit_length_tokens", "Reported commit length per step",
                                      buckets=int_buckets, registry=r)
         self.depth_hist = Histogram("specaudit_accepted_depth_tokens", "Reported accepted depth per step",

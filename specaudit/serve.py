@@ -227,7 +227,7 @@ class EngineLoop:
         self.errors = 0
         self.thread = threading.Thread(target=self._run, name="specaudit-engine", daemon=True)
 
-    def start(self) -> "EngineLoop":
+    def start(self) -> EngineLoop:
         self.thread.start()
         return self
 
@@ -455,7 +455,7 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "specaudit"
     sys_version = ""
-    srv: "SpecServer"  # set on the subclass made per server
+    srv: SpecServer  # set on the subclass made per server
     _next_peer_check = 0.0
 
     def log_message(self, fmt, *args):  # quiet by default; --log-requests turns it on
@@ -811,7 +811,7 @@ class SpecServer:
                 "verify_forwards": lp.steps, "engine_errors": lp.errors,
                 "uptime_s": round(time.time() - self.started_at, 3)}
 
-    def start(self) -> "SpecServer":
+    def start(self) -> SpecServer:
         handler = type("BoundHandler", (Handler,), {"srv": self})
         try:
             self._httpd = _HTTPServer((self.host, self.port), handler)

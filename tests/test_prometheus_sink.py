@@ -157,7 +157,7 @@ def test_every_series_exported_as_zero_from_the_start():
     assert nonzero == {}
     # one histogram bucket per integer commit length 0..max_depth + 1, then +Inf
     les = sorted(float(dict(lb)["le"]) for (n, lb) in s if n == "specaudit_commit_length_tokens_bucket")
-    assert les == [float(i) for i in range(0, 10)] + [float("inf")]
+    assert les == [float(i) for i in range(10)] + [float("inf")]
 
 
 def test_names_follow_prometheus_conventions():
@@ -207,7 +207,7 @@ def test_counters_equal_sums_over_the_rows(algo):
         assert g("specaudit_depth_accepted_total", {"depth": str(k)}) == (depth >= k).sum()
     # vLLM's identity: accepted tokens = sum over depths of acceptance at that depth
     assert sum(g("specaudit_depth_accepted_total", {"depth": str(k)}) for k in range(1, D + 1)) == depth.sum()
-    for c in range(0, D + 2):
+    for c in range(D + 2):
         assert g("specaudit_commit_length_tokens_bucket", {"le": f"{float(c)}"}) == (commit <= c).sum()
     # one duration observation per forward: a run of rows sharing t_start
     forwards = sum(1 + int((np.diff(b.column(b.schema.get_field_index("t_start")).to_numpy()) != 0).sum())
@@ -268,13 +268,13 @@ def test_runtime_faults_light_up_live(fault_run, clean_dataset, fault, algo, cod
     import glob
 
     import pyarrow.parquet as pq
-    out, res = fault_run(fault, algo)
+    _, res = fault_run(fault, algo)
     files = sorted(glob.glob(str(res.run_dir / "steps-*.parquet")))
     t = pa.concat_tables([pq.ParquetFile(f).read() for f in files]).combine_chunks()
     v = inline_violations(t.to_batches()[0], eos_id=res.manifest["config"]["eos_id"])
     fired = {name for code, name, _ in INLINE_RULES if v[code].any()}
     assert codes <= fired, (fault, fired)
-    clean_out, results = clean_dataset
+    _, results = clean_dataset
     for r in results:
         files = sorted(glob.glob(str(r.run_dir / "steps-*.parquet")))
         t = pa.concat_tables([pq.ParquetFile(f).read() for f in files]).combine_chunks()
@@ -291,7 +291,7 @@ def test_inline_rules_agree_with_the_checker_on_its_own_fixtures(code):
     from specaudit.invariants.registry import get_rule
 
     rule = get_rule(code)
-    assert rule is not None and rule.name == dict((c, n) for c, n, _ in INLINE_RULES)[code]
+    assert rule is not None and rule.name == {c: n for c, n, _ in INLINE_RULES}[code]
     run = FixtureRun.make(getattr(rule, "fixture_algo", None) or "chain")
     rule.fail(run)
     steps, requests = run.tables()
