@@ -52,7 +52,8 @@ PLOTS = [
      "each code)."),
 ]
 SEVERITY_COLORS = {"error": "#c62828", "warning": "#ef6c00", "info": "#1565c0"}
-FIG_W, FIG_H, DPI = 9.0, 4.6, 100     # -> 900 x 460 px PNGs, shown at natural size
+PX_W, PX_H, DPI = 900, 460, 100        # every PNG is 900 x 460 px, shown at natural size
+FIG_W, FIG_H = PX_W / DPI, PX_H / DPI
 
 
 def _plt():
@@ -366,7 +367,7 @@ def build_report(paths, out_dir, findings=None, summary=None, *, threads: int | 
         png = _png(makers[stem]())
         atomic_write_bytes(out / f"{stem}.png", png)
         b64 = base64.b64encode(png).decode("ascii")
-        w, h = int(FIG_W * DPI), int(FIG_H * DPI)
+        w, h = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")  # IHDR
         figures.append(
             f'<h2 id="h-{stem}">{_e(heading)}</h2><figure>'
             f'<img id="{stem}" class="plot" alt="{_e(heading)}" width="{w}" height="{h}" '
