@@ -99,9 +99,28 @@ def next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
-def block_rows(B: int, block_n: int, kernel) -> int:
-    """Rows per program. On a GPU a few rows per program keep the per-node loops short
-    and the grid wide (latency-bound work); the interpreter pays ~1 ms per program, so
-    it gets few, large blocks."""
-    budget = 1 << 14 if interpreting(kernel) else 512
+def block_rows(B: int, block_n: int, kernel, block_b: int | None = None) -> int:
+    """Rows per program. The work is latency-bound (per-node loops), so on a GPU each
+    program gets a small tile (about 256 elements: one warp or two, reductions along a
+    row stay in warp shuffles) and the grid gets wide; the interpreter pays ~1 ms per
+    program, so it gets few, large blocks. `block_b` overrides (a power of two)."""
+    if block_b is not None:
+        if block_b < 1 or block_b & (block_b - 1):
+            raise ValueError(f"block_b must be a power of two, not {block_b}")
+        return block_b
+    budget = 1 << 14 if interpreting(kernel) else 256
     return max(2, min(next_pow2(B), budget // block_n))  # >= 2: no size-1 aranges
+
+
+def warps(elements: int, num_warps: int | None = None) -> int:
+    """Warps per program for a tile of `elements` (8 or more per thread keeps the
+    reductions in-warp for small tiles)."""
+    if num_warps is not None:
+        return num_warps
+    return 1 if elements <= 256 else 2 if elements <= 1024 else 4
+
+
+def rows_per_load(block_b: int, block_n: int, kernel) -> int:
+    """Mask rows per [BB, RC, BN] load: about 2048 elements (16K in the interpreter)."""
+    budget = 1 << 14 if interpreting(kernel) else 1 << 11
+    return max(1, min(block_n, budget // (block_b * block_n)))

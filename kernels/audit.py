@@ -42,7 +42,7 @@ import torch
 
 from ._common import (ADDITIVE_VISIBLE_ABOVE, AUDIT_MAX_N, FNV_OFFSET_I64, FNV_PRIME_I64,
                       HAS_TRITON, INT_DTYPES, MASK_DTYPES, block_rows, check_n, check_same_device,
-                      check_tensor, next_pow2, require_triton, tl, triton)
+                      check_tensor, next_pow2, require_triton, rows_per_load, tl, triton, warps)
 from .mask_hash import mask_hash_ref, visible
 from .tree_walk import tree_walk_ref
 
@@ -160,7 +160,7 @@ if triton is not None:
                       IS_CHAIN: tl.constexpr, HAS_MASK: tl.constexpr, MASK_FLOAT: tl.constexpr,
                       HAS_POS: tl.constexpr, VIS_ABOVE: tl.constexpr, OFFSET: tl.constexpr,
                       PRIME: tl.constexpr, NUM_RULES: tl.constexpr,
-                      BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr):
+                      BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, ROWS_PER_LOAD: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)     # [BB]
         row_ok = rows < B
         cols = tl.arange(0, BLOCK_N)                                   # [BN], BN <= 64
@@ -188,44 +188,52 @@ if triton is not None:
 
         one = tl.full([1], 1, tl.int64)
         bits = one << cols.to(tl.int64)                                # [BN] 1 << j
+        # loads whose results are needed only after the loop: issue them now
+        rd = tl.load(rd_ptr + rows, mask=row_ok, other=0)
+        rc = tl.load(rc_ptr + rows, mask=row_ok, other=0)
+        fin = tl.load(fin_ptr + rows, mask=row_ok, other=0) != 0
+        if HAS_POS:
+            pos = tl.load(pos_ptr + off, mask=valid, other=0)
+            seq = tl.load(seq_ptr + rows, mask=row_ok, other=0)
+        # pack the fed mask: words[b, i] bit j = node i sees node j (j < n). Chunks of
+        # ROWS_PER_LOAD rows, unrolled, so the loads overlap instead of one per node below.
+        words = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.int64)
+        if HAS_MASK:
+            r3 = tl.arange(0, ROWS_PER_LOAD)
+            c3 = cols[None, None, :]                                   # [1, 1, BN]
+            for i0 in tl.static_range(0, BLOCK_N, ROWS_PER_LOAD):
+                ii = i0 + r3[None, :, None]                            # [1, RC, 1] rows
+                ld = valid[:, None, :] & (ii < n[:, None, None])       # [BB, RC, BN]
+                m = tl.load(mask_ptr + base[:, None, None] * N + ii * N + c3, mask=ld, other=0)
+                if MASK_FLOAT:
+                    vis = ld & (m > VIS_ABOVE)
+                else:
+                    vis = ld & (m != 0)
+                w = tl.sum(tl.where(vis, bits[None, None, :], 0), axis=2)  # [BB, RC], OR of bits
+                words += tl.sum(tl.where(c3 == ii, w[:, :, None], 0), axis=1)  # to columns i0..
+
         anc = bits[None, :] + tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.int64)  # self bits
         cur = tl.zeros([BLOCK_B], dtype=tl.int32)
         depth = tl.zeros([BLOCK_B], dtype=tl.int32)
         alive = row_ok
         order = tl.where(c2 == 0, 0, -1) + tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.int32)
-        # mask hash and check, row 0 (it sees only itself)
         h = tl.full([BLOCK_B], OFFSET, tl.int64)
         h = (h ^ n.to(tl.int64)) * PRIME
-        mask_bad = tl.zeros([BLOCK_B], dtype=tl.int1)
-        if HAS_MASK:
-            m = tl.load(mask_ptr + base[:, None] * N + c2, mask=valid, other=0)
-            if MASK_FLOAT:
-                vis = valid & (m > VIS_ABOVE)
-            else:
-                vis = valid & (m != 0)
-            word = tl.sum(tl.where(vis, bits[None, :], 0), axis=1)    # [BB] packed row 0
-            mask_bad = row_ok & (word != 1)
-            h = (h ^ word) * PRIME
+        if HAS_MASK:  # FNV-1a step for row 0
+            h = (h ^ tl.sum(tl.where(c2 == 0, words, 0), axis=1)) * PRIME
 
-        # one pass over nodes i = 1..N-1 does three things in registers:
+        # one pass over nodes i = 1..N-1, registers only; three independent chains:
         #   ancestors: anc[i] = anc[parents[i]] | 1 << i (a parent precedes its child)
-        #   the mask:  packed fed row i against anc[i], and the FNV-1a step for row i
-        #   the walk:  step from cur to its first good child (one depth per iteration)
+        #   hash:      the FNV-1a step for row i (rows hash in order)
+        #   walk:      step from cur to its first good child (one depth per iteration)
         for i in range(1, N):
             is_i = c2 == i
             p_i = tl.sum(tl.where(is_i, par, 0), axis=1)              # [BB], -1: no parent
             anc_i = tl.sum(tl.where(c2 == p_i[:, None], anc, 0), axis=1) | (one << i)  # [BB]
             anc = tl.where(is_i, anc_i[:, None], anc)
             if HAS_MASK:
-                live = row_ok & (i < n)
-                m = tl.load(mask_ptr + base[:, None] * N + i * N + c2, mask=valid & live[:, None], other=0)
-                if MASK_FLOAT:
-                    vis = valid & live[:, None] & (m > VIS_ABOVE)
-                else:
-                    vis = valid & live[:, None] & (m != 0)
-                word = tl.sum(tl.where(vis, bits[None, :], 0), axis=1)
-                mask_bad = mask_bad | (live & (word != anc_i))
-                h = tl.where(live, (h ^ word) * PRIME, h)
+                word_i = tl.sum(tl.where(is_i, words, 0), axis=1)
+                h = tl.where(row_ok & (i < n), (h ^ word_i) * PRIME, h)
             cand = good & (par == cur[:, None])
             nxt = tl.min(tl.where(cand, c2, BLOCK_N), axis=1)         # first matching child
             has = alive & (nxt < BLOCK_N)
@@ -234,13 +242,14 @@ if triton is not None:
             order = tl.where(has[:, None] & (c2 == nxt[:, None]), depth[:, None], order)
             alive = has
 
+        # rule mask: every fed row equals its ancestor-or-self word
+        mask_bad = tl.zeros([BLOCK_B], dtype=tl.int1)
+        if HAS_MASK:
+            mask_bad = tl.max((valid & (words != anc)).to(tl.int32), axis=1) > 0
         # first EOS in the derived commit (argmax at path[0..depth]), BLOCK_N when none
         eos_k = tl.min(tl.where((order >= 0) & (am == eos_id), order, BLOCK_N), axis=1)
         has_eos = (eos_k < BLOCK_N) & (eos_id >= 0)
         bonus = tl.load(am_ptr + base + cur, mask=row_ok, other=0)
-        rd = tl.load(rd_ptr + rows, mask=row_ok, other=0)
-        rc = tl.load(rc_ptr + rows, mask=row_ok, other=0)
-        fin = tl.load(fin_ptr + rows, mask=row_ok, other=0) != 0
         depth_bad = rd != depth
         commit_bad = tl.where(fin, (rc < 1) | (rc > depth + 1), rc != depth + 1)
         eos_bad = has_eos & ((rc > eos_k + 1) | (fin == 0))
@@ -252,8 +261,6 @@ if triton is not None:
             x = (x & 0x3333333333333333) + ((x >> 2) & 0x3333333333333333)
             x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0F
             dep = ((x * 0x0101010101010101) >> 56) - 1
-            pos = tl.load(pos_ptr + off, mask=valid, other=0)
-            seq = tl.load(seq_ptr + rows, mask=row_ok, other=0)
             pos_bad = tl.max((valid & (pos != seq[:, None] + dep)).to(tl.int32), axis=1) > 0
         flags = (tree_bad.to(tl.int32) | depth_bad.to(tl.int32) << 1 | commit_bad.to(tl.int32) << 2
                  | eos_bad.to(tl.int32) << 3 | mask_bad.to(tl.int32) << 4 | pos_bad.to(tl.int32) << 5)
@@ -275,13 +282,15 @@ else:  # pragma: no cover
 
 def audit_step(node_tokens, parents, n_nodes, target_argmax, accepted_depth, commit_len,
                finished, counters, *, chain: bool = False, eos_id: int = -1, node_mask=None,
-               positions=None, seq_len=None) -> AuditResult:
+               positions=None, seq_len=None, block_b: int | None = None,
+               num_warps: int | None = None) -> AuditResult:
     """Triton kernel: audit one batched verify step on device; no host sync.
 
     node_tokens, parents, target_argmax [B, N] int (N <= 64); n_nodes, accepted_depth,
     commit_len [B] int; finished [B] bool or int; counters int64 [NUM_COUNTERS], added to
     in place. Optional: node_mask [B, N, N] (bool or additive float) as fed to attention;
     positions [B, N] with seq_len [B] as fed. eos_id < 0 disables the eos rule.
+    block_b, num_warps: launch shape overrides (benchmark sweeps); default: a heuristic.
     """
     B, N, dev = _check(node_tokens, parents, n_nodes, target_argmax, accepted_depth, commit_len,
                        finished, counters, node_mask, positions, seq_len)
@@ -295,7 +304,7 @@ def audit_step(node_tokens, parents, n_nodes, target_argmax, accepted_depth, com
     if NUM_RULES + 2 != 8:  # the counter vector is one power-of-two arange in the kernel
         raise AssertionError("NUM_COUNTERS must stay 8")
     BN = max(next_pow2(N), 2)
-    BB = block_rows(B, BN, _audit_kernel)
+    BB = block_rows(B, BN, _audit_kernel, block_b)
     fin = finished.view(torch.uint8) if finished.dtype == torch.bool else finished
     dummy = flags  # stands in for absent optional tensors (never read: constexpr-guarded)
     _audit_kernel[(triton.cdiv(B, BB),)](
@@ -309,5 +318,6 @@ def audit_step(node_tokens, parents, n_nodes, target_argmax, accepted_depth, com
         MASK_FLOAT=node_mask is not None and node_mask.dtype != torch.bool,
         HAS_POS=positions is not None, VIS_ABOVE=ADDITIVE_VISIBLE_ABOVE,
         OFFSET=FNV_OFFSET_I64, PRIME=FNV_PRIME_I64, NUM_RULES=NUM_RULES,
-        BLOCK_B=BB, BLOCK_N=BN)
+        BLOCK_B=BB, BLOCK_N=BN, ROWS_PER_LOAD=rows_per_load(BB, BN, _audit_kernel),
+        num_warps=warps(BB * BN, num_warps))
     return AuditResult(flags, depth, bonus, h)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ._common import (CHAIN_MAX_N, INT_DTYPES, block_rows, check_n, check_same_device,
-                      check_tensor, default_n_nodes, next_pow2, require_triton, tl, triton)
+                      check_tensor, default_n_nodes, next_pow2, require_triton, tl, triton, warps)
 
 
 def _check(tokens, target_argmax, n_nodes):
@@ -77,5 +77,5 @@ def chain_accept(tokens: torch.Tensor, target_argmax: torch.Tensor,
     BN = max(next_pow2(N), 2)
     BB = block_rows(B, BN, _chain_accept_kernel)
     _chain_accept_kernel[(triton.cdiv(B, BB),)](tokens, target_argmax, n, depth, bonus, B, N,
-                                                 BLOCK_B=BB, BLOCK_N=BN)
+                                                 BLOCK_B=BB, BLOCK_N=BN, num_warps=warps(BB * BN))
     return depth, bonus

@@ -18,7 +18,8 @@ import torch
 
 from ._common import (ADDITIVE_VISIBLE_ABOVE, FNV_OFFSET_I64, FNV_PRIME_I64, INT_DTYPES,
                       MASK_DTYPES, MASK_HASH_MAX_N, block_rows, check_n, check_same_device,
-                      check_tensor, default_n_nodes, require_triton, tl, triton)
+                      check_tensor, default_n_nodes, next_pow2, require_triton, rows_per_load, tl,
+                      triton, warps)
 
 
 def as_uint64(h) -> np.ndarray:
@@ -72,29 +73,50 @@ if triton is not None:
     @triton.jit
     def _mask_hash_kernel(mask_ptr, n_ptr, out_ptr, B, N, W, BLOCK_B: tl.constexpr,
                           IS_FLOAT: tl.constexpr, VIS_ABOVE: tl.constexpr,
-                          OFFSET: tl.constexpr, PRIME: tl.constexpr):
+                          OFFSET: tl.constexpr, PRIME: tl.constexpr,
+                          ONE_WORD: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)  # [BB]
         row_ok = rows < B
         n = tl.load(n_ptr + rows, mask=row_ok, other=1)
         n = tl.minimum(tl.maximum(n, 1), N).to(tl.int32)  # clamp in the native dtype first
-        nw = (n + 63) // 64                                         # [BB] words per row
-        bit = tl.full([64], 1, tl.int64) << tl.arange(0, 64).to(tl.int64)  # [64]
         base = rows.to(tl.int64) * N * N
         h = tl.full([BLOCK_B], OFFSET, tl.int64)
         h = (h ^ n.to(tl.int64)) * PRIME
-        for i in range(0, N):
-            row_live = row_ok & (i < n)
-            for w in range(0, W):
-                j = w * 64 + tl.arange(0, 64)                       # [64] columns of word w
-                ld = row_live[:, None] & (j[None, :] < n[:, None])
-                m = tl.load(mask_ptr + base[:, None] + i * N + j[None, :], mask=ld, other=0)
+        if ONE_WORD:
+            # N <= 64: one word per row. ROWS rows per [BB, ROWS, BN] load, unrolled so
+            # the loads overlap; the FNV steps then run on registers, in row order.
+            j = tl.arange(0, BLOCK_N)
+            bit = tl.full([BLOCK_N], 1, tl.int64) << j.to(tl.int64)     # [BN] 1 << j
+            j3 = j[None, None, :]
+            r2 = tl.arange(0, ROWS)[None, :]                            # [1, ROWS]
+            for i0 in tl.static_range(0, BLOCK_N, ROWS):
+                ii = i0 + r2[:, :, None]                                # [1, ROWS, 1]
+                ld = row_ok[:, None, None] & (ii < n[:, None, None]) & (j3 < n[:, None, None])
+                m = tl.load(mask_ptr + base[:, None, None] + ii * N + j3, mask=ld, other=0)
                 if IS_FLOAT:
                     vis = ld & (m > VIS_ABOVE)
                 else:
                     vis = ld & (m != 0)
-                word = tl.sum(tl.where(vis, bit[None, :], 0), axis=1)  # [BB] int64, OR of bits
-                live = row_live & (w < nw)
-                h = tl.where(live, (h ^ word) * PRIME, h)
+                w = tl.sum(tl.where(vis, bit[None, None, :], 0), axis=2)  # [BB, ROWS], OR of bits
+                for r in tl.static_range(ROWS):
+                    w_r = tl.sum(tl.where(r2 == r, w, 0), axis=1)
+                    h = tl.where(row_ok & (i0 + r < n), (h ^ w_r) * PRIME, h)
+        else:
+            # any N: row by row, word by word (W = ceil(N / 64) words of 64 columns)
+            nw = (n + 63) // 64                                         # [BB] words per row
+            bit = tl.full([64], 1, tl.int64) << tl.arange(0, 64).to(tl.int64)
+            for i in range(0, N):
+                row_live = row_ok & (i < n)
+                for w in range(0, W):
+                    j = w * 64 + tl.arange(0, 64)                       # [64] columns of word w
+                    ld = row_live[:, None] & (j[None, :] < n[:, None])
+                    m = tl.load(mask_ptr + base[:, None] + i * N + j[None, :], mask=ld, other=0)
+                    if IS_FLOAT:
+                        vis = ld & (m > VIS_ABOVE)
+                    else:
+                        vis = ld & (m != 0)
+                    word = tl.sum(tl.where(vis, bit[None, :], 0), axis=1)  # [BB] int64
+                    h = tl.where(row_live & (w < nw), (h ^ word) * PRIME, h)
         tl.store(out_ptr + rows, h, mask=row_ok)
 else:  # pragma: no cover
     _mask_hash_kernel = None
@@ -107,8 +129,12 @@ def mask_hash(mask: torch.Tensor, n_nodes: torch.Tensor | None = None) -> torch.
     out = torch.empty(B, dtype=torch.int64, device=dev)
     if B == 0:
         return out
-    BB = block_rows(B, 64, _mask_hash_kernel)
+    one_word = N <= 64
+    BN = max(next_pow2(N), 2) if one_word else 64
+    BB = block_rows(B, BN, _mask_hash_kernel)
     _mask_hash_kernel[(triton.cdiv(B, BB),)](
         mask, n, out, B, N, (N + 63) // 64, BLOCK_B=BB, IS_FLOAT=mask.dtype != torch.bool,
-        VIS_ABOVE=ADDITIVE_VISIBLE_ABOVE, OFFSET=FNV_OFFSET_I64, PRIME=FNV_PRIME_I64)
+        VIS_ABOVE=ADDITIVE_VISIBLE_ABOVE, OFFSET=FNV_OFFSET_I64, PRIME=FNV_PRIME_I64,
+        ONE_WORD=one_word, BLOCK_N=BN, ROWS=rows_per_load(BB, BN, _mask_hash_kernel),
+        num_warps=warps(BB * BN))
     return out

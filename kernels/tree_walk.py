@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from ._common import (INT_DTYPES, TREE_MAX_N, block_rows, check_n, check_same_device,
-                      check_tensor, default_n_nodes, next_pow2, require_triton, tl, triton)
+                      check_tensor, default_n_nodes, next_pow2, require_triton, tl, triton, warps)
 
 
 def _check(tokens, parents, target_argmax, n_nodes):
@@ -113,5 +113,5 @@ def tree_walk(tokens: torch.Tensor, parents: torch.Tensor, target_argmax: torch.
     BN = max(next_pow2(N), 2)
     BB = block_rows(B, BN, _tree_walk_kernel)
     _tree_walk_kernel[(triton.cdiv(B, BB),)](tokens, parents, target_argmax, n, path, depth, bonus,
-                                             B, N, BLOCK_B=BB, BLOCK_N=BN)
+                                             B, N, BLOCK_B=BB, BLOCK_N=BN, num_warps=warps(BB * BN))
     return path, depth, bonus

@@ -488,3 +488,37 @@ def test_degenerate_shapes():
 
 def test_rules_are_eight_counters():
     assert len(RULES) + 2 == NUM_COUNTERS == 8
+
+
+# ----------------------------------------------------------------- benchmark
+def _bench_module():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_kernels.py"
+    spec = importlib.util.spec_from_file_location("bench_kernels", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path of the benchmark")
+def test_bench_kernels_says_it_needs_cuda(capsys):
+    import json
+    assert _bench_module().main([]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert json.loads(last)["skipped"] == "needs CUDA"
+
+
+def test_bench_kernels_dry_run_plumbing(capsys):
+    """The benchmark's inputs, agreement checks, host-sync versions and JSON, on CPU."""
+    import json
+    bench = _bench_module()
+    assert bench.main(["--dry-run", "--sizes", "3x8", "--iters", "1", "--host-iters", "1"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    summary = json.loads(out[-1])
+    assert [r["kernel"] for r in summary["results"]] == list(bench.KERNELS)
+    for r in summary["results"]:
+        assert r["B"] == 3 and r["N"] == 8 and r["triton_us"] > 0 and r["host_sync_us"] > 0
+    assert summary["meets_target_graph"] is None and "dry run" in summary["device"]
+    with pytest.raises(SystemExit):
+        bench.main(["--sizes", "3by8"])

@@ -1,0 +1,163 @@
+"""InlineAuditor: the engine hook, its backends, the non-blocking counter read, and the
+Prometheus collector; then the real engine with each injected fault (embedded models)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from prometheus_client import CollectorRegistry, generate_latest
+
+from specaudit.kernels import RULES, InlineAuditor, as_uint64
+from specaudit.kernels.audit import NUM_COUNTERS
+from specaudit.tracer import node_mask_hashes
+from test_kernels import engine_step, make_batch
+
+
+def hook_steps(fault=None, seeds=range(4)):
+    """Runtime-shaped hook calls (numpy parents/n_nodes, lists of counters, tensors)."""
+    for s in seeds:
+        b = make_batch("tree", 6, 13, 77 + s)
+        yield engine_step(b, fault, "tree", int(b["rng"].integers(0, b["V"])))[0]
+
+
+@pytest.mark.parametrize("fault", [None, "bonus-double-count", "causal-mask-on-tree"])
+def test_backends_agree_on_host_and_device_inputs(fault):
+    """backend=triton (interpreted here) and backend=torch count the same, whether the
+    hook passes numpy arrays and lists (staged in one copy) or tensors."""
+    a, b = InlineAuditor("cpu", backend="triton"), InlineAuditor("cpu", backend="torch")
+    for kw in hook_steps(fault):
+        ra = a.audit(**kw)
+        as_tensors = {k: (torch.as_tensor(np.asarray(v)) if isinstance(v, (list, np.ndarray)) else v)
+                      for k, v in kw.items()}
+        rb = b.audit(**as_tensors)
+        assert ra.flags.tolist() == rb.flags.tolist()
+        want = node_mask_hashes(kw["node_mask"].numpy(), np.asarray(kw["n_nodes"]))  # the tracer's
+        assert as_uint64(ra.mask_hash).tolist() == want.tolist()
+        assert a.last is ra
+    assert a.read() == b.read() == a.read_sync()
+    snap = a.read()
+    assert snap["steps"] == 4 * 6
+    assert (snap["violating_steps"] > 0) == (fault is not None)
+
+
+def test_auditor_rejects_bad_backend_and_oversized_trees():
+    with pytest.raises(ValueError, match="backend must be auto, triton or torch"):
+        InlineAuditor("cpu", backend="cuda")
+    assert InlineAuditor("cpu").backend == "torch"  # auto on CPU: the torch reference
+    aud = InlineAuditor("cpu", backend="triton")
+    N = 65
+    with pytest.raises(ValueError, match="above this kernel's limit of 64"):
+        aud.audit(algo="chain", node_tokens=torch.zeros(1, N, dtype=torch.long),
+                  parents=np.arange(-1, N - 1)[None], n_nodes=[N],
+                  target_argmax=torch.zeros(1, N, dtype=torch.long), accepted_depth=[0],
+                  commit_len=[1], finished=[False])
+    assert aud.read()["steps"] == 0
+
+
+def test_prometheus_collector_exposes_counters():
+    aud = InlineAuditor("cpu", backend="torch")
+    for kw in hook_steps("position-off-by-one", seeds=range(2)):
+        aud.audit(**kw)
+    reg = CollectorRegistry()
+    reg.register(aud.collector())
+    text = generate_latest(reg).decode()
+    assert "specaudit_inline_audit_steps_total 12.0" in text
+    assert "specaudit_inline_audit_violating_steps_total 12.0" in text
+    assert 'specaudit_inline_audit_violations_total{rule="positions"} 12.0' in text
+    for r in RULES:
+        assert f'specaudit_inline_audit_violations_total{{rule="{r}"}}' in text
+    assert "# TYPE specaudit_inline_audit_violations_total counter" in text
+
+
+class FakeEvent:
+    """torch.cuda.Event stand-in: completes only when the test says so."""
+
+    def __init__(self):
+        self.done = True
+
+    def record(self):
+        self.done = False
+
+    def query(self):
+        return self.done
+
+
+def test_counter_ring_never_blocks_and_never_reads_a_pending_copy():
+    """The CUDA read path (pinned ring + events), driven with fake events on CPU: read()
+    returns the newest completed copy, never one still in flight; the writer never
+    overwrites the slot a reader would use, and skips a step when every slot is busy."""
+    aud = InlineAuditor("cpu", backend="torch")
+    aud._cuda = True  # white box: the ring's bookkeeping, without a GPU
+    aud._slots = [torch.zeros(NUM_COUNTERS, dtype=torch.int64) for _ in range(3)]
+    aud._events = [FakeEvent() for _ in range(3)]
+    aud._seq, aud._pending = [0, 0, 0], [False] * 3
+    one = next(hook_steps("position-off-by-one", seeds=[0]))
+    one = {k: (torch.as_tensor(np.asarray(v)) if isinstance(v, (list, np.ndarray)) else v)
+           for k, v in one.items()}  # tensors: staging would pin memory, which needs CUDA
+    B = len(one["commit_len"])
+    steps = lambda: aud.read()["steps"] // B  # noqa: E731
+    aud.audit(**one)                       # step 1 -> slot 0, in flight
+    assert steps() == 0                    # nothing completed yet: zeros, no wait
+    aud._events[0].done = True
+    assert steps() == 1
+    aud.audit(**one)                       # step 2 -> slot 1 (slot 0 is the newest done)
+    assert aud._pending == [False, True, False] and steps() == 1
+    aud.audit(**one)                       # step 3 -> slot 2
+    aud.audit(**one)                       # step 4: slots busy or kept -> skipped
+    assert aud._seq == [1, 2, 3]
+    aud._events[2].done = True
+    assert steps() == 3                    # newest completed copy wins
+    aud._events[1].done = True
+    assert steps() == 3                    # an older copy completing later does not go back
+    aud.audit(**one)                       # step 5 -> slot 0 (not the newest done, not pending)
+    assert aud._seq == [4, 2, 3] and aud._pending == [True, False, False]
+    aud._events[0].done = True
+    assert steps() == 5 and aud.read_sync()["steps"] == 5 * B
+    assert aud.read()["rules"]["positions"] == 5 * B
+
+
+# ---------------------------------------------------------------- real engine
+class RecordingAuditor(InlineAuditor):
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.calls = []
+
+    def audit(self, **kw):
+        res = super().audit(**kw)
+        self.calls.append((kw, res))
+        return res
+
+
+ENGINE_CASES = [
+    (None, "chain", None), (None, "tree", None),
+    ("commit-counter", "chain", "depth"), ("bonus-double-count", "tree", "depth"),
+    ("eos-overcount", "chain", "eos"), ("causal-mask-on-tree", "tree", "mask"),
+    ("position-off-by-one", "tree", "positions"),
+]
+
+
+@pytest.mark.parametrize("fault,algo,rule", ENGINE_CASES)
+def test_engine_inline_audit_catches_each_fault(models, fault, algo, rule):
+    """SpecEngine with engine.auditor set: a clean run never flags; each fault's rule
+    counts violations; the on-device mask hash equals the tracer's for every step."""
+    from specaudit.run import default_prompts, encode
+    from specaudit.runtime.engine import Request, SpecConfig, SpecEngine
+    target, drafter, _ = models
+    cfg = SpecConfig(algo=algo, budget=7 if algo == "chain" else 12, topk=1 if algo == "chain" else 3,
+                     max_new_tokens=40, concurrency=2, eos_id=10, fault=fault)  # EOS = newline
+    engine = SpecEngine(target, drafter, cfg)
+    engine.auditor = RecordingAuditor("cpu", backend="triton")
+    reqs = [Request(request_id=str(i), prompt=encode(p), max_new_tokens=40)
+            for i, p in enumerate(default_prompts()[:4])]
+    engine.run(reqs)
+    snap = engine.auditor.read()
+    assert snap["steps"] == engine.metrics.verify_steps > 0
+    for kw, res in engine.auditor.calls:
+        want = node_mask_hashes(kw["node_mask"].numpy(), np.asarray(kw["n_nodes"]))
+        assert as_uint64(res.mask_hash).tolist() == want.tolist()
+    if rule is None:
+        assert snap["violating_steps"] == 0, snap
+    else:
+        assert snap["rules"][rule] > 0, snap
+        others = {r for r, v in snap["rules"].items() if v} - {rule, "commit", "eos"}
+        assert not others, f"{fault} also flagged {others}: {snap}"
