@@ -461,3 +461,108 @@ class PromSink:
             self.estimated_cl.set(estimate.value)
             self.estimated_lo.set(estimate.low)
             self.estimated_hi.set(estimate.high)
+
+
+# ------------------------------------------------------------------- fast /metrics
+
+def _go_float(v: float) -> str:
+    """A sample value as Prometheus text: repr, with Go's spellings of inf and nan."""
+    if v != v:
+        return "NaN"
+    if v in (float("inf"), float("-inf")):
+        return "+Inf" if v > 0 else "-Inf"
+    return repr(float(v))
+
+
+class FastExposition:
+    """Prometheus text for a registry of plain Counters, Gauges and Histograms, ~10x
+    cheaper than prometheus_client.generate_latest.
+
+    A 10 Hz scrape must not slow the decode loop (it shares the GIL): the label and
+    name part of every line is formatted once into a plan, and a render only reads
+    the current values and joins strings. The plan is rebuilt when a family gains a
+    labelled child. Families this class does not know (another collector type, or a
+    prometheus_client without the private fields used here) make it fall back to
+    generate_latest, so the output is always complete. Same samples, same values,
+    same HELP/TYPE lines as generate_latest (tested).
+    """
+
+    def __init__(self, registry: CollectorRegistry):
+        self.registry = registry
+        self._plan = None
+        self._key = None
+
+    @staticmethod
+    def _labels(names, values, extra=()) -> str:
+        pairs = sorted([(n, v) for n, v in zip(names, values)] + list(extra))   # as generate_latest
+        if not pairs:
+            return ""
+        esc = lambda v: str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')  # noqa: E731
+        return "{" + ",".join(f'{n}="{esc(v)}"' for n, v in pairs) + "}"
+
+    def _wrappers(self):
+        return list(getattr(self.registry, "_collector_to_names", {}).keys())
+
+    def _children(self, w):
+        if w._labelnames:
+            with w._lock:
+                return list(w._metrics.items())
+        return [((), w)]
+
+    def _build(self, wrappers):
+        parts = []   # (kind, text or getter list)
+        for w in wrappers:
+            typ = getattr(w, "_type", None)
+            if typ not in ("counter", "gauge", "histogram") or not hasattr(w, "_name"):
+                return None
+            name = w._name
+            doc = w._documentation.replace("\\", "\\\\").replace("\n", "\\n")
+            fam = name + ("_total" if typ == "counter" else "")   # text format 0.0.4 names counters so
+            parts.append(("static", f"# HELP {fam} {doc}\n# TYPE {fam} {typ}\n"))
+            for lv, child in self._children(w):
+                lab = self._labels(w._labelnames, lv)
+                if typ == "counter":
+                    if not hasattr(child, "_value"):
+                        return None
+                    parts.append(("value", f"{name}_total{lab} ", child._value.get))
+                elif typ == "gauge":
+                    if not hasattr(child, "_value") or getattr(child, "_multiprocess_mode", "all") not in (
+                            "all", "liveall", "max", "min", "sum", "mostrecent", "livesum", "livemax", "livemin",
+                            "livemostrecent"):
+                        return None
+                    parts.append(("value", f"{name}{lab} ", child._value.get))
+                else:
+                    if not (hasattr(child, "_buckets") and hasattr(child, "_sum") and hasattr(child, "_upper_bounds")):
+                        return None
+                    les = [self._labels(w._labelnames, lv, [("le", _go_float(b))]) for b in child._upper_bounds]
+                    parts.append(("hist", [f"{name}_bucket{le} " for le in les], f"{name}_count{lab} ",
+                                  f"{name}_sum{lab} ", child))
+        return parts
+
+    def render(self) -> bytes:
+        from prometheus_client import generate_latest
+        wrappers = self._wrappers()
+        key = tuple((id(w), len(w._metrics) if getattr(w, "_labelnames", None) else 0) for w in wrappers) \
+            if all(hasattr(w, "_labelnames") for w in wrappers) else None
+        if key is None:
+            return generate_latest(self.registry)
+        if key != self._key:
+            self._plan, self._key = self._build(wrappers), key
+        if self._plan is None:
+            return generate_latest(self.registry)
+        out = []
+        for p in self._plan:
+            kind = p[0]
+            if kind == "static":
+                out.append(p[1])
+            elif kind == "value":
+                out.append(p[1] + _go_float(p[2]()) + "\n")
+            else:
+                _, bucket_prefixes, count_prefix, sum_prefix, child = p
+                acc = 0.0
+                for prefix, b in zip(bucket_prefixes, child._buckets):
+                    acc += b.get()
+                    out.append(prefix + _go_float(acc) + "\n")
+                out.append(count_prefix + _go_float(acc) + "\n")
+                out.append(sum_prefix + _go_float(child._sum.get()) + "\n")
+        return "".join(out).encode()

@@ -502,8 +502,8 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         s = self.srv
         if path == "/metrics":
-            from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-            data = generate_latest(s.registry)
+            from prometheus_client import CONTENT_TYPE_LATEST
+            data = s.exposition.render()
             self.send_response(200)
             self.send_header("Content-Type", CONTENT_TYPE_LATEST)
             self.send_header("Content-Length", str(len(data)))
@@ -707,7 +707,7 @@ class SpecServer:
 
         from . import __version__
         from .model import EOS_ID, default_models
-        from .prom import PromSink
+        from .prom import FastExposition, PromSink
         from .run import host_info, new_run_id
         from .runtime.engine import SpecConfig, SpecEngine
         from .runtime.faults import get_fault
@@ -768,6 +768,7 @@ class SpecServer:
             pass
         self.registry = CollectorRegistry()
         self.prom = PromSink(self.registry, max_depth=budget + 1)
+        self.exposition = FastExposition(self.registry)   # /metrics: cheap enough for a 10 Hz scrape
         self._http_errors = Counter("specaudit_http_errors", "HTTP error responses by status code", ["code"],
                                     registry=self.registry)
         self._err_children = {c: self._http_errors.labels(code=str(c))

@@ -303,3 +303,29 @@ def test_inline_rules_agree_with_the_checker_on_its_own_fixtures(code):
     rid, st = b.column(1).to_pylist(), b.column(2).to_pylist()
     got = {(c, rid[i], st[i]) for c, m in v.items() for i in np.flatnonzero(m)}
     assert got == want
+
+
+def test_fast_exposition_equals_generate_latest():
+    """The server's /metrics renderer: byte for byte what prometheus_client writes, also
+    with labels (sorted, escaped), histograms with labels, and children added later."""
+    from prometheus_client import Counter, Histogram
+
+    from specaudit.prom import FastExposition
+    steps, reqs, manifest = synth_run_rows(n_requests=12, algo="tree", seed=1)
+    reg = CollectorRegistry()
+    sink = PromSink(reg)
+    fx = FastExposition(reg)
+    want = lambda: "\n".join(l for l in generate_latest(reg).decode().splitlines() if "_created" not in l)  # noqa: E731
+    got = lambda: "\n".join(l for l in fx.render().decode().splitlines() if "_created" not in l)  # noqa: E731
+    assert got() == want()
+    sink.open_run(manifest)                      # a labelled child appears (run_info)
+    for b in steps.to_batches(max_chunksize=5):
+        sink.write_steps(b)
+    for r in reqs.to_pylist():
+        sink.write_request(r)
+    sink.set_load(3, 1)
+    h = Histogram("x_seconds", 'odd "doc"\\ here', ["zone", "app"], buckets=(0.5, 1.0), registry=reg)
+    h.labels(zone='a"b\\c\nd', app="z").observe(0.7)
+    Counter("y", "y", ["k"], registry=reg).labels(k="v").inc(2.5)
+    assert got() == want()
+    assert fx.render().decode().count("\n") > 200
