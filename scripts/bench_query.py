@@ -30,9 +30,17 @@ from pathlib import Path
 RUNS = [("chain", 8, 1, 1), ("chain", 8, 1, 8), ("chain", 16, 1, 4), ("tree", 13, 3, 4)]
 
 
-def make_dataset(root: Path, steps: int, seed: int) -> tuple[Path, float]:
-    """The dataset folder for (steps, seed), generated unless already complete."""
+def _gen_run(ds: Path, k: int, algo: str, n: int, topk: int, conc: int, seed: int) -> None:
     from specaudit.synth import write_synthetic_dataset
+    print(f"generating {algo} n={n} topk={topk} c={conc}: {k:,} steps", file=sys.stderr, flush=True)
+    write_synthetic_dataset(ds, k, n_nodes=n, algo=algo, seed=seed, topk=topk, concurrency=conc,
+                            run_id=f"bench-{algo}-n{n}-k{topk}-c{conc}", max_new_tokens=256)
+
+
+def make_dataset(root: Path, steps: int, seed: int, jobs: int = 1) -> tuple[Path, float]:
+    """The dataset folder for (steps, seed), generated (runs in parallel with jobs > 1)
+    unless already complete."""
+    from concurrent.futures import ProcessPoolExecutor
     ds = root / f"steps-{steps}-seed{seed}"
     done = ds / ".complete"
     if done.exists():
@@ -42,11 +50,15 @@ def make_dataset(root: Path, steps: int, seed: int) -> tuple[Path, float]:
     ds.mkdir(parents=True)
     t0 = time.time()
     per = steps // len(RUNS)
-    for i, (algo, n, topk, conc) in enumerate(RUNS):
-        k = per + (steps - per * len(RUNS) if i == 0 else 0)
-        print(f"generating {algo} n={n} topk={topk} c={conc}: {k:,} steps", file=sys.stderr, flush=True)
-        write_synthetic_dataset(ds, k, n_nodes=n, algo=algo, seed=seed + i, topk=topk, concurrency=conc,
-                                run_id=f"bench-{algo}-n{n}-k{topk}-c{conc}", max_new_tokens=256)
+    todo = [(ds, per + (steps - per * len(RUNS) if i == 0 else 0), algo, n, topk, conc, seed + i)
+            for i, (algo, n, topk, conc) in enumerate(RUNS)]
+    if jobs > 1:
+        with ProcessPoolExecutor(max_workers=jobs) as ex:
+            for f in [ex.submit(_gen_run, *t) for t in todo]:
+                f.result()
+    else:
+        for t in todo:
+            _gen_run(*t)
     done.write_text("ok\n")
     return ds, time.time() - t0
 
@@ -63,6 +75,8 @@ def main(argv=None) -> int:
                     help="where datasets are generated and kept (default: $TMPDIR/specaudit-bench-query)")
     ap.add_argument("--dataset", help="benchmark this dataset instead of generating one")
     ap.add_argument("--threads", type=int, default=2, help="DuckDB threads (default 2)")
+    ap.add_argument("--jobs", type=int, default=1, help="processes generating runs (default 1)")
+    ap.add_argument("--generate-only", action="store_true", help="make the dataset and stop")
     ap.add_argument("--check", action="store_true", help="also run the checker and pass its findings to the report")
     ap.add_argument("--repeat", type=int, default=1, help="runs per query; the slowest counts (default 1)")
     args = ap.parse_args(argv)
@@ -73,7 +87,10 @@ def main(argv=None) -> int:
     if args.dataset:
         ds, gen_s = Path(args.dataset), 0.0
     else:
-        ds, gen_s = make_dataset(Path(args.workdir), args.steps, args.seed)
+        ds, gen_s = make_dataset(Path(args.workdir), args.steps, args.seed, args.jobs)
+    if args.generate_only:
+        print(json.dumps({"dataset": str(ds), "dataset_bytes": du(ds), "generate_s": round(gen_s, 1)}))
+        return 0
     paths = [str(ds)]
 
     t0 = time.time()

@@ -31,14 +31,17 @@ pytest.importorskip("duckdb")
 
 @pytest.fixture(scope="module")
 def synth_ds(tmp_path_factory):
-    """Three contract-valid runs: a chain, a branching tree, a ragged tree (no weights needed)."""
+    """Contract-valid runs: a chain, a branching tree, a ragged tree and a tree of 81 nodes
+    (past the 64-node bit-set fast path of the nodes view and the calibration query)."""
     from specaudit.synth import synth_run_rows, write_run
     out = tmp_path_factory.mktemp("qsynth")
     runs = {}
     for kw in (dict(algo="chain", budget=7, seed=1, run_id="chainA", concurrency=1),
                dict(algo="tree", budget=12, topk=3, seed=2, run_id="treeB", concurrency=4),
-               dict(algo="tree", budget=9, topk=2, seed=3, run_id="raggedC", ragged=True, concurrency=2)):
-        steps, reqs, man = synth_run_rows(12, max_new_tokens=40, **kw)
+               dict(algo="tree", budget=9, topk=2, seed=3, run_id="raggedC", ragged=True, concurrency=2),
+               dict(algo="tree", budget=80, topk=2, seed=4, run_id="bigD", concurrency=1, n_requests=3)):
+        kw.setdefault("n_requests", 12)
+        steps, reqs, man = synth_run_rows(max_new_tokens=40, **kw)
         write_run(out, steps, reqs, man, n_files=2)
         runs[kw["run_id"]] = (steps, reqs, man)
     return out, runs

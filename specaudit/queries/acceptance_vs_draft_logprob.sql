@@ -28,22 +28,32 @@ chain_nodes AS (
     FROM chain_rows
 ),
 tree_rows AS (
-    SELECT run_id, len(node_tokens) AS n, accepted_path,
+    -- trees of up to 64 nodes: the accepted path as a bit set, so "is my parent on the
+    -- path" is a shift per node instead of a list search
+    SELECT run_id,
            list_aggregate(list_transform(accepted_path, lambda i: CASE WHEN i BETWEEN 0 AND 63
                THEN (1::UBIGINT << i) ELSE 0::UBIGINT END), 'bit_or') AS bits,
            unnest(draft_logprob) AS lp, unnest(parents) AS parent,
            unnest(range(len(parents))) AS node
     FROM steps
-    WHERE NOT (algo = 'chain' OR topk = 1) AND draft_logprob IS NOT NULL
+    WHERE NOT (algo = 'chain' OR topk = 1) AND draft_logprob IS NOT NULL AND len(parents) <= 64
+),
+big_tree_rows AS (
+    -- larger trees: search the path list
+    SELECT run_id, accepted_path,
+           unnest(draft_logprob) AS lp, unnest(parents) AS parent,
+           unnest(range(len(parents))) AS node
+    FROM steps
+    WHERE NOT (algo = 'chain' OR topk = 1) AND draft_logprob IS NOT NULL AND len(parents) > 64
 ),
 tree_nodes AS (
-    SELECT run_id, lp,
-           CASE WHEN n <= 64 THEN ((bits >> node) & 1) = 1
-                ELSE list_contains(accepted_path, node) END AS accepted
+    SELECT run_id, lp, ((bits >> node) & 1) = 1 AS accepted
     FROM tree_rows
-    WHERE node > 0 AND parent >= 0
-      AND CASE WHEN n <= 64 THEN ((bits >> parent) & 1) = 1
-               ELSE list_contains(accepted_path, parent) END
+    WHERE node > 0 AND parent >= 0 AND ((bits >> parent) & 1) = 1
+    UNION ALL
+    SELECT run_id, lp, list_contains(accepted_path, node) AS accepted
+    FROM big_tree_rows
+    WHERE node > 0 AND list_contains(accepted_path, parent)
 ),
 reached AS (
     SELECT run_id, lp, j < d AS accepted FROM chain_nodes
