@@ -24,6 +24,7 @@ CASES = {
     "vllm_clean.log": ((), ()),
     "vllm_clean_k5.log": ((), ()),
     "vllm_clean_dp2.log": ((), ()),
+    "vllm_v0_clean.log": ((), ()),
     "vllm_clean.prom": ((), ()),
     "vllm_clean_dp2.prom": ((), ()),
     "vllm_clean_single_scrape.prom": ((), ()),
@@ -156,6 +157,13 @@ def test_vllm_parse_details():
     assert w.drafts == round(11037 / 1.80)
     r = read_source(FIX / "vllm_clean_dp2.log")
     assert {w.rank for w in r.windows} == {"engine 0", "engine 1"}
+
+
+def test_vllm_v0_parse():
+    r = read_source(FIX / "vllm_v0_clean.log")
+    w = r.windows[-1]
+    assert r.config["num_spec_tokens"] == 3 and w.drafts == w.draft_tokens / 3
+    assert 1 < w.accept_len < 4 and 0 < w.accept_rate < 1 and w.concurrency == 6
 
 
 def test_prom_scrapes_and_rates():

@@ -17,10 +17,12 @@ interval, with `drafts` the number of verify steps (never printed):
     Avg Draft acceptance rate = 100 * Accepted / Drafted  (one decimal)
 The reader recovers drafts = Accepted / (Mean acceptance length - 1).
 
-The V0 engine's `Speculative metrics: Draft acceptance rate: 0.651, System efficiency:
-0.507, Number of speculative tokens: 5, Number of accepted tokens: 1234, Number of draft
-tokens: 1895, Number of emitted tokens: 1500.` lines are cumulative; emitted = accepted +
-bonus tokens, so drafts = emitted - accepted.
+The V0 engine's `Speculative metrics: Draft acceptance rate: 0.642, System efficiency:
+0.598, Number of speculative tokens: 3, Number of accepted tokens: 8547, Number of draft
+tokens: 13311, Number of emitted tokens: 10616.` lines are cumulative; drafts = draft
+tokens / k and emitted tokens = accepted prefixes + one bonus per draft, so the mean
+acceptance length is emitted / drafts (V0's "accepted" also counts drafts accepted after
+a rejected one: a rate numerator only).
 """
 from __future__ import annotations
 
@@ -128,8 +130,11 @@ def parse(text: str, path: str) -> Reading:
                 reading.notes.append(note(path, i, "truncated vLLM Speculative metrics line", raw))
                 continue
             reading.config["num_spec_tokens"] = int(k)
-            w.drafts = emitted - w.accepted_tokens
-            w.accept_len = emitted / w.drafts if w.drafts > 0 else None
+            # V0 drafts k tokens per proposal; emitted = the accepted prefix + the bonus per
+            # proposal. Its "accepted" also counts drafts accepted after a rejected one, so
+            # it is a rate numerator, not the prefix length.
+            w.drafts = w.draft_tokens / k if k > 0 else None
+            w.accept_len = emitted / w.drafts if w.drafts else None
             reading.config["cumulative"] = True
         # pair with the engine stats logged just before (same engine, a few lines up)
         if current in last_engine and i - last_engine[current][2] <= 5:
