@@ -11,7 +11,7 @@ import torch
 
 try:  # Triton is optional: without it the torch references still work (CPU serving, tests)
     import triton
-    import triton.language as tl  # noqa: F401  (re-exported for the kernel modules)
+    import triton.language as tl
 except ImportError:  # pragma: no cover - exercised only where triton is absent
     triton = None
     tl = None

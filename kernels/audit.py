@@ -34,14 +34,12 @@ kernels"):
 """
 from __future__ import annotations
 
-import threading
 from typing import NamedTuple
 
-import numpy as np
 import torch
 
 from ._common import (ADDITIVE_VISIBLE_ABOVE, AUDIT_MAX_N, FNV_OFFSET_I64, FNV_PRIME_I64,
-                      HAS_TRITON, INT_DTYPES, MASK_DTYPES, block_rows, check_n, check_same_device,
+                      INT_DTYPES, MASK_DTYPES, block_rows, check_n, check_same_device,
                       check_tensor, next_pow2, require_triton, rows_per_load, tl, triton, warps)
 from .mask_hash import mask_hash_ref, visible
 from .tree_walk import tree_walk_ref

@@ -30,7 +30,7 @@ def _check(tokens, target_argmax, n_nodes):
 def chain_accept_ref(tokens: torch.Tensor, target_argmax: torch.Tensor,
                      n_nodes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Torch reference of `chain_accept` (same signature, same results)."""
-    B, N, n, _ = _check(tokens, target_argmax, n_nodes)
+    _, N, n, _ = _check(tokens, target_argmax, n_nodes)
     n = n.long().clamp(1, N)
     idx = torch.arange(1, N, device=tokens.device)
     # match[b, i - 1]: draft i equals the target's argmax at node i - 1, and i is real

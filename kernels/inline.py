@@ -209,4 +209,4 @@ class AuditCollector:
         return self._families(self.auditor.read())
 
 
-__all__ = ["InlineAuditor", "AuditCollector", "RULE_HELP", "COUNTER_NAMES"]
+__all__ = ["COUNTER_NAMES", "RULE_HELP", "AuditCollector", "InlineAuditor"]

@@ -16,10 +16,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ._common import (ADDITIVE_VISIBLE_ABOVE, FNV_OFFSET_I64, FNV_PRIME_I64, INT_DTYPES,
-                      MASK_DTYPES, MASK_HASH_MAX_N, block_rows, check_n, check_same_device,
-                      check_tensor, default_n_nodes, next_pow2, require_triton, rows_per_load, tl,
-                      triton, warps)
+from ._common import (ADDITIVE_VISIBLE_ABOVE, FNV_OFFSET_I64, FNV_PRIME_I64, MASK_DTYPES,
+                      MASK_HASH_MAX_N, block_rows, check_n, check_same_device, check_tensor,
+                      default_n_nodes, next_pow2, require_triton, rows_per_load, tl, triton, warps)
 
 
 def as_uint64(h) -> np.ndarray:
@@ -105,9 +104,9 @@ if triton is not None:
             # any N: row by row, word by word (W = ceil(N / 64) words of 64 columns)
             nw = (n + 63) // 64                                         # [BB] words per row
             bit = tl.full([64], 1, tl.int64) << tl.arange(0, 64).to(tl.int64)
-            for i in range(0, N):
+            for i in range(N):
                 row_live = row_ok & (i < n)
-                for w in range(0, W):
+                for w in range(W):
                     j = w * 64 + tl.arange(0, 64)                       # [64] columns of word w
                     ld = row_live[:, None] & (j[None, :] < n[:, None])
                     m = tl.load(mask_ptr + base[:, None] + i * N + j[None, :], mask=ld, other=0)

@@ -174,6 +174,22 @@ def check_agree(name: str, tri, ref) -> None:
             raise SystemExit(f"{name}: Triton and torch reference disagree; not benchmarking")
 
 
+def sweep_audit(iters: int) -> list[dict]:
+    """Graph-replay time of the fused audit at B=256, N=64 per (rows per program, warps)."""
+    import specaudit.kernels as K
+    _, d = make_inputs(256, 64, seed=256064, device=torch.device("cuda"))
+    counters = K.new_counters(d["tokens"].device)
+    out = []
+    for bb, w in [(2, 1), (4, 1), (4, 2), (8, 1), (8, 2), (8, 4), (16, 2), (16, 4), (32, 4)]:
+        def fn(bb=bb, w=w):
+            return K.audit_step(d["tokens"], d["parents"], d["n"], d["argmax"], d["depth"],
+                                d["commit"], d["finished"], counters, eos_id=0, node_mask=d["mask"],
+                                positions=d["positions"], seq_len=d["seq"], block_b=bb, num_warps=w)
+        g = time_graph(fn, iters)
+        out.append({"block_b": bb, "num_warps": w, "graph_us": None if g is None else round(g, 2)})
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iters", type=int, default=200, help="timed calls per measurement (default 200)")
@@ -204,9 +220,8 @@ def main(argv=None) -> int:
 
 
 def run(sizes, args, device, dry: bool) -> int:
-    import triton
-
     import specaudit.kernels as K
+    import triton
     eager = (lambda fn, iters: time_wall(fn, iters)) if dry else time_eager
     graph = (lambda fn, iters: None) if dry else time_graph
     results = []
@@ -237,7 +252,7 @@ def run(sizes, args, device, dry: bool) -> int:
                             accepted_depth=host["depth"].tolist(), commit_len=host["commit"].tolist(),
                             finished=host["finished"].tolist(), node_mask=dev["mask"],
                             positions=dev["positions"], seq_len=host["seq"], eos_id=0)
-                row["inline_auditor_us"] = eager(lambda: aud.audit(**hook), args.iters)
+                row["inline_auditor_us"] = eager(lambda aud=aud, hook=hook: aud.audit(**hook), args.iters)
             for k in ("torch", "host_sync"):
                 base = row[f"{k}_us"]
                 row[f"speedup_vs_{k}"] = round(base / row["triton_us"], 2) if row["triton_us"] else None
@@ -248,6 +263,7 @@ def run(sizes, args, device, dry: bool) -> int:
             results.append(row)
     fused = next((r for r in results if r["kernel"] == "audit_step" and r["B"] == 256 and r["N"] == 64),
                  {"triton_us": None, "triton_graph_us": None})
+    sweep = [] if dry else sweep_audit(args.iters)
     audits = [r for r in results if r["kernel"] == "audit_step"]
     summary = {
         "device": "cpu (dry run: TRITON_INTERPRET, figures meaningless)" if dry
@@ -263,6 +279,8 @@ def run(sizes, args, device, dry: bool) -> int:
         "meets_target_eager": None if (dry or fused["triton_us"] is None) else fused["triton_us"] < 20.0,
         "audit_faster_than_torch_everywhere": all(r["triton_us"] < r["torch_us"] for r in audits),
         "all_faster_than_torch_everywhere": all(r["triton_us"] < r["torch_us"] for r in results),
+        # launch shapes of the fused audit at B=256, N=64 (the default is a heuristic)
+        "audit_sweep_b256_n64": sweep,
         "results": results,
     }
     print(json.dumps(summary))

@@ -107,7 +107,10 @@ def oracle_row(tok, par, am, n, *, chain, eos, rd, rc, fin, vis=None, pos=None, 
 def vector_masks():
     out = []
     for v in mask_hash_vectors():
-        V = np.array(v["mask_rows"], dtype=bool) if "mask_rows" in v else ancestor_mask(np.array(v["parents"]))
+        if "mask_rows" in v:
+            V = np.array(v["mask_rows"], dtype=bool)
+        else:
+            V = ancestor_mask(np.array(v["parents"]))
         out.append((v["name"], V, v["mask_hash_uint64"]))
     return out
 
@@ -406,7 +409,8 @@ def _good():
     (dict(am=torch.zeros(4, 2, dtype=torch.long).t()), r"target_argmax is not contiguous"),
     (dict(cnt=torch.zeros(8, dtype=torch.int32)), r"counters has dtype int32, expected int64"),
     (dict(cnt=torch.zeros(3, dtype=torch.long)), r"counters has shape \[3\], expected \[8\]"),
-    (dict(tok=torch.zeros(1, AUDIT_MAX_N + 1, dtype=torch.long)), r"N = 65 nodes, above this kernel's limit of 64"),
+    (dict(tok=torch.zeros(1, AUDIT_MAX_N + 1, dtype=torch.long)),
+     r"N = 65 nodes, above this kernel's limit of 64"),
     (dict(tok=torch.zeros(2, 0, dtype=torch.long)), r"N = 0 nodes"),
     (dict(d=[0, 0]), r"accepted_depth must be a torch.Tensor, not list"),
 ])
