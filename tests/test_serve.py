@@ -350,6 +350,29 @@ def test_queued_requests_wait_for_a_slot_and_a_queued_disconnect_costs_nothing(s
     assert all(res[k].status_code == 200 and res[k].json()["choices"][0]["text"] == "A" * 40 for k in range(3))
 
 
+def test_shutdown_ends_running_streams_as_abort(scripted):
+    import threading
+    srv = scripted([[66]] * 200, slots=2, step_s=0.02)
+    seen = {}
+
+    def client():
+        with httpx.stream("POST", f"{srv.url}/v1/completions", timeout=30,
+                          json={"prompt": "x", "max_tokens": 64, "stream": True}) as r:
+            lines = list(r.iter_lines())
+        seen["events"] = [json.loads(ln[6:]) for ln in lines if ln.startswith("data: {")]
+        seen["done"] = "data: [DONE]" in lines
+    t = threading.Thread(target=client)
+    t.start()
+    assert wait_until(lambda: srv.loop.n_running == 1)
+    time.sleep(0.1)
+    srv.close()
+    t.join(10)
+    assert seen["done"] and seen["events"][-1]["choices"][0]["finish_reason"] == "abort"
+    assert 1 < len("".join(e["choices"][0]["text"] for e in seen["events"])) < 64
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{srv.url}/health", timeout=2)
+
+
 # ------------------------------------------------------------------ estimator
 
 def test_live_estimator_feeds_the_commit_length_gauges():
