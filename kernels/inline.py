@@ -82,7 +82,12 @@ class InlineAuditor:
                     v = v.to(self.device, non_blocking=True)
                 out[k] = v if v.is_contiguous() else v.contiguous()
             else:
-                host[k] = np.asarray(v)
+                a = np.asarray(v)
+                if k == "node_mask" or a.dtype.kind == "f":  # keeps its dtype: its own copy
+                    m = torch.from_numpy(np.ascontiguousarray(a))
+                    out[k] = m.pin_memory().to(self.device, non_blocking=True) if self._cuda else m
+                else:
+                    host[k] = a
         if host:
             flat = np.concatenate([a.astype(np.int64, copy=False).ravel() for a in host.values()])
             buf = torch.from_numpy(flat)
