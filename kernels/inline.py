@@ -49,6 +49,9 @@ class InlineAuditor:
     def __init__(self, device="cuda", *, eos_id: int = -1, backend: str = "auto",
                  publish_every: int = 1, ring: int = 3):
         self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"InlineAuditor({str(device)!r}): CUDA is not available here; "
+                             f"use InlineAuditor('cpu') (the torch reference)")
         if backend == "auto":
             backend = "triton" if (self.device.type == "cuda" and HAS_TRITON) else "torch"
         if backend not in ("triton", "torch"):

@@ -45,6 +45,9 @@ def test_auditor_rejects_bad_backend_and_oversized_trees():
     with pytest.raises(ValueError, match="backend must be auto, triton or torch"):
         InlineAuditor("cpu", backend="cuda")
     assert InlineAuditor("cpu").backend == "torch"  # auto on CPU: the torch reference
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available here"):
+            InlineAuditor("cuda")
     aud = InlineAuditor("cpu", backend="triton")
     N = 65
     with pytest.raises(ValueError, match="above this kernel's limit of 64"):
