@@ -37,7 +37,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from .schema import REPORTED_KEYS, REQUESTS_SCHEMA, STEPS_SCHEMA, InputError, discover, tree_depths
+from .schema import (REPORTED_KEYS, REQUESTS_SCHEMA, STEPS_SCHEMA, InputError, check_table_schema,
+                     discover, tree_depths)
 
 VIEWS = ("steps", "requests", "runs", "nodes", "violations")
 
@@ -380,6 +381,7 @@ class Dataset:
     runs: list
     step_files: list[Path] = field(default_factory=list)
     request_files: list[Path] = field(default_factory=list)
+    skipped: list = field(default_factory=list)      # InputError per file left out
 
     @property
     def files(self) -> list[Path]:
@@ -387,13 +389,39 @@ class Dataset:
 
 
 def find_dataset(paths) -> Dataset:
-    """discover() the runs under paths (InputError when there are none)."""
+    """discover() the runs under paths (InputError when there are none).
+
+    A file that is not readable Parquet, or lacks a required column or has it with the
+    wrong type, is left out of the views and named in its run's `problems` (and in
+    Dataset.skipped): the rest of the trace stays queryable; `specaudit check` reports
+    such files as SA000.
+    """
     runs = discover([str(p) for p in paths])
     if not runs:
         raise InputError(None, "no trace runs found")
-    steps = [f.resolve() for rf in runs for f in rf.step_files]
-    reqs = [rf.requests_file.resolve() for rf in runs if rf.requests_file is not None]
-    return Dataset(runs=runs, step_files=steps, request_files=reqs)
+    ds = Dataset(runs=runs)
+    for rf in runs:
+        for f in rf.step_files:
+            if _usable(rf, f, STEPS_SCHEMA, ds):
+                ds.step_files.append(f.resolve())
+        if rf.requests_file is not None and _usable(rf, rf.requests_file, REQUESTS_SCHEMA, ds):
+            ds.request_files.append(rf.requests_file.resolve())
+    return ds
+
+
+def _usable(rf, path: Path, expected: pa.Schema, ds: "Dataset") -> bool:
+    import pyarrow.parquet as pq
+    try:
+        schema = pq.read_schema(path)
+        check_table_schema(path, schema, expected)
+        return True
+    except InputError as e:
+        err = e
+    except Exception as e:  # noqa: BLE001 - any reader error means "not usable Parquet"
+        err = InputError(path, f"not readable Parquet ({type(e).__name__}: {one_line(e)})")
+    rf.problems.append(err)
+    ds.skipped.append(err)
+    return False
 
 
 # settings applied before the views exist (order matters: allowed_paths, then the switch)
@@ -453,13 +481,14 @@ def connect(paths, findings=None, *, threads: int | None = None, variables: dict
         _register_depths(con)
         con.execute(nodes_view_sql())
         # runs without a manifest: name their config from the step rows
-        con.execute("""UPDATE runs SET config = s.cfg, algo = s.algo, budget = s.budget, topk = s.topk
-                       FROM (SELECT run_id, any_value(algo) AS algo, any_value(budget) AS budget,
-                                    any_value(topk) AS topk,
-                                    any_value(algo || ' b' || budget || ' k' || topk) AS cfg
-                             FROM steps WHERE run_id IN (SELECT run_id FROM runs WHERE config IS NULL)
-                             GROUP BY run_id) s
-                       WHERE runs.run_id = s.run_id AND runs.config IS NULL""")
+        if any(rf.manifest is None or not config_label(rf.manifest.get("config") or {}) for rf in ds.runs):
+            con.execute("""UPDATE runs SET config = s.cfg, algo = s.algo, budget = s.budget, topk = s.topk
+                           FROM (SELECT run_id, any_value(algo) AS algo, any_value(budget) AS budget,
+                                        any_value(topk) AS topk,
+                                        any_value(algo || ' b' || budget || ' k' || topk) AS cfg
+                                 FROM steps WHERE run_id IN (SELECT run_id FROM runs WHERE config IS NULL)
+                                 GROUP BY run_id) s
+                           WHERE runs.run_id = s.run_id AND runs.config IS NULL""")
         for k, v in (variables or {}).items():
             if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
                 raise ValueError(f"--param {k!r}: names are letters, digits and '_'")

@@ -287,6 +287,10 @@ def _runs_section(runs: list[dict]) -> str:
     t = _table(["config", "run_id", "engine", "target / drafter", "started (UTC)", "steps", "requests",
                 "mean accepted depth: reported / rows", "mean commit len: reported / rows",
                 "tokens/s (rows)", "complete"], rows, numeric={5, 6, 9})
+    problems = [f"{r['run_id']}: {r['problems']}" for r in runs if r.get("problems")]
+    if problems:
+        t += ('<p class="bad">Left out of this report (the checker reports them as SA000):</p><ul>'
+              + "".join(f"<li>{_e(p)}</li>" for p in problems) + "</ul>")
     return (t + '<p class="meta">reported = the engine\'s own counter from run.json; rows = '
             'derived from the step rows. A pair in <span class="bad">red</span> disagrees '
             '(the checker says which rule).</p>')
@@ -318,7 +322,7 @@ WITH s AS (
            max(t_start + step_s) - min(t_start) AS wall_s
     FROM steps GROUP BY run_id
 ), q AS (SELECT run_id, count(*) AS requests FROM requests GROUP BY run_id)
-SELECT r.run_id, r.config, r.engine, r.engine_version, r.target_model, r.drafter_model,
+SELECT r.run_id, r.config, r.engine, r.engine_version, r.target_model, r.drafter_model, r.problems,
        r.started_at, r.complete, r.reported_mean_accepted_depth, r.reported_mean_commit_len,
        s.steps, q.requests, s.mean_accepted_depth, s.mean_commit_len,
        s.committed / nullif(s.wall_s, 0) AS tokens_per_s

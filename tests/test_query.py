@@ -355,6 +355,26 @@ def test_in_memory_tables_are_allowed_and_stay_in_memory(own_copy, capsys):
     assert tree_files(ds.parent) == before
 
 
+def test_unreadable_files_are_left_out_and_named(own_copy, capsys):
+    """A truncated Parquet file and one with a wrongly typed column: the rest stays queryable."""
+    ds, _ = own_copy
+    files = sorted(ds.rglob("steps-*.parquet"))
+    good = Q.fetch_arrow(Q.connect([ds]), "SELECT count(*) FROM steps").column(0)[0].as_py()
+    lost = pq.read_metadata(files[0]).num_rows + pq.read_metadata(files[1]).num_rows
+    files[0].write_bytes(files[0].read_bytes()[:300])
+    t = pq.read_table(files[1])
+    pq.write_table(t.set_column(t.schema.get_field_index("commit_len"), "commit_len",
+                                t.column("commit_len").cast(pa.string())), files[1])
+    rc, out, err = run_cli(["query", str(ds), "SELECT count(*) AS n FROM steps", "--output-format", "csv",
+                            "--no-check"], capsys)
+    assert rc == 0 and int(out.splitlines()[1]) == good - lost
+    warn = [ln for ln in err.splitlines() if "warning: left out" in ln]
+    assert len(warn) == 2 and files[0].name in warn[0] + warn[1] and "commit_len" in warn[0] + warn[1]
+    rc, out, _ = run_cli(["query", str(ds), "SELECT problems FROM runs WHERE problems IS NOT NULL",
+                          "--output-format", "json", "--no-check"], capsys)
+    assert rc == 0 and "not readable Parquet" in out and "has type string" in out
+
+
 # --------------------------------------------------------------------- command
 
 def test_list_and_show(capsys):

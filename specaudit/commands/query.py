@@ -365,6 +365,8 @@ def main(args) -> int:
     if args.output and sql is None:
         raise ValueError("-o needs SQL or a canned query name")
     ds = Q.find_dataset(paths)
+    for e in ds.skipped:
+        print(f"specaudit query: warning: left out of the views: {e}", file=sys.stderr)
     cli = find_cli() if sql is None else None
     findings = None
     if not args.no_check and (sql is None or needs_violations(sql)):
