@@ -66,7 +66,8 @@ REFUSED = {
 }
 
 # SQL prefixes that parse but whose StatementType is not one of the above or fails to map
-_REFUSED_PREFIX = re.compile(r"^\s*(install|force\s+install|load|update\s+extensions|attach|copy|export)\b", re.I)
+_REFUSED_PREFIX = re.compile(r"^\s*(install|force\s+install|load|update\s+extensions|attach|copy|export)\b",
+                             re.IGNORECASE)
 
 
 def one_line(msg: str) -> str:
@@ -101,7 +102,7 @@ def check_statements(con, sql: str) -> list:
         text = getattr(st, "query", "") or ""
         if kind in REFUSED:
             raise QueryRefused(f"refused: {REFUSED[kind]}: {_snippet(text)}")
-        if kind == "PRAGMA" and re.match(r"^\s*copy\b", text, re.I):
+        if kind == "PRAGMA" and re.match(r"^\s*copy\b", text, re.IGNORECASE):
             raise QueryRefused(f"refused: {REFUSED['COPY_DATABASE']}: {_snippet(text)}")
         if _REFUSED_PREFIX.match(text):
             raise QueryRefused(f"refused: this statement touches files or extensions: {_snippet(text)}")
@@ -409,7 +410,7 @@ def find_dataset(paths) -> Dataset:
     return ds
 
 
-def _usable(rf, path: Path, expected: pa.Schema, ds: "Dataset") -> bool:
+def _usable(rf, path: Path, expected: pa.Schema, ds: Dataset) -> bool:
     import pyarrow.parquet as pq
     try:
         schema = pq.read_schema(path)

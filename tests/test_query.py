@@ -159,7 +159,7 @@ def test_every_canned_query_is_documented_and_its_columns_are_what_it_says(con):
     for name, q in qs.items():
         for part in ("What:", "Why:", "Example:", "Columns:"):
             assert part in q.doc, (name, part)
-        cols = re.search(r"Columns:(.*?)(?:\n\n|$)", q.doc, re.S).group(1)
+        cols = re.search(r"Columns:(.*?)(?:\n\n|$)", q.doc, re.DOTALL).group(1)
         want = [c.strip() for c in cols.replace("\n", " ").split(",") if c.strip()]
         got = Q.fetch_arrow(con, q.sql).column_names
         assert got == want, name
@@ -381,7 +381,7 @@ def test_list_and_show(capsys):
     rc, out, _ = run_cli(["query", "--list"], capsys)
     assert rc == 0
     for name, q in Q.canned_queries().items():
-        assert re.search(rf"^{name}\s+{re.escape(q.title)}$", out, re.M)
+        assert re.search(rf"^{name}\s+{re.escape(q.title)}$", out, re.MULTILINE)
     assert "--param bins=" in out and "--param a=" in out
     rc, out, _ = run_cli(["query", "--show", "acceptance-by-depth"], capsys)
     assert rc == 0 and out.startswith("-- Acceptance rate by depth") and "FROM steps" in out

@@ -144,7 +144,7 @@ def run_checker(paths):
 
 
 def needs_violations(sql: str) -> bool:
-    return re.search(r"\bviolations\b", sql, re.I) is not None
+    return re.search(r"\bviolations\b", sql, re.IGNORECASE) is not None
 
 
 # ------------------------------------------------------------------------ output
@@ -298,8 +298,9 @@ def find_cli() -> str:
 def open_shell(cli: str, paths, findings, ds) -> int:
     """The duckdb CLI with the same views and settings, then its safe mode (which switches
     external access off and locks the configuration)."""
-    from .. import query as Q
     import tempfile
+
+    from .. import query as Q
     setup = Q.shell_setup_sql(paths, findings, dataset=ds, lock=False, duckdb_major=_cli_major(cli))
     # the setup (file list, runs, findings) can exceed the argument-size limit: hand it to
     # the CLI as its init file, private to this user and removed when the shell exits
