@@ -225,11 +225,18 @@ class StepFrame:
         n = self.n
         T = int(n0.sum())
         self.T = T
-        rows0 = np.repeat(np.arange(R, dtype=I64), n0)    # batch row of each flat node
         s0 = np.cumsum(n0) - n0                           # batch row -> flat start
         self.start = s0[order]                            # sorted row -> flat start
-        self.node_row = inv[rows0]
-        self.node_i = np.arange(T, dtype=I64) - s0[rows0]
+        N0 = int(n0[0]) if R else 0
+        self.uniform_n = bool(R) and N0 > 0 and bool((n0 == N0).all())
+        if self.uniform_n:                                # every row has N nodes: [R, N] blocks
+            rows0 = np.repeat(np.arange(R, dtype=I64), N0)
+            self.node_i = np.tile(np.arange(N0, dtype=I64), R)
+            self.node_row = np.repeat(inv, N0)
+        else:
+            rows0 = np.repeat(np.arange(R, dtype=I64), n0)    # batch row of each flat node
+            self.node_row = inv[rows0]
+            self.node_i = np.arange(T, dtype=I64) - np.repeat(s0, n0)
         self.tokens = self._aligned(raw["node_tokens"], n0, rows0, s0)
         self.parents = self._aligned(raw["parents"], n0, rows0, s0)
         self.positions = self._aligned(raw["positions"], n0, rows0, s0)
@@ -255,10 +262,17 @@ class StepFrame:
             null_any |= v_
         self.null_any = null_any
         self.ok = tree_ok & ~null_any
-        okn = self.ok[self.node_row]
-        # safe parents: a chain on rows that are not ok, so derivations stay in range
-        self.psafe = np.where(okn & ~is_root, p, self.node_i - 1)
-        self.pglob = np.where(self.psafe >= 0, self.start[self.node_row] + self.psafe, -1)
+        # safe parents: a chain on rows that are not ok, so derivations stay in range;
+        # pglob: the parent as a flat index (-1 at roots)
+        if self.ok.all() and not self.row_any(~is_root & (p != self.node_i - 1)).any():
+            self.psafe = p                                # all chains: parent = previous node
+            self.pglob = np.arange(-1, T - 1, dtype=I64)
+            self.pglob[is_root] = -1
+            self.__dict__["chain_shaped"] = np.ones(R, dtype=bool)
+        else:
+            okn = self.ok[self.node_row]
+            self.psafe = np.where(okn & ~is_root, p, self.node_i - 1)
+            self.pglob = np.where(self.psafe >= 0, self.start[self.node_row] + self.psafe, -1)
 
         # --- accepted path and commit (flat in batch order; *_start per sorted row)
         self.path, self.path_start, self.path_len, self.path_row = self._own(raw["accepted_path"], inv, order)

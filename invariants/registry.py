@@ -10,6 +10,7 @@ subclass, or a list of them.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import pkgutil
@@ -49,7 +50,8 @@ def load_dir(path) -> list[str]:
     if not files:
         raise InputError(d, "no .py rule files in this folder")
     for f in files:
-        modname = f"specaudit_user_invariants.{f.parent.name}.{f.stem}"
+        tag = hashlib.sha1(str(f.resolve()).encode()).hexdigest()[:12]
+        modname = f"specaudit_user_invariants.{f.stem}_{tag}"
         if modname in sys.modules:
             continue
         spec = importlib.util.spec_from_file_location(modname, f)

@@ -380,6 +380,9 @@ class Throughput(Rule):
             return None
         d = run.derived
         cand = {"committed tokens / wall_s (first tokens left out)": d["committed"] / wall}
+        rg = rep.get("generated_tokens")
+        if isinstance(rg, (int, float)) and rg != gen:
+            cand["the reported generated_tokens / wall_s (that count is wrong: SA505)"] = rg / wall
         cand.update(partition_candidates(run, "committed", lambda p: p["committed"] / wall))
         return [dict(reported=fmt(t), generated=gen, wall=fmt(wall), want=fmt(want), explain=explain(t, cand))]
 

@@ -1,0 +1,147 @@
+"""Benchmark `specaudit check`: steps/s and peak RSS of the full catalog, against a plain
+per-row Python implementation of the same rules (specaudit.check_reference), same run.
+
+    python3 scripts/bench_check.py                      # 2M steps at N=8 (a few minutes)
+    python3 scripts/bench_check.py --steps 20000000     # the 20M-step RSS figure
+    python3 scripts/bench_check.py --algo tree --n-nodes 16 --steps 500000
+
+1. writes a contract-valid synthetic dataset (specaudit.synth) of --steps steps;
+2. checks it with the full catalog in a fresh process (`check_paths`), reporting
+   steps/s and that process's peak RSS (the dataset generator's memory is not counted);
+3. checks the first --baseline-steps rows with the per-row Python oracle in another
+   fresh process (reading included, as the engine's time includes reading).
+Both must find nothing on a valid dataset (asserted). Each phase prints one JSON line;
+the last line is the summary with steps_per_s, peak_rss_mb, baseline_steps_per_s.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CHILD_CHECK = r"""
+import json, os, sys, time
+from specaudit.check import check_paths
+t, c = time.perf_counter(), os.times()
+r = check_paths([sys.argv[1]], max_per_code=100)
+dt, c2 = time.perf_counter() - t, os.times()
+print(json.dumps({"steps": r.steps, "requests": r.requests, "seconds": dt, "findings": sum(r.counts.values()),
+                  "cpu_seconds": (c2.user - c.user) + (c2.system - c.system),
+                  "counts": dict(r.counts),
+                  "peak_rss_mb": peak_rss_mb()}))
+"""
+
+CHILD_BASELINE = r"""
+import json, sys, time
+from pathlib import Path
+import pyarrow.parquet as pq
+from specaudit.check_reference import check_step_rows
+limit = int(sys.argv[2])
+run_dir = Path(sys.argv[1])
+manifest = json.loads((run_dir / "run.json").read_text())
+cfg = manifest["config"]
+t = time.perf_counter()
+hits, state, n = None, None, 0
+for f in sorted(run_dir.glob("steps-*.parquet")):
+    for b in pq.ParquetFile(f).iter_batches(batch_size=8192):
+        rows = b.to_pylist()[: limit - n]
+        hits, state = check_step_rows(rows, run_id=manifest["run_id"], eos_id=cfg.get("eos_id") or 0,
+                                      max_new_tokens=cfg.get("max_new_tokens"), hits=hits, state=state)
+        n += len(rows)
+        if n >= limit:
+            break
+    if n >= limit:
+        break
+dt = time.perf_counter() - t
+# the oracle sees a prefix of the file order, so a request cut at the limit is fine;
+# only count findings on requests it saw from their first step
+print(json.dumps({"steps": n, "seconds": dt, "findings": sum(hits.values()) if hits else 0,
+                  "peak_rss_mb": peak_rss_mb()}))
+"""
+
+# VmHWM of this process (ru_maxrss would carry the parent's peak across fork+exec)
+PEAK = r"""
+def peak_rss_mb():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+"""
+
+
+def child(code: str, *argv, threads: int | None = None) -> dict:
+    env = dict(os.environ)
+    if threads:
+        # pyarrow's and numpy's pools: the "N cores" of the measurement
+        env.update(OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
+                   ARROW_NUM_THREADS=str(threads))
+    out = subprocess.run([sys.executable, "-c", PEAK + code, *map(str, argv)], capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        sys.stderr.write(out.stderr)
+        raise SystemExit(f"bench child failed ({out.returncode})")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=2_000_000, help="steps in the dataset (default 2,000,000)")
+    ap.add_argument("--n-nodes", type=int, default=8, help="nodes per step N, root included (default 8)")
+    ap.add_argument("--algo", choices=["chain", "tree"], default="chain")
+    ap.add_argument("--ragged", action="store_true", help="N varies per step in 2..n-nodes")
+    ap.add_argument("--baseline-steps", type=int, default=50_000, help="rows for the per-row baseline (a rate)")
+    ap.add_argument("--threads", type=int, default=2, help="Arrow/numpy threads in the children (default 2)")
+    ap.add_argument("--dir", help="dataset folder to reuse or keep (default: a temporary one, removed)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+
+    from specaudit.synth import write_synthetic_dataset
+    tmp = None
+    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench-check-"))
+    if not args.dir:
+        tmp = base
+    run_id = f"bench-{args.algo}-n{args.n_nodes}-{args.steps}" + ("-ragged" if args.ragged else "")
+    run_dir = base / f"run_id={run_id}"
+    try:
+        if not run_dir.exists():
+            t = time.perf_counter()
+            write_synthetic_dataset(base, args.steps, n_nodes=args.n_nodes, algo=args.algo, seed=args.seed,
+                                    ragged=args.ragged, run_id=run_id)
+            size = sum(f.stat().st_size for f in run_dir.iterdir())
+            print(json.dumps({"phase": "generate", "steps": args.steps, "seconds": round(time.perf_counter() - t, 2),
+                              "bytes": size}), flush=True)
+        chk = child(CHILD_CHECK, run_dir, threads=args.threads)
+        print(json.dumps({"phase": "check", **chk}), flush=True)
+        assert chk["findings"] == 0, f"the catalog flagged a valid synthetic dataset: {chk['counts']}"
+        bl = child(CHILD_BASELINE, run_dir, args.baseline_steps, threads=args.threads)
+        print(json.dumps({"phase": "baseline", **bl}), flush=True)
+        assert bl["findings"] == 0, "the per-row oracle flagged a valid synthetic dataset"
+        sps = chk["steps"] / chk["seconds"]
+        bsps = bl["steps"] / bl["seconds"]
+        print(json.dumps({
+            "steps": chk["steps"], "requests": chk["requests"], "n_nodes": args.n_nodes, "algo": args.algo,
+            "ragged": args.ragged, "threads": args.threads, "cpu_count": os.cpu_count(),
+            "load_avg_1m": round(os.getloadavg()[0], 2),
+            "steps_per_s": round(sps), "seconds": round(chk["seconds"], 2),
+            # CPU seconds of the check process (all its threads): on a shared machine
+            # wall time waits for other tenants, CPU time does not
+            "cpu_seconds": round(chk["cpu_seconds"], 2),
+            "steps_per_cpu_s": round(chk["steps"] / chk["cpu_seconds"]) if chk["cpu_seconds"] else None,
+            "peak_rss_mb": round(chk["peak_rss_mb"], 1),
+            "baseline_steps": bl["steps"], "baseline_steps_per_s": round(bsps),
+            "speedup": round(sps / bsps, 1),
+        }))
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
