@@ -38,19 +38,6 @@ def token_mix(tokens: np.ndarray, pos: np.ndarray) -> np.ndarray:
     return x
 
 
-def segment_sum(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Sum of values[starts[i] : starts[i] + lengths[i]] for each i (empty -> 0).
-
-    uint64 sums wrap mod 2^64 (as the fingerprints need)."""
-    out = np.zeros(len(starts), dtype=values.dtype if values.dtype.kind in "iuf" else I64)
-    nz = lengths > 0
-    if nz.any() and len(values):
-        s = starts[nz]
-        red = np.add.reduceat(values, np.minimum(s, len(values) - 1))
-        out[nz] = red
-    return out
-
-
 # ---------------------------------------------------------------- Arrow helpers
 
 
@@ -361,9 +348,6 @@ class StepFrame:
         """Per-row any() of a bool array over this frame's flat nodes."""
         return np.bincount(self.node_row[flat], minlength=self.R) > 0
 
-    def row_all_nodes(self, flat: np.ndarray) -> np.ndarray:
-        return ~self.row_any(~flat)
-
     def row_sum(self, flat: np.ndarray) -> np.ndarray:
         return np.bincount(self.node_row, weights=flat, minlength=self.R)
 
@@ -578,10 +562,6 @@ class StepFrame:
             idx = np.flatnonzero(self.commit == self.eos_id)[::-1]
             out[self.commit_row[idx]] = self.commit_k[idx]
         return out
-
-    def node_values(self, flat: np.ndarray, rows: np.ndarray, width: int = 16) -> list:
-        """Small per-row lists of a flat node array, for messages (only hit rows)."""
-        return [flat[self.start[r]: self.start[r] + min(self.n[r], width)].tolist() for r in rows]
 
     def finish_carry(self) -> None:
         """Fold this batch into the carry (call once, after the rules ran)."""

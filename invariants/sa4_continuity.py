@@ -200,7 +200,8 @@ class Lossless(Rule):
     code = "SA407"
     name = "lossless"
     scope = "request"
-    message = "the output differs from plain greedy decoding (reference_tokens) at token {k} ({olen} vs {rlen} tokens): the run is not lossless"
+    message = ("the output differs from plain greedy decoding (reference_tokens) at token {k} "
+               "({olen} vs {rlen} tokens): the run is not lossless")
 
     def check(self, q):
         bad = q.has_row & (q.reference_equal == 0)

@@ -368,7 +368,8 @@ class Throughput(Rule):
     code = "SA510"
     name = "throughput"
     scope = "run"
-    message = "reported gen_throughput_tps = {reported} but {generated} generated tokens / wall_s {wall} = {want}{explain}"
+    message = ("reported gen_throughput_tps = {reported} but {generated} generated tokens / wall_s {wall} "
+               "= {want}{explain}")
 
     def check(self, run):
         rep = run.reported
@@ -419,13 +420,13 @@ class AcceptanceByDepth(Rule):
         # share of steps with depth >= k, for k = 1..len(acc)
         ge = [sum(h[k:]) / s for k in range(1, len(acc) + 1)]
         out = []
-        bad = [k for k, (a, b) in enumerate(zip(acc, ge)) if not close(a, b)]
+        bad = [k for k, (a, b) in enumerate(zip(acc, ge, strict=False)) if not close(a, b)]
         if bad:
             k = bad[0]
             ranks = len([p for p in (d.get("partitions") or {}) if p.startswith("rank")]) or \
                 int(((run.manifest.get("config") or {}).get("data_parallel_size") or 1))
             why = ""
-            if ranks > 1 and all(close(a * ranks, b) for a, b in zip(acc, ge)):
+            if ranks > 1 and all(close(a * ranks, b) for a, b in zip(acc, ge, strict=False)):
                 why = f"; every entry matches the rows' divided by the rank count {ranks}"
             out.append(dict(what=f"reported acceptance at depth {k + 1} is {fmt(acc[k])} but the rows give "
                                  f"{fmt(ge[k])} ({len(bad)} of {len(acc)} depths differ){why}"))

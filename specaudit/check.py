@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from .findings import Finding
 from .invariants import load_rules
 from .invariants.frame import Carry, RequestFrame, RunFrame, StepFrame, token_mix
-from .schema import (CONVENTIONS, REQUESTS_SCHEMA, STEPS_SCHEMA, InputError, RunFiles,
+from .schema import (REQUESTS_SCHEMA, STEPS_SCHEMA, InputError, RunFiles,
                      check_table_schema, discover, manifest_conventions)
 
 BATCH_ROWS = 65536
@@ -569,7 +569,3 @@ def check_tables(steps: pa.Table, requests: pa.Table | None, manifest: dict | No
     result.files_checked.append("<memory>")
     result.runs.append(run_id)
     return result
-
-
-def conventions_known() -> dict:
-    return {k: list(v) for k, v in CONVENTIONS.items()}

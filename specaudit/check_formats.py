@@ -162,7 +162,8 @@ def _junit(findings, *, counts, summary, statistics, examples, rules, checked, t
     by_code: dict[str, list] = {}
     for f in findings:
         by_code.setdefault(f.code, []).append(f)
-    failures = sum(1 for c in codes if counts.get(c) and sev.get(c, getattr(meta.get(c), "severity", "error")) == "error")
+    failures = sum(1 for c in codes
+                   if counts.get(c) and sev.get(c, getattr(meta.get(c), "severity", "error")) == "error")
     suites = ET.Element("testsuites", name=title, tests=str(len(codes)), failures=str(failures), errors="0")
     suite = ET.SubElement(suites, "testsuite", name=title, tests=str(len(codes)), failures=str(failures),
                           errors="0", skipped="0")

@@ -57,7 +57,7 @@ def check_step_rows(rows, *, run_id: str, eos_id: int = 0, max_new_tokens=None, 
         rid = "<null>" if rid is None else str(rid)
         key = (rid, -1 if step is None else step)
 
-        def hit(code):
+        def hit(code, key=key):
             hits[(code,) + key] += 1
 
         tokens = r["node_tokens"] or []
@@ -224,7 +224,9 @@ def check_rows(step_rows, request_rows, manifest, *, run_id=None):
     eos = cfg.get("eos_id", 0) or 0
     mnt = cfg.get("max_new_tokens")
     run_id = run_id or (manifest or {}).get("run_id")
-    rows = sorted(step_rows, key=lambda r: (str(r.get("request_id")), r.get("step") if r.get("step") is not None else -1))
+    def order(r):
+        return str(r.get("request_id")), (r.get("step") if r.get("step") is not None else -1)
+    rows = sorted(step_rows, key=order)
     last_fin = {}
     for r in rows:
         last_fin[str(r.get("request_id"))] = bool(r.get("finished"))

@@ -166,7 +166,8 @@ def test_missing_required_column(tmp_path, capsys, column):
 
 def test_wrong_type(tmp_path, capsys):
     run_dir, st, *_ = _write(tmp_path)
-    t = st.set_column(st.schema.get_field_index("seq_len"), "seq_len", pa.array([str(x) for x in st["seq_len"].to_pylist()]))
+    as_text = pa.array([str(x) for x in st["seq_len"].to_pylist()])
+    t = st.set_column(st.schema.get_field_index("seq_len"), "seq_len", as_text)
     pq.write_table(t, run_dir / "steps-000000.parquet")
     code, out, _ = _cli(capsys, tmp_path, "--select", "SA0")
     assert code == 1 and "column 'seq_len' has type string" in out
@@ -296,7 +297,8 @@ def test_junit_format(faulty, capsys):
     failed = [c for c in cases if c.find("failure") is not None]
     assert len(failed) == int(suite.get("failures")) >= 1
     assert any(c.get("name").startswith("SA301") for c in failed)
-    assert "chain committed 2 tokens" in next(c for c in failed if c.get("name").startswith("SA301")).find("failure").text
+    seed = next(c for c in failed if c.get("name").startswith("SA301"))
+    assert "chain committed 2 tokens" in seed.find("failure").text
 
 
 def test_github_format(faulty, capsys):

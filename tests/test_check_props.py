@@ -16,7 +16,8 @@ from specaudit.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
 from specaudit.synth import synth_run_rows
 
 # SPECAUDIT_EXAMPLES=2000 for a long hunt; CI keeps it short
-SETTINGS = settings(max_examples=int(os.environ.get("SPECAUDIT_EXAMPLES", 40)), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=int(os.environ.get("SPECAUDIT_EXAMPLES", 40)), deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
 STEP_REQUEST_SCOPES = ("SA1", "SA2", "SA3", "SA4")
 
 run_params = st.fixed_dictionaries({
