@@ -394,6 +394,8 @@ class StepFrame:
         """Most children of any node, per row."""
         if self.T == 0:
             return np.zeros(self.R, dtype=I64)
+        if self.chain_shaped.all():
+            return (self.n > 1).astype(I64)
         kids = np.bincount(self.pglob[self.pglob >= 0], minlength=self.T)
         out = np.zeros(self.R, dtype=I64)
         np.maximum.at(out, self.node_row, kids)

@@ -173,6 +173,14 @@ class PathMaximal(Rule):
         if f.T == 0 or not ok.any():
             return None
         last = f.last_node
+        if f.chain_shaped.all():
+            # a chain node's only child is the next node
+            nxt = last + 1
+            has = ok & (nxt - f.start < f.n)
+            hit = np.zeros(f.R, dtype=bool)
+            hit[has] = f.tokens[nxt[has]] == f.bonus[has]
+            child = np.where(hit, nxt - f.start, -1)
+            return Hits(hit, last=last - f.start, child=child, token=f.bonus)
         isc = (f.pglob >= 0) & (f.pglob == last[f.node_row]) & (f.tokens == f.bonus[f.node_row])
         isc &= ok[f.node_row]
         child = f.first_node(isc)

@@ -371,7 +371,8 @@ def _iter_step_batches(rf: RunFiles, batch_rows: int, columns):
             yield _Bad(path, _reason(e))
             continue
         have = set(pf.schema_arrow.names)
-        cols = [c for c in columns if c in have]
+        skip = _proven_diagnostics(pf.metadata)
+        cols = [c for c in columns if c in have and c not in skip]
         rank = "rank" in have
         if rank:
             cols.append("rank")
@@ -390,6 +391,46 @@ def _iter_step_batches(rf: RunFiles, batch_rows: int, columns):
             yield _Bad(path, f"unreadable after {n} rows: {_reason(e)}")
             continue
         yield str(path)
+
+
+# per-node diagnostic lists that no rule reads beyond their length (SA101)
+DIAGNOSTIC_LISTS = ("draft_logprob", "target_margin")
+
+
+def _proven_diagnostics(md) -> set:
+    """Diagnostic list columns whose shape the Parquet metadata already settles.
+
+    In every row group: either no leaf slot is null (so no row's list is null or empty
+    and no value is null) and the leaf count equals node_tokens' (so the lists hold
+    N entries in total), or every row is null. Those columns are not decoded (they
+    are a quarter of the bytes); when any row group is not settled the column is read
+    and checked row by row. What this cannot see: per-row length errors that cancel
+    exactly within one row group (SA101 docs)."""
+    try:
+        names = [md.schema.column(j).path for j in range(md.num_columns)]
+        nt = names.index("node_tokens.list.element")
+        idx = {c: names.index(f"{c}.list.element") for c in DIAGNOSTIC_LISTS if f"{c}.list.element" in names}
+        out = set(idx)
+        for i in range(md.num_row_groups):
+            rg = md.row_group(i)
+            ref = rg.column(nt)
+            if not ref.is_stats_set or ref.statistics.null_count != 0:
+                return set()
+            for c, j in idx.items():
+                col = rg.column(j)
+                if c not in out:
+                    continue
+                if not col.is_stats_set or col.statistics.null_count is None:
+                    out.discard(c)
+                    continue
+                nulls = col.statistics.null_count
+                same = nulls == 0 and col.num_values == ref.num_values
+                all_null = nulls == col.num_values == rg.num_rows
+                if not (same or all_null):
+                    out.discard(c)
+        return out
+    except (ValueError, AttributeError, IndexError):
+        return set()
 
 
 def _plain(schema: pa.Schema) -> pa.Schema:

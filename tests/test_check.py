@@ -374,3 +374,16 @@ def test_text_file_goes_to_the_source_readers(tmp_path, capsys):
     f.write_text("hello, this is not an engine log\n")
     code, out, err = _cli(capsys, f)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "notes.txt" in err
+
+
+def test_diagnostic_lists_shapes(tmp_path):
+    """draft_logprob / target_margin: skipped only when the metadata settles them."""
+    run = FixtureRun.make("chain")
+    run.steps[4]["draft_logprob"] = run.steps[4]["draft_logprob"][:-2]
+    res = check_paths([run.write(tmp_path / "short")])
+    assert "but draft_logprob has 6" in next(f.message for f in res.findings if f.code == "SA101")
+    run = FixtureRun.make("tree")
+    for s in run.steps:
+        s["draft_logprob"] = None
+    run.steps[2]["target_margin"] = None
+    assert check_paths([run.write(tmp_path / "nulls")]).counts == {}
