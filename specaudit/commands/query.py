@@ -371,6 +371,8 @@ def main(args) -> int:
     cli = find_cli() if sql is None else None
     findings = None
     if not args.no_check and (sql is None or needs_violations(sql)):
+        print("specaudit query: running the checker for the violations view (--no-check skips it)",
+              file=sys.stderr, flush=True)
         findings, _ = run_checker(paths)
     if sql is None:
         return open_shell(cli, paths, findings, ds)
