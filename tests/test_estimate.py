@@ -182,6 +182,22 @@ def test_load_json_observation(tmp_path):
             observation_from_load_json(f)
 
 
+def test_cli_load_json_against_plain_load_json(tmp_path, capsys):
+    spec, plain = tmp_path / "spec.out", tmp_path / "plain.out"
+    spec.write_text(json.dumps({"tokens_per_s": 240.0, "per_request_tokens_per_s": [60, 61, 59, 60],
+                                "concurrency": 4, "requests": 4, "completion_tokens": 960, "wall_s": 4.0,
+                                "mean_commit_len": 3.1}) + "\n")
+    plain.write_text(json.dumps({"tokens_per_s": 100.0, "per_request_tokens_per_s": [25, 25, 25, 25],
+                                 "concurrency": 4, "requests": 4, "completion_tokens": 400, "wall_s": 4.0}) + "\n")
+    argv = ["estimate", "--load", str(spec), "--baseline", str(plain), "--cost-factor", "1.3",
+            "--cost-factor-std", "0.05", "--output-format", "json"]
+    assert cli.main(argv) == 0  # 2.4 * 1.3 = 3.12 against the server's 3.1
+    d = json.loads(capsys.readouterr().out)["results"][0]
+    assert d["estimate"]["value"] == pytest.approx(3.12) and d["reported_commit_len"] == 3.1
+    assert d["concurrency"] == 4 and d["source"] == "load"
+    assert cli.main(argv + ["--reported-commit-len", "4.5"]) == 1
+
+
 # --------------------------------------------------------------------------- CLI
 
 SEED = ["estimate", "--observed-tps", "109", "--baseline-tps", "98", "--cost-factor", "1.5"]

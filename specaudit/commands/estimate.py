@@ -14,7 +14,7 @@ Examples:
   # a trace dataset (throughput from its timestamps; N, c and the reported figure from run.json)
   specaudit estimate traces/ --baseline-tps 412 --profile cost.json
   # scripts/load.py output against a plain run's, with a calibrated profile
-  specaudit estimate spec.json --baseline plain.json --profile cost.json --n-nodes 8
+  specaudit estimate --load spec.json --baseline plain.json --profile cost.json --n-nodes 8
   # an engine's log or scrape: throughput and accept len from the file itself
   specaudit estimate sglang.log --baseline-tps 1010 --cost-factor 1.35 --concurrency 8
 
@@ -41,6 +41,7 @@ def add_arguments(p) -> None:
     g = p.add_argument_group("observed throughput (or INPUT)")
     g.add_argument("--observed-tps", type=float, help="observed tokens/s of the speculative run")
     g.add_argument("--observed-std", type=float, default=0.0, help="standard error of --observed-tps (default 0)")
+    g.add_argument("--load", metavar="FILE", help="scripts/load.py output of the speculative run (same as INPUT)")
     g.add_argument("--source", choices=["sglang-log", "vllm-log", "prom-text"],
                    help="force how INPUT is read when it is an engine log or scrape")
     g = p.add_argument_group("baseline (plain greedy decoding at the same concurrency)")
@@ -120,6 +121,11 @@ def observations_from_reading(reading, concurrency=None):
 def gather(args) -> list:
     from ..estimate import Observation, observation_from_load_json, observations_from_traces
     from ..schema import InputError
+    if args.load:
+        if args.input:
+            raise ValueError("give either INPUT or --load FILE, not both")
+        from ..estimate import observation_from_load_json as _olj
+        return [_olj(args.load)]
     if args.observed_tps is not None and args.input:
         raise ValueError("give either INPUT or --observed-tps, not both")
     if args.observed_tps is not None:
