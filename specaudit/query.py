@@ -503,7 +503,8 @@ def connect(paths, findings=None, *, threads: int | None = None, variables: dict
 
 def _register_depths(con) -> None:
     import duckdb
-    il = duckdb.list_type(duckdb.sqltype("INTEGER"))
+    integer = duckdb.sqltype("INTEGER") if hasattr(duckdb, "sqltype") else duckdb.typing.INTEGER
+    il = duckdb.list_type(integer)
     con.create_function("specaudit_depths", depths_udf, [il], il, type="arrow",
                         null_handling="special", side_effects=False)
 
