@@ -511,8 +511,11 @@ argv = sys.argv[1:]
 if "-c" in argv:                      # the safe-mode probe
     print("false,true")
     sys.exit(0)
-init = argv[argv.index("-init") + 1]
-json.dump({{"argv": argv, "init": open(init).read()}}, open({str(log)!r}, "w"))
+if "-init" in argv:
+    setup = open(argv[argv.index("-init") + 1]).read()
+else:
+    setup = argv[argv.index("-cmd") + 1]
+json.dump({{"argv": argv, "setup": setup}}, open({str(log)!r}, "w"))
 sys.exit(7)
 """)
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
@@ -520,10 +523,16 @@ sys.exit(7)
     rc, _, err = run_cli(["query", str(synth_ds[0]), "--no-check"], capsys)
     assert rc == 7                                   # the shell's own exit status
     got = json.loads(log.read_text())
-    assert got["argv"][-2:] == ["-cmd", ".safe_mode"]
-    assert "CREATE VIEW steps" in got["init"] and "CREATE VIEW nodes" in got["init"]
-    assert "SET allowed_paths" in got["init"] and "autoinstall_known_extensions = false" in got["init"]
-    assert not Path(got["argv"][got["argv"].index("-init") + 1]).exists()   # init file removed
+    assert got["argv"][:2] == ["-no-init", "-cmd"] and got["argv"][-2:] == ["-cmd", ".safe_mode"]
+    assert "CREATE VIEW steps" in got["setup"] and "CREATE VIEW nodes" in got["setup"]
+    assert "SET allowed_paths" in got["setup"] and "autoinstall_known_extensions = false" in got["setup"]
+    # a setup too large for one argument goes through a private init file, removed afterwards
+    import specaudit.commands.query as cq
+    monkeypatch.setattr(cq, "SETUP_ARG_MAX", 100)
+    rc, _, _ = run_cli(["query", str(synth_ds[0]), "--no-check"], capsys)
+    got2 = json.loads(log.read_text())
+    assert rc == 7 and got2["setup"] == got["setup"] and got2["argv"][-2:] == ["-cmd", ".safe_mode"]
+    assert not Path(got2["argv"][got2["argv"].index("-init") + 1]).exists()
 
 
 def test_shell_refuses_a_cli_that_cannot_lock(synth_ds, capsys, monkeypatch, tmp_path):
@@ -549,6 +558,8 @@ def test_real_duckdb_shell(own_copy, tmp_path):
     ds, out = own_copy
     before = tree_files(ds)
     script = (f"SELECT 'n=' || count(*) FROM steps;\n"
+              f"SELECT 'lock=' || current_setting('lock_configuration') || ',auto=' || "
+              f"current_setting('autoinstall_known_extensions');\n"
               f"SELECT 'd=' || sum(depth) FROM nodes;\n"
               f"SELECT * FROM read_text('/etc/hostname');\n"
               f"COPY (SELECT 1) TO '{out}/x.csv';\n"
@@ -560,6 +571,7 @@ def test_real_duckdb_shell(own_copy, tmp_path):
     n = Q.fetch_arrow(con, "SELECT count(*) FROM steps").column(0)[0].as_py()
     d = int(Q.fetch_arrow(con, "SELECT sum(depth) FROM nodes").column(0)[0].as_py())
     assert f"n={n}" in r.stdout and f"d={d}" in r.stdout, r.stdout + r.stderr
+    assert "lock=true,auto=false" in r.stdout
     assert "disabled" in r.stderr or "Permission" in r.stderr
     assert list(out.iterdir()) == [] and tree_files(ds) == before
 

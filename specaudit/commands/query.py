@@ -298,22 +298,28 @@ def find_cli() -> str:
 def open_shell(cli: str, paths, findings, ds) -> int:
     """The duckdb CLI with the same views and settings, then its safe mode (which switches
     external access off and locks the configuration)."""
-    import tempfile
-
     from .. import query as Q
     setup = Q.shell_setup_sql(paths, findings, dataset=ds, lock=False, duckdb_major=_cli_major(cli))
-    # the setup (file list, runs, findings) can exceed the argument-size limit: hand it to
-    # the CLI as its init file, private to this user and removed when the shell exits
-    with tempfile.TemporaryDirectory(prefix="specaudit-shell-") as tmp:
-        init = Path(tmp) / "setup.sql"
-        init.write_text(setup, encoding="utf-8")
-        argv = [cli, "-init", str(init), "-cmd", ".safe_mode"]
-        print("specaudit query: views steps, requests, runs, nodes, violations; read-only, offline "
-              "(safe mode). .quit to leave.", file=sys.stderr)
-        try:
-            return subprocess.call(argv)
-        except OSError as e:
-            raise ValueError(f"cannot start the duckdb CLI at {cli}: {e}") from None
+    banner = ("specaudit query: views steps, requests, runs, nodes, violations; read-only, offline "
+              "(safe mode). .quit to leave.")
+    try:
+        if len(setup.encode()) <= SETUP_ARG_MAX:
+            # the usual case: the setup travels as an argument; nothing is written
+            print(banner, file=sys.stderr)
+            return subprocess.call([cli, "-no-init", "-cmd", setup, "-cmd", ".safe_mode"])
+        # many files or findings: past the argument-size limit, hand the setup over as the
+        # CLI's init file, private to this user and removed when the shell exits
+        import tempfile
+        with tempfile.TemporaryDirectory(prefix="specaudit-shell-") as tmp:
+            init = Path(tmp) / "setup.sql"
+            init.write_text(setup, encoding="utf-8")
+            print(banner, file=sys.stderr)
+            return subprocess.call([cli, "-init", str(init), "-cmd", ".safe_mode"])
+    except OSError as e:
+        raise ValueError(f"cannot start the duckdb CLI at {cli}: {e}") from None
+
+
+SETUP_ARG_MAX = 100_000   # Linux refuses a single argument over 128 KiB
 
 
 def _cli_major(cli: str) -> int:
