@@ -74,7 +74,10 @@ def _strings(arr):
         arr = arr.combine_chunks()
     if not pa.types.is_dictionary(arr.type):
         arr = arr.dictionary_encode()  # (files are read with read_dictionary: already encoded)
-    codes = arr.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(I64)
+    ind = arr.indices
+    if ind.null_count:
+        ind = ind.fill_null(-1)
+    codes = ind.to_numpy(zero_copy_only=False).astype(I64)
     return codes, arr.dictionary.to_pylist()
 
 
@@ -84,12 +87,14 @@ def _strings(arr):
 class Carry:
     """Per-request state carried across batches of one run (arrays indexed by request)."""
 
+    # int32 where the trace column is int32; sums int64. About 60 bytes per request.
     FIELDS = {
-        "last_step": (I64, -1), "seq_end": (I64, -1), "last_tok": (I64, -1), "finished": (bool, False),
-        "out_len": (I64, 1), "n_steps": (I64, 0), "sum_commit_len": (I64, 0), "sum_commit_n": (I64, 0),
-        "sum_depth": (I64, 0), "sum_true_depth": (I64, 0), "first_seq_len": (I64, -1),
-        "first_root": (I64, -1), "hash": (np.uint64, 0), "contiguous": (bool, True),
-        "last_finished": (bool, False), "max_step": (I64, -1), "seen": (bool, False),
+        "last_step": (np.int32, -1), "seq_end": (I64, -1), "last_tok": (np.int32, -1),
+        "finished": (bool, False), "out_len": (I64, 1), "n_steps": (np.int32, 0),
+        "sum_commit_len": (I64, 0), "sum_commit_n": (I64, 0), "sum_depth": (I64, 0),
+        "sum_true_depth": (I64, 0), "first_seq_len": (np.int32, -1), "first_root": (np.int32, -1),
+        "hash": (np.uint64, 0), "contiguous": (bool, True), "last_finished": (bool, False),
+        "seen": (bool, False),
     }
 
     def __init__(self):
@@ -118,7 +123,7 @@ class Carry:
     def _grow(self, n: int) -> None:
         cap = len(self.last_step)
         if n > cap:
-            new = max(n, cap * 2)
+            new = max(n, cap + cap // 4)
             for k, (dt, v) in self.FIELDS.items():
                 a = getattr(self, k)
                 b = np.full(new, v, dtype=dt)
@@ -321,8 +326,8 @@ class StepFrame:
         T = self.T
         if T == 0:
             return np.zeros(0, dtype=I64)
-        if np.array_equal(np.maximum(lens, 0), n0) and not (lens < 0).any():
-            return v[off[0]: off[-1]].astype(I64)
+        if np.array_equal(lens, n0):
+            return v[off[0]: off[-1]]                    # a view of the Arrow buffer (int32)
         i = np.arange(T, dtype=I64) - s0[rows0]
         ok = i < lens[rows0]
         idx = np.where(ok, off[:-1][rows0] + i, 0)
@@ -336,7 +341,7 @@ class StepFrame:
         length per sorted row, sorted row of each flat entry)."""
         off, v, lens = part
         ln = np.maximum(lens, 0)
-        flat = v[off[0]: off[-1]].astype(I64) if len(v) else np.zeros(0, dtype=I64)
+        flat = v[off[0]: off[-1]] if len(v) else np.zeros(0, dtype=I64)
         if (lens < 0).any():  # null lists may still span values: drop them
             keep = np.repeat(lens >= 0, np.diff(off))
             flat = flat[keep]
@@ -641,18 +646,18 @@ class RequestFrame:
         self.complete, self.manifest = complete, manifest
         self.R = Q
         self.request_id = np.asarray(carry.names[:Q], dtype=object)
-        self.has_steps = carry.view("seen").copy()
-        self.n_steps = carry.view("n_steps").copy()
-        self.first_seq_len = carry.view("first_seq_len").copy()
-        self.first_root = carry.view("first_root").copy()
-        self.commits_hash = carry.view("hash").copy()
-        self.commits_len = carry.view("out_len").copy()
-        self.sum_commit_len = carry.view("sum_commit_len").copy()
-        self.sum_commit_n = carry.view("sum_commit_n").copy()
-        self.sum_depth = carry.view("sum_depth").copy()
-        self.sum_true_depth = carry.view("sum_true_depth").copy()
-        self.last_finished = carry.view("last_finished").copy()
-        self.contiguous = carry.view("contiguous").copy()
+        self.has_steps = carry.view("seen")
+        self.n_steps = carry.view("n_steps")
+        self.first_seq_len = carry.view("first_seq_len")
+        self.first_root = carry.view("first_root")
+        self.commits_hash = carry.view("hash")
+        self.commits_len = carry.view("out_len")
+        self.sum_commit_len = carry.view("sum_commit_len")
+        self.sum_commit_n = carry.view("sum_commit_n")
+        self.sum_depth = carry.view("sum_depth")
+        self.sum_true_depth = carry.view("sum_true_depth")
+        self.last_finished = carry.view("last_finished")
+        self.contiguous = carry.view("contiguous")
         t = table_facts or {}
         def arr(k, fill, dt):  # noqa: E306
             a = np.full(Q, fill, dtype=dt)
@@ -664,16 +669,16 @@ class RequestFrame:
         if "idx" in t:
             self.has_row[t["idx"]] = True
             np.add.at(self.row_count, t["idx"], 1)
-        self.prompt_len = arr("prompt_len", -1, I64)
-        self.first_token = arr("first_token", -1, I64)
-        self.output_len = arr("output_len", -1, I64)
+        self.prompt_len = arr("prompt_len", -1, np.int32)
+        self.first_token = arr("first_token", -1, np.int32)
+        self.output_len = arr("output_len", -1, np.int32)
         self.output_hash = arr("output_hash", 0, np.uint64)
-        self.output_last = arr("output_last", -1, I64)
-        self.output_first = arr("output_first", -1, I64)
-        self.eos_inside = arr("eos_inside", -1, I64)
-        self.reference_equal = arr("reference_equal", -1, I64)
-        self.reference_first_diff = arr("reference_first_diff", -1, I64)
-        self.reference_len = arr("reference_len", -1, I64)
+        self.output_last = arr("output_last", -1, np.int32)
+        self.output_first = arr("output_first", -1, np.int32)
+        self.eos_inside = arr("eos_inside", -1, np.int32)
+        self.reference_equal = arr("reference_equal", -1, np.int32)
+        self.reference_first_diff = arr("reference_first_diff", -1, np.int32)
+        self.reference_len = arr("reference_len", -1, np.int32)
         self.finish_reason = arr("finish_reason", None, object)
         self.extra = {k[6:]: arr(k, np.nan, float) for k in t if k.startswith("extra:")}
         self.null_slot = self.request_id == "\0null"

@@ -75,7 +75,9 @@ class DepthVsPath(Rule):
         def explain(i):
             if f.accepted_depth[i] == f.path_len[i]:
                 return " (the bonus token counted as an accepted draft)"
-            return " (it is the number of drafted nodes)" if f.accepted_depth[i] == f.n[i] - 1 else ""
+            if f.accepted_depth[i] == f.n[i] - 1:
+                return " (it equals the drafted nodes: the counter reads the draft width)"
+            return ""
         return Hits(bad, accepted_depth=f.accepted_depth, path_depth=f.path_len - 1, explain=explain,
                     path=_lists(f, rows, f.path, f.path_start, f.path_len))
 

@@ -33,7 +33,8 @@ from .invariants.frame import Carry, RequestFrame, RunFrame, StepFrame, token_mi
 from .schema import (REQUESTS_SCHEMA, STEPS_SCHEMA, InputError, RunFiles,
                      check_table_schema, discover, manifest_conventions)
 
-BATCH_ROWS = 65536
+BATCH_ROWS = 65536          # step rows per batch: ~200 MB of numpy work at N = 8
+REQUEST_BATCH_ROWS = 8192   # request rows per batch: each holds whole outputs
 # Optional client-side per-request columns a requests table may carry; SA410 compares
 # them with what the request's steps add up to.
 CLIENT_COLUMNS = ("completion_tokens", "verify_steps", "accept_length")
@@ -112,6 +113,9 @@ def request_facts(batches, carry: Carry, eos_id: int) -> dict:
     out: dict[str, list] = {}
 
     def put(k, v):
+        # int32 is enough for every per-request fact (lengths, tokens, indices)
+        if isinstance(v, np.ndarray) and v.dtype == np.int64 and k not in ("idx",):
+            v = v.astype(np.int32)
         out.setdefault(k, []).append(v)
 
     for b in batches:
@@ -120,7 +124,6 @@ def request_facts(batches, carry: Carry, eos_id: int) -> dict:
         rid = [str(x) for x in col["request_id"].to_pylist()]
         idx = carry.index(rid)
         put("idx", idx)
-        put("row_count", np.ones(len(idx), dtype=np.int64))
         R = b.num_rows
         plen = _lens(col["prompt_tokens"])
         put("prompt_len", plen)
@@ -185,7 +188,10 @@ def request_facts(batches, carry: Carry, eos_id: int) -> dict:
         put("reference_equal", req_eq)
         put("reference_first_diff", first_diff)
         put("reference_len", rlen)
-        put("finish_reason", np.asarray(col["finish_reason"].to_pylist(), dtype=object))
+        fr = col["finish_reason"]
+        fr = fr if pa.types.is_dictionary(fr.type) else fr.dictionary_encode()
+        reasons = np.asarray(fr.dictionary.to_pylist() + [None], dtype=object)
+        put("finish_reason", reasons[fr.indices.fill_null(-1).to_numpy(zero_copy_only=False)])
         for c in CLIENT_COLUMNS:
             if c in col:
                 try:
@@ -309,6 +315,7 @@ def check_batches(batches, *, run_id: str, manifest: dict | None, rules, result:
     if requests is not None:
         facts = request_facts(requests, carry, eos_id)
         result.requests += len(facts.get("idx", ()))
+        _release_memory()  # the table's decode buffers: give them back before the steps
     derived = _Derived()
     rows_seen = 0
     for item in batches:
@@ -330,14 +337,16 @@ def check_batches(batches, *, run_id: str, manifest: dict | None, rules, result:
         complete = complete()
     rq = RequestFrame(carry, facts, run_id=run_id, eos_id=eos_id, max_new_tokens=max_new,
                       complete=complete and facts is not None, manifest=manifest or {})
+    have_facts = facts is not None
+    del facts
     for rule in by_scope["request"]:
         _emit_hits(rule, rule.check(rq), rq, result, kind="request")
     d = dict(derived.total)
     real = ~rq.null_slot & rq.has_steps
     ns = np.maximum(rq.n_steps[real], 1)
     d["requests"] = int((rq.has_row | rq.has_steps).sum() - (rq.null_slot & rq.has_steps).sum())
-    d["generated"] = int(np.maximum(rq.output_len[rq.has_row], 0).sum()) if facts is not None else None
-    d["first_tokens"] = int(rq.has_row.sum()) if facts is not None else None
+    d["generated"] = int(np.maximum(rq.output_len[rq.has_row], 0).sum()) if have_facts else None
+    d["first_tokens"] = int(rq.has_row.sum()) if have_facts else None
     d["per_request_mean_depth"] = float((rq.sum_true_depth[real] / ns).mean()) if real.any() else 0.0
     d["per_request_mean_depth_counter"] = float((rq.sum_depth[real] / ns).mean()) if real.any() else 0.0
     d["per_request_mean_commit"] = float((rq.sum_commit_n[real] / ns).mean()) if real.any() else 0.0
@@ -345,7 +354,7 @@ def check_batches(batches, *, run_id: str, manifest: dict | None, rules, result:
     d["depth_hist"] = derived.depth_hist.tolist()
     d["partitions"] = derived.parts
     d["budget"] = int(((manifest or {}).get("config") or {}).get("budget") or 0)
-    run = RunFrame(run_id, manifest, d, complete and facts is not None, conv, incomplete_reason)
+    run = RunFrame(run_id, manifest, d, complete and have_facts, conv, incomplete_reason)
     for rule in by_scope["run"]:
         _emit_hits(rule, rule.check(run), run, result, kind="run")
 
@@ -433,6 +442,17 @@ def _proven_diagnostics(md) -> set:
         return set()
 
 
+def _release_memory() -> None:
+    """Return freed memory to the OS (Arrow's pool, and glibc's heap, which keeps
+    freed blocks of large numpy temporaries): keeps peak RSS near the live data."""
+    pa.default_memory_pool().release_unused()
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _plain(schema: pa.Schema) -> pa.Schema:
     """Dictionary-encoded string columns (read_dictionary) checked as their values."""
     return pa.schema([pa.field(f.name, f.type.value_type) if pa.types.is_dictionary(f.type) else f
@@ -509,7 +529,7 @@ def _open_requests(rf: RunFiles, result: CheckResult, batch_rows: int):
     tells whether the whole table was read."""
     path = rf.requests_file
     try:
-        pf = pq.ParquetFile(path)
+        pf = pq.ParquetFile(path, pre_buffer=False)  # pre-buffering would hold the whole table
         check_table_schema(path, pf.schema_arrow, REQUESTS_SCHEMA)
     except InputError as e:
         result_bad(result, path, e.reason, rf.run_id)
@@ -524,7 +544,7 @@ def _open_requests(rf: RunFiles, result: CheckResult, batch_rows: int):
     def gen():
         n = 0
         try:
-            for b in pf.iter_batches(batch_size=batch_rows, columns=cols):
+            for b in pf.iter_batches(batch_size=min(batch_rows, REQUEST_BATCH_ROWS), columns=cols):
                 n += b.num_rows
                 yield b
         except Exception as e:

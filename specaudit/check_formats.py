@@ -105,8 +105,9 @@ def _text(findings, *, counts, summary, statistics, examples, rules, checked, ti
     lines = []
     if statistics:
         w = max((len(f"{n:,}") for n in counts.values()), default=1)
+        nw = max((len(names.get(c, "")) for c in counts), default=1)
         for code in sorted(counts):
-            lines.append(f"{counts[code]:>{w},}  {code}  {names.get(code, '')}  [{sev.get(code, 'error')}]")
+            lines.append(f"{counts[code]:>{w},}  {code}  {names.get(code, ''):<{nw}}  [{sev.get(code, 'error')}]")
         lines.append("")
     else:
         for code in sorted(counts):
