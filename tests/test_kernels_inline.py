@@ -149,12 +149,15 @@ def test_engine_inline_audit_catches_each_fault(models, fault, algo, rule, backe
     from specaudit.run import default_prompts, encode
     from specaudit.runtime.engine import Request, SpecConfig, SpecEngine
     target, drafter, _ = models
+    # EOS = newline; eos-overcount needs an EOS inside an accepted commit: 4 x 40 tokens
+    # of the embedded prompts hold one, the other faults show on every step
+    n_prompts, new = (4, 40) if fault == "eos-overcount" else (2, 24)
     cfg = SpecConfig(algo=algo, budget=7 if algo == "chain" else 12, topk=1 if algo == "chain" else 3,
-                     max_new_tokens=40, concurrency=2, eos_id=10, fault=fault)  # EOS = newline
+                     max_new_tokens=new, concurrency=2, eos_id=10, fault=fault)
     engine = SpecEngine(target, drafter, cfg)
     engine.auditor = RecordingAuditor("cpu", backend=backend)
-    reqs = [Request(request_id=str(i), prompt=encode(p), max_new_tokens=40)
-            for i, p in enumerate(default_prompts()[:4])]
+    reqs = [Request(request_id=str(i), prompt=encode(p), max_new_tokens=new)
+            for i, p in enumerate(default_prompts()[:n_prompts])]
     engine.run(reqs)
     snap = engine.auditor.read()
     assert snap["steps"] == engine.metrics.verify_steps > 0
