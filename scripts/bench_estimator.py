@@ -93,8 +93,9 @@ def main(argv=None) -> int:
     if args.profile:
         prof = CostProfile.load(args.profile)
     else:
+        # calibration decodes longer than the runs: more steps per repeat, a steadier median
         prof = measure_profile(models=(target, drafter, {}), n_grid=n_grid, c_grid=c_grid,
-                               repeats=2 if args.quick else 3, max_new_tokens=M)
+                               repeats=2 if args.quick else 6, max_new_tokens=128 if args.quick else 256)
     calib_s = time.time() - t0
     print(json.dumps({"profile": prof.to_dict()["entries"], "calibration_s": round(calib_s, 1)}), flush=True)
 

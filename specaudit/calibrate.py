@@ -10,7 +10,7 @@ measured   on the reference runtime: for each concurrency c, the same c prompts 
            host work of accepting and committing, as a real engine's step does. Each
            (N, c) is measured `repeats` times on different prompts, one plain step
            after each speculative step, so a busy machine slows both alike; r is the
-           ratio of median step times and r_std the standard error over the repeats.
+           ratio of mean step times and r_std the standard error over the repeats.
 manual     one number for every (N, c), typed by hand (the seed's r = 1.5)
 trace      from a trace dataset's own draft_s + verify_s (one value per batched forward)
            against plain decode steps timed here on the same models at the run's
@@ -172,10 +172,11 @@ def measure_profile(models=None, n_grid=DEFAULT_N, c_grid=DEFAULT_C, repeats: in
                 walls, d, v, algo, ar = spec_steps(target, drafter, batch, n, max_new_tokens, device, twin=twin)
                 if len(walls) < 2 or len(ar) < 2:
                     continue
-                # medians, first step dropped (allocator warm-up): r is a property of the step,
-                # not of the machine's other tenants, whose preemptions hit single steps
-                t_ar, t_step = float(np.median(ar[1:])), float(np.median(walls[1:]))
-                per_n[n].append((t_step / t_ar, t_ar, float(np.median(d[1:])), float(np.median(v[1:])), algo))
+                # mean step times, first step dropped (allocator warm-up): throughput is tokens
+                # over total time, so r is a ratio of means (medians of the short plain step
+                # swing with the machine's load more than the means do)
+                t_ar, t_step = float(np.mean(ar[1:])), float(np.mean(walls[1:]))
+                per_n[n].append((t_step / t_ar, t_ar, float(np.mean(d[1:])), float(np.mean(v[1:])), algo))
                 t_ar_all.append(t_ar)
                 if progress:
                     progress(c, n, rep, t_step / t_ar)
