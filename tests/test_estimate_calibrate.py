@@ -129,3 +129,25 @@ def test_calibrate_cli_bad_input(argv, word, capsys, tmp_path, monkeypatch):
 def test_calibrate_from_empty_folder(tmp_path, capsys):
     assert cli.main(["calibrate", "--out", str(tmp_path / "c.json"), "--from-traces", str(tmp_path)]) == 2
     assert "no trace runs" in capsys.readouterr().err
+
+
+def test_reference_run_as_estimator_input(make_run, models, capsys):
+    """A real traced run of the reference runtime: the observation and the trace profile."""
+    res = make_run(algo="chain", budget=7, concurrency=2, num_prompts=4, max_new_tokens=40)
+    dataset = res.run_dir.parent
+    (o,) = observations_from_traces(dataset)
+    assert o.extra["tokens"] == res.summary["tokens"]
+    assert (o.concurrency, o.n_nodes) == (2, 8)
+    assert o.reported_commit_len == pytest.approx(res.manifest["reported"]["mean_commit_len"])
+    # the trace spans the steps, run_traced's wall also the first prefill and the close
+    assert o.tps >= 0.95 * res.summary["tokens"] / res.wall_s
+    prof = profile_from_traces(dataset, models=models, steps=8)
+    (e,) = prof.entries
+    assert (e.n_nodes, e.concurrency) == (8, 2) and e.r > 0 and e.t_ar_s > 0
+    # the run's own figures through the CLI, with r from its own timings
+    p = dataset.parent / f"{dataset.name}-cost.json"
+    prof.save(p)
+    assert cli.main(["estimate", str(dataset), "--baseline-tps", str(2 / e.t_ar_s), "--profile", str(p),
+                     "--output-format", "json"]) in (0, 1, 2)
+    d = json.loads(capsys.readouterr().out)["results"][0]
+    assert d["n_nodes"] == 8 and d["concurrency"] == 2 and d["cost_factor_from"].startswith("profile")
