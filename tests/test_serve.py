@@ -416,15 +416,18 @@ def test_live_estimator_feeds_the_commit_length_gauges():
 
 # ------------------------------------------------------------------------ CLI
 
-def test_cli_help_and_input_errors(tmp_path):
-    run = lambda *a: subprocess.run([sys.executable, "-m", "specaudit", "serve", *a],  # noqa: E731
-                                    capture_output=True, text=True, timeout=120)
-    h = run("--help")
+def test_cli_help_and_input_errors(tmp_path, capsys):
+    h = subprocess.run([sys.executable, "-m", "specaudit", "serve", "--help"], capture_output=True, text=True,
+                       timeout=120)
     assert h.returncode == 0 and "--trace-dir" in h.stdout and "Examples:" in h.stdout and "--concurrency" in h.stdout
-    for args, msg in ((["--port", "1"], "--trace-dir"),
-                      (["--trace-dir", str(tmp_path), "--inject", "nope", "--port", "0"], "unknown fault"),
+    from specaudit.cli import main
+    for args, msg in ((["--trace-dir", str(tmp_path), "--inject", "nope", "--port", "0"], "unknown fault"),
                       (["--trace-dir", str(tmp_path), "--baseline-tps", "10", "--port", "0"], "--cost-factor"),
-                      (["--trace-dir", str(tmp_path), "--port", "70000"], "--port")):
-        r = run(*args)
-        assert r.returncode == 2, (args, r.stderr)
-        assert msg in r.stderr and "Traceback" not in r.stderr
+                      (["--trace-dir", str(tmp_path), "--port", "70000"], "--port"),
+                      (["--trace-dir", str(tmp_path), "--calibration", str(tmp_path / "none.json")], "cost profile")):
+        assert main(["serve", *args]) == 2, args
+        err = capsys.readouterr().err
+        assert msg in err and "Traceback" not in err and err.count("\n") == 1, err
+    with pytest.raises(SystemExit) as e:     # argparse: --trace-dir is required
+        main(["serve", "--port", "1"])
+    assert e.value.code == 2 and "--trace-dir" in capsys.readouterr().err
