@@ -13,6 +13,9 @@ time: engine throughput, free of request-boundary effects.
 Last line: one JSON object with
     scrape_overhead        median over pairs of 1 - (tokens/s scraping) / (tokens/s not); target <= 0.01
     scrape_overhead_pooled the same from the pooled means of all phases of each kind
+    scrape_cpu_share       CPU seconds per second the server spends answering /metrics at --hz
+                           (its specaudit_metrics_scrape_cpu_seconds_total): the cost itself,
+                           which a busy shared machine cannot blur the way it blurs throughput
     tokens_per_s_no_scrape, tokens_per_s_scrape, per_pair_overhead (list), pairs, phase_s
     scrape_hz, scrapes, scrape_latency_s {p50, p90}, metrics_bytes
 A negative overhead is noise (the two kinds of phase differ by less than the spread of
@@ -35,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load import percentiles
 
 TOKENS_RE = re.compile(r"^specaudit_derived_committed_tokens_total\s+(\S+)", re.MULTILINE)
+SCRAPE_CPU_RE = re.compile(r"^specaudit_metrics_scrape_cpu_seconds_total\s+(\S+)", re.MULTILINE)
 
 
 def start_server(args) -> tuple[subprocess.Popen, str, str]:
@@ -96,9 +100,13 @@ async def bench(url: str, *, concurrency: int, max_tokens: int, pairs: int, phas
                 nxt += period
                 await asyncio.sleep(max(0.0, nxt - time.perf_counter()))
 
+        cpu = {"A": 0.0, "B": 0.0}
+
         async def tokens() -> float:
             text = (await client.get(f"{url}/metrics")).text
             m = TOKENS_RE.search(text)
+            c = SCRAPE_CPU_RE.search(text)
+            cpu["now"] = float(c.group(1)) if c else float("nan")
             return float(m.group(1)) if m else 0.0
 
         workers = [asyncio.create_task(worker(k)) for k in range(concurrency)]
@@ -111,8 +119,10 @@ async def bench(url: str, *, concurrency: int, max_tokens: int, pairs: int, phas
                     if kind == "B":
                         scraping.set()
                     t0, c0 = time.perf_counter(), await tokens()
+                    s0 = cpu["now"]
                     await asyncio.sleep(phase_s)
                     t1, c1 = time.perf_counter(), await tokens()
+                    cpu[kind] += (cpu["now"] - s0) / (t1 - t0)
                     scraping.clear()
                     rates[kind].append((c1 - c0) / (t1 - t0))
                     for w in workers:
@@ -130,6 +140,9 @@ async def bench(url: str, *, concurrency: int, max_tokens: int, pairs: int, phas
         # the median pair: robust to a burst from another process landing in one phase
         "scrape_overhead": round(median, 5) if per_pair else None,
         "scrape_overhead_pooled": round(1.0 - b / a, 5) if a > 0 else None,
+        # the server's own CPU seconds answering /metrics per second while scraping (the
+        # B phases less the boundary reads both kinds share): the cost without the noise
+        "scrape_cpu_share": round((cpu["B"] - cpu["A"]) / pairs, 6),
         "tokens_per_s_no_scrape": round(a, 3), "tokens_per_s_scrape": round(b, 3),
         "per_pair_overhead": [round(1.0 - y / x, 5) for x, y in zip(rates["A"], rates["B"]) if x > 0],
         "pairs": pairs, "phase_s": phase_s, "scrape_hz": hz, "scrapes": len(lat),
@@ -176,7 +189,8 @@ def main(argv=None) -> int:
             except subprocess.TimeoutExpired:
                 proc.kill()
     out["cpu_count"] = os.cpu_count()
-    print(f"scrape overhead {out['scrape_overhead']:+.4f} ({out['tokens_per_s_scrape']:.1f} vs "
+    print(f"scrape overhead {out['scrape_overhead']:+.4f}, scrape CPU share {out['scrape_cpu_share']:.4f} "
+          f"({out['tokens_per_s_scrape']:.1f} vs "
           f"{out['tokens_per_s_no_scrape']:.1f} tokens/s, {out['scrapes']} scrapes at {args.hz:g} Hz, "
           f"{out['metrics_bytes']} bytes each)", file=sys.stderr)
     print(json.dumps(out), flush=True)

@@ -503,12 +503,14 @@ class Handler(BaseHTTPRequestHandler):
         s = self.srv
         if path == "/metrics":
             from prometheus_client import CONTENT_TYPE_LATEST
+            t0 = time.thread_time()
             data = s.exposition.render()
             self.send_response(200)
             self.send_header("Content-Type", CONTENT_TYPE_LATEST)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
+            s.scrape_cpu.inc(time.thread_time() - t0)   # what scraping costs the server, in CPU seconds
         elif path == "/health":
             self._send_json(200, s.health())
         elif path == "/v1/models":
@@ -771,6 +773,8 @@ class SpecServer:
         self.exposition = FastExposition(self.registry)   # /metrics: cheap enough for a 10 Hz scrape
         self._http_errors = Counter("specaudit_http_errors", "HTTP error responses by status code", ["code"],
                                     registry=self.registry)
+        self.scrape_cpu = Counter("specaudit_metrics_scrape_cpu_seconds",
+                                  "CPU time spent answering GET /metrics (render and write)", registry=self.registry)
         self._err_children = {c: self._http_errors.labels(code=str(c))
                               for c in (400, 404, 405, 411, 413, 422, 500, 503)}
         if otel is True:

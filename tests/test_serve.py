@@ -228,6 +228,7 @@ def test_load_and_scrape_scripts_end_with_one_json_line(server):
     assert r.returncode == 0, r.stderr
     b = json.loads(r.stdout.strip().splitlines()[-1])
     assert isinstance(b["scrape_overhead"], float) and b["scrapes"] >= 3 and b["tokens_per_s_no_scrape"] > 0
+    assert 0 < b["scrape_cpu_share"] < 0.5
     bad = run(str(REPO / "scripts" / "load.py"), "--url", server.url, "--concurrency", "0")
     assert bad.returncode == 2 and "must be at least 1" in bad.stderr and "Traceback" not in bad.stderr
 
