@@ -32,7 +32,7 @@ class CommitLenVsDepth(Rule):
 
     code = "SA301"
     name = "commit-len-vs-depth"
-    message = "{algo} committed {commit_len} tokens but accepted depth is {accepted_depth} ({rule})"
+    message = "{algo} committed {commit_len} {tokens} but accepted depth is {accepted_depth} ({rule})"
 
     def check(self, f):
         want = f.accepted_depth + 1
@@ -43,8 +43,9 @@ class CommitLenVsDepth(Rule):
             return None
         rule = lambda i: (f"an unfinished step commits depth + 1 = {want[i]}" if unf[i]  # noqa: E731
                           else f"a finished step commits at most depth + 1 = {want[i]}")
-        return Hits(bad, algo=f.algo, commit_len=f.commit_len, accepted_depth=f.accepted_depth,
-                    rule=rule)
+        tokens = lambda i: "token" if f.commit_len[i] == 1 else "tokens"  # noqa: E731
+        return Hits(bad, algo=f.algo, commit_len=f.commit_len, tokens=tokens,
+                    accepted_depth=f.accepted_depth, rule=rule)
 
     def fail(self, run):
         s = run.steps_where(_unfinished_with_depth)[0]

@@ -167,7 +167,7 @@ def test_message_template_of_the_seed_case(tmp_path):
     assert f.message == ("run fx-chain request 1 step 2: chain committed 2 tokens but accepted depth is 7 "
                          "(an unfinished step commits depth + 1 = 8)")
     assert (f.run_id, f.request_id, f.step) == ("fx-chain", "1", 2)
-    assert f.values == {"algo": "chain", "commit_len": 2, "accepted_depth": 7,
+    assert f.values == {"algo": "chain", "commit_len": 2, "tokens": "tokens", "accepted_depth": 7,
                         "rule": "an unfinished step commits depth + 1 = 8"}
 
 
