@@ -138,11 +138,9 @@ def test_not_parquet_and_truncated_and_fine_ones_still_checked(tmp_path, capsys)
     assert "not a Parquet file" in bad["steps-000001.parquet"] or "Parquet" in bad["steps-000001.parquet"]
     assert "steps-000000.parquet" in bad
     assert code == 1
-    assert str(good / "steps-000000.parquet") in doc_files(doc, tmp_path, good)
-
-
-def doc_files(doc, tmp_path, good):
-    return {str(good / "steps-000000.parquet")} if doc["summary"]["files_checked"] >= 2 else set()
+    res = check_paths([tmp_path / "ds"])
+    assert str(good / "steps-000000.parquet") in res.files_checked and "fx-tree" in res.runs
+    assert {p.rsplit("/", 1)[-1] for p, _ in res.bad_files} == {"steps-000000.parquet", "steps-000001.parquet"}
 
 
 def test_only_bad_files_exit_2_with_one_line_each(tmp_path, capsys):
