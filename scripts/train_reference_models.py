@@ -34,7 +34,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from specaudit.model import (EOS_ID, GPT, BlockDrafter, DrafterConfig, GPTConfig,  # noqa: E402
-                             bits_per_byte, save_model)
+                             bits_per_byte, load_model, save_model)
 
 SKIP_DIRS = ("site-packages", "/test/", "/tests/", "/idlelib/", "/lib2to3/tests", "/__pycache__/")
 
@@ -91,14 +91,18 @@ def train_target(cfg, data, val, steps, bs, T, lr, rng, log):
             log(f"target step {step}/{steps} loss {loss.item():.3f} "
                 f"({bs * T * (step + 1) / (time.time() - t0):.0f} tok/s)")
     model.eval()
+    return model, held_out_bpb(model, val, T)
+
+
+@torch.no_grad()
+def held_out_bpb(model, val, T) -> float:
     vrng = np.random.default_rng(1)
-    with torch.no_grad():
-        losses = []
-        for _ in range(8):
-            x, y = batches(val, 16, T, vrng)
-            logits, _ = model.forward_train(x)
-            losses.append(F.cross_entropy(logits.view(-1, cfg.vocab_size), y.view(-1)).item())
-    return model, bits_per_byte(float(np.mean(losses)))
+    losses = []
+    for _ in range(8):
+        x, y = batches(val, 16, T, vrng)
+        logits, _ = model.forward_train(x)
+        losses.append(F.cross_entropy(logits.view(-1, model.cfg.vocab_size), y.view(-1)).item())
+    return bits_per_byte(float(np.mean(losses)))
 
 
 @torch.no_grad()
@@ -117,7 +121,7 @@ def greedy_continuations(model: GPT, data, n, ctx, K, bs, rng, log):
         pre = int(rng.integers(0, 17))
         ix = rng.integers(0, len(data) - ctx - 1, size=b)
         x = torch.from_numpy(np.stack([data[i:i + ctx] for i in ix]).astype(np.int64))
-        cache = model.new_cache(b)
+        cache = model.new_cache(b, length=ctx + pre + K + 1)
         lens = torch.zeros(b, dtype=torch.long)
         pos = torch.arange(ctx)[None].expand(b, ctx)
         causal = torch.ones(ctx, ctx, dtype=torch.bool).tril()[None].expand(b, ctx, ctx)
@@ -200,6 +204,8 @@ def main(argv=None):
     ap.add_argument("--target-steps", type=int, default=880)
     ap.add_argument("--drafter-samples", type=int, default=16384)
     ap.add_argument("--drafter-steps", type=int, default=3000)
+    ap.add_argument("--target", metavar="SAFETENSORS",
+                    help="skip stage 2 and build the drafter on this trained target")
     ap.add_argument("--out", default=str(ROOT / "specaudit" / "weights"))
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     args = ap.parse_args(argv)
@@ -215,8 +221,16 @@ def main(argv=None):
     log(f"corpus: {len(train_files)} train files ({len(data) / 1e6:.1f} MB), "
         f"{len(held)} held out ({len(val) / 1e6:.1f} MB)")
     t0 = time.time()
-    cfg = GPTConfig()
-    target, bpb = train_target(cfg, data, val, args.target_steps, 8, 512, 2e-3, rng, log)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.target:
+        target = load_model(Path(args.target))
+        cfg = target.cfg
+        bpb = held_out_bpb(target, val, 512)
+    else:
+        cfg = GPTConfig()
+        target, bpb = train_target(cfg, data, val, args.target_steps, 8, 512, 2e-3, rng, log)
+        save_model(target, out / "target.safetensors", "gpt")  # saved early: later stages may fail
     t_target = time.time() - t0
     log(f"target: {bpb:.3f} bits/byte on held-out files in {t_target:.0f}s")
     t0 = time.time()
@@ -228,9 +242,6 @@ def main(argv=None):
     t_drafter = time.time() - t0
     log("drafter match rate by offset: " + " ".join(f"{p:.2f}" for p in per_pos)
         + f"; expected chain commit (K={dcfg.depth}) {exp_commit:.2f}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    save_model(target, out / "target.safetensors", "gpt")
     save_model(drafter, out / "drafter.safetensors", "drafter")
     prompts = held_out_prompts(held)
     pdir = ROOT / "specaudit" / "data"

@@ -46,9 +46,12 @@ class KVCache:
     of a full context never indexes out of range.
     """
 
-    def __init__(self, cfg: GPTConfig, batch: int, device, dtype, margin: int = 128):
+    def __init__(self, cfg: GPTConfig, batch: int, device, dtype, margin: int = 128,
+                 length: int | None = None):
         hd = cfg.d_model // cfg.n_head
-        shape = (cfg.n_layer, batch, cfg.max_seq_len + margin, cfg.n_head, hd)
+        # `length` caps the slots for callers that know their sequences are short
+        # (training-data generation): the cache is B x S x ... and zero-filled.
+        shape = (cfg.n_layer, batch, (length or cfg.max_seq_len) + margin, cfg.n_head, hd)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
 
@@ -153,9 +156,9 @@ class GPT(nn.Module):
 
     eos_id = EOS_ID
 
-    def new_cache(self, batch: int) -> KVCache:
+    def new_cache(self, batch: int, length: int | None = None) -> KVCache:
         p = self.wte.weight
-        return KVCache(self.cfg, batch, p.device, p.dtype)
+        return KVCache(self.cfg, batch, p.device, p.dtype, length=length)
 
     def forward_train(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Full causal forward. idx [B, T] -> logits [B, T, V], hidden [B, T, D]."""

@@ -36,8 +36,18 @@ def add_runtime_arguments(p) -> None:
     g.add_argument("--seed", type=int, default=0, help="seed (prompt order; default 0)")
     g.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    g.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads on CPU (default 1: decode-sized ops on a small model "
+                        "run fastest on one thread, and extra OpenMP threads spin under contention)")
     g.add_argument("--eos-id", type=int, default=None,
                    help="token that ends a request (default: the model's EOS, byte 0)")
+
+
+def set_threads(args) -> None:
+    if args.threads < 1:
+        raise ValueError(f"--threads must be at least 1 (got {args.threads})")
+    import torch
+    torch.set_num_threads(args.threads)
 
 
 def resolve_topk(args) -> int:
@@ -79,6 +89,7 @@ def main(args) -> int:
     if not args.out:
         raise ValueError("--out DIR is required (the dataset folder)")
     from ..run import run_traced
+    set_threads(args)
     res = run_traced(algo=args.algo, budget=args.budget, topk=resolve_topk(args),
                      concurrency=args.concurrency, num_prompts=args.num_prompts,
                      max_new_tokens=args.max_new_tokens, prompts_file=args.prompts, oracle=args.oracle,
