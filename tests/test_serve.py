@@ -328,7 +328,7 @@ def test_streaming_splits_utf8_only_at_character_boundaries(scripted):
 
 
 def test_queued_requests_wait_for_a_slot_and_a_queued_disconnect_costs_nothing(scripted):
-    srv = scripted([[65]] * 40, slots=1, step_s=0.05)   # one slot, 2 s per request
+    srv = scripted([[65]] * 40, slots=1, step_s=0.03)   # one slot, 1.2 s per request
     with httpx.Client(timeout=30) as c:
         import threading
         res = {}
