@@ -169,7 +169,8 @@ def test_stale_draft_is_worse_and_confounders_warned(tmp_path, models):
                  primary="accepted_depth", load_models=lambda device, dtype: models, warmup=False)
     assert res["order"] == ["A", "B"]
     assert set(res["settings_differ"]) == {"inject", "concurrency", "batch"}
-    assert res["settings_differ"]["batch"] == [1.0, pytest.approx(res["b"]["mean_batch"])]
+    assert res["settings_differ"]["batch"] == [1.0, pytest.approx(res["b"]["mean_batch"], abs=1e-3)]
+    assert 1.0 < res["b"]["mean_batch"] <= 2.0
     assert any("concurrency" in w and "confounded" in w for w in res["warnings"])
     assert any("observed batch differs" in w for w in res["warnings"])
     d = res["metrics"]["accepted_depth"]
