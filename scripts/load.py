@@ -96,7 +96,8 @@ async def one_request(client, url: str, model: str | None, prompt: str, max_toke
     if not done or usage is None:
         return {"ok": False, "status": 200, "error": "stream ended without [DONE] and usage"}
     return {"ok": True, "ttft": ttft if ttft is not None else t1 - t0, "e2e": t1 - t0,
-            "completion_tokens": int(usage.get("completion_tokens", 0)), "prompt_tokens": int(usage.get("prompt_tokens", 0))}
+            "completion_tokens": int(usage.get("completion_tokens", 0)),
+            "prompt_tokens": int(usage.get("prompt_tokens", 0))}
 
 
 async def run_load(url: str, *, concurrency: int, requests: int, duration: float, max_tokens: int,

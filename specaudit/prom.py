@@ -149,7 +149,8 @@ def inline_violations(batch: pa.RecordBatch, budget: int | None = None,
     few array expressions; the loops run over node index, never over rows.
     """
     B = batch.num_rows
-    col = lambda name: batch.column(batch.schema.get_field_index(name))
+    def col(name):
+        return batch.column(batch.schema.get_field_index(name))
     tok, n, tok_s = _lists(col("node_tokens"))
     par, n_par, par_s = _lists(col("parents"))
     pos, n_pos, pos_s = _lists(col("positions"))
@@ -305,7 +306,8 @@ class PromSink:
             return
         D = self.max_depth = max(1, min(int(max_depth), 64))
         r = self.registry
-        self.verify_steps = Counter("specaudit_verify_steps", "Step rows: one per request per verify forward", registry=r)
+        self.verify_steps = Counter("specaudit_verify_steps", "Step rows: one per request per verify forward",
+                                    registry=r)
         self.verify_forwards = Counter("specaudit_verify_forwards", "Batched verify forwards of the target", registry=r)
         self.drafted = Counter("specaudit_drafted_tokens", "Draft nodes verified (N - 1 per step)", registry=r)
         self.accepted = Counter("specaudit_accepted_tokens",
@@ -313,7 +315,8 @@ class PromSink:
         self.committed = Counter("specaudit_committed_tokens",
                                  "Committed tokens as the engine reported them (sum of commit_len)", registry=r)
         self.d_accepted = Counter("specaudit_derived_accepted_tokens",
-                                  "Accepted draft tokens derived from the path (sum of len(accepted_path) - 1)", registry=r)
+                                  "Accepted draft tokens derived from the path (sum of len(accepted_path) - 1)",
+                                  registry=r)
         self.d_committed = Counter("specaudit_derived_committed_tokens",
                                    "Tokens really appended to outputs (sum of len(committed_tokens))", registry=r)
         dd = Counter("specaudit_depth_drafted", "Steps whose draft reached depth `depth`", ["depth"], registry=r)

@@ -88,7 +88,8 @@ MUTATIONS = [
     ("path-walk", lambda r: True, lambda r: r.update(accepted_path=[1] + r["accepted_path"][1:])),
     ("path-walk", _deep, lambda r: r.update(accepted_path=[0] + r["accepted_path"][2:])),
     ("path-matches-argmax", _deep,
-     lambda r: r["node_tokens"].__setitem__(r["accepted_path"][1], (r["node_tokens"][r["accepted_path"][1]] + 1) % 256)),
+     lambda r: r["node_tokens"].__setitem__(r["accepted_path"][1],
+                                            (r["node_tokens"][r["accepted_path"][1]] + 1) % 256)),
     ("path-maximal", lambda r: not r["finished"] and len(r["accepted_path"]) >= 2, _drop_last_accepted),
     ("commit-len-vs-tokens", lambda r: True, lambda r: r.update(commit_len=r["commit_len"] + 1)),
     ("committed-tokens", lambda r: True, _set("committed_tokens", -1, lambda r: (r["committed_tokens"][-1] % 255) + 1)),
@@ -329,8 +330,10 @@ def test_fast_exposition_equals_generate_latest():
     reg = CollectorRegistry()
     sink = PromSink(reg)
     fx = FastExposition(reg)
-    want = lambda: "\n".join(l for l in generate_latest(reg).decode().splitlines() if "_created" not in l)  # noqa: E731
-    got = lambda: "\n".join(l for l in fx.render().decode().splitlines() if "_created" not in l)  # noqa: E731
+    def text(data: bytes) -> str:
+        return "\n".join(ln for ln in data.decode().splitlines() if "_created" not in ln)
+    want = lambda: text(generate_latest(reg))  # noqa: E731
+    got = lambda: text(fx.render())  # noqa: E731
     assert got() == want()
     sink.open_run(manifest)                      # a labelled child appears (run_info)
     for b in steps.to_batches(max_chunksize=5):

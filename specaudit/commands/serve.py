@@ -62,9 +62,11 @@ def add_arguments(p) -> None:
     e.add_argument("--baseline-tps", type=float, help="plain greedy tokens/s per request at the serving concurrency")
     e.add_argument("--cost-factor", type=float, help="step cost r = (t_draft + t_verify) / t_plain_step")
     e.add_argument("--cost-factor-std", type=float, help="its standard deviation (default 10%% of r)")
-    e.add_argument("--calibration", metavar="PROFILE", help="cost profile from `specaudit calibrate` (r per N, c; "
-                                                             "its t_ar gives the baseline when --baseline-tps is absent)")
-    e.add_argument("--estimate-window", type=float, default=30.0, help="seconds of throughput per estimate (default 30)")
+    e.add_argument("--calibration", metavar="PROFILE",
+                   help="cost profile from `specaudit calibrate` (r per N, c; its t_ar gives the baseline "
+                        "when --baseline-tps is absent)")
+    e.add_argument("--estimate-window", type=float, default=30.0,
+                   help="seconds of throughput per estimate (default 30)")
 
 
 def main(args) -> int:
