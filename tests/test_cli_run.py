@@ -57,7 +57,8 @@ def test_unwritable_out_and_existing_run(capsys, tmp_path):
     assert code == 2 and "not a folder" in err
     args = ["run", "--out", str(tmp_path / "t"), "--num-prompts", "1", "--max-new-tokens", "8",
             "--run-id", "same"]
-    assert run_cli(capsys, *args)[0] == 0
+    code, _, err = run_cli(capsys, *args)
+    assert code == 0, err
     code, _, err = run_cli(capsys, *args)
     assert code == 2 and "already exists" in err
 

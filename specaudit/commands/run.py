@@ -71,14 +71,14 @@ def add_arguments(p) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def print_summary(s: dict, file=sys.stdout) -> None:
+def print_summary(s: dict, file=None) -> None:
     line = (f"{s['run_id']}: {s['requests']} requests, {s['steps']} steps, "
             f"mean accepted depth {s['mean_accepted_depth']:.2f}, "
             f"mean commit length {s['mean_commit_len']:.2f}, {s['tokens_per_s']:.1f} tokens/s")
     if "speedup" in s:
         line += (f", {s['speedup']:.2f}x plain greedy ({s['greedy_tokens_per_s']:.1f} tokens/s), "
                  f"lossless: {'yes' if s['lossless'] else 'NO'}")
-    print(line, file=file)
+    print(line, file=file or sys.stdout)
 
 
 def main(args) -> int:
