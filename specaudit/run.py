@@ -95,11 +95,13 @@ def new_run_id(algo: str, budget: int, topk: int, concurrency: int, fault: str |
 def run_traced(*, algo="chain", budget=7, topk=1, concurrency=1, num_prompts=8, max_new_tokens=256,
                prompts=None, prompts_file=None, oracle=False, inject=None, seed=0, device="cpu",
                dtype="float32", out=None, run_id=None, eos_id=None, progress=False,
-               flush_steps=4096, flush_s=5.0, extra_sinks=(), trace=True, models=None) -> RunResult:
+               flush_steps=4096, flush_s=5.0, extra_sinks=(), trace=True, models=None,
+               threads=None) -> RunResult:
     """Run chain or tree speculative decoding on the embedded models, traced.
 
     `out` is the dataset folder (the run adds its own partition); `trace=False` runs
     untraced (benchmarks). `models` = (target, drafter, info) skips loading.
+    `threads` sets torch's intra-op threads (process-wide) when given.
     Raises InputError / ValueError for bad input, before anything is written.
     """
     import torch
@@ -117,6 +119,10 @@ def run_traced(*, algo="chain", budget=7, topk=1, concurrency=1, num_prompts=8, 
     if num_prompts < 1:
         raise InputError(None, f"--num-prompts must be at least 1 (got {num_prompts})")
     get_fault(inject)
+    if threads is not None:
+        if threads < 1:
+            raise InputError(None, f"--threads must be at least 1 (got {threads})")
+        torch.set_num_threads(threads)
     cfg = SpecConfig(algo=algo, budget=budget, topk=topk, max_new_tokens=max_new_tokens,
                      concurrency=concurrency, eos_id=EOS_ID if eos_id is None else eos_id, fault=inject)
     torch.manual_seed(seed)
@@ -152,7 +158,8 @@ def run_traced(*, algo="chain", budget=7, topk=1, concurrency=1, num_prompts=8, 
                    "block_size": budget + 1 if algo == "chain" else None,
                    "concurrency": concurrency, "max_new_tokens": max_new_tokens,
                    "num_prompts": num_prompts, "dtype": dtype, "device": device, "seed": seed,
-                   "fault": inject, "eos_id": cfg.eos_id, "oracle": oracle},
+                   "fault": inject, "eos_id": cfg.eos_id, "oracle": oracle,
+                   "threads": torch.get_num_threads()},
         "conventions": {"accept_length": "includes_bonus", "mean": "pooled"},
         "host": host_info(device), "started_at": time.time(),
     }

@@ -89,8 +89,7 @@ def main(args) -> int:
     if not args.out:
         raise ValueError("--out DIR is required (the dataset folder)")
     from ..run import run_traced
-    set_threads(args)
-    res = run_traced(algo=args.algo, budget=args.budget, topk=resolve_topk(args),
+    res = run_traced(threads=args.threads, algo=args.algo, budget=args.budget, topk=resolve_topk(args),
                      concurrency=args.concurrency, num_prompts=args.num_prompts,
                      max_new_tokens=args.max_new_tokens, prompts_file=args.prompts, oracle=args.oracle,
                      inject=args.inject, seed=args.seed, device=args.device, dtype=args.dtype,

@@ -32,7 +32,7 @@ import signal
 import sys
 import threading
 
-from .run import add_runtime_arguments, resolve_topk
+from .run import add_runtime_arguments, resolve_topk, set_threads
 
 HELP = "serve the runtime over an OpenAI-compatible API with /metrics (Prometheus) and OTel spans"
 ORDER = 30
@@ -77,6 +77,7 @@ def main(args) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         logging.getLogger("specaudit.serve").warning(
             "binding %s: the API has no authentication; anyone who reaches this port can use it", args.host)
+    set_threads(args)
     if (args.cost_factor is None) != (args.baseline_tps is None) and args.calibration is None:
         raise ValueError("--baseline-tps and --cost-factor go together (or give --calibration PROFILE)")
     srv = SpecServer(trace_dir=args.trace_dir, algo=args.algo, budget=args.budget, topk=resolve_topk(args),
