@@ -1,12 +1,19 @@
-"""The main job on the embedded models: run chain and tree, trace, and summarise.
+"""The main job on the embedded models: run, trace, check, break, estimate, report.
 
     specaudit demo                      # writes ./specaudit-demo/
     specaudit demo --out /tmp/demo      # somewhere else
 
-Runs chain speculative decoding (block of 8) and a branching tree on held-out prompts
-with the plain-greedy oracle, writes both traces into one dataset folder, and prints
-each run's summary: steps, mean accepted depth, mean commit length, tokens/s and the
-speedup over plain greedy. Takes about a minute on 2 CPU cores.
+1. runs chain speculative decoding (block of 8) and a branching tree on held-out
+   prompts with the plain-greedy oracle into ./specaudit-demo/traces/ and prints each
+   run's summary (steps, mean accepted depth, mean commit length, tokens/s, speedup);
+2. checks those traces with the full invariant catalog (expect: clean, lossless);
+3. runs the chain again with the seed bug injected (`--inject commit-counter`: mean
+   accepted depth 7 next to mean commit length ~2) into ./specaudit-demo/injected/
+   and checks it, to show what a violation looks like;
+4. cross-checks both runs' reported commit length against their measured throughput
+   (the estimator), and
+5. writes ./specaudit-demo/report/report.html over both datasets.
+Takes about a minute on 2 CPU cores; exit 0 when the clean runs are clean.
 """
 from __future__ import annotations
 
@@ -27,24 +34,77 @@ def add_arguments(p) -> None:
 
 
 def main(args) -> int:
+    import torch
+
+    from ..check import check_paths
+    from ..check_formats import format_findings
     from ..model import default_models
+    from ..report import build_report
     from ..run import run_traced
     from .run import print_summary
 
+    torch.set_num_threads(1)
     out = Path(args.out)
-    traces = out / "traces"
-    if traces.exists() and not args.keep:
-        shutil.rmtree(traces)
+    traces, injected = out / "traces", out / "injected"
+    for d in (traces, injected):
+        if d.exists() and not args.keep:
+            shutil.rmtree(d)
     t0 = time.time()
     models = default_models()
-    print(f"specaudit demo: traces in {traces}/", flush=True)
     common = dict(num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, oracle=True,
-                  out=traces, models=models, progress=sys.stderr.isatty())
-    runs = [
-        run_traced(algo="chain", budget=7, topk=1, **common),
-        run_traced(algo="tree", budget=15, topk=4, **common),
-    ]
+                  models=models, progress=sys.stderr.isatty())
+
+    _head(f"1. speculative decoding on the embedded models -> {traces}/")
+    runs = [run_traced(algo="chain", budget=7, topk=1, out=traces, **common),
+            run_traced(algo="tree", budget=15, topk=4, out=traces, **common)]
     for r in runs:
         print_summary(r.summary)
-    print(f"demo finished in {time.time() - t0:.0f}s; traces: {traces}")
-    return 0
+
+    _head("2. specaudit check on those traces")
+    clean = check_paths([traces])
+    print(format_findings(clean.findings, "text", counts=clean.counts, summary=clean.summary(),
+                          examples=2), end="")
+
+    _head(f"3. the seed bug, injected (--inject commit-counter) -> {injected}/")
+    bad_run = run_traced(algo="chain", budget=7, topk=1, inject="commit-counter", out=injected, **common)
+    print_summary(bad_run.summary)
+    bad = check_paths([injected])
+    print(format_findings(bad.findings, "text", counts=bad.counts, summary=bad.summary(), examples=1), end="")
+
+    _head("4. reported commit length against measured throughput")
+    _estimate(runs[0], bad_run, models)
+
+    _head("5. report")
+    report = build_report([traces, injected], out / "report", findings=clean.findings + bad.findings,
+                          summary=None)
+    print(f"report: {report}")
+    print(f"\ndemo finished in {time.time() - t0:.0f}s")
+    return clean.exit_code
+
+
+def _head(text: str) -> None:
+    print(f"\n== {text}", flush=True)
+
+
+def _estimate(clean_run, bad_run, models) -> None:
+    """Throughput-derived commit length for both chain runs (same config, same prompts).
+
+    The cost factor r (a verify step of 8 nodes plus the draft, over one plain decode
+    step) is measured here, on its own, by the calibrator: it knows nothing of either
+    run's acceptance. Observed tokens/s and the plain-greedy baseline come from the
+    runs (the baseline is the oracle's plain decoding of the same prompts).
+    """
+    from ..calibrate import measure_profile
+    from ..estimate import estimate_commit_length, verdict
+
+    prof = measure_profile(models=models, n_grid=(8,), c_grid=(1,), repeats=3, max_new_tokens=48)
+    r, r_std = prof.lookup(8, 1)
+    base_tps = clean_run.summary["greedy_tokens_per_s"]
+    print(f"calibrated cost factor r(N=8, c=1) = {r:.2f} +/- {r_std:.2f}")
+    for name, run in (("clean chain", clean_run), ("injected chain", bad_run)):
+        tps = run.summary["tokens_per_s"]
+        est = estimate_commit_length(tps, base_tps, r, cost_factor_std=r_std)
+        rep = run.manifest["reported"]["mean_commit_len"]
+        print(f"{name}: {tps:.1f} tokens/s against plain greedy {base_tps:.1f} -> estimated commit "
+              f"length {est.value:.2f} [{est.low:.2f}, {est.high:.2f}]; reported {rep:.2f}: "
+              f"{verdict(est, rep)}")
