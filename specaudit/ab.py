@@ -4,13 +4,14 @@
                  prompts=texts, repeats=2, out="ab/")
     res["verdict"]          # "same" | "A better" | "B better" | "undecided"
 
-Each repeat runs both arms on the same prompt list, alternating the order (A B, then B A,
-...): over an even number of repeats a linear drift of the machine (thermal, another
-tenant) lands on both arms equally. Every run is traced into out/a or out/b (one run
-partition per repeat) and the result is written to out/ab.json.
+After an untraced warm-up of each arm, each repeat runs both arms on the same prompt list,
+alternating the order (A B, then B A, ...): over an even number of repeats a linear drift
+of the machine (thermal, another tenant) lands on both arms equally. Every run is traced
+into out/a or out/b (one run partition per repeat) and the result is written to out/ab.json.
 
-Per arm, over requests (the bootstrap resamples prompts, the same resample for both arms,
-so the difference B - A is paired):
+Per arm, with a bootstrap 95% interval over requests (the resample draws prompts and, with
+several repeats, repeats too, since a busy machine slows a whole run at once; the same
+draws for both arms, so the difference B - A is paired):
     accepted depth   sum of (len(accepted_path) - 1) / steps     from the trace, not the counters
     commit length    sum of len(committed_tokens) / steps
     tokens/s         output tokens / engine seconds, where a request's engine seconds are its
@@ -130,14 +131,22 @@ class Collector:
         r["cost"] += row["ttft_s"]  # the prefill
 
 
-def _ratio_boot(num: np.ndarray, den: np.ndarray, W: np.ndarray):
-    """Ratio of sums over prompts, point estimate and bootstrap replicates.
+def _draws(rng, n_boot: int, n: int) -> np.ndarray:
+    """[n_boot, n] how often each of n units is drawn in each bootstrap resample."""
+    W = np.zeros((n_boot, n))
+    np.add.at(W, (np.arange(n_boot)[:, None], rng.integers(0, n, size=(n_boot, n))), 1.0)
+    return W
 
-    num, den: [P]; W: [R, P] resample counts (row r = how often each prompt was drawn).
+
+def _ratio_boot(num: np.ndarray, den: np.ndarray, Wr: np.ndarray, Wp: np.ndarray):
+    """Ratio of sums over (repeat, prompt) cells: the point estimate and bootstrap replicates.
+
+    num, den: [R, P] per-cell sums; Wr [B, R] and Wp [B, P] resample counts of repeats and
+    prompts (a cell counts Wr * Wp times).
     """
     point = num.sum() / den.sum()
     with np.errstate(invalid="ignore", divide="ignore"):
-        reps = (W @ num) / (W @ den)  # [R]
+        reps = np.einsum("br,rp,bp->b", Wr, num, Wp) / np.einsum("br,rp,bp->b", Wr, den, Wp)  # [B]
     return float(point), reps
 
 
@@ -164,22 +173,25 @@ def verdict(diff_ci: list[float], base: float, same_within: float) -> str:
     return "undecided"
 
 
-def summarize(per_prompt: dict[str, np.ndarray], same_within: float, n_boot: int, seed: int = 0) -> dict:
+def summarize(cells: dict[str, np.ndarray], same_within: float, n_boot: int, seed: int = 0) -> dict:
     """Per-arm means with bootstrap 95% intervals, the paired difference and a verdict per metric.
 
-    per_prompt[arm + "_" + quantity] are [P] sums over the arm's repeats for each prompt:
-    depth, commit, steps, tokens, cost.
+    cells[arm + "_" + quantity] are [R, P] sums per (repeat, prompt): depth, commit, steps,
+    tokens, cost. Each resample draws prompts (the requests) and, when there are several,
+    repeats: a run-level shift (another process taking the CPU) moves every request of a
+    run together, which resampling requests alone would read as certainty. Both arms get
+    the same draws, repeat r of A with repeat r of B (adjacent in time): the difference is
+    paired.
     """
-    P = per_prompt["a_steps"].shape[0]
+    R, P = cells["a_steps"].shape
     rng = np.random.default_rng(seed)
-    idx = rng.integers(0, P, size=(n_boot, P))
-    W = np.zeros((n_boot, P))
-    np.add.at(W, (np.arange(n_boot)[:, None], idx), 1.0)  # [R, P] draw counts
+    Wp = _draws(rng, n_boot, P)
+    Wr = _draws(rng, n_boot, R) if R > 1 else np.ones((n_boot, 1))
     out = {}
     for m, (num, den) in {"accepted_depth": ("depth", "steps"), "commit_len": ("commit", "steps"),
                           "tokens_per_s": ("tokens", "cost")}.items():
-        pa_, ra = _ratio_boot(per_prompt[f"a_{num}"], per_prompt[f"a_{den}"], W)
-        pb_, rb = _ratio_boot(per_prompt[f"b_{num}"], per_prompt[f"b_{den}"], W)
+        pa_, ra = _ratio_boot(cells[f"a_{num}"], cells[f"a_{den}"], Wr, Wp)
+        pb_, rb = _ratio_boot(cells[f"b_{num}"], cells[f"b_{den}"], Wr, Wp)
         dci = _ci(rb - ra)
         out[m] = {"a": {"mean": pa_, "ci95": _ci(ra)}, "b": {"mean": pb_, "ci95": _ci(rb)},
                   "diff_b_minus_a": {"mean": pb_ - pa_, "ci95": dci},
@@ -258,10 +270,10 @@ def run_ab(a: dict, b: dict, *, prompts: list[str], repeats: int = 2, out, vary:
     if len(prompts) < 5:
         warnings.append(f"only {len(prompts)} prompts: the intervals over requests are rough")
 
-    if warmup:  # first-call costs (allocator, kernels, caches) must not land on the first arm
+    if warmup:  # first-call costs (allocator, thread pools, every prefill shape) must not land on arm A
         for lab, arm in arms.items():
             run_traced(algo=arm["algo"], budget=arm["budget"], topk=arm["topk"], concurrency=arm["concurrency"],
-                       num_prompts=1, max_new_tokens=min(8, arm["max_new_tokens"]), prompts=list(prompts[:1]),
+                       num_prompts=len(prompts), max_new_tokens=min(16, arm["max_new_tokens"]), prompts=list(prompts),
                        inject=arm["inject"], seed=arm["seed"], device=arm["device"], dtype=arm["dtype"],
                        eos_id=arm["eos_id"], trace=False, models=load(arm["device"], arm["dtype"]))
     stamp = time.strftime("%Y%m%dT%H%M%S")
@@ -290,14 +302,14 @@ def run_ab(a: dict, b: dict, *, prompts: list[str], repeats: int = 2, out, vary:
 
     P = len(prompts)
     ids = [str(i) for i in range(P)]  # run_traced numbers requests 0..P-1 in prompt order
-    per_prompt = {}
+    cells = {}  # [R, P] per (repeat, prompt); data[lab][r] is repeat r of that arm
     for lab in ("A", "B"):
-        for q, key in (("depth", "depth"), ("commit", "commit"), ("steps", "steps"), ("cost", "cost")):
-            per_prompt[f"{lab.lower()}_{q}"] = np.array(
-                [sum(run[i][key] for run in data[lab] if i in run) for i in ids], dtype=np.float64)
-        per_prompt[f"{lab.lower()}_tokens"] = np.array(
-            [sum(len(run[i]["output"] or []) for run in data[lab] if i in run) for i in ids], dtype=np.float64)
-    metrics = summarize(per_prompt, same_within, n_boot)
+        for q in ("depth", "commit", "steps", "cost"):
+            cells[f"{lab.lower()}_{q}"] = np.array(
+                [[run[i][q] if i in run else 0.0 for i in ids] for run in data[lab]], dtype=np.float64)
+        cells[f"{lab.lower()}_tokens"] = np.array(
+            [[len(run[i]["output"] or []) if i in run else 0 for i in ids] for run in data[lab]], dtype=np.float64)
+    metrics = summarize(cells, same_within, n_boot)
 
     # what else a reader of the result must know
     same_out = sum(all(data["A"][r][i]["output"] == data["B"][r][i]["output"] for r in range(repeats))

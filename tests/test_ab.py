@@ -65,33 +65,52 @@ def test_verdict(ci, base, expect):
     assert verdict(ci, base, 0.02) == expect
 
 
-def _per_prompt(a_depth, b_depth, steps=10.0):
-    P = len(a_depth)
-    one = np.full(P, steps)
-    return {"a_depth": np.array(a_depth) * steps, "b_depth": np.array(b_depth) * steps,
-            "a_commit": (np.array(a_depth) + 1) * steps, "b_commit": (np.array(b_depth) + 1) * steps,
+def _cells(a_depth, b_depth, steps=10.0, a_cost=None, b_cost=None):
+    """[R, P] cells; depth arrays are [P] (one repeat) or [R, P]."""
+    a_depth, b_depth = np.atleast_2d(a_depth), np.atleast_2d(b_depth)
+    one = np.full(a_depth.shape, steps)
+    return {"a_depth": a_depth * steps, "b_depth": b_depth * steps,
+            "a_commit": (a_depth + 1) * steps, "b_commit": (b_depth + 1) * steps,
             "a_steps": one, "b_steps": one, "a_tokens": one * 30, "b_tokens": one * 30,
-            "a_cost": one, "b_cost": one}
+            "a_cost": one if a_cost is None else a_cost, "b_cost": one if b_cost is None else b_cost}
 
 
 def test_summarize_bootstrap():
     rng = np.random.default_rng(1)
     base = rng.uniform(1, 4, size=12)
     # identical arms: the paired difference is exactly zero in every resample
-    s = summarize(_per_prompt(base, base), 0.02, 500)
+    s = summarize(_cells(base, base), 0.02, 500)
     assert s["accepted_depth"]["diff_b_minus_a"]["ci95"] == [0.0, 0.0]
     assert all(s[m]["verdict"] == "same" for m in s)
     lo, hi = s["accepted_depth"]["a"]["ci95"]
     assert lo < s["accepted_depth"]["a"]["mean"] < hi  # spread over prompts gives a real interval
     # B accepts one more draft on every prompt: B better on depth and commit, tokens/s the same
-    s = summarize(_per_prompt(base, base + 1), 0.02, 500)
+    s = summarize(_cells(base, base + 1), 0.02, 500)
     assert s["accepted_depth"]["verdict"] == "B better" and s["commit_len"]["verdict"] == "B better"
     assert s["accepted_depth"]["diff_b_minus_a"]["mean"] == pytest.approx(1.0)
     assert s["tokens_per_s"]["verdict"] == "same"
     # a noisy difference of zero mean on few prompts: undecided
     noise = np.array([1.0, -1.0, 0.8, -0.9])
-    s = summarize(_per_prompt(base[:4], base[:4] + noise), 0.02, 500)
+    s = summarize(_cells(base[:4], base[:4] + noise), 0.02, 500)
     assert s["accepted_depth"]["verdict"] == "undecided"
+
+
+def test_run_level_shift_is_not_certainty():
+    """B's first run was slow on every request (the machine was busy), its second fast:
+    resampling requests alone would call it; resampling repeats too leaves it undecided."""
+    P = 10
+    rng = np.random.default_rng(3)
+    jitter = rng.uniform(0.95, 1.05, size=(2, P))
+    a_cost = np.ones((2, P)) * jitter
+    b_cost = np.vstack([np.full(P, 2.0), np.full(P, 0.8)]) * jitter[::-1]
+    depth = np.full((2, P), 2.0)
+    s = summarize(_cells(depth, depth, a_cost=a_cost, b_cost=b_cost), 0.02, 1000)
+    assert s["tokens_per_s"]["verdict"] == "undecided"
+    lo, hi = s["tokens_per_s"]["diff_b_minus_a"]["ci95"]
+    assert lo < 0 < hi
+    # the same per-request numbers as if from one run each: requests alone look decisive
+    one = {k: v.sum(axis=0, keepdims=True) for k, v in _cells(depth, depth, a_cost=a_cost, b_cost=b_cost).items()}
+    assert summarize(one, 0.02, 1000)["tokens_per_s"]["verdict"] != "undecided"
 
 
 def cli(capsys, *argv):

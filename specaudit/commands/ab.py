@@ -16,8 +16,9 @@ Examples:
 order, A B then B A, so a drift of the machine lands on both arms.
 
 For each arm: mean accepted depth, mean commit length (both from the trace rows, not the
-engine's counters) and tokens/s, each with a bootstrap 95% interval over prompts; the
-difference B - A with its interval (paired: the same resample for both arms); and a verdict
+engine's counters) and tokens/s, each with a bootstrap 95% interval over requests (and
+repeats: a busy machine slows a whole run at once); the difference B - A with its
+interval (paired: the same resample for both arms); and a verdict
 per metric: same (the interval lies within --same-within of A), A better, B better, or
 undecided. Every setting in which A and B differ is named, and a warning says when more
 differ than --vary names (concurrency, device, dtype, batch change speed on their own).
