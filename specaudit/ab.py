@@ -375,6 +375,9 @@ def format_text(res: dict) -> str:
     lines.append(f"outputs identical in A and B: {o['prompts']}/{o['of']} prompts")
     lines.append(f"verdict ({METRIC_LABEL[res['primary']]}): {res['verdict']}")
     lines.append(f"traces: {a['dataset']}, {b['dataset']}; result: {res.get('path', '')}")
+    if a["runs"] and b["runs"]:
+        lines.append(f"where the runs part: specaudit diff {a['dataset']}/run_id={a['runs'][0]} "
+                     f"{b['dataset']}/run_id={b['runs'][0]}")
     return "\n".join(lines)
 
 

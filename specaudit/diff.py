@@ -37,8 +37,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .schema import (CONVENTIONS, REQUESTS_SCHEMA, STEPS_SCHEMA, InputError, RunFiles, check_table_schema,
-                     discover, manifest_conventions)
+from .schema import (
+    CONVENTIONS,
+    REQUESTS_SCHEMA,
+    STEPS_SCHEMA,
+    InputError,
+    RunFiles,
+    check_table_schema,
+    discover,
+    manifest_conventions,
+)
 
 CLASSES = ("draft", "verify", "metric", "none")
 EXPLAIN = {
@@ -434,7 +442,7 @@ def _ne_list(ca, cb, ia, ib) -> np.ndarray:
 
 def _margin_moved(ca, cb, ia, ib, tol: float) -> np.ndarray:
     """[M] bool: the target's top-1 margin moved by more than tol at some node (nulls ignored)."""
-    lx, ly, same, vx, vy, rows = _list_pairs(ca, cb, ia, ib)
+    lx, _, same, vx, vy, rows = _list_pairs(ca, cb, ia, ib)
     out = np.zeros(len(lx), dtype=bool)
     if vx is not None and math.isfinite(tol):
         d = np.abs(vx.to_numpy(zero_copy_only=False).astype(np.float64)

@@ -6,8 +6,15 @@ import json
 import numpy as np
 import pytest
 
-from specaudit.ab import (confounding_warnings, format_text, parse_arm, run_ab, settings_differ,
-                          summarize, verdict)
+from specaudit.ab import (
+    confounding_warnings,
+    format_text,
+    parse_arm,
+    run_ab,
+    settings_differ,
+    summarize,
+    verdict,
+)
 from specaudit.cli import main
 from specaudit.diff import diff_runs
 from specaudit.run import default_prompts
@@ -199,7 +206,7 @@ def test_stale_draft_is_worse_and_confounders_warned(tmp_path, models):
 
 def test_cli_ab_end_to_end(capsys, tmp_path, monkeypatch, models):
     """The CLI wiring, with the session's models instead of a second load."""
-    import specaudit.ab as ab
+    from specaudit import ab
     monkeypatch.setattr(ab, "_default_loader", lambda: (lambda device, dtype: models))
     code, out, err = cli(capsys, "--a=--max-new-tokens 12", "--b=--max-new-tokens 12 --algo tree --topk 1",
                          "--num-prompts", "2", "--repeats", "1", "--bootstrap", "200", "--out", tmp_path / "ab",

@@ -10,7 +10,12 @@ import pytest
 
 from specaudit.cli import main
 from specaudit.diff import CLASSES, EXPLAIN, diff_runs
-from specaudit.schema import REQUESTS_SCHEMA, STEPS_SCHEMA, InputError, mask_hash_from_parents
+from specaudit.schema import (
+    REQUESTS_SCHEMA,
+    STEPS_SCHEMA,
+    InputError,
+    mask_hash_from_parents,
+)
 
 EOS = 0
 

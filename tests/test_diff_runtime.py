@@ -29,7 +29,7 @@ def twin(make_run, tmp_path_factory):
     def _get(algo, eos_id=None):
         key = (algo, eos_id)
         if key not in cache:
-            kw = dict(algo=algo, budget=7 if algo == "chain" else 12, topk=1 if algo == "chain" else 3)
+            kw = {"algo": algo, "budget": 7 if algo == "chain" else 12, "topk": 1 if algo == "chain" else 3}
             if eos_id is not None:
                 kw["eos_id"] = eos_id
             cache[key] = make_run(out=tmp_path_factory.mktemp(f"twin-{algo}"), oracle=True, **kw)
