@@ -169,7 +169,8 @@ def run_traced(*, algo="chain", budget=7, topk=1, concurrency=1, num_prompts=8, 
         sink = ParquetSink(out, run_id, flush_steps=flush_steps, flush_s=flush_s)
         run_dir = sink.run_dir
         sinks.insert(0, sink)
-    tracer = Tracer(sinks, manifest, run_id) if (trace and sinks) else None
+    # the engine allocates fresh tensors every step and never writes to them afterwards
+    tracer = Tracer(sinks, manifest, run_id, copy_inputs=False) if (trace and sinks) else None
     engine = SpecEngine(target, drafter, cfg, tracer=tracer, device=device)
     reqs = [Request(request_id=str(i), prompt=t, max_new_tokens=max_new_tokens,
                     reference=reference[i] if reference is not None else None)

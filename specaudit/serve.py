@@ -784,7 +784,7 @@ class SpecServer:
         self.parquet = ParquetSink(trace_dir, self.run_id, flush_s=flush_s)
         self.run_dir = self.parquet.run_dir
         sinks = [self.parquet, self.prom] + ([self.otel] if self.otel is not None else [])
-        self.tracer = Tracer(sinks, manifest, self.run_id)
+        self.tracer = Tracer(sinks, manifest, self.run_id, copy_inputs=False)  # fresh tensors per step
         self.engine = SpecEngine(target, drafter, cfg, tracer=self.tracer, device=device)
         self.estimator = LiveEstimator(self.engine.metrics, n_nodes=budget + 1, baseline_tps=baseline_tps,
                                        cost_factor=cost_factor, cost_factor_std=cost_factor_std, profile=profile,

@@ -25,15 +25,19 @@ import pyarrow as pa
 from .schema import STEPS_SCHEMA, mask_hash
 
 
-def _host(x):
-    """Start a device->host copy (non-blocking on CUDA); numpy and lists pass through."""
+def _host(x, copy: bool = True):
+    """Host view of a field: numpy for CPU tensors (copied unless `copy` is False), a
+    started non-blocking copy for device tensors; numpy and lists pass through."""
     if x is None or isinstance(x, (np.ndarray, list, tuple, int, float)):
         return x
-    if hasattr(x, "detach"):  # torch tensor
-        x = x.detach()
+    if hasattr(x, "numpy"):  # torch tensor
         if x.device.type != "cpu":
-            return x.to("cpu", non_blocking=True)
-        return x.clone()
+            return x.detach().to("cpu", non_blocking=True)
+        try:
+            a = x.numpy()
+        except RuntimeError:  # requires grad
+            a = x.detach().numpy()
+        return a.copy() if copy else a
     return x
 
 
@@ -59,14 +63,20 @@ class Tracer:
     from close(), never in the decode loop.
     """
 
-    def __init__(self, sinks, manifest: dict, run_id: str, batch_s: float = 0.1):
+    def __init__(self, sinks, manifest: dict, run_id: str, batch_s: float = 0.25,
+                 copy_inputs: bool = True):
         self.sinks = list(sinks)
         self.batch_s = batch_s
+        # CPU tensors are read later on the worker thread: copy them unless the engine
+        # promises never to write to a tensor it has handed over (ours allocates fresh
+        # ones every step and passes copy_inputs=False).
+        self.copy_inputs = copy_inputs
         self.run_id = run_id
         self.manifest = dict(manifest, run_id=run_id)
         self.manifest.setdefault("started_at", time.time())
         self._requests: dict[str, dict] = {}
-        self._q: queue.Queue = queue.Queue()
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
         self._errors: list[BaseException] = []
         self._lock = threading.Lock()
         for s in self.sinks:
@@ -114,19 +124,20 @@ class Tracer:
         [B, *] ragged (lists) or padded with -1; accepted_depth and commit_len are the
         engine's counters.
         """
+        c = self.copy_inputs
         fields = dict(
-            request_ids=list(request_ids), steps=_host(steps), algo=algo, budget=int(budget),
-            topk=int(topk), seq_len=_host(seq_len), node_tokens=_host(node_tokens),
-            n_nodes=_host(n_nodes), parents=_host(parents), positions=_host(positions),
-            node_mask=_host(node_mask), mask_hash=_host(mask_hash),
-            draft_logprob=_host(draft_logprob), target_argmax=_host(target_argmax),
-            target_margin=_host(target_margin), accepted_path=_host(accepted_path),
-            accepted_depth=_host(accepted_depth), commit_len=_host(commit_len),
-            committed_tokens=_host(committed_tokens), finished=_host(finished),
+            request_ids=list(request_ids), steps=_host(steps, c), algo=algo, budget=int(budget),
+            topk=int(topk), seq_len=_host(seq_len, c), node_tokens=_host(node_tokens, c),
+            n_nodes=_host(n_nodes, c), parents=_host(parents, c), positions=_host(positions, c),
+            node_mask=_host(node_mask, c), mask_hash=_host(mask_hash, c),
+            draft_logprob=_host(draft_logprob, c), target_argmax=_host(target_argmax, c),
+            target_margin=_host(target_margin, c), accepted_path=_host(accepted_path, c),
+            accepted_depth=_host(accepted_depth, c), commit_len=_host(commit_len, c),
+            committed_tokens=_host(committed_tokens, c), finished=_host(finished, c),
             t_start=float(t_start), draft_s=float(draft_s), verify_s=float(verify_s),
             step_s=float(step_s), batch_size=batch_size)
         event = None
-        if any(hasattr(v, "is_cuda") and v.is_cuda for v in (node_tokens, target_argmax)):
+        if getattr(node_tokens, "is_cuda", False) or getattr(target_argmax, "is_cuda", False):
             import torch
             event = torch.cuda.Event()
             event.record()
@@ -134,17 +145,20 @@ class Tracer:
 
     # ------------------------------------------------------------------ worker
     def _worker(self) -> None:
-        """Drain the queue every `batch_s` seconds and convert all pending steps at once.
+        """Every `batch_s` seconds, drain the queue and convert all pending steps at once.
 
-        Converting many steps in one go keeps the per-step cost (and the GIL time taken
-        from the decode loop) to a few microseconds; sinks still see data within batch_s.
+        The worker sleeps between drains instead of waking on every put: a wake-up per
+        step would hand the GIL back and forth with the decode loop. Converting many
+        steps in one go keeps the per-step cost to tens of microseconds; sinks see data
+        within batch_s. flush() and close() wake it early.
         """
         while True:
-            items = [self._q.get()]
-            deadline = time.monotonic() + self.batch_s
-            while items[-1][0] == "steps" and time.monotonic() < deadline:
+            self._wake.wait(self.batch_s)
+            self._wake.clear()
+            items = []
+            while True:
                 try:
-                    items.append(self._q.get(timeout=max(0.0, deadline - time.monotonic())))
+                    items.append(self._q.get_nowait())
                 except queue.Empty:
                     break
             steps: list[_StepItem] = []
@@ -189,6 +203,7 @@ class Tracer:
         """Block until everything recorded so far reached the sinks."""
         ev = threading.Event()
         self._q.put(("flush", ev))
+        self._wake.set()
         ev.wait(timeout)
 
     def close(self, reported: dict | None = None, **manifest_extra) -> dict:
@@ -197,6 +212,7 @@ class Tracer:
             return self.manifest
         self._closed = True
         self._q.put(("stop", None))
+        self._wake.set()
         self._thread.join()
         self.manifest.update(manifest_extra)
         self.manifest["finished_at"] = time.time()
@@ -213,14 +229,17 @@ class Tracer:
         return self.manifest
 
 
-def _ragged(x, B: int, lengths=None) -> list[list[int]]:
-    """Rows of a ragged field: a list of sequences, or a padded [B, M] array."""
+def _ragged_flat(x, B: int) -> tuple[np.ndarray, np.ndarray]:
+    """A ragged per-row field -> (flat values, lengths). Accepts a list of sequences or
+    a padded [B, M] array (padding < 0)."""
     if isinstance(x, (list, tuple)):
-        return [np.asarray(r).astype(np.int64).tolist() for r in x]
-    a = np.asarray(x)
-    if lengths is not None:
-        return [a[i, : lengths[i]].tolist() for i in range(B)]
-    return [[int(v) for v in a[i] if v >= 0] for i in range(B)]
+        rows = [np.asarray(r, dtype=np.int64).reshape(-1) for r in x]
+        lens = np.array([len(r) for r in rows], dtype=np.int64)
+        flat = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+        return flat, lens
+    a = np.asarray(x).reshape(B, -1)
+    keep = a >= 0
+    return a[keep], keep.sum(1)
 
 
 def node_mask_hashes(mask: np.ndarray, n: np.ndarray) -> np.ndarray:
@@ -232,75 +251,101 @@ def node_mask_hashes(mask: np.ndarray, n: np.ndarray) -> np.ndarray:
     return out
 
 
+def _offsets(lens: np.ndarray) -> pa.Array:
+    return pa.array(np.concatenate(([0], np.cumsum(lens))).astype(np.int32), pa.int32())
+
+
 def steps_to_arrow(run_id: str, items) -> pa.RecordBatch:
     """Batched steps' fields (host arrays) -> one RecordBatch of STEPS_SCHEMA.
 
-    `items` is one field dict (one batched verify) or a list of them. Per-node columns
-    become list arrays from values + offsets, without a Python loop over rows.
+    `items` is one field dict (one batched verify) or a list of them. Every per-node
+    field is first stacked into one padded [R, N] array (one slice copy per item),
+    then turned into a list column from values + offsets: the cost per step is a few
+    slice copies, not a Python loop over rows or nodes.
     """
     if isinstance(items, dict):
         items = [items]
     i32 = pa.list_(pa.int32())
     f32 = pa.list_(pa.float32())
-    ns = [np.asarray(_np(f["n_nodes"]), dtype=np.int64) for f in items]
+    ns = [np.asarray(_np(f["n_nodes"]), dtype=np.int64).reshape(-1) for f in items]
+    counts = [len(n) for n in ns]
     n_all = np.concatenate(ns)
-    R = len(n_all)
-    offsets = pa.array(np.concatenate(([0], np.cumsum(n_all))).astype(np.int32), pa.int32())
+    R, N = len(n_all), int(n_all.max())
+    valid = np.arange(N)[None, :] < n_all[:, None]  # [R, N]
+    node_offsets = _offsets(n_all)
+
+    def stacked(key, dtype, shape=()):
+        out = np.zeros((R, N) + shape, dtype=dtype)
+        r0 = 0
+        for f, k in zip(items, counts):
+            a = np.asarray(_np(f[key]))
+            w = min(a.shape[1], N)
+            if shape:
+                out[r0:r0 + k, :w, :w] = a[:, :w, :w]
+            else:
+                out[r0:r0 + k, :w] = a[:, :w]
+            r0 += k
+        return out
 
     def node_col(key, typ, dtype):
-        if all(f[key] is None for f in items):
+        present = [f[key] is not None for f in items]
+        if not any(present):
             return pa.nulls(R, typ)
-        vals = []
-        for f, n in zip(items, ns):
-            v = f[key]
-            if v is None:  # mixed: a producer sent it for some steps only
-                return pa.array([None if f2[key] is None else np.asarray(_np(f2[key]))[i, :n2[i]].tolist()
-                                 for f2, n2 in zip(items, ns) for i in range(len(n2))], typ)
-            a = np.asarray(_np(v))
-            vals.append(a[np.arange(a.shape[1])[None, :] < n[:, None]].astype(dtype))
-        return pa.ListArray.from_arrays(offsets, pa.array(np.concatenate(vals), typ.value_type))
+        if not all(present):  # a producer sent it for some steps only: rare, slow path
+            rows = []
+            for f, n in zip(items, ns):
+                a = None if f[key] is None else np.asarray(_np(f[key]))
+                rows += [None if a is None else a[i, : n[i]].tolist() for i in range(len(n))]
+            return pa.array(rows, typ)
+        return pa.ListArray.from_arrays(node_offsets, pa.array(stacked(key, dtype)[valid], typ.value_type))
 
     def per_row(key, dtype):
-        return np.concatenate([np.asarray(_np(f[key])).reshape(-1).astype(dtype) for f in items])
+        return np.concatenate([np.asarray(_np(f[key])).reshape(-1) for f in items]).astype(dtype)
 
-    def per_step(key, dtype, typ):
-        return pa.array(np.concatenate([np.full(len(n), f[key]) for f, n in zip(items, ns)]).astype(dtype), typ)
+    def per_step(key, dtype, typ=None):
+        return pa.array(np.repeat(np.array([f[key] for f in items]), counts).astype(dtype), typ)
 
-    hashes = []
-    for f, n in zip(items, ns):
-        if f["mask_hash"] is not None:
-            hashes.append(np.asarray(_np(f["mask_hash"]), dtype=np.uint64).reshape(-1))
-        else:
-            hashes.append(node_mask_hashes(np.asarray(_np(f["node_mask"]), dtype=bool), n))
-    commits, paths = [], []
-    for f, n in zip(items, ns):
-        commits += _ragged(_np(f["committed_tokens"]), len(n))
-        paths += _ragged(_np(f["accepted_path"]), len(n))
+    if all(f["mask_hash"] is not None for f in items):
+        hashes = per_row("mask_hash", np.uint64)
+    elif all(f["mask_hash"] is None for f in items):
+        hashes = node_mask_hashes(stacked("node_mask", bool, (N,)), n_all)
+    else:
+        hashes = np.concatenate([
+            np.asarray(_np(f["mask_hash"]), dtype=np.uint64).reshape(-1) if f["mask_hash"] is not None
+            else node_mask_hashes(np.asarray(_np(f["node_mask"]), dtype=bool), n)
+            for f, n in zip(items, ns)])
+
+    def ragged_col(key):
+        parts = [_ragged_flat(_np(f[key]), k) for f, k in zip(items, counts)]
+        flat = np.concatenate([p[0] for p in parts]).astype(np.int32)
+        return pa.ListArray.from_arrays(_offsets(np.concatenate([p[1] for p in parts])),
+                                        pa.array(flat, pa.int32()))
+
+    batch_size = np.repeat([f["batch_size"] or k for f, k in zip(items, counts)], counts)
     cols = {
         "run_id": pa.array([run_id] * R, pa.string()),
         "request_id": pa.array([str(r) for f in items for r in f["request_ids"]], pa.string()),
         "step": pa.array(per_row("steps", np.int32)),
-        "algo": pa.array([f["algo"] for f, n in zip(items, ns) for _ in range(len(n))], pa.string()),
-        "budget": per_step("budget", np.int32, pa.int32()),
-        "topk": per_step("topk", np.int32, pa.int32()),
-        "batch_size": pa.array(np.concatenate([np.full(len(n), f["batch_size"] or len(n))
-                                               for f, n in zip(items, ns)]).astype(np.int32)),
+        "algo": pa.array(np.repeat(np.array([f["algo"] for f in items], dtype=object), counts), pa.string()),
+        "budget": per_step("budget", np.int32),
+        "topk": per_step("topk", np.int32),
+        "batch_size": pa.array(batch_size.astype(np.int32)),
         "seq_len": pa.array(per_row("seq_len", np.int32)),
         "node_tokens": node_col("node_tokens", i32, np.int32),
         "parents": node_col("parents", i32, np.int32),
         "positions": node_col("positions", i32, np.int32),
-        "mask_hash": pa.array(np.concatenate(hashes), pa.uint64()),
+        "mask_hash": pa.array(hashes, pa.uint64()),
         "draft_logprob": node_col("draft_logprob", f32, np.float32),
         "target_argmax": node_col("target_argmax", i32, np.int32),
         "target_margin": node_col("target_margin", f32, np.float32),
-        "accepted_path": pa.array(paths, i32),
+        "accepted_path": ragged_col("accepted_path"),
         "accepted_depth": pa.array(per_row("accepted_depth", np.int32)),
         "commit_len": pa.array(per_row("commit_len", np.int32)),
-        "committed_tokens": pa.array(commits, i32),
+        "committed_tokens": ragged_col("committed_tokens"),
         "finished": pa.array(per_row("finished", bool)),
-        "t_start": per_step("t_start", np.float64, pa.float64()),
-        "draft_s": per_step("draft_s", np.float64, pa.float64()),
-        "verify_s": per_step("verify_s", np.float64, pa.float64()),
-        "step_s": per_step("step_s", np.float64, pa.float64()),
+        "t_start": per_step("t_start", np.float64),
+        "draft_s": per_step("draft_s", np.float64),
+        "verify_s": per_step("verify_s", np.float64),
+        "step_s": per_step("step_s", np.float64),
     }
     return pa.RecordBatch.from_arrays([cols[c] for c in STEPS_SCHEMA.names], schema=STEPS_SCHEMA)
