@@ -57,7 +57,7 @@ class _ArmParser(argparse.ArgumentParser):
 
 def parse_arm(text: str, label: str = "a") -> dict:
     """`specaudit run` runtime options (a string) -> the arm's settings dict."""
-    from .commands.run import add_runtime_arguments, resolve_topk
+    from .options import add_runtime_arguments, resolve_topk
 
     p = _ArmParser(prog=f"--{label}", add_help=False)
     add_runtime_arguments(p)

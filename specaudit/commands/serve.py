@@ -32,7 +32,7 @@ import signal
 import sys
 import threading
 
-from .run import add_runtime_arguments, resolve_topk, set_threads
+from ..options import add_runtime_arguments, resolve_topk, set_threads
 
 HELP = "serve the runtime over an OpenAI-compatible API with /metrics (Prometheus) and OTel spans"
 ORDER = 30

@@ -1,0 +1,42 @@
+"""Runtime options shared by `specaudit run`, `serve` and the A/B arms of `ab`.
+
+Kept out of specaudit/commands/ so library code (the A/B runner parses its arms with
+these) never imports the command layer.
+"""
+from __future__ import annotations
+
+
+def add_runtime_arguments(p) -> None:
+    """Options shared by run, serve and ab."""
+    g = p.add_argument_group("speculative decoding")
+    g.add_argument("--algo", choices=["chain", "tree"], default="chain",
+                   help="chain: DFlash-style block; tree: DDTree-style best-first tree (default chain)")
+    g.add_argument("--budget", type=int, default=7,
+                   help="draft nodes per step, root excluded (chain: block size - 1; default 7)")
+    g.add_argument("--topk", type=int, default=None,
+                   help="most children per tree node (default: 1 for chain, 4 for tree)")
+    g.add_argument("--concurrency", type=int, default=1, help="requests verified per batched forward (default 1)")
+    g.add_argument("--max-new-tokens", type=int, default=256, help="output tokens per request (default 256)")
+    g.add_argument("--inject", metavar="FAULT", default=None,
+                   help="inject a known metric/runtime bug (see --list-faults)")
+    g.add_argument("--seed", type=int, default=0, help="seed (prompt order; default 0)")
+    g.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    g.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads on CPU (default 1: decode-sized ops on a small model "
+                        "run fastest on one thread, and extra OpenMP threads spin under contention)")
+    g.add_argument("--eos-id", type=int, default=None,
+                   help="token that ends a request (default: the model's EOS, byte 0)")
+
+
+def set_threads(args) -> None:
+    if args.threads < 1:
+        raise ValueError(f"--threads must be at least 1 (got {args.threads})")
+    import torch
+    torch.set_num_threads(args.threads)
+
+
+def resolve_topk(args) -> int:
+    if args.topk is not None:
+        return args.topk
+    return 1 if args.algo == "chain" else min(4, args.budget)
