@@ -8,7 +8,7 @@ held-out prompts. Prints one JSON object per configuration, then a last line wit
     trace_overhead       1 - traced / untraced tokens/s (chain and trees pooled)
     mean_commit_len_chain, and the same figures per configuration.
 
-    python scripts/bench_runtime.py                 # ~4 minutes on 2 cores
+    python scripts/bench_runtime.py                 # ~3 minutes on 2 idle cores
     python scripts/bench_runtime.py --quick         # smoke run
 """
 from __future__ import annotations
@@ -26,9 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompts", type=int, default=4, help="held-out prompts per measurement (default 4)")
+    ap.add_argument("--prompts", type=int, default=8, help="held-out prompts per measurement (default 8)")
     ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median is reported")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the median is reported")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1, as `specaudit run`)")
     ap.add_argument("--trees", default="15:4,31:4,15:2", help="tree budget:topk list")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args(argv)
@@ -36,6 +37,7 @@ def main(argv=None):
         args.prompts, args.max_new_tokens, args.rounds, args.trees = 1, 64, 1, "15:4"
 
     import torch
+    torch.set_num_threads(args.threads)
 
     from specaudit.model import default_models
     from specaudit.run import default_prompts, encode, run_traced
