@@ -6,7 +6,8 @@ runtime (wall clock around the engine's steps, after every request's first token
 streaming client measures inter-token throughput) and a plain greedy decode of the same
 prompts, side by side: the two are stepped in turn so a busy machine slows both alike. It never reads the runtime's own
 counters for the estimate: only tokens / wall and a calibration profile measured first
-(specaudit.calibrate.measure_profile, the same as `specaudit calibrate`).
+(specaudit.calibrate.measure_profile, the same as `specaudit calibrate`, on other
+prompts, right before each configuration's runs so that it sees the same machine load).
 
     C_est = (spec tokens/s / greedy tokens/s) * r(N, c)
 
@@ -43,33 +44,51 @@ CONFIGS = [dict(algo=a, budget=b, topk=k, concurrency=c)
 
 
 def side_by_side(target, drafter, prompts, cfg: dict, max_new_tokens: int):
-    """One speculative run and its plain greedy twin on the same prompts, stepped in turn
-    (after each speculative step, plain steps until it has decoded the same share of its
-    tokens), so load on the machine hits both alike. Each is timed from outside the
-    runtime, decode phase only (prefill = the client's TTFT is not timed).
+    """A speculative run of len(prompts) requests kept `concurrency` at a time in flight
+    (continuous batching: a finished request's slot takes the next one, as a load
+    generator keeps c requests open), and its plain greedy twin on the same prompts in
+    groups of c, stepped in turn: after each speculative step, plain steps until the plain
+    side has decoded the same share of its tokens, so load on the machine hits both alike.
+    Each is timed from outside the runtime, decode steps only (prefill = the client's
+    TTFT, and a joining request's prefill, are not timed), and the speculative side only
+    while c requests are open: the steady state of a long load run, not the drain of a
+    finite queue at its end.
 
     Returns (spec tokens/s, greedy tokens/s, true mean commit length of the spec run)."""
-    c = len(prompts)
+    c = cfg["concurrency"]
     sc = SpecConfig(algo=cfg["algo"], budget=cfg["budget"], topk=cfg["topk"], max_new_tokens=max_new_tokens,
                     concurrency=c, eos_id=-1)  # no early EOS: every request decodes max_new_tokens
     eng = SpecEngine(target, drafter, sc)
     reqs = [Request(request_id=str(i), prompt=p, max_new_tokens=max_new_tokens) for i, p in enumerate(prompts)]
-    for r in reqs:
-        eng.add(r)
-    plain = PlainStepper(target, prompts)
-    total = max_new_tokens - 1               # decode tokens per request, both ways
+    pending = reqs[::-1]
+    total = max_new_tokens - 1                       # decode tokens per request, both ways
+    groups = [prompts[i:i + c] for i in range(0, len(prompts), c)]
+    plain, plain_done, plain_goal = None, 0, sum(len(g) for g in groups) * total
     spec_wall = plain_wall = 0.0
-    while eng.running or plain.steps < total:
+    spec_tokens = 0
+    while pending or eng.running or plain_done < plain_goal:
+        while pending and eng.free_slots():
+            eng.add(pending.pop())
         if eng.running:
+            # the client's view: c requests open is the steady state a long load run
+            # measures; the drain at the end of a finite queue (fewer open) is not counted
+            running = list(eng.running)
+            before = sum(len(r.output) for r in running)
             t0 = time.perf_counter()
             eng.step()
-            spec_wall += time.perf_counter() - t0
-        done = sum(len(r.output) - 1 for r in reqs) / (c * total) if eng.running else 1.0
-        while plain.steps < total and plain.steps < done * total:
+            dt = time.perf_counter() - t0
+            if len(running) == c:
+                spec_wall += dt
+                spec_tokens += sum(len(r.output) for r in running) - before
+        share = sum(len(r.output) - 1 for r in reqs) / (len(reqs) * total) if (pending or eng.running) else 1.0
+        while plain_done < plain_goal and plain_done < share * plain_goal:
+            if plain is None or plain.steps >= total:
+                plain = PlainStepper(target, groups[0])  # prefill not timed
+                groups = groups[1:]
             plain_wall += plain.step()
-    tokens = sum(len(r.output) - 1 for r in reqs)
+            plain_done += len(plain.cur)
     m = eng.metrics
-    return tokens / spec_wall, c * total / plain_wall, m.sum_commit / max(m.verify_steps, 1)
+    return spec_tokens / spec_wall, plain_goal / plain_wall, m.sum_commit / max(m.verify_steps, 1)
 
 
 def main(argv=None) -> int:
@@ -79,6 +98,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=None, help="tokens per request (default 160; quick 64)")
     ap.add_argument("--profile", help="use this cost profile instead of calibrating first")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    ap.add_argument("--waves", type=int, default=3,
+                    help="requests per trial = waves x concurrency, so the batch stays full but at the end "
+                         "(default 3)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     trials = args.trials or (2 if args.quick else 4)
@@ -88,25 +110,29 @@ def main(argv=None) -> int:
     toks = [t for t in (encode(x) for x in texts) if len(t) + M <= target.max_seq_len]
 
     t0 = time.time()
-    n_grid = sorted({c["budget"] + 1 for c in CONFIGS})
-    c_grid = sorted({c["concurrency"] for c in CONFIGS})
-    if args.profile:
-        prof = CostProfile.load(args.profile)
-    else:
-        # calibration decodes longer than the runs: more steps per repeat, a steadier median
-        prof = measure_profile(models=(target, drafter, {}), n_grid=n_grid, c_grid=c_grid,
-                               repeats=2 if args.quick else 6, max_new_tokens=128 if args.quick else 256)
-    calib_s = time.time() - t0
-    print(json.dumps({"profile": prof.to_dict()["entries"], "calibration_s": round(calib_s, 1)}), flush=True)
-
+    fixed = CostProfile.load(args.profile) if args.profile else None
+    calib_s = 0.0
+    entries = []
     results = []
     k = 7  # prompt offset: the bench's prompts differ from the calibration's first ones
     for cfg in CONFIGS:
         c, n = cfg["concurrency"], cfg["budget"] + 1
+        if fixed is None:
+            # calibrate this (N, c) right before its runs, on other prompts: a machine shared
+            # with other jobs changes speed over minutes, and short steps suffer more from
+            # it than long ones, so r is measured under the load the runs will see
+            tc = time.time()
+            prof = measure_profile(models=(target, drafter, {}), n_grid=(n,), c_grid=(c,),
+                                   repeats=2 if args.quick else 6, max_new_tokens=M,
+                                   prompts=texts[::-1])
+            calib_s += time.time() - tc
+            entries += prof.to_dict()["entries"]
+        else:
+            prof = fixed
         spec_tps, base_tps, truth = [], [], []
         for t in range(trials):
-            prompts = [toks[(k + j) % len(toks)] for j in range(c)]
-            k += c
+            prompts = [toks[(k + j) % len(toks)] for j in range(args.waves * c)]
+            k += args.waves * c
             s_tps, g_tps, C = side_by_side(target, drafter, prompts, cfg, M)
             spec_tps.append(s_tps)
             base_tps.append(g_tps)
@@ -130,6 +156,8 @@ def main(argv=None) -> int:
                "trials": trials}
         results.append(row)
         print(json.dumps(row), flush=True)
+    print(json.dumps({"profile": entries or fixed.to_dict()["entries"], "calibration_s": round(calib_s, 1)}),
+          flush=True)
     worst = max(r["rel_error"] for r in results)
     summary = {"max_rel_error": worst, "mean_rel_error": round(float(np.mean([r["rel_error"] for r in results])), 4),
                "target": 0.1, "within_target": worst <= 0.1,

@@ -8,9 +8,10 @@ measured   on the reference runtime: for each concurrency c, the same c prompts 
            draft nodes (SpecEngine.step: drafter forward, proposal, verify forward of
            [c, N], acceptance, commit, KV compaction). t_verify therefore includes the
            host work of accepting and committing, as a real engine's step does. Each
-           (N, c) is measured `repeats` times on different prompts, one plain step
-           after each speculative step, so a busy machine slows both alike; r is the
-           ratio of mean step times and r_std the standard error over the repeats.
+           (N, c) is measured `repeats` times on different prompts; after each
+           speculative step the plain twin steps until it has decoded as many tokens,
+           so both run at the same context and a busy machine slows both alike; r is
+           the ratio of mean step times and r_std the standard error over the repeats.
 manual     one number for every (N, c), typed by hand (the seed's r = 1.5)
 trace      from a trace dataset's own draft_s + verify_s (one value per batched forward)
            against plain decode steps timed here on the same models at the run's
@@ -114,7 +115,8 @@ def spec_steps(target, drafter, prompts, n_nodes: int, max_new_tokens: int, devi
     """Wall seconds of every SpecEngine.step() decoding `prompts` with N-node drafts while
     the batch is full, and the engine's own draft_s / verify_s. Requests never finish early
     on EOS (eos_id is set to a token that does not occur). With `twin` (a PlainStepper),
-    one plain step is timed right after each speculative step: returns its walls too."""
+    plain steps are timed right after each speculative step, as many as the speculative
+    requests gained tokens, so both decode at the same context: returns their walls too."""
     import torch
 
     from .runtime.engine import Request, SpecConfig, SpecEngine
@@ -126,13 +128,21 @@ def spec_steps(target, drafter, prompts, n_nodes: int, max_new_tokens: int, devi
     for i, p in enumerate(prompts):
         eng.add(Request(request_id=str(i), prompt=p, max_new_tokens=max_new_tokens))
     walls, plain = [], []
+    reqs = list(eng.running)
     with torch.inference_mode():
         while eng.running and len(eng.running) == len(prompts):
             t0 = time.perf_counter()
             eng.step()
             walls.append(time.perf_counter() - t0)
-            if twin is not None and twin.steps < twin.room - 1:
+            if twin is None:
+                continue
+            # keep the plain twin at the same context: as many plain steps as tokens the
+            # speculative requests gained (at least one, so every gap gets a plain sample)
+            done = sum(len(r.output) - 1 for r in reqs) / len(reqs)
+            first = True
+            while (first or twin.steps < done) and twin.steps < twin.room - 1:
                 plain.append(twin.step())
+                first = False
     n = len(walls)
     return walls, clock.draft[:n], clock.verify[:n], algo, plain
 
