@@ -53,6 +53,7 @@ DEFAULT_TOLERANCE = 0.1
 # measured profiles of the reference runtime spread by about this much over a run's
 # context lengths, so a hand-given r without its own spread is taken as +-10% (1 sd).
 HAND_COST_FACTOR_REL_STD = 0.10
+STALL_FACTOR = 4.0        # trace forwards slower than this x the median are stalls, set apart
 
 CONSISTENT, INCONSISTENT, NOT_ENOUGH_DATA = "consistent", "inconsistent", "not enough data"
 PROFILE_KIND = "specaudit-cost-profile"
@@ -282,6 +283,23 @@ class CostProfile:
         return r_lo + w * (r_hi - r_lo), s_lo + w * (s_hi - s_lo)
 
 
+def profile_t_ar(profile: CostProfile, concurrency: int) -> float:
+    """The plain decode step time at concurrency c from a measured profile (mean over its
+    N entries at c, linear between grid points). InputError when it has none there."""
+    by_c: dict[int, list] = {}
+    for e in profile.entries:
+        if e.t_ar_s and e.concurrency is not None:
+            by_c.setdefault(e.concurrency, []).append(e.t_ar_s)
+    cs = sorted(by_c)
+    if not cs or concurrency is None or not (cs[0] <= concurrency <= cs[-1]):
+        raise InputError(profile.path, f"the profile has no plain step time at concurrency {concurrency} "
+                                       "(give --baseline-tps)")
+    lo = max(c for c in cs if c <= concurrency)
+    hi = min(c for c in cs if c >= concurrency)
+    t_lo, t_hi = (sum(by_c[x]) / len(by_c[x]) for x in (lo, hi))
+    return t_lo if hi == lo else t_lo + (concurrency - lo) / (hi - lo) * (t_hi - t_lo)
+
+
 def _interp(pts: list[tuple[int, float, float]], x: int) -> tuple[float, float]:
     for (x0, r0, s0), (x1, r1, s1) in zip(pts, pts[1:] + pts[-1:]):
         if x0 == x:
@@ -360,13 +378,20 @@ def observation_from_load_json(path) -> Observation:
 
 
 def observations_from_traces(path) -> list[Observation]:
-    """One Observation per run of a trace dataset, from its timestamps.
+    """One Observation per run of a trace dataset: steady-state decode throughput from
+    its timestamps.
 
-    tps = generated tokens / (last step end - first request arrival); generated tokens
-    are the requests' output_tokens when the requests table exists, else the commits
-    plus one first token per request. The standard error comes from the spread of the
-    per-request rates. N = budget + 1; reported = manifest reported.mean_commit_len
-    (converted to bonus-included if the manifest declares excludes_bonus)."""
+    A batched forward is the rows sharing one t_start; its tokens are the tokens it
+    appended (len(committed_tokens): the output clients received, never the commit_len
+    counter under audit) and its time is step_s. Only forwards that ran the full
+    concurrency c count (the steady state of a long run: not the drain of a finite queue,
+    whose half-empty batches cost almost a full step), stalls (a forward over
+    STALL_FACTOR x the median step) are set apart, and prefill is outside the steps:
+        tps = sum(tokens) / sum(step_s)   over full forwards (all forwards if none is full)
+    with the ratio estimator's standard error. The whole run's tokens / wall is kept in
+    `extra["run_tps"]`. N = budget + 1; reported = run.json reported.mean_commit_len
+    (made bonus-included when the manifest declares excludes_bonus)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from .schema import discover, manifest_conventions
@@ -375,51 +400,57 @@ def observations_from_traces(path) -> list[Observation]:
     for rf in discover([path]):
         if not rf.step_files:
             raise InputError(rf.run_dir, "run has no steps-*.parquet: nothing to time")
-        cols = ["request_id", "commit_len", "t_start", "step_s", "budget", "batch_size"]
+        cols = ["request_id", "committed_tokens", "t_start", "step_s", "budget", "batch_size"]
         try:
-            import pyarrow as pa
             t = pa.concat_tables([pq.read_table(f, columns=cols) for f in rf.step_files])
         except Exception as e:  # pyarrow raises many kinds for broken files
             raise InputError(rf.run_dir, f"cannot read step files: {e}") from None
         if t.num_rows == 0:
             raise InputError(rf.run_dir, "no step rows: nothing to time")
         d = t.to_pydict()
-        t0 = min(d["t_start"])
-        t1 = max(a + b for a, b in zip(d["t_start"], d["step_s"]))
-        per_req: dict[str, list] = {}
-        for rid, c, ts, ss in zip(d["request_id"], d["commit_len"], d["t_start"], d["step_s"]):
-            e = per_req.setdefault(rid, [0, ts, ts + ss])
-            e[0] += c
-            e[1] = min(e[1], ts)
-            e[2] = max(e[2], ts + ss)
-        tokens = sum(v[0] for v in per_req.values()) + len(per_req)
-        first_arrival = t0
-        if rf.requests_file is not None:
-            try:
-                rq = pq.read_table(rf.requests_file).to_pydict()
-            except Exception as e:
-                raise InputError(rf.requests_file, f"cannot read: {e}") from None
-            tokens = sum(len(o or []) for o in rq.get("output_tokens", [])) or tokens
-            if "t_arrive" in rq and rq["t_arrive"]:
-                first_arrival = min(x for x in rq["t_arrive"] if x is not None)
-        wall = t1 - min(first_arrival, t0)
-        if wall <= 0:
-            raise InputError(rf.run_dir, "timestamps span no time: cannot derive a throughput")
-        tps = tokens / wall
-        rates = [(v[0] + 1) / (v[2] - v[1]) for v in per_req.values() if v[2] > v[1]]
-        m, s, k = mean_and_se(rates)
-        se = tps * s / m if k > 1 and m > 0 else 0.0
         man = rf.manifest or {}
         cfg = man.get("config") or {}
+        conc = int(cfg.get("concurrency") or max(d["batch_size"]))
+        fw: dict[float, list] = {}  # t_start -> [tokens, step_s, rows]
+        for ts, toks, ss in zip(d["t_start"], d["committed_tokens"], d["step_s"]):
+            e = fw.setdefault(ts, [0, ss, 0])
+            e[0] += len(toks or ())
+            e[2] += 1
+        full = [e for e in fw.values() if e[2] >= conc]
+        used = full if len(full) >= 3 else list(fw.values())
+        # stalls: a forward over STALL_FACTOR x the median step (a preemption, the
+        # allocator, the garbage collector) is the machine's, not the step's; in a short
+        # run one of them moves the rate by tens of percent
+        med = sorted(e[1] for e in used)[len(used) // 2]
+        stalls = [e for e in used if e[1] > STALL_FACTOR * med]
+        if len(stalls) < len(used) // 4:
+            used = [e for e in used if e[1] <= STALL_FACTOR * med]
+        else:
+            stalls = []
+        tok = [e[0] for e in used]
+        dt = [e[1] for e in used]
+        T = sum(dt)
+        if T <= 0:
+            raise InputError(rf.run_dir, "step times sum to zero: cannot derive a throughput")
+        tps = sum(tok) / T
+        n = len(used)
+        se = 0.0
+        if n > 1:  # ratio estimator: var(R) = sum((tok_i - R dt_i)^2) / (n (n - 1) mean(dt)^2)
+            mdt = T / n
+            se = math.sqrt(sum((a - tps * b) ** 2 for a, b in zip(tok, dt)) / (n * (n - 1))) / mdt
+        span = max(a + b for a, b in zip(d["t_start"], d["step_s"])) - min(d["t_start"])
+        tokens = sum(len(x or ()) for x in d["committed_tokens"])
         rep = (man.get("reported") or {}).get("mean_commit_len")
         if rep is not None and manifest_conventions(man).get("accept_length") == "excludes_bonus":
             rep = rep + 1
         budget = cfg.get("budget", d["budget"][0] if d["budget"] else None)
-        conc = cfg.get("concurrency") or (max(d["batch_size"]) if d["batch_size"] else None)
         out.append(Observation(source="traces", tps=tps, tps_std=se, concurrency=conc,
                                n_nodes=(int(budget) + 1) if budget is not None else None,
-                               reported_commit_len=rep, label=rf.run_id, samples=len(per_req),
-                               extra={"wall_s": wall, "tokens": tokens, "algo": cfg.get("algo")}))
+                               reported_commit_len=rep, label=rf.run_id, samples=n,
+                               extra={"forwards": len(fw), "full_forwards": len(full), "stalls": len(stalls),
+                                      "steady": len(full) >= 3, "tokens": tokens,
+                                      "run_tps": tokens / span if span > 0 else None,
+                                      "algo": cfg.get("algo")}))
     return out
 
 

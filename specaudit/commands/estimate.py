@@ -11,8 +11,9 @@ Examples:
   specaudit estimate --observed-tps 109 --baseline-tps 98 --cost-factor 1.5 --reported-commit-len 2.0
   specaudit estimate --observed-tps 109 --baseline-tps 98 --cost-factor 1.5 --reported-commit-len 8   # exit 1
 
-  # a trace dataset (throughput from its timestamps; N, c and the reported figure from run.json)
-  specaudit estimate traces/ --baseline-tps 412 --profile cost.json
+  # a trace dataset (steady-state throughput from its timestamps; N, c and the reported
+  # figure from run.json); a profile measured on this machine also gives the baseline
+  specaudit calibrate --out cost.json && specaudit estimate traces/ --profile cost.json --baseline-from-profile
   # scripts/load.py output against a plain run's, with a calibrated profile
   specaudit estimate --load spec.json --baseline plain.json --profile cost.json --n-nodes 8
   # an engine's log or scrape: throughput and accept len from the file itself
@@ -48,6 +49,9 @@ def add_arguments(p) -> None:
     g.add_argument("--baseline-tps", type=float, help="plain decoding tokens/s")
     g.add_argument("--baseline-std", type=float, default=0.0, help="standard error of --baseline-tps (default 0)")
     g.add_argument("--baseline", metavar="FILE", help="scripts/load.py output of a plain (non-speculative) run")
+    g.add_argument("--baseline-from-profile", action="store_true",
+                   help="c / t_ar(c) from a measured --profile: only when the profile was measured on this "
+                        "machine and runtime (the reference runtime's own runs)")
     g = p.add_argument_group("step cost factor r = (t_draft + t_verify(c, N)) / t_ar(c)")
     g.add_argument("--cost-factor", type=float, help="r given by hand (the seed's is 1.5)")
     g.add_argument("--cost-factor-std", type=float, default=None,
@@ -144,17 +148,21 @@ def gather(args) -> list:
     return observations_from_reading(read_source(p, args.source), args.concurrency)
 
 
-def baseline(args) -> tuple[float, float, str]:
-    from ..estimate import observation_from_load_json
+def baseline(args, obs) -> tuple[float, float, str]:
+    from ..estimate import CostProfile, observation_from_load_json, profile_t_ar
     if args.baseline_tps is not None and args.baseline:
         raise ValueError("give either --baseline-tps or --baseline FILE, not both")
     if args.baseline:
         o = observation_from_load_json(args.baseline)
         return o.tps, o.tps_std, o.label
-    if args.baseline_tps is None:
-        raise ValueError("no baseline: give --baseline-tps (plain decoding tokens/s at the same concurrency) "
-                         "or --baseline FILE")
-    return args.baseline_tps, args.baseline_std or 0.0, "--baseline-tps"
+    if args.baseline_tps is not None:
+        return args.baseline_tps, args.baseline_std or 0.0, "--baseline-tps"
+    if args.profile and args.baseline_from_profile:
+        c = args.concurrency or obs.concurrency
+        t_ar = profile_t_ar(CostProfile.load(args.profile), c)
+        return c / t_ar, 0.0, f"c / t_ar({c}) of the profile"
+    raise ValueError("no baseline: give --baseline-tps (plain decoding tokens/s at the same concurrency), "
+                     "--baseline FILE, or --baseline-from-profile")
 
 
 def cost(args, obs) -> tuple[float, float, str]:
@@ -184,9 +192,9 @@ def main(args) -> int:
     if args.reported_commit_len is not None and args.reported_accept_depth is not None:
         raise ValueError("give either --reported-commit-len or --reported-accept-depth, not both")
     obs = gather(args)
-    base, base_sd, base_label = baseline(args)
     results = []
     for o in obs:
+        base, base_sd, base_label = baseline(args, o)
         r, r_sd, r_label = cost(args, o)
         est = estimate_commit_length(o.tps, base, r, cost_factor_std=r_sd, tps_std=o.tps_std, baseline_std=base_sd)
         rep, rep_label = o.reported_commit_len, f"from {o.source}"
