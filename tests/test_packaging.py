@@ -26,13 +26,19 @@ def test_wheel_contents(wheel):
     for need in ["specaudit/weights/target.safetensors", "specaudit/weights/drafter.safetensors",
                  "specaudit/data/prompts.jsonl", "specaudit/invariants/__init__.py",
                  "specaudit/kernels/__init__.py", "specaudit/dashboards/__init__.py",
-                 "specaudit/runtime/engine.py", "specaudit/commands/run.py"]:
+                 "specaudit/runtime/engine.py", "specaudit/commands/run.py",
+                 "specaudit/sources/__init__.py", "specaudit/sources/sglang.py"]:
         assert need in names, need
     for d in ("invariants", "kernels", "dashboards"):
         src = {p.relative_to(REPO / d).as_posix() for p in (REPO / d).rglob("*")
                if p.is_file() and "__pycache__" not in p.parts and p.suffix in (".py", ".json", ".yml", ".yaml", ".sql")}
         shipped = {n.split(f"specaudit/{d}/", 1)[1] for n in names if n.startswith(f"specaudit/{d}/")}
         assert src <= shipped, f"{d}/ files missing from the wheel: {sorted(src - shipped)}"
+    # every Python file under specaudit/ ships (a subpackage missing from pyproject's
+    # package list would only show up outside the editable dev install)
+    pkg = {p.relative_to(REPO).as_posix() for p in (REPO / "specaudit").rglob("*.py")
+           if "__pycache__" not in p.parts}
+    assert pkg <= names, f"missing from the wheel: {sorted(pkg - names)}"
     sql = {p.name for p in (REPO / "specaudit" / "queries").glob("*.sql")}
     assert {n.rsplit("/", 1)[1] for n in names if n.startswith("specaudit/queries/")} >= sql
     assert not any(n.endswith((".pt", ".pth", ".bin", ".pkl")) for n in names), "pickle weights shipped"
@@ -61,6 +67,14 @@ def test_installed_wheel_runs_outside_the_repo(wheel, tmp_path):
                        capture_output=True, text=True, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     assert "lossless: yes" in r.stdout
+    # the readers of other engines' logs ship too
+    fx = REPO / "tests" / "fixtures" / "engines"
+    r = subprocess.run([sys.executable, "-S", "-m", "specaudit", "check", str(fx / "vllm_clean.log")],
+                       capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = subprocess.run([sys.executable, "-S", "-m", "specaudit", "check", str(fx / "vllm_rate_above_one.log")],
+                       capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert r.returncode == 1, r.stdout + r.stderr
     where = subprocess.run([sys.executable, "-S", "-c", "import specaudit.invariants as m; print(m.__file__)"],
                            capture_output=True, text=True, cwd=tmp_path, env=env).stdout
     assert where.startswith(str(target)), f"imported from the repo, not the wheel: {where}"
