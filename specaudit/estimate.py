@@ -390,7 +390,8 @@ def observations_from_traces(path) -> list[Observation]:
         tps = sum(tokens) / sum(step_s)   over full forwards (all forwards if none is full)
     with the ratio estimator's standard error. The whole run's tokens / wall is kept in
     `extra["run_tps"]`. N = budget + 1; reported = run.json reported.mean_commit_len
-    (made bonus-included when the manifest declares excludes_bonus)."""
+    (always bonus-included), else reported.mean_accept_length made bonus-included when the
+    manifest declares excludes_bonus (the checker's reading of the conventions)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -440,9 +441,14 @@ def observations_from_traces(path) -> list[Observation]:
             se = math.sqrt(sum((a - tps * b) ** 2 for a, b in zip(tok, dt)) / (n * (n - 1))) / mdt
         span = max(a + b for a, b in zip(d["t_start"], d["step_s"])) - min(d["t_start"])
         tokens = sum(len(x or ()) for x in d["committed_tokens"])
-        rep = (man.get("reported") or {}).get("mean_commit_len")
-        if rep is not None and manifest_conventions(man).get("accept_length") == "excludes_bonus":
-            rep = rep + 1
+        # mean_commit_len always counts the bonus (the contract's word); an engine's own
+        # "accept length" figure follows its declared convention, as the checker reads it
+        reported = man.get("reported") or {}
+        rep = reported.get("mean_commit_len")
+        if rep is None and reported.get("mean_accept_length") is not None:
+            rep = reported["mean_accept_length"]
+            if manifest_conventions(man).get("accept_length") == "excludes_bonus":
+                rep = rep + 1
         budget = cfg.get("budget", d["budget"][0] if d["budget"] else None)
         out.append(Observation(source="traces", tps=tps, tps_std=se, concurrency=conc,
                                n_nodes=(int(budget) + 1) if budget is not None else None,

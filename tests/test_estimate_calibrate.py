@@ -73,9 +73,17 @@ def test_observation_sets_stalls_apart(tmp_path):
 def test_observation_excludes_bonus_convention(tmp_path):
     steps, requests, manifest = synth_run_rows(n_requests=4, concurrency=2, seed=1, run_id="ex",
                                                conventions={"accept_length": "excludes_bonus"})
-    write_run(tmp_path, steps, requests, manifest)
-    (o,) = observations_from_traces(tmp_path)
-    assert o.reported_commit_len == pytest.approx(manifest["reported"]["mean_commit_len"] + 1)
+    write_run(tmp_path / "a", steps, requests, manifest)
+    (o,) = observations_from_traces(tmp_path / "a")
+    # mean_commit_len counts the bonus whatever the convention (the checker reads it so)
+    assert o.reported_commit_len == pytest.approx(manifest["reported"]["mean_commit_len"])
+    # an engine that reports only its own accept length, without the bonus: made bonus-included
+    rep = dict(manifest["reported"])
+    del rep["mean_commit_len"]
+    write_run(tmp_path / "b", steps, requests, dict(manifest, reported=rep))
+    (o,) = observations_from_traces(tmp_path / "b")
+    assert o.reported_commit_len == pytest.approx(rep["mean_accept_length"] + 1)
+    assert o.reported_commit_len == pytest.approx(manifest["reported"]["mean_commit_len"], rel=0.2)
 
 
 def test_estimate_cli_on_traces(synth_dataset, capsys):
