@@ -45,6 +45,21 @@ def load_prompt_texts(path: str | None) -> list[str]:
     return load_prompts(path) if path else default_prompts()
 
 
+async def settled_counters(client, url: str, interval: float = 0.3, limit: float = 5.0) -> dict:
+    """Scrape /metrics until the step counter stops moving: the server's tracer hands
+    steps to its Prometheus sink in batches (every 0.25 s), so the last requests' steps
+    can land a moment after their responses."""
+    prev = scrape_counters((await client.get(f"{url}/metrics")).text)
+    end = time.perf_counter() + limit
+    while time.perf_counter() < end:
+        await asyncio.sleep(interval)
+        cur = scrape_counters((await client.get(f"{url}/metrics")).text)
+        if cur.get("specaudit_verify_steps_total") == prev.get("specaudit_verify_steps_total"):
+            return cur
+        prev = cur
+    return prev
+
+
 def scrape_counters(text: str) -> dict:
     """specaudit_committed_tokens_total and specaudit_verify_steps_total from /metrics text."""
     out = {}
@@ -135,7 +150,7 @@ async def run_load(url: str, *, concurrency: int, requests: int, duration: float
         for t in pending:
             t.cancel()
         wall = time.perf_counter() - t_start
-        after = scrape_counters((await client.get(f"{url}/metrics")).text) if metrics else {}
+        after = await settled_counters(client, url) if metrics else {}
     ok = [r for r in results if r["ok"]]
     ctoks = sum(r["completion_tokens"] for r in ok)
     out = {
