@@ -106,15 +106,15 @@ class Block(nn.Module):
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
         else:
             kc, vc = kv  # [Bc, S, H, Dh]: this layer's whole cache
-            rows, slots = write  # [B, T] each: where the block's keys/values go
+            rows, slots, gather = write  # [B, T] each: where the block's keys/values go
             kc[rows, slots] = k.to(kc.dtype)
             vc[rows, slots] = v.to(vc.dtype)
             s_used = attn_mask.shape[-1]
-            r = rows[:, 0]
-            if r.shape[0] <= kc.shape[0] and bool((r == torch.arange(r.shape[0], device=r.device)).all()):
-                kr, vr = kc[: r.shape[0], :s_used], vc[: r.shape[0], :s_used]  # views, no copy
-            else:  # an arbitrary set of rows (prefill of one new request): gather
+            if gather:  # an arbitrary set of rows (prefill of one new request): copy them
+                r = rows[:, 0]
                 kr, vr = kc[r, :s_used], vc[r, :s_used]
+            else:  # rows 0..B-1: views, no copy
+                kr, vr = kc[:B, :s_used], vc[:B, :s_used]
             y = F.scaled_dot_product_attention(
                 q.transpose(1, 2), kr.transpose(1, 2).to(q.dtype), vr.transpose(1, 2).to(q.dtype),
                 attn_mask=attn_mask)  # mask [B, 1, T, S_used]
@@ -183,6 +183,7 @@ class GPT(nn.Module):
         """
         B, T = tokens.shape
         dev = tokens.device
+        gather = rows is not None
         if rows is None:
             rows = torch.arange(B, device=dev)
         ar = torch.arange(T, device=dev)
@@ -195,7 +196,7 @@ class GPT(nn.Module):
         blk.scatter_(2, slots[:, None, :].expand(B, T, T), node_mask)
         mask = (mask | blk).unsqueeze(1)  # [B, 1, T, S_used]
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # [B, T, Dh/2]
-        write = (rows[:, None].expand(B, T), slots)
+        write = (rows[:, None].expand(B, T), slots, gather)
         x = self.wte(tokens)
         for i, blk_ in enumerate(self.blocks):
             x = blk_(x, cos, sin, (cache.k[i], cache.v[i]), write, mask)

@@ -202,8 +202,9 @@ class SpecEngine:
         seq_lens = np.array([r.seq_len for r in reqs], dtype=np.int64)
         vb = build_batch(drafts, seq_lens, dev, causal=self.fault == "causal-mask-on-tree",
                          position_shift=1 if self.fault == "position-off-by-one" else 0)
-        slots = torch.tensor([r.slot for r in reqs], device=dev)
-        rows = None if bool((slots == torch.arange(len(reqs), device=dev)).all()) else slots
+        slot_ids = [r.slot for r in reqs]
+        # rows 0..R-1 (the usual case) let the model read its cache as views
+        rows = None if slot_ids == list(range(len(reqs))) else torch.tensor(slot_ids, device=dev)
         logits, hidden = self.target(vb.tokens, vb.positions, self.cache,
                                      torch.from_numpy(seq_lens).to(dev), vb.node_mask, rows=rows)
         top2 = logits.float().topk(2, dim=-1)
