@@ -72,7 +72,7 @@ def main(args) -> int:
     print(format_findings(bad.findings, "text", counts=bad.counts, summary=bad.summary(), examples=1), end="")
 
     _head("4. reported commit length against measured throughput")
-    _estimate(runs[0], bad_run, models)
+    _estimate(runs[0], bad_run, models, args.max_new_tokens)
 
     _head("5. report")
     report = build_report([traces, injected], out / "report", findings=clean.findings + bad.findings,
@@ -86,25 +86,25 @@ def _head(text: str) -> None:
     print(f"\n== {text}", flush=True)
 
 
-def _estimate(clean_run, bad_run, models) -> None:
-    """Throughput-derived commit length for both chain runs (same config, same prompts).
+def _estimate(clean_run, bad_run, models, max_new_tokens: int) -> None:
+    """Throughput-derived commit length for both chain runs, as `specaudit calibrate` then
+    `specaudit estimate traces/ --profile cost.json --baseline-from-profile` would do.
 
-    The cost factor r (a verify step of 8 nodes plus the draft, over one plain decode
-    step) is measured here, on its own, by the calibrator: it knows nothing of either
-    run's acceptance. Observed tokens/s and the plain-greedy baseline come from the
-    runs (the baseline is the oracle's plain decoding of the same prompts).
+    The calibrator measures, on its own, the cost factor r (a draft plus a verify of 8
+    nodes over one plain decode step, at the runs' context lengths) and the plain step
+    time t_ar; it knows nothing of either run's acceptance. Each run's observed tokens/s
+    comes from its own trace (steady-state decode steps, not the counters under audit).
     """
     from ..calibrate import measure_profile
-    from ..estimate import estimate_commit_length, verdict
+    from ..estimate import estimate_commit_length, observations_from_traces, profile_t_ar, verdict
 
-    prof = measure_profile(models=models, n_grid=(8,), c_grid=(1,), repeats=3, max_new_tokens=48)
+    prof = measure_profile(models=models, n_grid=(8,), c_grid=(1,), repeats=3, max_new_tokens=max_new_tokens)
     r, r_std = prof.lookup(8, 1)
-    base_tps = clean_run.summary["greedy_tokens_per_s"]
-    print(f"calibrated cost factor r(N=8, c=1) = {r:.2f} +/- {r_std:.2f}")
+    base_tps = 1 / profile_t_ar(prof, 1)
+    print(f"calibrated: plain decode {base_tps:.1f} tokens/s; cost factor r(N=8, c=1) = {r:.2f} +/- {r_std:.2f}")
     for name, run in (("clean chain", clean_run), ("injected chain", bad_run)):
-        tps = run.summary["tokens_per_s"]
-        est = estimate_commit_length(tps, base_tps, r, cost_factor_std=r_std)
+        (o,) = observations_from_traces(run.run_dir)
+        est = estimate_commit_length(o.tps, base_tps, r, cost_factor_std=r_std, tps_std=o.tps_std)
         rep = run.manifest["reported"]["mean_commit_len"]
-        print(f"{name}: {tps:.1f} tokens/s against plain greedy {base_tps:.1f} -> estimated commit "
-              f"length {est.value:.2f} [{est.low:.2f}, {est.high:.2f}]; reported {rep:.2f}: "
-              f"{verdict(est, rep)}")
+        print(f"{name}: {o.tps:.1f} tokens/s in its decode steps -> estimated commit length {est.value:.2f} "
+              f"[{est.low:.2f}, {est.high:.2f}]; reported {rep:.2f}: {verdict(est, rep)}")
