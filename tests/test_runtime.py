@@ -125,9 +125,23 @@ def test_propose_tree_properties(seed):
             for p in range(n):
                 sib = d.tokens[1:][d.parents[1:] == p]
                 assert len(set(sib.tolist())) == len(sib)
-            # best-first: a node's cumulative score never beats its parent's
             depth = tree_depths(d.parents[None])[0]
             assert depth.max() <= 8
+            # best-first is optimal: every chosen node scores at least as high as every
+            # candidate left out (a top-k child of a chosen node that is not in the tree)
+            score = np.zeros(n)
+            for i in range(1, n):
+                score[i] = score[d.parents[i]] + d.logprob[i]
+            r = int(np.flatnonzero(roots == d.tokens[0])[0])
+            top = np.argsort(-lp[r], axis=-1, kind="stable")[:, :topk]  # [K, topk]
+            left_out = []
+            for p in range(n):
+                if depth[p] >= 8:
+                    continue
+                have = set(d.tokens[1:][d.parents[1:] == p].tolist())
+                left_out += [score[p] + lp[r, depth[p], t] for t in top[depth[p]] if t not in have]
+            if left_out:
+                assert score[1:].min() >= max(left_out) - 1e-5
     # topk = 1 tree is exactly the chain
     c = propose_chain(roots, lp, 7)
     t = propose_tree(roots, lp, 7, 1)
@@ -206,7 +220,7 @@ def test_continuous_batching_and_abort(models, tmp_path):
     assert {r.request_id for r in eng.running} == {"a", "b"}
     eng.abort(a)
     assert a.finish_reason == "abort" and eng.free_slots() == [0, 2]
-    c = eng.add(Request("c", ps[2], 40))  # takes the freed slot 0: rows are not a prefix now? they are
+    c = eng.add(Request("c", ps[2], 40))  # takes the freed slot 0
     assert c.slot == 0
     while eng.running:
         eng.step()
