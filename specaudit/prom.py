@@ -121,16 +121,18 @@ def _depths(par: np.ndarray, n: np.ndarray) -> np.ndarray:
 def _mask_hashes(P: np.ndarray, n: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """Contract hash of the ancestor-or-self mask of each listed row's tree, uint64 [B].
 
-    Chains (the common case) hit a per-N cache; trees are hashed per distinct N."""
-    from .schema import ancestor_mask, mask_hash
+    Chains (the common case) hit a per-N cache; trees are hashed per distinct N. Both
+    loop over distinct N, never over rows."""
+    from .schema import ancestor_mask, mask_hash, mask_hash_from_parents
     out = np.zeros(len(n), dtype=np.uint64)
     N = P.shape[1]
     is_chain = (P == np.where(np.arange(N)[None, :] < n[:, None], np.arange(N)[None, :] - 1, -1)).all(axis=1)
-    for r in rows[is_chain[rows]]:
-        k = int(n[r])
+    chain = rows[is_chain[rows]]
+    for k in np.unique(n[chain]):
+        k = int(k)
         if k not in _CHAIN_HASH:
-            _CHAIN_HASH[k] = int(mask_hash(ancestor_mask(np.arange(-1, k - 1, dtype=np.int64))))
-        out[r] = _CHAIN_HASH[k]
+            _CHAIN_HASH[k] = mask_hash_from_parents(np.arange(-1, k - 1))
+        out[chain[n[chain] == k]] = _CHAIN_HASH[k]
     tree = rows[~is_chain[rows]]
     for k in np.unique(n[tree]):
         sel = tree[n[tree] == k]
