@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from .run import decode
 from .schema import (
     CONVENTIONS,
     REQUESTS_SCHEMA,
@@ -281,7 +282,7 @@ def match_requests(a: Side, b: Side) -> Matching:
 def _show_prompt(p) -> str:
     if not p:
         return "no prompt"
-    text = bytes(t for t in p[:24] if 0 < t < 256).decode("utf-8", "replace")
+    text = decode(p[:24])
     return f"{len(p)} tokens {text!r}" + ("..." if len(p) > 24 else "")
 
 
