@@ -146,14 +146,8 @@ class SpecEngine:
             raise RuntimeError("no free slot")
         req.slot = free[0]
         req.t_arrive = req.t_arrive or time.time()
-        L = len(req.prompt)
-        tok = torch.tensor([req.prompt], dtype=torch.long, device=self.device)
-        pos = torch.arange(L, device=self.device)[None]
-        causal = torch.ones(L, L, dtype=torch.bool, device=self.device).tril()[None]
-        logits, h = self.target(tok, pos, self.cache, torch.zeros(1, dtype=torch.long, device=self.device),
-                                causal, rows=torch.tensor([req.slot], device=self.device))
-        first = int(logits[0, -1].argmax())
-        req.seq_len, req.root, req.h_prev = L, first, h[0, -1]
+        first, req.h_prev = prefill(self.target, self.cache, req.prompt, req.slot, self.device)
+        req.seq_len, req.root = len(req.prompt), first
         req.output = [first]
         req.t_first = time.time()
         self.metrics.on_prefill()
@@ -213,9 +207,9 @@ class SpecEngine:
         argmax = argmax_t.cpu().numpy()
         t2 = time.time()
         # accept, commit, compact
-        tokens_np = vb.tokens.cpu().numpy()
+        tokens_np = vb.tokens_np
         paths = accept_greedy(tokens_np, vb.parents, vb.n_nodes, argmax)
-        finished, commits, depths, commit_lens, fin_flags = [], [], [], [], []
+        finished, commits, depths, commit_lens, reasons = [], [], [], [], []
         mv_rows, mv_src, mv_dst = [], [], []
         for i, (r, path) in enumerate(zip(reqs, paths)):
             accepted = tokens_np[i, path[1:]].tolist()
@@ -227,7 +221,7 @@ class SpecEngine:
             depths.append(d)
             commit_lens.append(c)
             commits.append(committed)
-            fin_flags.append(reason is not None)
+            reasons.append(reason)
             r.output.extend(committed)
             # KV compaction: the accepted path's rows go to seq_len + 0..depth.
             # The kv-compaction fault keeps rows 0..depth in node order instead.
@@ -246,6 +240,7 @@ class SpecEngine:
             t = lambda x: torch.tensor(x, device=dev)  # noqa: E731
             self.cache.move_rows(t(mv_rows), t(mv_src), t(mv_dst))
         t3 = time.time()
+        fin_flags = [reason is not None for reason in reasons]
         if self.auditor is not None:
             self.auditor.audit(algo=cfg.algo, node_tokens=vb.tokens, parents=vb.parents,
                                n_nodes=vb.n_nodes, target_argmax=argmax_t,
@@ -264,9 +259,8 @@ class SpecEngine:
                 accepted_path=paths, accepted_depth=depths, commit_len=commit_lens,
                 committed_tokens=commits, finished=fin_flags,
                 t_start=t0, draft_s=t1 - t0, verify_s=t2 - t1, step_s=t3 - t0)
-        for r, fin, c in zip(reqs, fin_flags, commits):
-            if fin:
-                reason = "eos" if cfg.eos_id in c else "length"
+        for r, reason in zip(reqs, reasons):
+            if reason is not None:
                 self._finish(r, reason)
                 finished.append(r)
         return finished
@@ -300,6 +294,21 @@ class SpecEngine:
         return done
 
 
+def prefill(target, cache, prompt: list[int], row: int, device) -> tuple[int, torch.Tensor]:
+    """Causal forward of one prompt into cache row `row` (from slot 0).
+
+    Returns the greedy first token and the final hidden state at the last prompt
+    token (the drafter's conditioning for the first root).
+    """
+    L = len(prompt)
+    logits, h = target(torch.tensor([prompt], dtype=torch.long, device=device),
+                       torch.arange(L, device=device)[None], cache,
+                       torch.zeros(1, dtype=torch.long, device=device),
+                       torch.ones(L, L, dtype=torch.bool, device=device).tril()[None],
+                       rows=torch.tensor([row], device=device))
+    return int(logits[0, -1].argmax()), h[0, -1]
+
+
 @torch.inference_mode()
 def greedy_generate(target, prompts: list[list[int]], max_new_tokens: int, eos_id: int,
                     concurrency: int = 1, device="cpu") -> tuple[list[list[int]], float]:
@@ -314,18 +323,12 @@ def greedy_generate(target, prompts: list[list[int]], max_new_tokens: int, eos_i
     for lo in range(0, len(prompts), concurrency):
         group = list(range(lo, min(lo + concurrency, len(prompts))))
         cache = target.new_cache(len(group))
-        cur, lens, hs = [], [], []
+        cur, lens = [], []
         for j, gi in enumerate(group):
-            p = prompts[gi]
-            L = len(p)
-            logits, _ = target(torch.tensor([p], device=dev), torch.arange(L, device=dev)[None], cache,
-                               torch.zeros(1, dtype=torch.long, device=dev),
-                               torch.ones(L, L, dtype=torch.bool, device=dev).tril()[None],
-                               rows=torch.tensor([j], device=dev))
-            t = int(logits[0, -1].argmax())
+            t, _ = prefill(target, cache, prompts[gi], j, dev)
             outs[gi] = [t]
             cur.append(t)
-            lens.append(L)
+            lens.append(len(prompts[gi]))
         alive = [outs[gi][-1] != eos_id and max_new_tokens > 1 for gi in group]
         lens_t = torch.tensor(lens, device=dev)
         one = torch.ones(len(group), 1, 1, dtype=torch.bool, device=dev)

@@ -19,18 +19,23 @@ from .proposer import Draft
 class VerifyBatch:
     """The tensors actually fed to the target's verify forward."""
 
-    tokens: torch.Tensor     # [R, N] int64
+    tokens: torch.Tensor     # [R, N] int64, on the device
+    tokens_np: np.ndarray    # [R, N] int64, the same on the host (acceptance runs there)
     parents: np.ndarray      # [R, N] int64, -1 on padding
     n_nodes: np.ndarray      # [R] real nodes per row
     positions: torch.Tensor  # [R, N] int64
     node_mask: torch.Tensor  # [R, N, N] bool
     logprob: np.ndarray      # [R, N] float32
-    depth: np.ndarray        # [R, N] int64
 
 
 def build_batch(drafts: list[Draft], seq_lens: np.ndarray, device, *, causal: bool = False,
                 position_shift: int = 0) -> VerifyBatch:
-    """Pad drafts into [R, N] tensors. `causal` and `position_shift` exist for faults."""
+    """Pad drafts into [R, N] tensors. `causal` and `position_shift` exist for faults.
+
+    Depths and the ancestor mask are built here rather than with schema.tree_depths /
+    ancestor_mask on purpose: the checker re-derives both with the schema's code, so a
+    bug in either implementation shows up as a disagreement instead of hiding in both.
+    """
     R = len(drafts)
     n = np.array([d.n for d in drafts], dtype=np.int64)
     N = int(n.max())
@@ -61,12 +66,12 @@ def build_batch(drafts: list[Draft], seq_lens: np.ndarray, device, *, causal: bo
     positions = seq_lens[:, None] + depth + position_shift
     return VerifyBatch(
         tokens=torch.from_numpy(tokens).to(device),
+        tokens_np=tokens,
         parents=parents,
         n_nodes=n,
         positions=torch.from_numpy(positions).to(device),
         node_mask=torch.from_numpy(mask).to(device),
         logprob=lp,
-        depth=depth,
     )
 
 
