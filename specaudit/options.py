@@ -30,10 +30,8 @@ def add_runtime_arguments(p) -> None:
 
 
 def set_threads(args) -> None:
-    if args.threads < 1:
-        raise ValueError(f"--threads must be at least 1 (got {args.threads})")
-    import torch
-    torch.set_num_threads(args.threads)
+    from .run import set_torch_threads
+    set_torch_threads(args.threads)
 
 
 def resolve_topk(args) -> int:

@@ -65,6 +65,14 @@ def decode(tokens) -> str:
     return bytes(t for t in tokens if 0 < t < 256).decode("utf-8", errors="replace")
 
 
+def set_torch_threads(threads: int) -> None:
+    """Set torch's intra-op threads (process-wide), refusing a count below 1."""
+    if threads < 1:
+        raise InputError(None, f"--threads must be at least 1 (got {threads})")
+    import torch
+    torch.set_num_threads(threads)
+
+
 def host_info(device: str) -> dict:
     import torch
     info = {"hostname": socket.gethostname(), "platform": platform.platform(),
@@ -120,9 +128,7 @@ def run_traced(*, algo="chain", budget=7, topk=1, concurrency=1, num_prompts=8, 
         raise InputError(None, f"--num-prompts must be at least 1 (got {num_prompts})")
     get_fault(inject)
     if threads is not None:
-        if threads < 1:
-            raise InputError(None, f"--threads must be at least 1 (got {threads})")
-        torch.set_num_threads(threads)
+        set_torch_threads(threads)
     cfg = SpecConfig(algo=algo, budget=budget, topk=topk, max_new_tokens=max_new_tokens,
                      concurrency=concurrency, eos_id=EOS_ID if eos_id is None else eos_id, fault=inject)
     torch.manual_seed(seed)

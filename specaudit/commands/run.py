@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ..options import add_runtime_arguments, resolve_topk, set_threads  # noqa: F401
+from ..options import add_runtime_arguments, resolve_topk
 
 HELP = "run the reference runtime (chain or tree) and write a trace dataset"
 ORDER = 10
