@@ -175,8 +175,9 @@ class GPT(nn.Module):
         """One cached forward over a block of T new tokens per row.
 
         tokens, positions: [B, T]; rows: [B] cache rows these batch rows use
-        (default 0..B-1, the fast path: reads are views, not gathers); cache_lens: [B] valid slots per row before this call; node_mask: [B, T, T]
-        bool, node_mask[b, i, j] = token i may attend to token j of this block.
+        (default 0..B-1, the fast path: reads are views, not gathers); cache_lens:
+        [B] valid slots per row before this call; node_mask: [B, T, T] bool,
+        node_mask[b, i, j] = token i may attend to token j of this block.
         New keys/values are written at slots cache_lens[b] + 0..T-1.
         Every token sees the whole valid prefix. Returns logits [B, T, V] and the
         final hidden states [B, T, D] (the drafter is conditioned on them).

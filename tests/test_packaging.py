@@ -30,8 +30,9 @@ def test_wheel_contents(wheel):
                  "specaudit/sources/__init__.py", "specaudit/sources/sglang.py"]:
         assert need in names, need
     for d in ("invariants", "kernels", "dashboards"):
+        kinds = (".py", ".json", ".yml", ".yaml", ".sql")
         src = {p.relative_to(REPO / d).as_posix() for p in (REPO / d).rglob("*")
-               if p.is_file() and "__pycache__" not in p.parts and p.suffix in (".py", ".json", ".yml", ".yaml", ".sql")}
+               if p.is_file() and "__pycache__" not in p.parts and p.suffix in kinds}
         shipped = {n.split(f"specaudit/{d}/", 1)[1] for n in names if n.startswith(f"specaudit/{d}/")}
         assert src <= shipped, f"{d}/ files missing from the wheel: {sorted(src - shipped)}"
     # every Python file under specaudit/ ships (a subpackage missing from pyproject's
