@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..schema import manifest_conventions
 from .base import Hits, Rule
 
 _STEP_DESC = {"gap": "steps are missing", "repeat": "a step is repeated", "late": "a step came out of order",
@@ -318,7 +319,7 @@ class ClientFigures(Rule):
     def check(self, q):
         if not q.extra:
             return None
-        conv = (q.manifest.get("conventions") or {}).get("accept_length", "includes_bonus")
+        conv = manifest_conventions(q.manifest)["accept_length"]
         ns = np.maximum(q.n_steps, 1)
         want = {
             "completion_tokens": q.output_len.astype(float),
