@@ -233,6 +233,14 @@ def _validate(arm: dict, label: str, models, prompts: list[str]) -> None:
                          f"exceeds the context of {target.max_seq_len}")
 
 
+def _run_args(arm: dict, prompts: list[str], load) -> dict:
+    """run_traced's arguments for one arm (the warm-up and every repeat run the same)."""
+    return dict(algo=arm["algo"], budget=arm["budget"], topk=arm["topk"], concurrency=arm["concurrency"],
+                num_prompts=len(prompts), max_new_tokens=arm["max_new_tokens"], prompts=list(prompts),
+                inject=arm["inject"], seed=arm["seed"], device=arm["device"], dtype=arm["dtype"],
+                eos_id=arm["eos_id"], models=load(arm["device"], arm["dtype"]))
+
+
 def run_ab(a: dict, b: dict, *, prompts: list[str], repeats: int = 2, out, vary: list[str] | None = None,
            same_within: float = 0.02, n_boot: int = 2000, primary: str = "tokens_per_s",
            load_models=None, log=None, warmup: bool = True) -> dict:
@@ -272,10 +280,9 @@ def run_ab(a: dict, b: dict, *, prompts: list[str], repeats: int = 2, out, vary:
 
     if warmup:  # first-call costs (allocator, thread pools, every prefill shape) must not land on arm A
         for lab, arm in arms.items():
-            run_traced(algo=arm["algo"], budget=arm["budget"], topk=arm["topk"], concurrency=arm["concurrency"],
-                       num_prompts=len(prompts), max_new_tokens=min(16, arm["max_new_tokens"]), prompts=list(prompts),
-                       inject=arm["inject"], seed=arm["seed"], device=arm["device"], dtype=arm["dtype"],
-                       eos_id=arm["eos_id"], trace=False, models=load(arm["device"], arm["dtype"]))
+            kw = _run_args(arm, prompts, load)
+            kw["max_new_tokens"] = min(16, kw["max_new_tokens"])
+            run_traced(**kw, trace=False)
     stamp = time.strftime("%Y%m%dT%H%M%S")
     order, runs = [], {"A": [], "B": []}
     data = {"A": [], "B": []}  # per run: Collector.req
@@ -288,12 +295,8 @@ def run_ab(a: dict, b: dict, *, prompts: list[str], repeats: int = 2, out, vary:
             rid = f"{lab.lower()}-r{rep}-{arm['algo']}-b{arm['budget']}-k{arm['topk']}-c{arm['concurrency']}-{stamp}"
             if log:
                 log(f"repeat {rep + 1}/{repeats} {lab}: {arm['args'] or '(defaults)'}")
-            res = run_traced(algo=arm["algo"], budget=arm["budget"], topk=arm["topk"],
-                             concurrency=arm["concurrency"], num_prompts=len(prompts),
-                             max_new_tokens=arm["max_new_tokens"], prompts=list(prompts), inject=arm["inject"],
-                             seed=arm["seed"], device=arm["device"], dtype=arm["dtype"], eos_id=arm["eos_id"],
-                             out=out / lab.lower(), run_id=rid, extra_sinks=[col],
-                             models=load(arm["device"], arm["dtype"]))
+            res = run_traced(**_run_args(arm, prompts, load), out=out / lab.lower(), run_id=rid,
+                             extra_sinks=[col])
             order.append(lab)
             runs[lab].append(res.run_id)
             data[lab].append(col.req)
