@@ -26,9 +26,12 @@ from .schema import STEPS_SCHEMA, mask_hash
 
 
 def _host(x, copy: bool = True):
-    """Host view of a field: numpy for CPU tensors (copied unless `copy` is False), a
-    started non-blocking copy for device tensors; numpy and lists pass through."""
-    if x is None or isinstance(x, (np.ndarray, list, tuple, int, float)):
+    """Host view of a field: CPU tensors and numpy arrays as numpy (copied unless `copy`
+    is False), a started non-blocking copy for device tensors; Python lists pass through
+    (the caller builds them per step)."""
+    if isinstance(x, np.ndarray):
+        return x.copy() if copy else x
+    if x is None or isinstance(x, (list, tuple, int, float)):
         return x
     if hasattr(x, "numpy"):  # torch tensor
         if x.device.type != "cpu":
@@ -95,9 +98,6 @@ class Tracer:
             "reference_tokens": None if reference_tokens is None else [int(t) for t in reference_tokens],
             "t_arrive": float(t_arrive if t_arrive is not None else time.time()),
         }
-
-    def set_reference(self, request_id: str, reference_tokens) -> None:
-        self._requests[request_id]["reference_tokens"] = [int(t) for t in reference_tokens]
 
     def end_request(self, request_id: str, *, output_tokens, finish_reason: str,
                     ttft_s: float, e2e_s: float) -> None:
