@@ -95,7 +95,7 @@ def main(argv=None):
         "best_tree": best_tree["config"] if best_tree else None,
         "trace_overhead": round(1 - traced_sum / untraced_sum, 4),
         "mean_commit_len_chain": chain_commit,
-        "mean_commit_len_best_tree_commit": max((r["mean_commit_len"] for r in trees), default=None),
+        "max_tree_commit_len": max((r["mean_commit_len"] for r in trees), default=None),
         "tree_commits_more_than_chain": any(r["mean_commit_len"] > chain_commit for r in trees),
         "lossless": lossless,
         "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,

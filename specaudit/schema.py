@@ -53,8 +53,6 @@ STEPS_SCHEMA = pa.schema([
     ("verify_s", pa.float64()),
     ("step_s", pa.float64()),
 ])
-STEP_COLUMNS = STEPS_SCHEMA.names
-NULLABLE_STEP_COLUMNS = frozenset({"draft_logprob", "target_margin"})
 # Per-node list columns: each must have N entries (rule group 1).
 NODE_LIST_COLUMNS = ("node_tokens", "parents", "positions", "target_argmax")
 NULLABLE_NODE_LIST_COLUMNS = ("draft_logprob", "target_margin")
@@ -70,7 +68,6 @@ REQUESTS_SCHEMA = pa.schema([
     ("ttft_s", pa.float64()),
     ("e2e_s", pa.float64()),
 ])
-REQUEST_COLUMNS = REQUESTS_SCHEMA.names
 FINISH_REASONS = ("eos", "length", "abort")
 
 # ----------------------------------------------------------------------- manifest
