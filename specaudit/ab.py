@@ -317,23 +317,24 @@ def run_ab(a: dict, b: dict, *, prompts: list[str], repeats: int = 2, out, vary:
     # what else a reader of the result must know
     same_out = sum(all(data["A"][r][i]["output"] == data["B"][r][i]["output"] for r in range(repeats))
                    for i in ids)
-    batch = {lab: (sum(x["batch"] for run in data[lab] for x in run.values())
-                   / max(sum(x["steps"] for run in data[lab] for x in run.values()), 1)) for lab in "AB"}
+    per_step = {}  # arm -> quantity -> its mean per step over all of the arm's runs
+    for lab in "AB":
+        rows = [x for run in data[lab] for x in run.values()]
+        steps = max(sum(x["steps"] for x in rows), 1)
+        per_step[lab] = {q: sum(x[q] for x in rows) / steps
+                         for q in ("batch", "depth", "commit", "reported_depth", "reported_commit")}
+    batch = {lab: per_step[lab]["batch"] for lab in "AB"}
     if abs(batch["A"] - batch["B"]) > 1e-9:
         differ["batch"] = [round(batch["A"], 3), round(batch["B"], 3)]  # observed mean requests per forward
         if vary and "batch" not in vary and "concurrency" not in vary:
             warnings.append(f"the observed batch differs (mean {batch['A']:.2f} vs {batch['B']:.2f} requests "
                             "per verify forward), which the experiment does not name")
     for lab in "AB":
-        steps = sum(x["steps"] for run in data[lab] for x in run.values())
-        rep_depth = sum(x["reported_depth"] for run in data[lab] for x in run.values()) / max(steps, 1)
-        row_depth = sum(x["depth"] for run in data[lab] for x in run.values()) / max(steps, 1)
-        rep_commit = sum(x["reported_commit"] for run in data[lab] for x in run.values()) / max(steps, 1)
-        row_commit = sum(x["commit"] for run in data[lab] for x in run.values()) / max(steps, 1)
-        if abs(rep_depth - row_depth) > 1e-9 or abs(rep_commit - row_commit) > 1e-9:
-            warnings.append(f"{lab}'s own counters disagree with its trace (reported depth {rep_depth:.2f}, "
-                            f"commit {rep_commit:.2f}; rows {row_depth:.2f}, {row_commit:.2f}): the figures here "
-                            f"come from the rows; run `specaudit check {out / lab.lower()}`")
+        m = per_step[lab]
+        if abs(m["reported_depth"] - m["depth"]) > 1e-9 or abs(m["reported_commit"] - m["commit"]) > 1e-9:
+            warnings.append(f"{lab}'s own counters disagree with its trace (reported depth {m['reported_depth']:.2f}, "
+                            f"commit {m['reported_commit']:.2f}; rows {m['depth']:.2f}, {m['commit']:.2f}): the "
+                            f"figures here come from the rows; run `specaudit check {out / lab.lower()}`")
     result = {
         "a": {"args": a["args"], "settings": {k: a[k] for k in SETTINGS}, "dataset": str(out / "a"),
               "runs": runs["A"], "wall_tokens_per_s": wall_tps["A"], "mean_batch": batch["A"]},
