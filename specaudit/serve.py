@@ -318,9 +318,7 @@ class EngineLoop:
             self.errors += 1
             job.events.put(("error", HTTPError(500, f"prefill failed: {e!r}", "engine_error", etype="server_error")))
             return
-        n = job.push_new()
-        if self.estimator is not None:
-            self.estimator.on_prefill(n)
+        job.push_new()   # the prefill's first token (not decode throughput: the estimator skips it)
         if job.req.finished:
             job.events.put(("done", job.req.finish_reason))
         else:
@@ -385,9 +383,6 @@ class LiveEstimator:
 
     def _profile_has_t_ar(self) -> bool:
         return any(e.t_ar_s for e in self.profile.entries) if self.profile is not None else False
-
-    def on_prefill(self, tokens: int) -> None:
-        pass  # prefill tokens are not decode throughput
 
     def on_step(self, dt: float, rows: int, tokens: int) -> None:
         self._acc[0] += tokens
