@@ -111,8 +111,7 @@ def _raw_version(run: RunFiles):
         return None
 
 
-def _one_run(path, label: str) -> RunFiles:
-    runs = discover([path])
+def _one_run(runs: list[RunFiles], path, label: str) -> RunFiles:
     if len(runs) > 1:
         ids = ", ".join(sorted(r.run_id for r in runs)[:6]) + (", ..." if len(runs) > 6 else "")
         raise InputError(path, f"{label} holds {len(runs)} runs ({ids}); diff compares one run with "
@@ -172,9 +171,8 @@ def _sorted_steps(tables: list[pa.Table], files) -> tuple[pa.Table, dict, int, i
     return table, ranges, dups, skipped
 
 
-def load_side(path, label: str) -> Side:
-    """Load one run (a run folder, or a dataset folder holding exactly one run)."""
-    run = _one_run(path, label)
+def load_side(run: RunFiles, label: str) -> Side:
+    """Load one run (as discover() found it)."""
     if run.manifest is None:
         bad = run.problems[0] if run.problems else InputError(run.run_dir / "run.json", "no manifest")
         raise bad
@@ -208,11 +206,9 @@ def load_side(path, label: str) -> Side:
     return side
 
 
-def check_versions(a_path, b_path) -> None:
+def check_versions(runs_a: list[RunFiles], runs_b: list[RunFiles]) -> None:
     """Refuse runs of different (or unknown) contract versions with one clear line."""
-    va = [_raw_version(r) for r in discover([a_path])]
-    vb = [_raw_version(r) for r in discover([b_path])]
-    sa, sb = set(va), set(vb)
+    sa, sb = {_raw_version(r) for r in runs_a}, {_raw_version(r) for r in runs_b}
     if sa != sb and None not in sa | sb:
         raise InputError(None, f"A is trace schema version {', '.join(map(str, sorted(sa, key=str)))} "
                                f"and B is version {', '.join(map(str, sorted(sb, key=str)))}: "
@@ -632,8 +628,9 @@ def _describe(side: Side) -> dict:
 
 def diff_runs(a_path, b_path, margin_tol: float = DEFAULT_MARGIN_TOL) -> DiffResult:
     """Compare run A with run B (each a run folder or a dataset holding one run)."""
-    check_versions(a_path, b_path)
-    a, b = load_side(a_path, "A"), load_side(b_path, "B")
+    runs_a, runs_b = discover([a_path]), discover([b_path])
+    check_versions(runs_a, runs_b)
+    a, b = load_side(_one_run(runs_a, a_path, "A"), "A"), load_side(_one_run(runs_b, b_path, "B"), "B")
     m = match_requests(a, b)
     reqs = diff_requests(a, b, m.pairs, margin_tol)
     notes = a.notes + b.notes
