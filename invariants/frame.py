@@ -41,7 +41,7 @@ def token_mix(tokens: np.ndarray, pos: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------- Arrow helpers
 
 
-def _list_parts(arr):
+def list_parts(arr):
     """A list array -> (offsets int64 [R+1], values numpy, lengths [R] with -1 for null).
 
     Values keep their Arrow buffer (offsets index into them); nulls inside values -> -1."""
@@ -52,10 +52,30 @@ def _list_parts(arr):
     if vals.null_count:
         vals = vals.fill_null(-1)
     v = vals.to_numpy(zero_copy_only=False)
+    return off, v, _lengths(arr, off)
+
+
+def list_lengths(arr) -> np.ndarray:
+    """Lengths [R] of a list array's rows, -1 for a null list (values not decoded)."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    return _lengths(arr, np.asarray(arr.offsets.to_numpy(zero_copy_only=False), dtype=I64))
+
+
+def _lengths(arr, off):
     lens = np.diff(off)
     if arr.null_count:
         lens = np.where(arr.is_null().to_numpy(zero_copy_only=False), -1, lens)
-    return off, v, lens
+    return lens
+
+
+def list_values(off, v, lens) -> np.ndarray:
+    """The values of a list array's non-null rows, contiguous (from list_parts' output):
+    a null list may still span values in the buffer, those are dropped."""
+    flat = v[off[0]: off[-1]] if len(v) else np.zeros(0, dtype=I64)
+    if (lens < 0).any():
+        flat = flat[np.repeat(lens >= 0, np.diff(off))]
+    return flat
 
 
 def _scalar(arr, fill=-1, dtype=I64):
@@ -207,7 +227,7 @@ class StepFrame:
                      "target_margin", "accepted_path", "committed_tokens"):
             if name not in col:
                 continue
-            off, v, lens = _list_parts(col[name])
+            off, v, lens = list_parts(col[name])
             raw[name] = (off, v, lens)
             self.lens[name] = lens[order]
         off, v, lens0 = raw["node_tokens"]
@@ -341,10 +361,7 @@ class StepFrame:
         length per sorted row, sorted row of each flat entry)."""
         off, v, lens = part
         ln = np.maximum(lens, 0)
-        flat = v[off[0]: off[-1]] if len(v) else np.zeros(0, dtype=I64)
-        if (lens < 0).any():  # null lists may still span values: drop them
-            keep = np.repeat(lens >= 0, np.diff(off))
-            flat = flat[keep]
+        flat = list_values(off, v, lens)
         s0 = np.cumsum(ln) - ln
         rows0 = np.repeat(np.arange(len(ln), dtype=I64), ln)
         return flat, s0[order], ln[order], inv[rows0]

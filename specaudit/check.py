@@ -29,7 +29,8 @@ import pyarrow.parquet as pq
 
 from .findings import Finding
 from .invariants import load_rules
-from .invariants.frame import Carry, RequestFrame, RunFrame, StepFrame, token_mix
+from .invariants.frame import (Carry, RequestFrame, RunFrame, StepFrame, list_lengths, list_parts, list_values,
+                               token_mix)
 from .schema import (REQUESTS_SCHEMA, STEPS_SCHEMA, InputError, RunFiles,
                      check_table_schema, discover, manifest_conventions)
 
@@ -125,29 +126,26 @@ def request_facts(batches, carry: Carry, eos_id: int) -> dict:
         idx = carry.index(rid)
         put("idx", idx)
         R = b.num_rows
-        plen = _lens(col["prompt_tokens"])
+        plen = list_lengths(col["prompt_tokens"])
         put("prompt_len", plen)
         ft = col["first_token"].fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
         put("first_token", ft)
-        off, vals, olen = _list(col["output_tokens"])
+        off, vals, olen = list_parts(col["output_tokens"])
         put("output_len", olen)
         # fingerprint of output_tokens[1:] at positions 1.., as the commits' fingerprint
         ln = np.maximum(olen, 0)
+        start = np.cumsum(ln) - ln
         rows = np.repeat(np.arange(R), ln)
-        k = np.arange(int(ln.sum())) - np.repeat(np.cumsum(ln) - ln, ln)
-        flat = vals[off[0]: off[-1]] if len(vals) else np.zeros(0, np.int64)
-        if (olen < 0).any():
-            flat = flat[np.repeat(olen >= 0, np.diff(off))]
+        k = np.arange(int(ln.sum())) - np.repeat(start, ln)
+        flat = list_values(off, vals, olen)
         h = np.zeros(R, dtype=np.uint64)
+        has = ln > 0
         if len(flat):
             mix = token_mix(flat, k)
             mix[k == 0] = 0                       # the first token is compared on its own
-            nz = ln > 0
-            h[nz] = np.add.reduceat(mix, (np.cumsum(ln) - ln)[nz])
+            h[has] = np.add.reduceat(mix, start[has])
         put("output_hash", h)
         last = np.full(R, -1, dtype=np.int64)
-        has = ln > 0
-        start = np.cumsum(ln) - ln
         if len(flat):
             last[has] = flat[start[has] + ln[has] - 1]
         put("output_last", last)
@@ -165,14 +163,12 @@ def request_facts(batches, carry: Carry, eos_id: int) -> dict:
         first_diff = np.full(R, -1, dtype=np.int64)
         rlen = np.full(R, -1, dtype=np.int64)
         if "reference_tokens" in col:
-            roff, rvals, rl = _list(col["reference_tokens"])
+            roff, rvals, rl = list_parts(col["reference_tokens"])
             rlen = rl
             present = rl >= 0
             if present.any():
                 rln = np.maximum(rl, 0)
-                rflat = rvals[roff[0]: roff[-1]] if len(rvals) else np.zeros(0, np.int64)
-                if (rl < 0).any():
-                    rflat = rflat[np.repeat(rl >= 0, np.diff(roff))]
+                rflat = list_values(roff, rvals, rl)
                 rstart = np.cumsum(rln) - rln
                 m = np.minimum(ln, rln)
                 mrows = np.repeat(np.arange(R), m)
@@ -200,27 +196,6 @@ def request_facts(batches, carry: Carry, eos_id: int) -> dict:
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
                     pass
     return {k: np.concatenate(v) for k, v in out.items()}
-
-
-def _lens(arr):
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    off = arr.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
-    ln = np.diff(off)
-    if arr.null_count:
-        ln = np.where(arr.is_null().to_numpy(zero_copy_only=False), -1, ln)
-    return ln
-
-
-def _list(arr):
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    off = arr.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
-    vals = arr.values
-    if vals.null_count:
-        vals = vals.fill_null(-1)
-    v = vals.to_numpy(zero_copy_only=False).astype(np.int64)
-    return off, v, _lens(arr)
 
 
 # ------------------------------------------------------------------- the core
