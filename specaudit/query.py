@@ -225,6 +225,7 @@ def _num(v, typ=float):
 def runs_table(runs) -> pa.Table:
     """RunFiles (from schema.discover) -> the `runs` table: one row per run, manifest flattened."""
     cols = {name: [] for name, _ in RUN_COLUMNS}
+    strings = {name for name, t in RUN_COLUMNS if t == pa.string()}
     for rf in runs:
         m = rf.manifest or {}
         cfg = m.get("config") or {}
@@ -259,7 +260,7 @@ def runs_table(runs) -> pa.Table:
             row[f"reported_{k}"] = _num(rep.get(k))
         for name in cols:
             v = row[name]
-            cols[name].append(str(v) if v is not None and dict(RUN_COLUMNS)[name] == pa.string() else v)
+            cols[name].append(str(v) if v is not None and name in strings else v)
     return pa.table(cols, schema=RUNS_SCHEMA)
 
 
