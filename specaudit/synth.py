@@ -25,14 +25,13 @@ Rows are ordered as continuous batching at `concurrency` would write them.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .schema import (REQUESTS_SCHEMA, SCHEMA_VERSION, STEPS_SCHEMA, ancestor_mask, mask_hash,
+from .schema import (DEFAULT_CONVENTIONS, REQUESTS_SCHEMA, SCHEMA_VERSION, STEPS_SCHEMA, ancestor_mask, mask_hash,
                      tree_depths)
 
 # ------------------------------------------------------------------- templates
@@ -96,9 +95,9 @@ def _random_tree(rng, n: int, topk: int) -> np.ndarray:
     return np.asarray(parents, dtype=np.int64)
 
 
-def make_templates(rng, algo: str, budget: int, topk: int, ragged: bool, n_nodes: int | None,
+def make_templates(rng, algo: str, budget: int, topk: int, ragged: bool,
                    n_trees: int = 16) -> _Templates:
-    Nmax = (n_nodes or budget + 1)
+    Nmax = budget + 1
     sizes = list(range(2, Nmax + 1)) if ragged else [Nmax]
     shapes = []
     for n in sizes:
@@ -417,9 +416,9 @@ def synth_run_rows(n_requests: int = 8, *, algo: str = "chain", budget: int = 7,
     2..budget+1. conventions: {"accept_length": ..., "mean": ...} used for `reported`.
     """
     budget, topk = _norm(algo, budget, topk, n_nodes)
-    conventions = {"accept_length": "includes_bonus", "mean": "pooled", **(conventions or {})}
+    conventions = {**DEFAULT_CONVENTIONS, **(conventions or {})}
     rng = np.random.default_rng(seed)
-    tm = make_templates(rng, algo, budget, topk, ragged, None, n_trees)
+    tm = make_templates(rng, algo, budget, topk, ragged, n_trees)
     t0 = 1.7e9
     s, q, n_steps = _gen(rng, n_requests, tm=tm, max_new_tokens=max_new_tokens, eos_frac=eos_frac,
                          vocab=vocab, eos_id=eos_id, accept_p=accept_p, concurrency=concurrency,
@@ -459,12 +458,12 @@ def write_synthetic_dataset(out, n_steps: int, n_nodes: int = 8, algo: str = "ch
     `reported` that matches. Returns the run folder.
     """
     budget, topk = _norm(algo, n_nodes - 1, topk, None)
-    conventions = {"accept_length": "includes_bonus", "mean": "pooled", **(conventions or {})}
+    conventions = {**DEFAULT_CONVENTIONS, **(conventions or {})}
     run_id = run_id or f"synth-{algo}-n{n_nodes}-{n_steps}"
     run_dir = Path(out) / f"run_id={run_id}"
     run_dir.mkdir(parents=True, exist_ok=False)
     rng = np.random.default_rng(seed)
-    tm = make_templates(rng, algo, budget, topk, ragged, None)
+    tm = make_templates(rng, algo, budget, topk, ragged)
     # steps per request ~ max_new_tokens / mean commit; size chunks by a trial
     t0 = 1.7e9
     acc = _Acc(budget)
@@ -500,6 +499,3 @@ def write_synthetic_dataset(out, n_steps: int, n_nodes: int = 8, algo: str = "ch
     (run_dir / "run.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return run_dir
 
-
-def now() -> float:
-    return time.time()
