@@ -382,7 +382,8 @@ class LiveEstimator:
         self.last = None                 # the last Estimate (tests and /health read it)
 
     def _profile_has_t_ar(self) -> bool:
-        return any(e.t_ar_s for e in self.profile.entries) if self.profile is not None else False
+        return self.profile is not None and any(e.t_ar_s and e.concurrency is not None
+                                                for e in self.profile.entries)
 
     def on_step(self, dt: float, rows: int, tokens: int) -> None:
         self._acc[0] += tokens
@@ -391,11 +392,13 @@ class LiveEstimator:
         self._acc[3] += 1
 
     def _base_at(self, c: int) -> float:
+        """Plain per-request tokens/s at concurrency c: the option, else the profile's t_ar
+        as `specaudit estimate` reads it (profile_t_ar), c clamped into the profile's grid."""
         if self.baseline_tps is not None:
             return self.baseline_tps
-        pts = sorted((e.concurrency or 0, e.t_ar_s) for e in self.profile.entries if e.t_ar_s)
-        best = min(pts, key=lambda p: abs(p[0] - c))
-        return 1.0 / best[1]
+        from .estimate import profile_t_ar
+        cs = [e.concurrency for e in self.profile.entries if e.t_ar_s and e.concurrency is not None]
+        return 1.0 / profile_t_ar(self.profile, min(max(c, min(cs)), max(cs)))
 
     def tick(self, prom) -> None:
         now = time.monotonic()

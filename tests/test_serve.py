@@ -415,6 +415,24 @@ def test_live_estimator_feeds_the_commit_length_gauges():
     assert reg2.get_sample_value("specaudit_reported_commit_length") == pytest.approx(3.0)
 
 
+def test_live_estimator_baseline_is_the_profiles_t_ar():
+    """The gauge's baseline from a calibration profile is the one `specaudit estimate`
+    uses (mean over N at c, linear between grid points), clamped to the grid's ends."""
+    from specaudit.estimate import CostEntry, CostProfile, profile_t_ar
+    from specaudit.serve import LiveEstimator
+    prof = CostProfile([CostEntry(r=1.2, n_nodes=4, concurrency=1, t_ar_s=0.010),
+                        CostEntry(r=1.4, n_nodes=8, concurrency=1, t_ar_s=0.012),
+                        CostEntry(r=1.3, n_nodes=4, concurrency=8, t_ar_s=0.020),
+                        CostEntry(r=1.5, n_nodes=8, concurrency=8, t_ar_s=0.024)], source="measured")
+    est = LiveEstimator(object(), n_nodes=8, profile=prof)
+    assert est.enabled
+    assert est._base_at(1) == pytest.approx(1 / 0.011)
+    assert est._base_at(4) == pytest.approx(1 / profile_t_ar(prof, 4)) == pytest.approx(1 / (0.011 + 3 / 7 * 0.011))
+    assert est._base_at(32) == pytest.approx(1 / 0.022)
+    hand = LiveEstimator(object(), n_nodes=8, profile=CostProfile.manual(1.5))
+    assert not hand.enabled      # no plain step time: no baseline, no estimate
+
+
 # ------------------------------------------------------------------------ CLI
 
 def test_cli_help_and_input_errors(tmp_path, capsys):
