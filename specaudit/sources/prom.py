@@ -191,7 +191,8 @@ def parse(text: str, path: str) -> Reading:
             p = prev.get(rank, {})
             delta = lambda k: (d[k] - p.get(k, 0.0)) if k in d else None  # noqa: E731
             w = Window(line=d["_line"], t=s.t, rank=rank)
-            w.drafts, w.draft_tokens, w.accepted_tokens = delta("drafts"), delta("draft_tokens"), delta("accepted_tokens")
+            w.drafts, w.draft_tokens = delta("drafts"), delta("draft_tokens")
+            w.accepted_tokens = delta("accepted_tokens")
             if "per_pos" in d:
                 pp, qq = d["per_pos"], p.get("per_pos", {})
                 w.per_pos_counts = [pp[k] - qq.get(k, 0.0) for k in sorted(pp)]
