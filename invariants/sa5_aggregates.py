@@ -228,7 +228,20 @@ def _other_mean(kind: str) -> str:
     return "per_request" if kind == "pooled" else "pooled"
 
 
-class MeanAcceptedDepth(_Agg):
+class _MeanAgg(_Agg):
+    """Base for a reported mean of a per-step total: pooled or per-request as declared;
+    a figure that matches the other convention is SA602's, not this rule's."""
+
+    total = ""  # mean_of's total_key
+
+    def derive(self, run):
+        return mean_of(run, self.total, _mean_kind(run))
+
+    def skip(self, run, rep):
+        return close(rep, mean_of(run, self.total, _other_mean(_mean_kind(run))))
+
+
+class MeanAcceptedDepth(_MeanAgg):
     """What: reported mean_accepted_depth = the mean of len(path) - 1 over steps,
     pooled over all steps (or the mean of per-request means when run.json declares
     conventions.mean = per_request).
@@ -243,12 +256,7 @@ class MeanAcceptedDepth(_Agg):
     code = "SA506"
     name = "mean-accepted-depth"
     key = "mean_accepted_depth"
-
-    def derive(self, run):
-        return mean_of(run, "accepted", _mean_kind(run))
-
-    def skip(self, run, rep):
-        return close(rep, mean_of(run, "accepted", _other_mean(_mean_kind(run))))
+    total = "accepted"
 
     def candidates(self, run):
         d = run.derived
@@ -258,7 +266,7 @@ class MeanAcceptedDepth(_Agg):
                 "the mean commit length": d["committed"] / s}
 
 
-class MeanCommitLen(_Agg):
+class MeanCommitLen(_MeanAgg):
     """What: reported mean_commit_len = the mean of len(committed_tokens) over steps
     (pooled, or per-request means when declared).
 
@@ -272,12 +280,7 @@ class MeanCommitLen(_Agg):
     code = "SA507"
     name = "mean-commit-len"
     key = "mean_commit_len"
-
-    def derive(self, run):
-        return mean_of(run, "committed", _mean_kind(run))
-
-    def skip(self, run, rep):
-        return close(rep, mean_of(run, "committed", _other_mean(_mean_kind(run))))
+    total = "committed"
 
     def candidates(self, run):
         d = run.derived
