@@ -373,6 +373,13 @@ class StepFrame:
     def row_sum(self, flat: np.ndarray) -> np.ndarray:
         return np.bincount(self.node_row, weights=flat, minlength=self.R)
 
+    def at_root(self, flat: np.ndarray) -> np.ndarray:
+        """Per row, the value of a per-node array at node 0 (-1 for a row without nodes)."""
+        out = np.full(self.R, -1, dtype=I64)
+        has = self.n > 0
+        out[has] = flat[self.start[has]]
+        return out
+
     def first_node(self, flat_bad: np.ndarray, fill=-1) -> np.ndarray:
         """Per row, the local index of the first node where flat_bad is true (or fill)."""
         out = np.full(self.R, fill, dtype=I64)
@@ -598,8 +605,7 @@ class StepFrame:
         new = ~c.seen[cr]
         fr = gstart[new]
         c.first_seq_len[cr[new]] = self.seq_len[fr]
-        c.first_root[cr[new]] = np.where(self.n[fr] > 0, self.tokens[np.minimum(self.start[fr], max(self.T - 1, 0))]
-                                         if self.T else -1, -1)
+        c.first_root[cr[new]] = self.at_root(self.tokens)[fr]
         c.seen[cr] = True
         c.n_steps[cr] += np.bincount(gid, minlength=G)
         c.sum_commit_len[cr] += sums(self.commit_len)

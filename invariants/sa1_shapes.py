@@ -86,10 +86,7 @@ class RootParent(Rule):
     message = "parents[0] is {p0}, expected -1 (node 0 is the root)"
 
     def check(self, f):
-        p0 = np.full(f.R, -1, dtype=np.int64)
-        has = f.n > 0
-        p0[has] = f.parents[f.start[has]]
-        return Hits(f.root_parent_bad & has, p0=p0)
+        return Hits(f.root_parent_bad & (f.n > 0), p0=f.at_root(f.parents))
 
     def fail(self, run):
         run.steps[1]["parents"][0] = 0

@@ -88,10 +88,8 @@ class RootContinuity(Rule):
     message = "the root token is {root} but the previous step's last committed token is {want}"
 
     def check(self, f):
-        root = np.full(f.R, -1, dtype=np.int64)
-        has = f.n > 0
-        root[has] = f.tokens[f.start[has]]
-        bad = f.has_prev & (f.step == f.prev_step + 1) & (root != f.prev_last) & has
+        root = f.at_root(f.tokens)
+        bad = f.has_prev & (f.step == f.prev_step + 1) & (root != f.prev_last) & (f.n > 0)
         return Hits(bad, root=root, want=f.prev_last)
 
     def fail(self, run):
