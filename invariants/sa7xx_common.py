@@ -34,12 +34,6 @@ def where(w) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
-def fixture(name: str):
-    """Path of a test fixture under tests/fixtures/engines/ (for the rule's docs/tests)."""
-    from pathlib import Path
-    return Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "engines" / name
-
-
 def median(xs):
     s = sorted(xs)
     n = len(s)

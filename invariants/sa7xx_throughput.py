@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from .sa7xx_common import fmt, mean, median, where
+from .sa7xx_common import fmt, mean, median, usable, where
 from .sa7xx_identities import SourceRule
 
 STEP_RATE_FACTOR = 1.5   # a window whose step rate is off the group's median by more than this
@@ -29,7 +29,7 @@ def groups(reading):
     """(rank, concurrency bucket, graph mode) -> windows with a step rate, in file order."""
     g: dict = {}
     for w in reading.windows:
-        if w.step_rate is None or w.extra.get("counter_reset"):
+        if w.step_rate is None or not usable(w):
             continue
         g.setdefault((w.rank, _bucket(w.concurrency), w.cuda_graph), []).append(w)
     return g
@@ -91,7 +91,7 @@ def _compare(reading):
     per rank. Yields (label_a, A, label_b, B)."""
     by_rank: dict = {}
     for w in reading.windows:
-        if w.accept_len is not None and w.accept_len > 0 and not w.extra.get("counter_reset"):
+        if w.accept_len is not None and w.accept_len > 0 and usable(w):
             by_rank.setdefault(w.rank, []).append(w)
     for rank, ws in by_rank.items():
         modes = {w.cuda_graph for w in ws if w.cuda_graph is not None}
