@@ -83,6 +83,37 @@ def host_info(device: str) -> dict:
     return info
 
 
+def check_device(device: str, dtype: str) -> None:
+    """Refuse a CUDA device on a machine without one, or an unknown dtype."""
+    import torch
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError(None, f"--device {device}: CUDA is not available on this machine")
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise InputError(None, f"--dtype must be float32, bfloat16 or float16, not {dtype!r}")
+
+
+def reference_manifest(run_id: str, models_info: dict, cfg, *, dtype: str, device: str, seed: int,
+                       engine_extra: dict | None = None, **config) -> dict:
+    """run.json (without finished_at and reported) for a run of the reference runtime.
+
+    `cfg` is the runtime's SpecConfig; keyword arguments add or override config keys
+    (the server, whose requests bring their own token limits, sets max_new_tokens None).
+    """
+    import torch
+    return {
+        "schema_version": SCHEMA_VERSION, "run_id": run_id,
+        "engine": {"name": "specaudit-reference", "version": __version__, **(engine_extra or {})},
+        "models": models_info,
+        "config": {"algo": cfg.algo, "budget": cfg.budget, "topk": cfg.topk,
+                   "block_size": cfg.budget + 1 if cfg.algo == "chain" else None,
+                   "concurrency": cfg.concurrency, "max_new_tokens": cfg.max_new_tokens,
+                   "dtype": dtype, "device": device, "seed": seed, "fault": cfg.fault,
+                   "eos_id": cfg.eos_id, "threads": torch.get_num_threads(), **config},
+        "conventions": {"accept_length": "includes_bonus", "mean": "pooled"},
+        "host": host_info(device), "started_at": time.time(),
+    }
+
+
 @dataclass
 class RunResult:
     run_id: str
@@ -120,10 +151,7 @@ def run_traced(*, algo="chain", budget=7, topk=1, concurrency=1, num_prompts=8, 
     from .store import ParquetSink, prepare_run_dir
     from .tracer import Tracer
 
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise InputError(None, f"--device {device}: CUDA is not available on this machine")
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise InputError(None, f"--dtype must be float32, bfloat16 or float16, not {dtype!r}")
+    check_device(device, dtype)
     if num_prompts < 1:
         raise InputError(None, f"--num-prompts must be at least 1 (got {num_prompts})")
     get_fault(inject)
@@ -156,19 +184,8 @@ def run_traced(*, algo="chain", budget=7, topk=1, concurrency=1, num_prompts=8, 
         reference, greedy_wall = greedy_generate(target, toks, max_new_tokens, cfg.eos_id,
                                                  concurrency, device)
 
-    manifest = {
-        "schema_version": SCHEMA_VERSION, "run_id": run_id,
-        "engine": {"name": "specaudit-reference", "version": __version__},
-        "models": info,
-        "config": {"algo": algo, "budget": budget, "topk": topk,
-                   "block_size": budget + 1 if algo == "chain" else None,
-                   "concurrency": concurrency, "max_new_tokens": max_new_tokens,
-                   "num_prompts": num_prompts, "dtype": dtype, "device": device, "seed": seed,
-                   "fault": inject, "eos_id": cfg.eos_id, "oracle": oracle,
-                   "threads": torch.get_num_threads()},
-        "conventions": {"accept_length": "includes_bonus", "mean": "pooled"},
-        "host": host_info(device), "started_at": time.time(),
-    }
+    manifest = reference_manifest(run_id, info, cfg, dtype=dtype, device=device, seed=seed,
+                                  num_prompts=num_prompts, oracle=oracle)
     sinks = list(extra_sinks)
     run_dir = None
     if trace and out is not None:

@@ -705,20 +705,15 @@ class SpecServer:
         import torch
         from prometheus_client import CollectorRegistry, Counter
 
-        from . import __version__
         from .model import EOS_ID, default_models
         from .prom import FastExposition, PromSink
-        from .run import host_info, new_run_id
+        from .run import check_device, new_run_id, reference_manifest
         from .runtime.engine import SpecConfig, SpecEngine
         from .runtime.faults import get_fault
-        from .schema import SCHEMA_VERSION, InputError
         from .store import ParquetSink, prepare_run_dir
         from .tracer import Tracer
 
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise InputError(None, f"--device {device}: CUDA is not available on this machine")
-        if dtype not in ("float32", "bfloat16", "float16"):
-            raise InputError(None, f"--dtype must be float32, bfloat16 or float16, not {dtype!r}")
+        check_device(device, dtype)
         if not 0 <= port <= 65535:
             raise ValueError(f"--port must be within 0..65535 (got {port})")
         if max_queue < 1:
@@ -746,21 +741,11 @@ class SpecServer:
         self.max_tokens_limit = max_new_tokens
         self.log_requests = log_requests
         self.host, self.port = host, port
-        manifest = {
-            "schema_version": SCHEMA_VERSION, "run_id": self.run_id,
-            "engine": {"name": "specaudit-reference", "version": __version__, "mode": "serve"},
-            "models": info,
-            "config": {"algo": algo, "budget": budget, "topk": topk,
-                       "block_size": budget + 1 if algo == "chain" else None,
-                       # each request brings its own max_tokens: no single token limit
-                       # (the checker's finish-cause rule needs one, so it stays off)
-                       "concurrency": concurrency, "max_new_tokens": None,
-                       "max_tokens_limit": max_new_tokens,
-                       "num_prompts": None, "dtype": dtype, "device": device, "seed": seed,
-                       "fault": inject, "eos_id": cfg.eos_id, "oracle": False},
-            "conventions": {"accept_length": "includes_bonus", "mean": "pooled"},
-            "host": host_info(device), "started_at": time.time(),
-        }
+        # each request brings its own max_tokens: no single token limit (the checker's
+        # finish-cause rule needs one, so it stays off)
+        manifest = reference_manifest(self.run_id, info, cfg, dtype=dtype, device=device, seed=seed,
+                                      engine_extra={"mode": "serve"}, max_new_tokens=None,
+                                      max_tokens_limit=max_new_tokens, num_prompts=None, oracle=False)
         try:  # no `_created` twin of every counter: half the scrape, no information here
             from prometheus_client import disable_created_metrics
             disable_created_metrics()
