@@ -18,7 +18,7 @@ from functools import cached_property
 import numpy as np
 import pyarrow as pa
 
-from ..schema import MAX_NODES, ancestor_mask, mask_hash
+from ..schema import MAX_NODES, NODE_LIST_COLUMNS, NULLABLE_NODE_LIST_COLUMNS, ancestor_mask, mask_hash
 
 I64 = np.int64
 _MIX1 = np.uint64(0x9E3779B97F4A7C15)
@@ -223,8 +223,7 @@ class StepFrame:
         self.inv = inv
         self.lens: dict[str, np.ndarray] = {}
         raw = {}
-        for name in ("node_tokens", "parents", "positions", "target_argmax", "draft_logprob",
-                     "target_margin", "accepted_path", "committed_tokens"):
+        for name in (*NODE_LIST_COLUMNS, *NULLABLE_NODE_LIST_COLUMNS, "accepted_path", "committed_tokens"):
             if name not in col:
                 continue
             off, v, lens = list_parts(col[name])

@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 from .run import decode
 from .schema import (
     CONVENTIONS,
+    NODE_LIST_COLUMNS,
     REQUESTS_SCHEMA,
     STEPS_SCHEMA,
     InputError,
@@ -473,7 +474,7 @@ def first_divergent_rows(a: Side, b: Side, pairs: list[tuple[str, str]], margin_
             diff |= _ne_list(ta[c], tb[c], ia, ib)
         else:
             diff |= _ne_scalar(ta[c], tb[c], ia, ib)
-    for c in ("node_tokens", "parents", "positions", "target_argmax"):
+    for c in NODE_LIST_COLUMNS:
         diff |= _ne_list(ta[c], tb[c], ia, ib)
     if "target_margin" in ta.column_names and "target_margin" in tb.column_names:
         diff |= _margin_moved(ta["target_margin"], tb["target_margin"], ia, ib, margin_tol)
