@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .findings import Finding
-from .invariants import load_rules
+from .invariants import Hits, load_rules
 from .invariants.frame import (Carry, RequestFrame, RunFrame, StepFrame, list_lengths, list_parts, list_values,
                                token_mix)
 from .schema import (REQUESTS_SCHEMA, STEPS_SCHEMA, InputError, RunFiles,
@@ -235,7 +235,6 @@ def _emit_hits(rule, hits, f, result: CheckResult, *, kind: str, file=None) -> N
     """Turn a rule's return value into findings."""
     if hits is None:
         return
-    from .invariants import Hits
     if isinstance(hits, Hits):
         rows = hits.rows()
         if kind == "step" and rule.family != "SA1":
