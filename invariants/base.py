@@ -14,7 +14,7 @@ import textwrap
 
 import numpy as np
 
-from ..findings import SEVERITIES, Finding
+from specaudit.audit.findings import SEVERITIES, Finding
 
 SCOPES = ("step", "request", "run", "source")
 CODE_RE = re.compile(r"^[A-Z]{1,4}[0-9]{3,4}$")

@@ -11,7 +11,7 @@ import copy
 
 import pyarrow as pa
 
-from ..schema import REQUESTS_SCHEMA, STEPS_SCHEMA
+from specaudit.trace.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
 
 _CACHE: dict = {}
 
@@ -27,7 +27,7 @@ class FixtureRun:
         """A fresh copy of a small valid run (6 requests, budget 7; trees topk 3)."""
         key = (algo, seed, tuple(sorted(kw.items())))
         if key not in _CACHE:
-            from ..synth import synth_run_rows
+            from specaudit.trace.synth import synth_run_rows
             opts = dict(n_requests=6, algo=algo, budget=7, max_new_tokens=40, eos_frac=0.5,
                         concurrency=3, seed=seed, zero_step_frac=0.0, run_id=f"fx-{algo}")
             opts.update(kw)
@@ -72,12 +72,12 @@ class FixtureRun:
                                                   if self.requests is not None else None)
 
     def check(self, **kw):
-        from ..check import check_tables
+        from specaudit.audit.check import check_tables
         st, rq = self.tables()
         return check_tables(st, rq, self.manifest, **kw)
 
     def write(self, out, n_files: int = 1):
-        from ..synth import write_run
+        from specaudit.trace.synth import write_run
         st, rq = self.tables()
         return write_run(out, st, rq, self.manifest, n_files=n_files)
 

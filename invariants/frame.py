@@ -18,7 +18,7 @@ from functools import cached_property
 import numpy as np
 import pyarrow as pa
 
-from ..schema import MAX_NODES, NODE_LIST_COLUMNS, NULLABLE_NODE_LIST_COLUMNS, ancestor_mask, mask_hash
+from specaudit.trace.schema import MAX_NODES, NODE_LIST_COLUMNS, NULLABLE_NODE_LIST_COLUMNS, ancestor_mask, mask_hash
 
 I64 = np.int64
 _MIX1 = np.uint64(0x9E3779B97F4A7C15)

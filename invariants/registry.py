@@ -17,7 +17,7 @@ import pkgutil
 import sys
 from pathlib import Path
 
-from ..schema import InputError
+from specaudit.trace.schema import InputError
 from .base import DEFINED, Rule, RuleError
 
 ENTRY_POINT_GROUP = "specaudit.invariants"

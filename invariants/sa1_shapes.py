@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..schema import MAX_NODES
+from specaudit.trace.schema import MAX_NODES
 from .base import Hits, Rule
 
 _LISTS = ("parents", "positions", "target_argmax", "draft_logprob", "target_margin")

@@ -85,7 +85,7 @@ class MaskHash(Rule):
         return Hits(bad, got=g, want=w, explain=explain)
 
     def fail(self, run):
-        from ..schema import mask_hash
+        from specaudit.trace.schema import mask_hash
         import numpy as _np
         s = run.steps_where(lambda s: any(p != i - 1 for i, p in enumerate(s["parents"]) if i))[0]
         n = len(s["parents"])

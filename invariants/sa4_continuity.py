@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..schema import manifest_conventions
+from specaudit.trace.schema import manifest_conventions
 from .base import Hits, Rule
 
 _STEP_DESC = {"gap": "steps are missing", "repeat": "a step is repeated", "late": "a step came out of order",

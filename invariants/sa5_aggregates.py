@@ -466,7 +466,7 @@ class ReportedPresent(Rule):
     message = "run.json `reported` lacks {missing}"
 
     def check(self, run):
-        from ..schema import REPORTED_KEYS
+        from specaudit.trace.schema import REPORTED_KEYS
         if not run.complete:
             return None
         miss = [k for k in REPORTED_KEYS if k not in run.reported]

@@ -27,7 +27,7 @@ from pathlib import Path
 
 CHILD_CHECK = r"""
 import json, os, sys, time
-from specaudit.check import check_paths
+from specaudit.audit.check import check_paths
 t, c = time.perf_counter(), os.times()
 r = check_paths([sys.argv[1]], max_per_code=100)
 dt, c2 = time.perf_counter() - t, os.times()
@@ -41,7 +41,7 @@ CHILD_BASELINE = r"""
 import json, sys, time
 from pathlib import Path
 import pyarrow.parquet as pq
-from specaudit.check_reference import check_step_rows
+from specaudit.audit.reference import check_step_rows
 limit = int(sys.argv[2])
 run_dir = Path(sys.argv[1])
 manifest = json.loads((run_dir / "run.json").read_text())
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
 
-    from specaudit.synth import write_synthetic_dataset
+    from specaudit.trace.synth import write_synthetic_dataset
     tmp = None
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench-check-"))
     if not args.dir:

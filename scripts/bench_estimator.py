@@ -33,10 +33,10 @@ import time
 import numpy as np
 import torch
 
-from specaudit.calibrate import PlainStepper, measure_profile
-from specaudit.estimate import CostProfile, estimate_commit_length
+from specaudit.audit.calibrate import PlainStepper, measure_profile
+from specaudit.audit.estimate import CostProfile, estimate_commit_length
 from specaudit.model import default_models
-from specaudit.run import default_prompts, encode
+from specaudit.tokenizer import default_prompts, encode
 from specaudit.runtime.engine import Request, SpecConfig, SpecEngine
 
 CONFIGS = [dict(algo=a, budget=b, topk=k, concurrency=c)

@@ -37,7 +37,7 @@ KERNELS = ("chain_accept", "tree_walk", "mask_hash", "audit_step")
 def make_inputs(B: int, N: int, seed: int, device) -> dict:
     """A random padded verify batch whose walks go deep, with honest reported counters."""
     from specaudit.runtime.verifier import accept_greedy
-    from specaudit.schema import ancestor_mask, tree_depths
+    from specaudit.trace.schema import ancestor_mask, tree_depths
     rng = np.random.default_rng(seed)
     V = 4
     parents = np.full((B, N), -1, dtype=np.int64)
@@ -85,8 +85,8 @@ def calls(dev: dict, counters):
 def host_sync(name: str, dev: dict):
     """The host-sync implementation: device -> host copies, then the runtime's numpy."""
     from specaudit.runtime.verifier import accept_greedy
-    from specaudit.schema import ancestor_mask, tree_depths
-    from specaudit.tracer import node_mask_hashes
+    from specaudit.trace.schema import ancestor_mask, tree_depths
+    from specaudit.trace.tracer import node_mask_hashes
 
     def run():
         h = {k: v.cpu().numpy() for k, v in dev.items()

@@ -33,7 +33,7 @@ RUNS = [("chain", 8, 1, 1), ("chain", 8, 1, 8), ("chain", 16, 1, 4), ("tree", 13
 
 
 def _gen_run(ds: Path, k: int, algo: str, n: int, topk: int, conc: int, seed: int) -> None:
-    from specaudit.synth import write_synthetic_dataset
+    from specaudit.trace.synth import write_synthetic_dataset
     print(f"generating {algo} n={n} topk={topk} c={conc}: {k:,} steps", file=sys.stderr, flush=True)
     write_synthetic_dataset(ds, k, n_nodes=n, algo=algo, seed=seed, topk=topk, concurrency=conc,
                             run_id=f"bench-{algo}-n{n}-k{topk}-c{conc}", max_new_tokens=256)
@@ -88,8 +88,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="runs per query; the slowest counts (default 1)")
     args = ap.parse_args(argv)
 
-    from specaudit import query as Q
-    from specaudit.report import build_report
+    from specaudit.postmortem import views as Q
+    from specaudit.postmortem.report import build_report
 
     if args.dataset:
         ds, gen_s = Path(args.dataset), 0.0
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
 
     findings, check_s = None, None
     if args.check:
-        from specaudit.check import check_paths
+        from specaudit.audit.check import check_paths
         t0 = time.time()
         res = check_paths(paths)
         check_s = time.time() - t0

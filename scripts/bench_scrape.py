@@ -169,7 +169,7 @@ def main(argv=None) -> int:
         print("bench_scrape.py: error: --pairs, --phase-seconds, --hz and --concurrency must be positive",
               file=sys.stderr)
         return 2
-    from specaudit.run import default_prompts
+    from specaudit.tokenizer import default_prompts
     proc = None
     url = args.url
     try:

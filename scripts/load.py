@@ -41,7 +41,7 @@ def percentiles(xs: list[float]) -> dict:
 
 
 def load_prompt_texts(path: str | None) -> list[str]:
-    from specaudit.run import default_prompts, load_prompts
+    from specaudit.tokenizer import default_prompts, load_prompts
     return load_prompts(path) if path else default_prompts()
 
 

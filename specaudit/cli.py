@@ -16,8 +16,8 @@ import importlib
 import pkgutil
 import sys
 
-from . import __version__
-from .schema import InputError
+from specaudit import __version__
+from specaudit.trace.schema import InputError
 
 EPILOG = """\
 exit codes: 0 clean, 1 violations or findings, 2 usage or input error
@@ -27,7 +27,7 @@ docs:        specaudit COMMAND --help;  specaudit rules (the invariant catalog)
 
 
 def command_modules():
-    from . import commands
+    from specaudit import commands
     mods = []
     for info in pkgutil.iter_modules(commands.__path__):
         if info.name.startswith("_"):

@@ -5,91 +5,15 @@ do the tests, the demo, the A/B tool and the benchmarks.
 """
 from __future__ import annotations
 
-import json
-import os
-import platform
 import secrets
-import socket
-import sys
 import time
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
-from . import __version__
-from .schema import SCHEMA_VERSION, InputError
-
-
-def default_prompts() -> list[str]:
-    """The embedded held-out prompts (source code the models never trained on)."""
-    text = resources.files("specaudit").joinpath("data/prompts.jsonl").read_text()
-    return [json.loads(line)["prompt"] for line in text.splitlines() if line.strip()]
-
-
-def load_prompts(path) -> list[str]:
-    """JSONL ({"prompt": ...} or a JSON string per line) or plain text, one prompt a line."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(p, "prompts file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(p, f"cannot read prompts: {e}") from None
-    out = []
-    for i, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        if p.suffix in (".jsonl", ".json"):
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise InputError(p, f"line {i} is not JSON ({e.msg})") from None
-            if isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
-                out.append(obj["prompt"])
-            elif isinstance(obj, str):
-                out.append(obj)
-            else:
-                raise InputError(p, f"line {i}: expected a string or an object with \"prompt\"")
-        else:
-            out.append(line)
-    if not out:
-        raise InputError(p, "no prompts in file")
-    return out
-
-
-def encode(text: str) -> list[int]:
-    return list(text.encode("utf-8"))
-
-
-def decode(tokens) -> str:
-    return bytes(t for t in tokens if 0 < t < 256).decode("utf-8", errors="replace")
-
-
-def set_torch_threads(threads: int) -> None:
-    """Set torch's intra-op threads (process-wide), refusing a count below 1."""
-    if threads < 1:
-        raise InputError(None, f"--threads must be at least 1 (got {threads})")
-    import torch
-    torch.set_num_threads(threads)
-
-
-def host_info(device: str) -> dict:
-    import torch
-    info = {"hostname": socket.gethostname(), "platform": platform.platform(),
-            "python": sys.version.split()[0], "torch": torch.__version__,
-            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
-    if device.startswith("cuda") and torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name()
-    return info
-
-
-def check_device(device: str, dtype: str) -> None:
-    """Refuse a CUDA device on a machine without one, or an unknown dtype."""
-    import torch
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise InputError(None, f"--device {device}: CUDA is not available on this machine")
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise InputError(None, f"--dtype must be float32, bfloat16 or float16, not {dtype!r}")
+from specaudit import __version__
+from specaudit.runtime.host import check_device, host_info, set_torch_threads
+from specaudit.tokenizer import default_prompts, encode, load_prompts
+from specaudit.trace.schema import SCHEMA_VERSION, InputError
 
 
 def reference_manifest(run_id: str, models_info: dict, cfg, *, dtype: str, device: str, seed: int,
@@ -145,11 +69,11 @@ def run_traced(*, algo="chain", budget=7, topk=1, concurrency=1, num_prompts=8, 
     """
     import torch
 
-    from .model import EOS_ID, default_models
-    from .runtime.engine import Request, SpecConfig, SpecEngine, greedy_generate
-    from .runtime.faults import get_fault
-    from .store import ParquetSink, prepare_run_dir
-    from .tracer import Tracer
+    from specaudit.model import EOS_ID, default_models
+    from specaudit.runtime.engine import Request, SpecConfig, SpecEngine, greedy_generate
+    from specaudit.runtime.faults import get_fault
+    from specaudit.trace.parquet import ParquetSink, prepare_run_dir
+    from specaudit.trace.tracer import Tracer
 
     check_device(device, dtype)
     if num_prompts < 1:

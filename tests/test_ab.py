@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from specaudit.ab import (
+from specaudit.audit.ab import (
     confounding_warnings,
     format_text,
     parse_arm,
@@ -16,9 +16,9 @@ from specaudit.ab import (
     verdict,
 )
 from specaudit.cli import main
-from specaudit.diff import diff_runs
-from specaudit.run import default_prompts
-from specaudit.schema import discover
+from specaudit.audit.diff import diff_runs
+from specaudit.tokenizer import default_prompts
+from specaudit.trace.schema import discover
 
 
 def test_parse_arm_uses_run_options():
@@ -128,7 +128,7 @@ def cli(capsys, *argv):
 
 @pytest.mark.parametrize("extra,needle", [
     (["--a=--num-prompts 2"], "--a: unrecognized arguments"),
-    (["--a=--device tpu"], "--a: --device must be cpu or cuda"),
+    (["--a=--device tpu"], "--a: --device 'tpu' is not a device torch knows"),
     (["--repeats", "0"], "--repeats must be at least 1"),
     (["--vary", "colour"], "--vary colour: not a setting"),
     (["--num-prompts", "0"], "--num-prompts"),
@@ -206,7 +206,7 @@ def test_stale_draft_is_worse_and_confounders_warned(tmp_path, models):
 
 def test_cli_ab_end_to_end(capsys, tmp_path, monkeypatch, models):
     """The CLI wiring, with the session's models instead of a second load."""
-    from specaudit import ab
+    from specaudit.audit import ab
     monkeypatch.setattr(ab, "_default_loader", lambda: (lambda device, dtype: models))
     code, out, err = cli(capsys, "--a=--max-new-tokens 12", "--b=--max-new-tokens 12 --algo tree --topk 1",
                          "--num-prompts", "2", "--repeats", "1", "--bootstrap", "200", "--out", tmp_path / "ab",

@@ -10,12 +10,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from specaudit.check import check_paths
+from specaudit.audit.check import check_paths
 from specaudit.cli import main as cli
 from specaudit.invariants.fixtures import FixtureRun
 from specaudit.runtime.faults import FAULTS
-from specaudit.schema import STEPS_SCHEMA
-from specaudit.synth import synth_run_rows, write_run
+from specaudit.trace.schema import STEPS_SCHEMA
+from specaudit.trace.synth import synth_run_rows, write_run
 
 # the code each runtime fault must raise (other codes may fire too: a lying counter
 # usually breaks an aggregate as well)

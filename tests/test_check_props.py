@@ -9,11 +9,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specaudit.check import check_tables
-from specaudit.check_reference import check_rows
+from specaudit.audit.check import check_tables
+from specaudit.audit.reference import check_rows
 from specaudit.invariants.fixtures import FixtureRun, _table
-from specaudit.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
-from specaudit.synth import synth_run_rows
+from specaudit.trace.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
+from specaudit.trace.synth import synth_run_rows
 
 # SPECAUDIT_EXAMPLES=2000 for a long hunt; CI keeps it short
 SETTINGS = settings(max_examples=int(os.environ.get("SPECAUDIT_EXAMPLES", 40)), deadline=None,

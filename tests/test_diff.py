@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from specaudit.cli import main
-from specaudit.diff import CLASSES, EXPLAIN, diff_runs
-from specaudit.schema import (
+from specaudit.audit.diff import CLASSES, EXPLAIN, diff_runs
+from specaudit.trace.schema import (
     REQUESTS_SCHEMA,
     STEPS_SCHEMA,
     InputError,

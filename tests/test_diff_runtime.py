@@ -18,7 +18,7 @@ import json
 import pytest
 
 from specaudit.cli import main
-from specaudit.diff import diff_runs
+from specaudit.audit.diff import diff_runs
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specaudit import cli
-from specaudit.estimate import (CONSISTENT, INCONSISTENT, NOT_ENOUGH_DATA, CostEntry, CostProfile,
+from specaudit.audit.estimate import (CONSISTENT, INCONSISTENT, NOT_ENOUGH_DATA, CostEntry, CostProfile,
                                 estimate_commit_length, observation_from_load_json, verdict)
-from specaudit.schema import InputError
+from specaudit.trace.schema import InputError
 
 FIX = __import__("pathlib").Path(__file__).parent / "fixtures" / "engines"
 

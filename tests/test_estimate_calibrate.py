@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from specaudit import cli
-from specaudit.calibrate import algo_for, measure_profile, plain_steps, profile_from_traces
-from specaudit.estimate import CostProfile, observations_from_traces
+from specaudit.audit.calibrate import algo_for, measure_profile, plain_steps, profile_from_traces
+from specaudit.audit.estimate import CostProfile, observations_from_traces
 from specaudit.model import GPT, BlockDrafter, DrafterConfig, GPTConfig
-from specaudit.synth import synth_run_rows, write_run
+from specaudit.trace.synth import synth_run_rows, write_run
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,10 @@ import textwrap
 
 import pytest
 
-from specaudit.check import check_paths
+from specaudit.audit.check import check_paths
 from specaudit.invariants import DEFINED, Rule, RuleError, all_rules, get_rule, load_rules
 from specaudit.invariants.fixtures import FixtureRun
-from specaudit.schema import InputError
+from specaudit.trace.schema import InputError
 
 TRACE_RULES = [r for r in all_rules() if r.scope != "source"]
 

@@ -23,8 +23,8 @@ from specaudit.runtime.engine import cut_commit
 from specaudit.runtime.metrics import SpecMetrics
 from specaudit.runtime.proposer import Draft
 from specaudit.runtime.verifier import accept_greedy, build_batch
-from specaudit.schema import ancestor_mask
-from specaudit.schema import mask_hash as np_mask_hash
+from specaudit.trace.schema import ancestor_mask
+from specaudit.trace.schema import mask_hash as np_mask_hash
 
 PROP = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

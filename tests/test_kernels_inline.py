@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from specaudit.kernels import RULES, InlineAuditor, as_uint64
 from specaudit.kernels.audit import NUM_COUNTERS
-from specaudit.tracer import node_mask_hashes
+from specaudit.trace.tracer import node_mask_hashes
 from test_kernels import engine_step, make_batch
 
 
@@ -146,7 +146,7 @@ ENGINE_CASES = [
 def test_engine_inline_audit_catches_each_fault(models, fault, algo, rule, backend):
     """SpecEngine with engine.auditor set: a clean run never flags; each fault's rule
     counts violations; the on-device mask hash equals the tracer's for every step."""
-    from specaudit.run import default_prompts, encode
+    from specaudit.tokenizer import default_prompts, encode
     from specaudit.runtime.engine import Request, SpecConfig, SpecEngine
     target, drafter, _ = models
     # EOS = newline; eos-overcount needs an EOS inside an accepted commit: 4 x 40 tokens

@@ -11,8 +11,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from specaudit.otel import OtelSink, env_requests_otel, provider_from_env, sampled
-from specaudit.synth import synth_run_rows
+from specaudit.trace.otel_sink import OtelSink, env_requests_otel, provider_from_env, sampled
+from specaudit.trace.synth import synth_run_rows
 
 
 def memory_provider():

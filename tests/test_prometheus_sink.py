@@ -13,9 +13,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from specaudit.prom import INLINE_CODES, INLINE_RULES, PromSink, inline_violations
-from specaudit.schema import STEPS_SCHEMA, tree_depths
-from specaudit.synth import synth_run_rows
+from specaudit.trace.prom_sink import INLINE_CODES, INLINE_RULES, PromSink, inline_violations
+from specaudit.trace.schema import STEPS_SCHEMA, tree_depths
+from specaudit.trace.synth import synth_run_rows
 
 CODE = {name: code for code, name, _ in INLINE_RULES}
 
@@ -224,7 +224,7 @@ def test_counters_equal_sums_over_the_rows(algo):
 def test_bulk_histogram_update_equals_one_observe_per_value():
     from prometheus_client import Histogram
 
-    from specaudit.prom import DURATION_BUCKETS, _observe
+    from specaudit.trace.prom_sink import DURATION_BUCKETS, _observe
     rng = np.random.default_rng(0)
     vals = np.concatenate([rng.exponential(0.05, 300), list(DURATION_BUCKETS[:4]), [0.0, 99.0]])
     r1, r2 = CollectorRegistry(), CollectorRegistry()
@@ -301,7 +301,7 @@ def test_runtime_faults_light_up_live(small_run, fault, algo, codes):
 def test_inline_rules_agree_with_the_checker_on_its_own_fixtures(code):
     """Each catalog rule's own failing fixture: the live rules flag exactly the (request,
     step, code) triples that `specaudit check` reports, for every inline code."""
-    from specaudit.check import check_tables
+    from specaudit.audit.check import check_tables
     from specaudit.invariants.fixtures import FixtureRun
     from specaudit.invariants.registry import get_rule
 
@@ -325,7 +325,7 @@ def test_fast_exposition_equals_generate_latest():
     with labels (sorted, escaped), histograms with labels, and children added later."""
     from prometheus_client import Counter, Histogram
 
-    from specaudit.prom import FastExposition
+    from specaudit.trace.prom_sink import FastExposition
     steps, reqs, manifest = synth_run_rows(n_requests=12, algo="tree", seed=1)
     reg = CollectorRegistry()
     sink = PromSink(reg)

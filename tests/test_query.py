@@ -19,10 +19,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from specaudit import query as Q
+from specaudit.postmortem import views as Q
 from specaudit.cli import main as cli_main
-from specaudit.findings import Finding
-from specaudit.schema import tree_depths
+from specaudit.audit.findings import Finding
+from specaudit.trace.schema import tree_depths
 
 pytest.importorskip("duckdb")
 
@@ -33,7 +33,7 @@ pytest.importorskip("duckdb")
 def synth_ds(tmp_path_factory):
     """Contract-valid runs: a chain, a branching tree, a ragged tree and a tree of 81 nodes
     (past the 64-node bit-set fast path of the nodes view and the calibration query)."""
-    from specaudit.synth import synth_run_rows, write_run
+    from specaudit.trace.synth import synth_run_rows, write_run
     out = tmp_path_factory.mktemp("qsynth")
     runs = {}
     for kw in (dict(algo="chain", budget=7, seed=1, run_id="chainA", concurrency=1),
@@ -481,7 +481,7 @@ def test_violations_view_runs_the_checker_only_when_named(synth_ds, capsys, monk
 
 def test_real_checker_feeds_the_violations_view(tmp_path, capsys):
     """A run whose reported counter lies: the checker's error shows up in violations_by_code."""
-    from specaudit.synth import synth_run_rows, write_run
+    from specaudit.trace.synth import synth_run_rows, write_run
     steps, reqs, man = synth_run_rows(6, algo="chain", budget=7, seed=5, run_id="liar")
     man["reported"]["mean_accepted_depth"] = 7.0
     write_run(tmp_path, steps, reqs, man)

@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specaudit import query as Q
+from specaudit.postmortem import views as Q
 from specaudit.cli import main as cli_main
-from specaudit.findings import Finding
-from specaudit.report import PLOTS, PX_H, PX_W, build_report
+from specaudit.audit.findings import Finding
+from specaudit.postmortem.report import PLOTS, PX_H, PX_W, build_report
 
 STEMS = [p[0] for p in PLOTS]
 
@@ -32,7 +32,7 @@ STEMS = [p[0] for p in PLOTS]
 @pytest.fixture(scope="module")
 def synth_ds(tmp_path_factory):
     """A clean chain run and a tree run whose reported mean accepted depth lies (7.0)."""
-    from specaudit.synth import synth_run_rows, write_run
+    from specaudit.trace.synth import synth_run_rows, write_run
     out = tmp_path_factory.mktemp("rsynth")
     s, r, m = synth_run_rows(10, algo="chain", budget=7, seed=11, run_id="good-chain", max_new_tokens=40)
     write_run(out, s, r, m)
@@ -44,7 +44,7 @@ def synth_ds(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def report(synth_ds, tmp_path_factory):
-    from specaudit.check import check_paths
+    from specaudit.audit.check import check_paths
     res = check_paths([str(synth_ds)])
     out = tmp_path_factory.mktemp("report")
     path = build_report([synth_ds], out, findings=res.findings, summary=res.summary())
@@ -258,7 +258,7 @@ def test_chromium_check_catches_a_broken_image(report, tmp_path):
 
 def test_report_on_real_runs(clean_dataset, tmp_path):
     """The embedded models' clean runs: checker clean, every reported counter matches its rows."""
-    from specaudit.check import check_paths
+    from specaudit.audit.check import check_paths
     ds, results = clean_dataset
     res = check_paths([str(ds)])
     path = build_report([ds], tmp_path / "r", findings=res.findings, summary=res.summary())

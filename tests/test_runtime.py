@@ -10,7 +10,7 @@ from conftest import CLEAN_CONFIGS
 from specaudit.runtime.engine import SpecConfig, cut_commit
 from specaudit.runtime.proposer import propose_chain, propose_tree
 from specaudit.runtime.verifier import accept_greedy, build_batch
-from specaudit.schema import ancestor_mask, mask_hash, tree_depths
+from specaudit.trace.schema import ancestor_mask, mask_hash, tree_depths
 
 
 def steps_of(res):
@@ -204,10 +204,10 @@ def test_cached_forward_equals_full_forward(models):
 
 def test_continuous_batching_and_abort(models, tmp_path):
     """Requests join a running batch between steps; an aborted one is closed as abort."""
-    from specaudit.run import default_prompts, encode
+    from specaudit.tokenizer import default_prompts, encode
     from specaudit.runtime.engine import Request, SpecEngine
-    from specaudit.store import ParquetSink
-    from specaudit.tracer import Tracer
+    from specaudit.trace.parquet import ParquetSink
+    from specaudit.trace.tracer import Tracer
 
     target, drafter, _ = models
     tr = Tracer([ParquetSink(tmp_path, "cb")], {"schema_version": 1}, "cb")

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from specaudit.run import decode, encode
+from specaudit.tokenizer import decode, encode
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = "def fibonacci(n):\n    "
@@ -38,8 +38,8 @@ def otel_memory():
 
 @pytest.fixture(scope="module")
 def server(models, tmp_path_factory, otel_memory):
-    from specaudit.otel import OtelSink
-    from specaudit.serve import SpecServer
+    from specaudit.trace.otel_sink import OtelSink
+    from specaudit.serve.server import SpecServer
     out = tmp_path_factory.mktemp("serve-traces")
     srv = SpecServer(trace_dir=out, models=models, port=0, concurrency=8, max_new_tokens=200,
                      otel=OtelSink(otel_memory[0], ratio=1.0), flush_s=0.5)
@@ -235,7 +235,7 @@ def test_load_and_scrape_scripts_end_with_one_json_line(server):
 
 def test_trace_of_the_served_run_passes_the_checker(server, tmp_path):
     """Last in this module: closes the server and checks what it wrote."""
-    from specaudit.check import check_paths
+    from specaudit.audit.check import check_paths
     post(server, {"prompt": PROMPT, "max_tokens": 20})
     m = server.close()
     rep = m["reported"]
@@ -295,7 +295,7 @@ class ScriptedEngine:
 
 @pytest.fixture
 def scripted(models, tmp_path):
-    from specaudit.serve import SpecServer
+    from specaudit.serve.server import SpecServer
 
     def make(chunks, slots=2, step_s=0.0):
         srv = SpecServer(trace_dir=tmp_path, models=models, port=0, concurrency=slots, max_new_tokens=64,
@@ -379,9 +379,9 @@ def test_shutdown_ends_running_streams_as_abort(scripted):
 def test_live_estimator_feeds_the_commit_length_gauges():
     from prometheus_client import CollectorRegistry
 
-    from specaudit.estimate import estimate_commit_length
-    from specaudit.prom import PromSink
-    from specaudit.serve import LiveEstimator
+    from specaudit.audit.estimate import estimate_commit_length
+    from specaudit.trace.prom_sink import PromSink
+    from specaudit.serve.server import LiveEstimator
 
     class Counters:                      # the engine's SpecMetrics, as far as the estimator reads it
         verify_steps = 0
@@ -418,8 +418,8 @@ def test_live_estimator_feeds_the_commit_length_gauges():
 def test_live_estimator_baseline_is_the_profiles_t_ar():
     """The gauge's baseline from a calibration profile is the one `specaudit estimate`
     uses (mean over N at c, linear between grid points), clamped to the grid's ends."""
-    from specaudit.estimate import CostEntry, CostProfile, profile_t_ar
-    from specaudit.serve import LiveEstimator
+    from specaudit.audit.estimate import CostEntry, CostProfile, profile_t_ar
+    from specaudit.serve.server import LiveEstimator
     prof = CostProfile([CostEntry(r=1.2, n_nodes=4, concurrency=1, t_ar_s=0.010),
                         CostEntry(r=1.4, n_nodes=8, concurrency=1, t_ar_s=0.012),
                         CostEntry(r=1.3, n_nodes=4, concurrency=8, t_ar_s=0.020),

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specaudit.invariants import all_rules
-from specaudit.schema import InputError
-from specaudit.sources import audit_file, detect, read_source
+from specaudit.trace.schema import InputError
+from specaudit.audit.sources import audit_file, detect, read_source
 
 FIX = Path(__file__).parent / "fixtures" / "engines"
 

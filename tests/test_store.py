@@ -17,10 +17,10 @@ import torch
 
 from conftest import mask_hash_vectors
 from specaudit.model import sha256_file, weights_dir
-from specaudit.schema import (REPORTED_KEYS, REQUESTS_SCHEMA, STEPS_SCHEMA, InputError, discover,
+from specaudit.trace.schema import (REPORTED_KEYS, REQUESTS_SCHEMA, STEPS_SCHEMA, InputError, discover,
                               mask_hash, mask_hash_from_parents, read_manifest)
-from specaudit.store import ParquetSink
-from specaudit.tracer import Tracer
+from specaudit.trace.parquet import ParquetSink
+from specaudit.trace.tracer import Tracer
 
 
 def test_layout_and_manifest(clean_dataset):

@@ -8,10 +8,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from specaudit.check import check_paths
-from specaudit.check_reference import check_rows
-from specaudit.schema import REQUESTS_SCHEMA, STEPS_SCHEMA, mask_hash_from_parents, tree_depths
-from specaudit.synth import synth_run_rows, write_synthetic_dataset
+from specaudit.audit.check import check_paths
+from specaudit.audit.reference import check_rows
+from specaudit.trace.schema import REQUESTS_SCHEMA, STEPS_SCHEMA, mask_hash_from_parents, tree_depths
+from specaudit.trace.synth import synth_run_rows, write_synthetic_dataset
 
 
 @pytest.mark.parametrize("algo,ragged,eos_id", [("chain", False, 0), ("chain", True, 10), ("tree", False, 0),

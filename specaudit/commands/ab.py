@@ -55,8 +55,8 @@ def add_arguments(p) -> None:
 
 
 def main(args) -> int:
-    from ..ab import format_text, parse_arm, run_ab, stderr_log
-    from ..run import default_prompts, load_prompts
+    from specaudit.audit.ab import format_text, parse_arm, run_ab, stderr_log
+    from specaudit.run import default_prompts, load_prompts
 
     if args.num_prompts < 1:
         raise ValueError(f"--num-prompts must be at least 1 (got {args.num_prompts})")

@@ -34,6 +34,7 @@ def _ints(s: str) -> tuple[int, ...]:
 
 
 def add_arguments(p) -> None:
+    from specaudit.runtime.options import add_host_arguments
     p.add_argument("--out", metavar="FILE", required=True, help="profile JSON to write")
     g = p.add_argument_group("how (default: measure on the reference runtime)")
     g.add_argument("--cost-factor", type=float, help="write a hand-given r for every (N, c)")
@@ -45,31 +46,25 @@ def add_arguments(p) -> None:
     g.add_argument("--concurrency", default="1,4,8", help="concurrency levels, comma-separated (default 1,4,8)")
     g.add_argument("--repeats", type=int, default=3, help="measurements per (N, c), on different prompts (default 3)")
     g.add_argument("--max-new-tokens", type=int, default=96, help="tokens decoded per measurement (default 96)")
-    g.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    g.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: torch's); calibrate with the thread count the runs use")
+    add_host_arguments(g, dtype=False)  # --threads defaults to 1, as in run and serve
     p.add_argument("--json", action="store_true", help="also print the profile as JSON")
 
 
 def main(args) -> int:
-    from ..estimate import CostProfile
+    from specaudit.runtime.options import apply_host_options
+    from specaudit.audit.estimate import CostProfile
     if sum(x is not None for x in (args.cost_factor, args.from_traces)) > 1:
         raise ValueError("give at most one of --cost-factor and --from-traces")
     if args.cost_factor is not None:
         prof = CostProfile.manual(args.cost_factor, args.cost_factor_std)
     elif args.from_traces:
-        from ..calibrate import profile_from_traces
+        from specaudit.audit.calibrate import profile_from_traces
         prof = profile_from_traces(args.from_traces, device=args.device)
     else:
         import torch
 
-        from ..calibrate import measure_profile
-        if args.threads is not None:
-            if args.threads < 1:
-                raise ValueError(f"--threads must be at least 1 (got {args.threads})")
-            torch.set_num_threads(args.threads)
-        if args.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"--device {args.device}: CUDA is not available on this machine")
+        from specaudit.audit.calibrate import measure_profile
+        apply_host_options(args)
         n_grid, c_grid = _ints(args.n_nodes), _ints(args.concurrency)
         show = sys.stderr.isatty()
 

@@ -71,15 +71,15 @@ def is_trace_path(p: Path) -> bool:
 def audit_sources(files, source, select, ignore, result) -> None:
     """Engine logs / metrics text through specaudit.sources, into the same result."""
     try:
-        from ..sources import audit_file
+        from specaudit.audit.sources import audit_file
     except ImportError as e:
         for f in files:
-            from ..check import result_bad
+            from specaudit.audit.check import result_bad
             result_bad(result, f, f"not a trace file, and the engine-log readers (specaudit.sources) "
                                   f"are not available: {e}")
         return
-    from ..check import result_bad
-    from ..schema import InputError
+    from specaudit.audit.check import result_bad
+    from specaudit.trace.schema import InputError
     for f in files:
         try:
             found = audit_file(f, source=source, select=select, ignore=ignore)
@@ -96,8 +96,8 @@ def audit_sources(files, source, select, ignore, result) -> None:
 
 def run_check(args):
     """The check as the CLI runs it -> (CheckResult, rendered report)."""
-    from ..check import CheckResult, check_paths, result_bad
-    from ..check_formats import format_findings
+    from specaudit.audit.check import CheckResult, check_paths, result_bad
+    from specaudit.audit.formats import format_findings
     select, ignore = _codes(args.select), _codes(args.ignore)
     paths = [Path(p) for p in args.paths]
     traces, logs = [], []
@@ -114,7 +114,7 @@ def run_check(args):
         res = check_paths(traces, select=select, ignore=ignore, invariants_dirs=args.invariants,
                           entry_points=not args.no_entry_points, max_per_code=args.max_per_code)
     else:
-        from ..invariants import load_rules
+        from specaudit.invariants import load_rules
         load_rules(dirs=args.invariants, entry_points=not args.no_entry_points)
         res = CheckResult(max_per_code=args.max_per_code)
     if logs:
@@ -138,7 +138,7 @@ def main(args) -> int:
             print("specaudit check: error: nothing to check", file=sys.stderr)
         return 2
     if args.output:
-        from ..schema import atomic_write_bytes
+        from specaudit.trace.schema import atomic_write_bytes
         try:
             atomic_write_bytes(Path(args.output), text.encode())
         except OSError as e:

@@ -31,28 +31,31 @@ def add_arguments(p) -> None:
     p.add_argument("--num-prompts", type=int, default=4, help="prompts per run (default 4)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens per request (default 128)")
     p.add_argument("--keep", action="store_true", help="keep an existing demo folder's traces (default: replace)")
+    from specaudit.runtime.options import add_host_arguments
+    add_host_arguments(p.add_argument_group("machine"))
 
 
 def main(args) -> int:
     import torch
 
-    from ..check import check_paths
-    from ..check_formats import format_findings
-    from ..model import default_models
-    from ..report import build_report
-    from ..run import run_traced
-    from .run import print_summary
+    from specaudit.audit.check import check_paths
+    from specaudit.audit.formats import format_findings
+    from specaudit.model import default_models
+    from specaudit.postmortem.report import build_report
+    from specaudit.run import run_traced
+    from specaudit.commands.run import print_summary
 
-    torch.set_num_threads(1)
+    from specaudit.runtime.options import apply_host_options
+    apply_host_options(args)
     out = Path(args.out)
     traces, injected = out / "traces", out / "injected"
     for d in (traces, injected):
         if d.exists() and not args.keep:
             shutil.rmtree(d)
     t0 = time.time()
-    models = default_models()
+    models = default_models(args.device, getattr(torch, args.dtype))
     common = dict(num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, oracle=True,
-                  models=models, progress=sys.stderr.isatty())
+                  models=models, device=args.device, dtype=args.dtype, progress=sys.stderr.isatty())
 
     _head(f"1. speculative decoding on the embedded models -> {traces}/")
     runs = [run_traced(algo="chain", budget=7, topk=1, out=traces, **common),
@@ -72,7 +75,7 @@ def main(args) -> int:
     print(format_findings(bad.findings, "text", counts=bad.counts, summary=bad.summary(), examples=1), end="")
 
     _head("4. reported commit length against measured throughput")
-    _estimate(runs[0], bad_run, models, args.max_new_tokens)
+    _estimate(runs[0], bad_run, models, args.max_new_tokens, args.device)
 
     _head("5. report")
     report = build_report([traces, injected], out / "report", findings=clean.findings + bad.findings,
@@ -86,7 +89,7 @@ def _head(text: str) -> None:
     print(f"\n== {text}", flush=True)
 
 
-def _estimate(clean_run, bad_run, models, max_new_tokens: int) -> None:
+def _estimate(clean_run, bad_run, models, max_new_tokens: int, device: str = "cpu") -> None:
     """Throughput-derived commit length for both chain runs, as `specaudit calibrate` then
     `specaudit estimate traces/ --profile cost.json --baseline-from-profile` would do.
 
@@ -95,10 +98,11 @@ def _estimate(clean_run, bad_run, models, max_new_tokens: int) -> None:
     time t_ar; it knows nothing of either run's acceptance. Each run's observed tokens/s
     comes from its own trace (steady-state decode steps, not the counters under audit).
     """
-    from ..calibrate import measure_profile
-    from ..estimate import estimate_commit_length, observations_from_traces, profile_t_ar, verdict
+    from specaudit.audit.calibrate import measure_profile
+    from specaudit.audit.estimate import estimate_commit_length, observations_from_traces, profile_t_ar, verdict
 
-    prof = measure_profile(models=models, n_grid=(8,), c_grid=(1,), repeats=3, max_new_tokens=max_new_tokens)
+    prof = measure_profile(models=models, n_grid=(8,), c_grid=(1,), repeats=3, max_new_tokens=max_new_tokens,
+                           device=device)
     r, r_std = prof.lookup(8, 1)
     base_tps = 1 / profile_t_ar(prof, 1)
     print(f"calibrated: plain decode {base_tps:.1f} tokens/s; cost factor r(N=8, c=1) = {r:.2f} +/- {r_std:.2f}")

@@ -43,7 +43,7 @@ def add_arguments(p) -> None:
 
 
 def main(args) -> int:
-    from ..diff import DEFAULT_MARGIN_TOL, diff_runs, format_text
+    from specaudit.audit.diff import DEFAULT_MARGIN_TOL, diff_runs, format_text
 
     if args.examples < 0:
         raise ValueError(f"--examples must be >= 0 (got {args.examples})")

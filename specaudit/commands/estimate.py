@@ -93,8 +93,8 @@ def _is_load_json(path: Path) -> bool:
 
 def observations_from_reading(reading, concurrency=None):
     """One Observation from an engine log or scrape: mean throughput over its windows."""
-    from ..estimate import Observation
-    from ..schema import InputError
+    from specaudit.audit.estimate import Observation
+    from specaudit.trace.schema import InputError
     ws = [w for w in reading.windows if w.gen_tps is not None and w.gen_tps > 0 and not w.extra.get("counter_reset")]
     if concurrency is not None:
         ws = [w for w in ws if w.concurrency is not None and round(w.concurrency) == concurrency]
@@ -123,12 +123,12 @@ def observations_from_reading(reading, concurrency=None):
 
 
 def gather(args) -> list:
-    from ..estimate import Observation, observation_from_load_json, observations_from_traces
-    from ..schema import InputError
+    from specaudit.audit.estimate import Observation, observation_from_load_json, observations_from_traces
+    from specaudit.trace.schema import InputError
     if args.load:
         if args.input:
             raise ValueError("give either INPUT or --load FILE, not both")
-        from ..estimate import observation_from_load_json as _olj
+        from specaudit.audit.estimate import observation_from_load_json as _olj
         return [_olj(args.load)]
     if args.observed_tps is not None and args.input:
         raise ValueError("give either INPUT or --observed-tps, not both")
@@ -144,12 +144,12 @@ def gather(args) -> list:
         return observations_from_traces(p)
     if args.source is None and _is_load_json(p):
         return [observation_from_load_json(p)]
-    from ..sources import read_source
+    from specaudit.audit.sources import read_source
     return observations_from_reading(read_source(p, args.source), args.concurrency)
 
 
 def baseline(args, obs) -> tuple[float, float, str]:
-    from ..estimate import CostProfile, observation_from_load_json, profile_t_ar
+    from specaudit.audit.estimate import CostProfile, observation_from_load_json, profile_t_ar
     if args.baseline_tps is not None and args.baseline:
         raise ValueError("give either --baseline-tps or --baseline FILE, not both")
     if args.baseline:
@@ -166,7 +166,7 @@ def baseline(args, obs) -> tuple[float, float, str]:
 
 
 def cost(args, obs) -> tuple[float, float, str]:
-    from ..estimate import CostProfile
+    from specaudit.audit.estimate import CostProfile
     if args.cost_factor is not None and args.profile:
         raise ValueError("give either --cost-factor or --profile, not both")
     if args.cost_factor is not None:
@@ -186,7 +186,7 @@ def cost(args, obs) -> tuple[float, float, str]:
 
 
 def main(args) -> int:
-    from ..estimate import CONSISTENT, INCONSISTENT, NOT_ENOUGH_DATA, estimate_commit_length, verdict
+    from specaudit.audit.estimate import CONSISTENT, INCONSISTENT, NOT_ENOUGH_DATA, estimate_commit_length, verdict
     if not (0 <= args.tolerance < 1):
         raise ValueError(f"--tolerance must be in [0, 1), got {args.tolerance}")
     if args.reported_commit_len is not None and args.reported_accept_depth is not None:

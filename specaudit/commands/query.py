@@ -101,7 +101,7 @@ def split_args(args: list[str], sql_file: str | None):
     if NAME_RE.match(last):
         return paths, None, last.replace("-", "_")
     if not _looks_like_sql(last) and ("/" in last or last.endswith((".parquet", ".json"))):
-        from ..schema import InputError
+        from specaudit.trace.schema import InputError
         raise InputError(last, "no such file or folder")
     return paths, last, None
 
@@ -137,7 +137,7 @@ def _typed(v: str):
 def run_checker(paths):
     """The checker's findings and summary for these paths (the command layer composes
     the two readers: query never imports check)."""
-    from ..check import check_paths
+    from specaudit.audit.check import check_paths
     res = check_paths([str(p) for p in paths])
     summary = res.summary() if hasattr(res, "summary") else {}
     return list(res.findings), summary
@@ -298,7 +298,7 @@ def find_cli() -> str:
 def open_shell(cli: str, paths, findings, ds) -> int:
     """The duckdb CLI with the same views and settings, then its safe mode (which switches
     external access off and locks the configuration)."""
-    from .. import query as Q
+    from specaudit.postmortem import views as Q
     setup = Q.shell_setup_sql(paths, findings, dataset=ds, lock=False, duckdb_major=_cli_major(cli))
     banner = ("specaudit query: views steps, requests, runs, nodes, violations; read-only, offline "
               "(safe mode). .quit to leave.")
@@ -350,7 +350,7 @@ def _probe_safe_mode(cli: str) -> None:
 # -------------------------------------------------------------------------- main
 
 def main(args) -> int:
-    from .. import query as Q
+    from specaudit.postmortem import views as Q
 
     if args.list:
         print(Q.describe_canned())

@@ -29,13 +29,13 @@ def add_arguments(p) -> None:
 
 
 def main(args) -> int:
-    from ..report import build_report
-    from ..schema import discover
+    from specaudit.postmortem.report import build_report
+    from specaudit.trace.schema import discover
 
     discover(args.paths)                 # bad paths fail here, before the checker runs
     findings = summary = None
     if not args.no_check:
-        from ..check import check_paths
+        from specaudit.audit.check import check_paths
         res = check_paths(args.paths)
         findings, summary = list(res.findings), res.summary()
     path = build_report(args.paths, args.out, findings=findings, summary=summary,

@@ -41,7 +41,7 @@ def describe(rule) -> str:
 
 
 def main(args) -> int:
-    from ..invariants import load_rules
+    from specaudit.invariants import load_rules
     rules = load_rules(dirs=args.invariants, entry_points=not args.no_entry_points)
     code = (args.code or "").strip().upper()
     if code:

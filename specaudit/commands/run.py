@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ..options import add_runtime_arguments, resolve_topk
+from specaudit.runtime.options import add_runtime_arguments, apply_host_options, resolve_topk
 
 HELP = "run the reference runtime (chain or tree) and write a trace dataset"
 ORDER = 10
@@ -49,12 +49,13 @@ def print_summary(s: dict, file=None) -> None:
 
 def main(args) -> int:
     if args.list_faults:
-        from ..runtime.faults import describe_faults
+        from specaudit.runtime.faults import describe_faults
         print(describe_faults())
         return 0
     if not args.out:
         raise ValueError("--out DIR is required (the dataset folder)")
-    from ..run import run_traced
+    apply_host_options(args)
+    from specaudit.run import run_traced
     res = run_traced(threads=args.threads, algo=args.algo, budget=args.budget, topk=resolve_topk(args),
                      concurrency=args.concurrency, num_prompts=args.num_prompts,
                      max_new_tokens=args.max_new_tokens, prompts_file=args.prompts, oracle=args.oracle,

@@ -32,7 +32,7 @@ import signal
 import sys
 import threading
 
-from ..options import add_runtime_arguments, resolve_topk, set_threads
+from specaudit.runtime.options import add_runtime_arguments, apply_host_options, resolve_topk
 
 HELP = "serve the runtime over an OpenAI-compatible API with /metrics (Prometheus) and OTel spans"
 ORDER = 30
@@ -70,14 +70,14 @@ def add_arguments(p) -> None:
 
 
 def main(args) -> int:
-    from ..otel import env_requests_otel
-    from ..serve import SpecServer
+    from specaudit.trace.otel_sink import env_requests_otel
+    from specaudit.serve.server import SpecServer
 
     logging.basicConfig(level=logging.INFO, format="specaudit serve: %(message)s", stream=sys.stderr)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         logging.getLogger("specaudit.serve").warning(
             "binding %s: the API has no authentication; anyone who reaches this port can use it", args.host)
-    set_threads(args)
+    apply_host_options(args)
     if (args.cost_factor is None) != (args.baseline_tps is None) and args.calibration is None:
         raise ValueError("--baseline-tps and --cost-factor go together (or give --calibration PROFILE)")
     srv = SpecServer(trace_dir=args.trace_dir, algo=args.algo, budget=args.budget, topk=resolve_topk(args),

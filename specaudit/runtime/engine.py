@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .faults import get_fault
-from .metrics import SpecMetrics
-from .proposer import Draft, propose_chain, propose_tree
-from .verifier import accept_greedy, build_batch
+from specaudit.runtime.faults import get_fault
+from specaudit.runtime.metrics import SpecMetrics
+from specaudit.runtime.proposer import Draft, propose_chain, propose_tree
+from specaudit.runtime.verifier import accept_greedy, build_batch
 
 
 @dataclass

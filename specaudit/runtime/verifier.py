@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .proposer import Draft
+from specaudit.runtime.proposer import Draft
 
 
 @dataclass

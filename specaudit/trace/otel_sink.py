@@ -129,7 +129,7 @@ class OtelSink:
             raise ValueError(f"--otel-sample-ratio must be within 0..1 (got {ratio})")
         from opentelemetry import trace
 
-        from . import __version__
+        from specaudit import __version__
         self._own = tracer_provider is None
         self.provider = tracer_provider if tracer_provider is not None else provider_from_env()
         self.tracer = self.provider.get_tracer("specaudit", __version__)

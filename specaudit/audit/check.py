@@ -1,6 +1,6 @@
 """`specaudit check`: re-derive every counter of a trace dataset and report what lies.
 
-    from specaudit.check import check_paths
+    from specaudit.audit.check import check_paths
     res = check_paths(["traces/"], select=("SA3",), ignore=())
     res.exit_code, res.counts, res.findings[:3], res.bad_files, res.incomplete_runs
 
@@ -27,11 +27,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .findings import Finding
-from .invariants import Hits, load_rules
-from .invariants.frame import (Carry, RequestFrame, RunFrame, StepFrame, list_lengths, list_parts, list_values,
+from specaudit.audit.findings import Finding
+from specaudit.invariants import Hits, load_rules
+from specaudit.invariants.frame import (Carry, RequestFrame, RunFrame, StepFrame, list_lengths, list_parts, list_values,
                                token_mix)
-from .schema import (REQUESTS_SCHEMA, STEPS_SCHEMA, InputError, RunFiles,
+from specaudit.trace.schema import (REQUESTS_SCHEMA, STEPS_SCHEMA, InputError, RunFiles,
                      check_table_schema, discover, manifest_conventions)
 
 BATCH_ROWS = 65536          # step rows per batch: ~200 MB of numpy work at N = 8
@@ -490,7 +490,7 @@ def _reason(e: Exception) -> str:
 
 
 def result_bad(result: CheckResult, path, reason: str, run_id=None) -> None:
-    from .invariants import get_rule
+    from specaudit.invariants import get_rule
     result.bad_files.append((str(path), reason))
     rule = get_rule("SA000")
     result.add(rule.finding(run_id=run_id, file=str(path), where=str(path), reason=reason))
@@ -546,7 +546,7 @@ def check_run(rf: RunFiles, rules, result: CheckResult, batch_rows: int = BATCH_
     if reasons:
         why = "; ".join(reasons)
         result.incomplete_runs.append((rf.run_id, why))
-        from .invariants import get_rule
+        from specaudit.invariants import get_rule
         result.add(get_rule("SA001").finding(run_id=rf.run_id, file=str(rf.run_dir), reason=why))
     n_before = len(result.files_checked)
     bad_before = len(result.bad_files)

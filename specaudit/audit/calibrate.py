@@ -25,8 +25,8 @@ import time
 
 import numpy as np
 
-from .estimate import CostEntry, CostProfile
-from .schema import InputError
+from specaudit.audit.estimate import CostEntry, CostProfile
+from specaudit.trace.schema import InputError
 
 DEFAULT_N = (2, 4, 8, 9, 13, 16)
 DEFAULT_C = (1, 4, 8)
@@ -119,7 +119,7 @@ def spec_steps(target, drafter, prompts, n_nodes: int, max_new_tokens: int, devi
     requests gained tokens, so both decode at the same context: returns their walls too."""
     import torch
 
-    from .runtime.engine import Request, SpecConfig, SpecEngine
+    from specaudit.runtime.engine import Request, SpecConfig, SpecEngine
     algo, budget, topk = algo_for(n_nodes, drafter.depth)
     cfg = SpecConfig(algo=algo, budget=budget, topk=topk, max_new_tokens=max_new_tokens,
                      concurrency=len(prompts), eos_id=-1 if eos_id is None else eos_id)
@@ -152,8 +152,8 @@ def measure_profile(models=None, n_grid=DEFAULT_N, c_grid=DEFAULT_C, repeats: in
     """Measure r(N, c) on the reference runtime (see the module docstring)."""
     import torch
 
-    from .model import default_models
-    from .run import default_prompts, encode
+    from specaudit.model import default_models
+    from specaudit.tokenizer import default_prompts, encode
     if repeats < 1:
         raise ValueError(f"--repeats must be at least 1 (got {repeats})")
     target, drafter, info = models if models is not None else default_models(device)
@@ -213,8 +213,8 @@ def profile_from_traces(path, models=None, device="cpu", steps: int = 24) -> Cos
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from .model import default_models
-    from .schema import discover
+    from specaudit.model import default_models
+    from specaudit.trace.schema import discover
     runs = discover([path])
     target, drafter, info = models if models is not None else default_models(device)
     entries = []

@@ -1,7 +1,7 @@
-"""Runtime options shared by `specaudit run`, `serve` and the A/B arms of `ab`.
+"""Runtime options shared by `specaudit run`, `serve`, `calibrate`, `demo` and the A/B arms of `ab`.
 
 Kept out of specaudit/commands/ so library code (the A/B runner parses its arms with
-these) never imports the command layer.
+these) never imports the command layer. One default for --threads everywhere (1).
 """
 from __future__ import annotations
 
@@ -20,17 +20,25 @@ def add_runtime_arguments(p) -> None:
     g.add_argument("--inject", metavar="FAULT", default=None,
                    help="inject a known metric/runtime bug (see --list-faults)")
     g.add_argument("--seed", type=int, default=0, help="seed (prompt order; default 0)")
-    g.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    g.add_argument("--threads", type=int, default=1,
-                   help="torch intra-op threads on CPU (default 1: decode-sized ops on a small model "
-                        "run fastest on one thread, and extra OpenMP threads spin under contention)")
+    add_host_arguments(g)
     g.add_argument("--eos-id", type=int, default=None,
                    help="token that ends a request (default: the model's EOS, byte 0)")
 
 
-def set_threads(args) -> None:
-    from .run import set_torch_threads
+def add_host_arguments(g, dtype: bool = True) -> None:
+    """--device, --dtype and --threads, the same in every command that runs a model."""
+    g.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, or mps where torch has it")
+    if dtype:
+        g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    g.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads on CPU (default 1: decode-sized ops on a small model "
+                        "run fastest on one thread, and extra OpenMP threads spin under contention)")
+
+
+def apply_host_options(args) -> None:
+    """Check --device (and --dtype) and set --threads: one line and exit 2 on a bad value."""
+    from specaudit.runtime.host import check_device, set_torch_threads
+    check_device(args.device, getattr(args, "dtype", "float32"))
     set_torch_threads(args.threads)
 
 

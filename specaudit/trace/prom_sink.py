@@ -123,7 +123,7 @@ def _mask_hashes(P: np.ndarray, n: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
     Chains (the common case) hit a per-N cache; trees are hashed per distinct N. Both
     loop over distinct N, never over rows."""
-    from .schema import ancestor_mask, mask_hash, mask_hash_from_parents
+    from specaudit.trace.schema import ancestor_mask, mask_hash, mask_hash_from_parents
     out = np.zeros(len(n), dtype=np.uint64)
     N = P.shape[1]
     is_chain = (P == np.where(np.arange(N)[None, :] < n[:, None], np.arange(N)[None, :] - 1, -1)).all(axis=1)

@@ -1,6 +1,6 @@
 """Output formats shared by every auditing reader: text, json, junit, github, sarif.
 
-    from specaudit.check_formats import format_findings
+    from specaudit.audit.formats import format_findings
     text = format_findings(findings, "sarif", counts=None, summary={"files_checked": 1})
 
 `findings` is a list of specaudit.findings.Finding; `counts` (code -> total) lets a
@@ -15,7 +15,7 @@ import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
 
-from . import __version__
+from specaudit import __version__
 
 FORMATS = ("text", "json", "junit", "github", "sarif")
 INFO_URI = "https://github.com/specaudit/specaudit"
@@ -29,7 +29,7 @@ def _rules_for(codes, rules):
     missing = [c for c in codes if c not in out]
     if missing:
         try:
-            from .invariants import get_rule
+            from specaudit.invariants import get_rule
             for c in missing:
                 r = get_rule(c)
                 if r is not None:

@@ -1,6 +1,6 @@
 """Readers for real engines' own output: SGLang and vLLM logs, Prometheus text.
 
-    from specaudit.sources import audit_file, read_source
+    from specaudit.audit.sources import audit_file, read_source
     findings = audit_file("sglang_server.log")            # auto-detects the source
     reading = read_source("metrics.txt", "prom-text")      # Reading: windows + config
 
@@ -38,8 +38,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..findings import Finding
-from ..schema import InputError
+from specaudit.audit.findings import Finding
+from specaudit.trace.schema import InputError
 
 SOURCES = ("sglang-log", "vllm-log", "prom-text")
 MAX_BYTES = 512 * 1024 * 1024  # refuse absurd inputs before reading them whole
@@ -132,7 +132,7 @@ def _read_text(path) -> str:
 
 def detect_text(text: str) -> str | None:
     """Which source a text is, or None. Mixed engines raise ValueError."""
-    from . import prom, sglang, vllm
+    from specaudit.audit.sources import prom_text as prom, sglang, vllm
     hits = {"sglang-log": sglang.looks_like(text), "vllm-log": vllm.looks_like(text),
             "prom-text": prom.looks_like(text)}
     found = [k for k, v in hits.items() if v]
@@ -167,7 +167,7 @@ def _unrecognised(text: str) -> str:
 
 def read_source(path, source: str | None = None) -> Reading:
     """Parse a file into a Reading. InputError when unrecognised or unreadable."""
-    from . import prom, sglang, vllm
+    from specaudit.audit.sources import prom_text as prom, sglang, vllm
     if source is not None and source not in SOURCES:
         raise InputError(path, f"unknown --source {source!r}; one of {', '.join(SOURCES)}")
     text = _read_text(path)
@@ -190,7 +190,7 @@ def read_source(path, source: str | None = None) -> Reading:
 
 def audit_reading(reading: Reading, select=(), ignore=()) -> list[Finding]:
     """Run every SA7xx (scope "source") rule on a Reading."""
-    from ..invariants import load_rules
+    from specaudit.invariants import load_rules
     findings = []
     for rule in load_rules(select=select, ignore=ignore, entry_points=False):
         if rule.scope != "source":

@@ -26,8 +26,8 @@ import re
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ..schema import InputError
-from . import Reading, Window
+from specaudit.trace.schema import InputError
+from specaudit.audit.sources import Reading, Window
 
 SCRAPED_AT_RE = re.compile(r"^#\s*scraped_at:\s*(?P<t>[0-9.]+)")
 KNOWN_RE = re.compile(r"^(vllm:spec_decode_|sglang:spec_accept_|sglang:gen_throughput|specaudit_(verify_steps|"
@@ -84,7 +84,7 @@ class Scrape:
 
 def split_scrapes(text: str, path: str):
     """-> list[Scrape], notes. Each sample line is parsed on its own (for line numbers)."""
-    from . import note
+    from specaudit.audit.sources import note
     scrapes, notes = [Scrape(line=1)], []
     for i, raw in enumerate(text.splitlines(), 1):
         s = raw.strip()

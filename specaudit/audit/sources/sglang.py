@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 
-from . import Reading, Window
+from specaudit.audit.sources import Reading, Window
 
 DECODE_RE = re.compile(r"Decode batch(?: \[\d+\])?[.,]\s*(?P<body>.*)$")
 PREFIX_RE = re.compile(r"\[(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)(?P<rank>(?: [A-Z]{2,4}\d+)*)\]")
@@ -59,7 +59,7 @@ def _server_args(line: str) -> dict:
 
 
 def parse(text: str, path: str) -> Reading:
-    from . import note
+    from specaudit.audit.sources import note
     reading = Reading(source="sglang-log", engine="sglang", path=path)
     for i, raw in enumerate(text.splitlines(), 1):
         if "server_args=" in raw or "ServerArgs(" in raw:

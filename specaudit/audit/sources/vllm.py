@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 
-from . import Reading, Window
+from specaudit.audit.sources import Reading, Window
 
 NUM = r"(-?(?:\d+(?:\.\d*)?|\.\d+)|nan|inf)"
 SPEC_RE = re.compile(r"SpecDecoding metrics:\s*(?P<body>.*)$")
@@ -79,7 +79,7 @@ def _per_pos(body: str):
 
 
 def parse(text: str, path: str) -> Reading:
-    from . import note
+    from specaudit.audit.sources import note
     reading = Reading(source="vllm-log", engine="vllm", path=path)
     last_engine: dict[str, tuple] = {}  # engine -> (gen tps, running, line)
     current = None

@@ -1,6 +1,6 @@
-"""The trace contract (shared/spec/trace-schema.md, version 1) as code.
+"""The trace contract as code: docs/trace-contract.md (schema version 1) in words.
 
-Every writer (tracer, store) and every reader (check, estimate, diff, query, report)
+Every writer (tracer, Parquet sink) and every reader (check, estimate, diff, query, report)
 imports its column names, Arrow types, manifest keys and the mask hash from here and
 from nowhere else. Readers never import each other.
 

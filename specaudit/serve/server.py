@@ -107,7 +107,7 @@ KNOWN_FIELDS = ("model", "prompt", "max_tokens", "stream", "stream_options") + t
 def parse_completion_request(body: bytes, *, model: str, max_tokens_limit: int, context: int) -> dict:
     """Validate a /v1/completions body. Returns {prompt (byte tokens), max_tokens, stream,
     include_usage}; raises HTTPError with the status the module docstring lists."""
-    from .run import encode
+    from specaudit.tokenizer import encode
     try:
         obj = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -187,7 +187,7 @@ class Job:
     """
 
     def __init__(self, rid: str, prompt: list[int], max_tokens: int, attributes=None, carrier=None):
-        from .runtime.engine import Request
+        from specaudit.runtime.engine import Request
         self.rid = rid
         self.req = Request(request_id=rid, prompt=prompt, max_new_tokens=max_tokens, t_arrive=time.time())
         self.events: queue.Queue = queue.Queue()
@@ -371,7 +371,7 @@ class LiveEstimator:
         self.n_nodes = n_nodes
         self.baseline_tps, self.profile = baseline_tps, profile
         if profile is None and cost_factor is not None:
-            from .estimate import CostProfile
+            from specaudit.audit.estimate import CostProfile
             self.profile = CostProfile.manual(cost_factor, cost_factor_std)
         self.enabled = self.profile is not None and (baseline_tps is not None or self._profile_has_t_ar())
         self.window_s, self.every_s = window_s, every_s
@@ -396,7 +396,7 @@ class LiveEstimator:
         as `specaudit estimate` reads it (profile_t_ar), c clamped into the profile's grid."""
         if self.baseline_tps is not None:
             return self.baseline_tps
-        from .estimate import profile_t_ar
+        from specaudit.audit.estimate import profile_t_ar
         cs = [e.concurrency for e in self.profile.entries if e.t_ar_s and e.concurrency is not None]
         return 1.0 / profile_t_ar(self.profile, min(max(c, min(cs)), max(cs)))
 
@@ -422,7 +422,7 @@ class LiveEstimator:
         reqsec = sum(s[2] for s in body)
         if self.enabled and tokens > 0 and reqsec > 0:
             try:
-                from .estimate import estimate_commit_length, mean_and_se
+                from specaudit.audit.estimate import estimate_commit_length, mean_and_se
                 rates = [s[1] / s[2] for s in body if s[2] > 0]
                 _, se, _ = mean_and_se(rates)
                 tps = tokens / reqsec
@@ -587,7 +587,7 @@ class Handler(BaseHTTPRequestHandler):
         return {"prompt_tokens": p, "completion_tokens": n_out, "total_tokens": p + n_out}
 
     def _complete(self, job: Job, req: dict) -> None:
-        from .run import decode
+        from specaudit.tokenizer import decode
         out: list[int] = []
         while True:
             ev = self._wait(job)
@@ -705,13 +705,13 @@ class SpecServer:
         import torch
         from prometheus_client import CollectorRegistry, Counter
 
-        from .model import EOS_ID, default_models
-        from .prom import FastExposition, PromSink
-        from .run import check_device, new_run_id, reference_manifest
-        from .runtime.engine import SpecConfig, SpecEngine
-        from .runtime.faults import get_fault
-        from .store import ParquetSink, prepare_run_dir
-        from .tracer import Tracer
+        from specaudit.model import EOS_ID, default_models
+        from specaudit.trace.prom_sink import FastExposition, PromSink
+        from specaudit.run import check_device, new_run_id, reference_manifest
+        from specaudit.runtime.engine import SpecConfig, SpecEngine
+        from specaudit.runtime.faults import get_fault
+        from specaudit.trace.parquet import ParquetSink, prepare_run_dir
+        from specaudit.trace.tracer import Tracer
 
         check_device(device, dtype)
         if not 0 <= port <= 65535:
@@ -721,7 +721,7 @@ class SpecServer:
         get_fault(inject)
         profile = None
         if calibration is not None:
-            from .estimate import CostProfile
+            from specaudit.audit.estimate import CostProfile
             profile = CostProfile.load(calibration)
         if baseline_tps is not None and not (baseline_tps > 0 and math.isfinite(baseline_tps)):
             raise ValueError(f"--baseline-tps must be a positive number (got {baseline_tps})")
@@ -761,7 +761,7 @@ class SpecServer:
         self._err_children = {c: self._http_errors.labels(code=str(c))
                               for c in (400, 404, 405, 411, 413, 422, 500, 503)}
         if otel is True:
-            from .otel import OtelSink
+            from specaudit.trace.otel_sink import OtelSink
             otel = OtelSink(ratio=otel_ratio, model=self.model)
         self.otel = otel or None
         self.parquet = ParquetSink(trace_dir, self.run_id, flush_s=flush_s)

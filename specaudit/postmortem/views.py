@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from .schema import (REPORTED_KEYS, REQUESTS_SCHEMA, STEPS_SCHEMA, InputError, check_table_schema,
+from specaudit.trace.schema import (REPORTED_KEYS, REQUESTS_SCHEMA, STEPS_SCHEMA, InputError, check_table_schema,
                      discover, tree_depths)
 
 VIEWS = ("steps", "requests", "runs", "nodes", "violations")
@@ -582,7 +582,7 @@ def fetch_batches(con, sql: str, rows_per_batch: int = 65536):
 
 @dataclass
 class Canned:
-    """One documented SQL file from specaudit/queries/."""
+    """One documented SQL file from specaudit/postmortem/queries/."""
 
     name: str
     title: str
@@ -611,7 +611,7 @@ def _parse_canned(name: str, text: str) -> Canned:
 
 def canned_queries() -> dict[str, Canned]:
     """All canned queries by name (file stem), in file-name order."""
-    root = resources.files("specaudit").joinpath("queries")
+    root = resources.files("specaudit.postmortem").joinpath("queries")
     out = {}
     for entry in sorted(root.iterdir(), key=lambda p: p.name):
         if entry.name.endswith(".sql"):

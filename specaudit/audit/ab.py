@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .schema import InputError, atomic_write_bytes
+from specaudit.trace.schema import InputError, atomic_write_bytes
 
 # The settings of one arm (the `specaudit run` runtime options, topk resolved).
 SETTINGS = ("algo", "budget", "topk", "concurrency", "max_new_tokens", "inject", "seed", "device",
@@ -57,7 +57,7 @@ class _ArmParser(argparse.ArgumentParser):
 
 def parse_arm(text: str, label: str = "a") -> dict:
     """`specaudit run` runtime options (a string) -> the arm's settings dict."""
-    from .options import add_runtime_arguments, resolve_topk
+    from specaudit.runtime.options import add_runtime_arguments, resolve_topk
 
     p = _ArmParser(prog=f"--{label}", add_help=False)
     add_runtime_arguments(p)
@@ -209,7 +209,7 @@ def _default_loader():
         if (device, dtype) not in cache:
             import torch
 
-            from .model import default_models
+            from specaudit.model import default_models
             cache[(device, dtype)] = default_models(device, getattr(torch, dtype))
         return cache[(device, dtype)]
     return load
@@ -217,8 +217,8 @@ def _default_loader():
 
 def _validate(arm: dict, label: str, models, prompts: list[str]) -> None:
     """Refuse a bad arm before anything runs (so no half-written experiment)."""
-    from .run import encode
-    from .runtime.engine import SpecConfig
+    from specaudit.tokenizer import encode
+    from specaudit.runtime.engine import SpecConfig
 
     target, drafter, _ = models
     try:
@@ -245,7 +245,7 @@ def run_ab(a: dict, b: dict, *, prompts: list[str], repeats: int = 2, out, vary:
            same_within: float = 0.02, n_boot: int = 2000, primary: str = "tokens_per_s",
            load_models=None, log=None, warmup: bool = True) -> dict:
     """Run arms A and B `repeats` times each, interleaved, traced; return (and write) the result."""
-    from .run import run_traced
+    from specaudit.run import run_traced
 
     if repeats < 1:
         raise ValueError(f"--repeats must be at least 1 (got {repeats})")
@@ -262,16 +262,14 @@ def run_ab(a: dict, b: dict, *, prompts: list[str], repeats: int = 2, out, vary:
     for sub in ("a", "b"):
         if (out / sub).exists() and any((out / sub).iterdir()):
             raise InputError(out / sub, "is not empty; pick another --out")
+    from specaudit.runtime.host import check_device
     load = load_models or _default_loader()
     arms = {"A": a, "B": b}
     for lab, arm in arms.items():
-        if str(arm["device"]).startswith("cuda"):
-            import torch
-            if not torch.cuda.is_available():
-                raise InputError(None, f"--{lab.lower()}: --device {arm['device']}: CUDA is not available "
-                                       "on this machine")
-        elif arm["device"] != "cpu":
-            raise InputError(None, f"--{lab.lower()}: --device must be cpu or cuda[:N], not {arm['device']!r}")
+        try:
+            check_device(arm["device"], arm["dtype"])
+        except InputError as e:
+            raise InputError(None, f"--{lab.lower()}: {e.reason}") from None
         _validate(arm, lab.lower(), load(arm["device"], arm["dtype"]), prompts)
     differ = settings_differ(a, b)
     warnings = confounding_warnings(differ, vary)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .schema import MAX_NODES, mask_hash_from_parents
+from specaudit.trace.schema import MAX_NODES, mask_hash_from_parents
 
 NODE_LISTS = ("parents", "positions", "target_argmax")
 NULLABLE_LISTS = ("draft_logprob", "target_margin")

@@ -1,6 +1,6 @@
 """`specaudit report`: one self-contained HTML page (and a PNG per plot) for a post-mortem.
 
-    from specaudit.report import build_report
+    from specaudit.postmortem.report import build_report
     html = build_report(["traces/"], "report/", findings=res.findings, summary=res.summary())
 
 The page has the run configs (with each run's reported counters next to the same numbers
@@ -25,7 +25,7 @@ import math
 import time
 from pathlib import Path
 
-from .schema import atomic_write_bytes
+from specaudit.trace.schema import atomic_write_bytes
 
 PLOTS = [
     # (file stem, title, canned query, what the reader should look for)
@@ -340,7 +340,7 @@ def build_report(paths, out_dir, findings=None, summary=None, *, threads: int | 
     summary: the checker's summary (CheckResult.summary(), a dict) shown on top.
     Raises InputError when paths hold no trace, ValueError when out_dir is a file.
     """
-    from . import query as Q
+    from specaudit.postmortem import views as Q
 
     t0 = time.time()
     out = Path(out_dir)

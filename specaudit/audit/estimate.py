@@ -44,7 +44,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .schema import InputError
+from specaudit.trace.schema import InputError
 
 Z95 = 1.959963984540054   # two-sided 95% normal quantile
 MAX_REL_STD = 0.25        # s above this: the 95% interval spans more than x1.6 either way
@@ -198,7 +198,7 @@ class CostProfile:
                 "entries": [{k: v for k, v in asdict(e).items() if v is not None} for e in self.entries]}
 
     def save(self, path) -> None:
-        from .schema import atomic_write_bytes
+        from specaudit.trace.schema import atomic_write_bytes
         self.meta.setdefault("created_at", time.time())
         atomic_write_bytes(Path(path), (json.dumps(self.to_dict(), indent=1) + "\n").encode())
 
@@ -395,7 +395,7 @@ def observations_from_traces(path) -> list[Observation]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from .schema import discover, manifest_conventions
+    from specaudit.trace.schema import discover, manifest_conventions
 
     out = []
     for rf in discover([path]):

@@ -37,8 +37,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .run import decode
-from .schema import (
+from specaudit.tokenizer import decode
+from specaudit.trace.schema import (
     CONVENTIONS,
     NODE_LIST_COLUMNS,
     REQUESTS_SCHEMA,

@@ -1,0 +1,1 @@
+"""Post-mortems: DuckDB views over trace datasets (views.py), canned SQL (queries/), the HTML report."""

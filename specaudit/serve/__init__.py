@@ -1,0 +1,1 @@
+"""The reference runtime behind an OpenAI-compatible HTTP API, traced live."""
