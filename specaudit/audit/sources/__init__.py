@@ -19,16 +19,43 @@ Sources (`--source` names):
                  / `sglang:spec_accept_rate` / `sglang:gen_throughput` /
                  `sglang:num_running_reqs` gauges, or specaudit's own `specaudit_*` series
 
-Each reader turns a file into a `Reading`: a list of `Window`s (one per log line or per
-scrape interval) holding what the engine reported, in one vocabulary:
-    accept_len       mean acceptance length as reported (engines count the bonus token)
-    accept_rate      accepted drafts / drafted tokens as reported (a fraction)
-    drafts           verify steps (one per request per forward) in the window
-    draft_tokens     drafted tokens;  accepted_tokens: accepted draft tokens
-    per_pos          per-position acceptance rate (accepted at position i / drafts)
+Each reader turns a file into a `Reading`: a list of `Window`s (one per log line, per
+scrape interval, per iteration-stats record or per request) holding what the engine
+reported, in ONE vocabulary (field names are stable; other tools code against them):
+
+    engine           sglang | vllm | trtllm | llamacpp | aiperf | specaudit
+    version          the format version the reader recognised ("v1-rate-first", "0.5.11",
+                     "pr24536", ...) or None when it cannot be inferred (said so in findings)
+    rank             "DP1 TP0", "engine 1", "slot 0", ... ; None = the only one
+    concurrency      running requests (None when not printed)
+    cuda_graph       True/False when the engine prints it
+    k                draft length (tokens drafted per verify step) when known
+    drafts           VERIFY STEPS: one per request per target forward that verified drafts
+                     (vLLM num_drafts, llama.cpp drafts sent, SGLang spec_verify_ct,
+                     TensorRT-LLM numRequestsWithDraftTokens); alias `verify_steps`
+    draft_tokens     DRAFTED tokens sent to verification; alias `drafted`
+    accepted_tokens  ACCEPTED DRAFT tokens, the bonus token EXCLUDED; alias `accepted`
+    accept_len       mean acceptance length as the engine printed it (all four engines
+                     count the bonus: 1 + accepted / verify steps)
+    accept_rate      acceptance rate as printed, a fraction (its formula is the engine
+                     version's: see `conventions`)
+    per_pos          per-position acceptance rates as printed (fractions)
+    per_pos_counts   accepted drafts at each position (counts), when printed or derivable
+    per_pos_kind     the denominator of per_pos: "verify_steps" (vLLM, llama.cpp: an
+                     unconditional rate, non-increasing in position when k is fixed) or
+                     "drafted_at_position" (TensorRT-LLM: conditional on reaching it)
+    per_pos_drafted  drafted tokens at each position (the "drafted_at_position" denominators)
+    histogram        acceptance histogram h[i] = verify steps that accepted exactly i
+                     drafts (bonus excluded): sum(h) = verify steps, sum(i*h_i) = accepted
     gen_tps          generation throughput (tokens/s, all running requests)
-    concurrency      running requests
-The SA7xx rules of the invariant catalog (invariants/sa7_*.py, scope "source") then
+    kind             "interval" (a window's own figures), "cumulative" (since start-up:
+                     counters that must not go down) or "gauge" (a last-window value that
+                     must never be differenced)
+    conventions      {figure: definition} the engine version used for its printed figures,
+                     e.g. {"accept_rate": "(accepted + bs) / (bs * num_draft_tokens): counts
+                     the bonus token"}; copied into every finding about that figure
+
+The SA7xx rules of the invariant catalog (invariants/sa7xx_*.py, scope "source") then
 check the identities that hold without traces. This package is a reader: it imports
 schema.py, findings.py and the rule catalog, never another reader.
 """
@@ -66,6 +93,28 @@ class Window:
     printed_rate_pct: float | None = None   # vLLM "Avg Draft acceptance rate: X%"
     text: str = ""                   # the line (or a one-line summary of the interval)
     extra: dict = field(default_factory=dict)  # source-specific figures (counter_reset, ...)
+    engine: str | None = None        # sglang | vllm | trtllm | llamacpp | aiperf | specaudit
+    version: str | None = None       # the format version recognised, None = not inferable
+    k: int | None = None             # draft length per verify step, when known
+    per_pos_kind: str | None = None  # "verify_steps" | "drafted_at_position"
+    per_pos_drafted: list | None = None   # drafted tokens per position (TensorRT-LLM)
+    histogram: list | None = None    # h[i] = verify steps accepting exactly i drafts
+    kind: str = "interval"           # interval | cumulative | gauge
+    conventions: dict = field(default_factory=dict)  # figure -> the definition printed
+
+    # the vocabulary's plain names (read-only aliases of the fields above)
+    @property
+    def verify_steps(self) -> float | None:
+        return self.drafts
+
+    @property
+    def drafted(self) -> float | None:
+        return self.draft_tokens
+
+    @property
+    def accepted(self) -> float | None:
+        """Accepted draft tokens, bonus excluded."""
+        return self.accepted_tokens
 
     @property
     def step_rate(self) -> float | None:
@@ -92,6 +141,8 @@ class Reading:
     series: dict = field(default_factory=dict)  # prom-text: the last scrape, per family
     # accept_len convention of the source: True when it counts the bonus token
     includes_bonus: bool = True
+    version: str | None = None       # format version recognised (None = not inferable)
+    conventions: dict = field(default_factory=dict)  # figure -> definition, file-wide
 
     def ranks(self) -> list:
         return sorted({w.rank for w in self.windows}, key=lambda r: (r is None, str(r)))
