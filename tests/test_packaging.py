@@ -45,6 +45,79 @@ def test_wheel_contents(wheel):
     assert not any(n.endswith((".pt", ".pth", ".bin", ".pkl")) for n in names), "pickle weights shipped"
 
 
+@pytest.fixture(scope="module")
+def wheel_site(wheel, tmp_path_factory):
+    """The wheel installed (not editable) into its own folder, and the environment that
+    imports it: that folder plus this interpreter's site-packages for the dependencies,
+    run with `python -S` so the dev checkout's editable .pth hook is not loaded."""
+    import site
+    import sysconfig
+    target = tmp_path_factory.mktemp("site")
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
+                        str(target), str(wheel)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    paths = [str(target), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
+             *site.getsitepackages()]
+    return target, {"PYTHONPATH": ":".join(dict.fromkeys(paths)), "PATH": "/usr/bin:/bin"}
+
+
+@pytest.mark.parametrize("where", ["repo-root", "elsewhere"])
+def test_readme_commands_from_the_clone_root(wheel_site, tmp_path, where):
+    """README command 1 is typed in the clone's root: there `python -m specaudit` imports
+    the source folder specaudit/, not the installed copy, and invariants/, kernels/ and
+    dashboards/ (top-level folders) must still be found as specaudit.* subpackages."""
+    target, env = wheel_site
+    cwd = REPO if where == "repo-root" else tmp_path
+
+    def sa(*args):
+        return subprocess.run([sys.executable, "-S", "-m", "specaudit", *map(str, args)],
+                              capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+
+    r = sa("rules", "SA301")
+    assert r.returncode == 0 and "SA301" in r.stdout and "What" in r.stdout, r.stdout + r.stderr
+    r = sa("run", "--num-prompts", "1", "--max-new-tokens", "16", "--out", tmp_path / "t")
+    assert r.returncode == 0, r.stderr
+    r = sa("check", tmp_path / "t")
+    assert r.returncode == 0 and "No violations" in r.stdout, r.stdout + r.stderr
+    r = sa("demo", "--help")
+    assert r.returncode == 0 and "--device" in r.stdout, r.stderr
+    loc = subprocess.run([sys.executable, "-S", "-c", "import specaudit, specaudit.invariants as m, "
+                          "specaudit.kernels as k; print(specaudit.__file__, m.__file__, k.__file__)"],
+                         capture_output=True, text=True, cwd=cwd, env=env).stdout.split()
+    if where == "repo-root":  # the source tree, all three from the repository
+        assert loc == [str(REPO / "specaudit" / "__init__.py"), str(REPO / "invariants" / "__init__.py"),
+                       str(REPO / "kernels" / "__init__.py")], loc
+    else:  # the wheel's copy, all three from the install folder
+        assert all(x.startswith(str(target)) for x in loc), loc
+
+
+@pytest.mark.parametrize("device", ["tpu", "meta", "cuda:0", "mps", "cpuu", ""])
+@pytest.mark.parametrize("command", ["run", "serve", "calibrate", "demo"])
+def test_unusable_device_is_one_line_and_exit_2(command, device, tmp_path, capsys):
+    """Every command that takes --device refuses one this torch cannot use with one line."""
+    import torch
+
+    from specaudit.cli import main
+    if device.startswith("cuda") and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    if device == "mps" and torch.backends.mps.is_available():
+        pytest.skip("this machine has MPS")
+    extra = {"run": ["--out", str(tmp_path / "t")], "serve": ["--port", "0", "--trace-dir", str(tmp_path / "t")],
+             "calibrate": ["--out", str(tmp_path / "c.json")], "demo": ["--out", str(tmp_path / "d")]}[command]
+    code = main([command, "--device", device, *extra])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and "--device" in err and "Traceback" not in err, err
+    assert not (tmp_path / "t").exists() and not (tmp_path / "d").exists() and not (tmp_path / "c.json").exists()
+
+
+def test_ab_arm_with_unusable_device_is_one_line(tmp_path, capsys):
+    from specaudit.cli import main
+    code = main(["ab", "--a=--algo chain --device tpu", "--b=--algo tree", "--out", str(tmp_path / "ab")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "--a: --device" in err, err
+
+
 def test_installed_wheel_runs_outside_the_repo(wheel, tmp_path):
     """Install the wheel into its own folder and run the CLI from there.
 
