@@ -1,5 +1,23 @@
-"""Run two runtime configurations on the same prompts, interleaved, and say which is better.
+"""A/B: two engines' evidence compared fairly, or two runtime configurations run side by side.
 
+Evidence mode, `specaudit ab A B`: A and B are anything `specaudit check` reads (trace
+datasets, SGLang/vLLM logs, Prometheus scrapes), each one path, a comma-separated list
+or a quoted glob, one engine per side. Nothing is rerun: the windows of each side are
+matched by stratum (concurrency, cuda graph, rank, k, topk, algo, engine, version,
+model) and compared only where both sides have windows; see specaudit/audit/ab_evidence.py.
+  specaudit ab linear.log ddtree.log                      # is B really worse, and is it fair?
+  specaudit ab "a-dp0.log,a-dp1.log" b.log --output-format json -o ab.json
+  specaudit ab traces/run_id=chain-* traces/run_id=tree-* --vary algo
+  specaudit ab a.log b.log --baseline-tps 1=98,8=90 --cost-factor 1.5,1.7 --primary commit_len_tput
+It prints, first, when the pooled figures disagree with the matched ones (Simpson's
+paradox); then per matched stratum each metric for A and B with bootstrap 95% intervals
+over windows, B - A and a verdict (same / A better / B better / undecided); the strata
+one side only has (never compared); what differs between the sides and how much of the
+pooled gap each explains; and one closing sentence. Exit 0 done, 2 bad input (no shared
+stratum: what would make them comparable; mixed engines on a side; windows without a
+running-request count; empty or unreadable files).
+
+Runtime mode, `--a/--b`: run two configurations of the reference runtime.
 Examples:
   # the seed case: must a topk=1 tree equal the chain? (expect "same" acceptance)
   specaudit ab --a="--algo chain --budget 7" --b="--algo tree --budget 7 --topk 1" --out ab/
@@ -36,25 +54,86 @@ ORDER = 45
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--a", required=True, metavar="RUN_ARGS", help="arm A: `specaudit run` options, quoted")
-    p.add_argument("--b", required=True, metavar="RUN_ARGS", help="arm B: `specaudit run` options, quoted")
+    p.add_argument("sides", nargs="*", metavar="SIDE",
+                   help="evidence mode: A then B, each a path, comma-separated paths or a quoted glob")
+    p.add_argument("--a", metavar="RUN_ARGS", help="runtime mode, arm A: `specaudit run` options, quoted")
+    p.add_argument("--b", metavar="RUN_ARGS", help="runtime mode, arm B: `specaudit run` options, quoted")
     p.add_argument("--prompts", metavar="FILE", help="JSONL ({\"prompt\": ...} per line) or text, one prompt a "
                                                      "line (default: the embedded held-out prompts)")
     p.add_argument("--num-prompts", type=int, default=8, help="prompts to run in each arm (default 8)")
     p.add_argument("--repeats", type=int, default=2, help="runs per arm, interleaved (default 2)")
-    p.add_argument("--out", required=True, metavar="DIR", help="output folder: a/, b/ and ab.json")
+    p.add_argument("--out", metavar="DIR", help="runtime mode (required): output folder: a/, b/ and ab.json")
     p.add_argument("--vary", metavar="SETTING[,SETTING]",
                    help="the setting(s) the experiment means to compare; others that differ are warned about")
-    p.add_argument("--primary", choices=["accepted_depth", "commit_len", "tokens_per_s"], default="tokens_per_s",
-                   help="the metric of the overall verdict (default tokens_per_s)")
+    p.add_argument("--primary", choices=["accepted_depth", "commit_len", "tokens_per_s", "accept_len", "accept_rate",
+                                         "commit_len_tput"], default=None,
+                   help="the metric of the overall verdict (runtime default tokens_per_s: accepted_depth, commit_len, "
+                        "tokens_per_s; evidence default accept_len: accept_len, accept_rate, tokens_per_s, "
+                        "commit_len_tput)")
     p.add_argument("--same-within", type=float, default=0.02, metavar="FRAC",
                    help="'same' when the 95%% interval of B - A lies within this fraction of A (default 0.02)")
     p.add_argument("--bootstrap", type=int, default=2000, metavar="N", help="bootstrap resamples (default 2000)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+    g = p.add_argument_group("evidence mode (specaudit ab A B)")
+    g.add_argument("--output-format", choices=["text", "json"], default="text", help="text (default) or json")
+    g.add_argument("-o", "--output", metavar="FILE", help="write the result to FILE (json: the input of "
+                                                         "`specaudit report --ab`) instead of stdout")
+    g.add_argument("--source", choices=["sglang-log", "vllm-log", "prom-text"],
+                   help="read every file as this kind of engine output instead of detecting it")
+    g.add_argument("--bootstrap-seed", type=int, default=0, metavar="N", help="bootstrap seed (default 0)")
+    g.add_argument("--concurrency-bins", choices=["pow2", "exact"], default="pow2",
+                   help="running requests binned 1, 2, 3-4, 5-8, ... (default) or matched exactly")
+    g.add_argument("--window-forwards", type=int, default=16, metavar="N",
+                   help="trace datasets: verify forwards per window (default 16)")
+    g.add_argument("--min-windows", type=int, default=3, metavar="N",
+                   help="windows each side needs in a stratum to compare it (default 3)")
+    g.add_argument("--baseline-tps", metavar="TPS|C=TPS,...",
+                   help="plain decoding tokens/s per request, one number or per concurrency (1=98,8=90): "
+                        "with --cost-factor adds the throughput-derived commit length")
+    g.add_argument("--cost-factor", metavar="R|RA,RB", help="verify step cost / plain step, one or one per side")
+
+
+def main_evidence(args) -> int:
+    """`specaudit ab A B`: the library call and its output; exit 0 (bad input raises: exit 2)."""
+    from pathlib import Path
+
+    from specaudit.audit.ab_evidence import compare_sides, format_text, to_json
+    if len(args.sides) != 2:
+        raise ValueError(f"give two sides, A and B (got {len(args.sides)}); several files on one side go "
+                         "comma-separated or as a quoted glob")
+    if args.a is not None or args.b is not None:
+        raise ValueError("give either two sides (evidence) or --a/--b (runtime arms), not both")
+    vary = [v.strip() for v in args.vary.split(",") if v.strip()] if args.vary else None
+    res = compare_sides(args.sides[0], args.sides[1], source=args.source, vary=vary, same_within=args.same_within,
+                        n_boot=args.bootstrap, seed=args.bootstrap_seed, primary=args.primary or "accept_len",
+                        bins=args.concurrency_bins, window_forwards=args.window_forwards,
+                        min_windows=args.min_windows, baseline_tps=args.baseline_tps, cost_factor=args.cost_factor)
+    text = to_json(res) if (args.output_format == "json" or args.json) else format_text(res) + "\n"
+    if args.output:
+        from specaudit.trace.schema import atomic_write_bytes
+        try:
+            atomic_write_bytes(Path(args.output), text.encode())
+        except OSError as e:
+            raise ValueError(f"cannot write {args.output}: {e.strerror or e}") from None
+    else:
+        sys.stdout.write(text)
+    return 0
 
 
 def main(args) -> int:
+    if args.sides:
+        return main_evidence(args)
+    if args.a is None or args.b is None:
+        raise ValueError("give two sides to compare (specaudit ab A B: logs, scrapes or trace datasets) "
+                         "or both --a and --b (runtime arms)")
+    if args.out is None:
+        raise ValueError("runtime mode (--a/--b) needs --out DIR")
+    if args.primary is None:
+        args.primary = "tokens_per_s"
+    if args.primary not in ("accepted_depth", "commit_len", "tokens_per_s"):
+        raise ValueError(f"--primary {args.primary} is an evidence metric; runtime arms have accepted_depth, "
+                         "commit_len, tokens_per_s")
     from specaudit.audit.ab import format_text, parse_arm, run_ab, stderr_log
     from specaudit.run import default_prompts, load_prompts
 
