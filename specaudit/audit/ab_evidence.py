@@ -112,12 +112,11 @@ def concurrency_bin(c: float, mode: str = "pow2"):
 
 
 def _bin_lo(v) -> float:
-    if isinstance(v, str) and "-" in v:
-        return float(v.split("-")[0])
-    try:
-        return float(v)
-    except (TypeError, ValueError):
+    """Sort key of a stratum value: the number (or a bin's lower bound) first, text last."""
+    if isinstance(v, bool) or v is None:
         return math.inf
+    m = re.fullmatch(r"(\d+)(?:-\d+)?", str(v))
+    return float(m.group(1)) if m else math.inf
 
 
 def show(key: str, v) -> str:
@@ -191,13 +190,45 @@ def _reading_meta(reading) -> dict:
             "model": str(model) if model else None}
 
 
-def windows_from_reading(reading, side: str, bins: str = "pow2") -> list[EvWindow]:
-    """An engine Reading -> EvWindows (stratum values and figures per window)."""
-    k, topk, algo = _config_k(reading)
+def _interval_windows(windows) -> tuple[list, int]:
+    """Cumulative windows (figures since start-up) -> per-interval windows by differencing
+    consecutive counts of one rank; gauges and interval windows pass through. Returns
+    (windows, cumulative windows that could not be differenced and were left out)."""
+    from dataclasses import replace
+    out, dropped, last = [], 0, {}
+    for w in windows:
+        if getattr(w, "kind", "interval") != "cumulative":
+            out.append(w)
+            continue
+        prev = last.get(w.rank)
+        last[w.rank] = w
+        have = all(getattr(w, f) is not None for f in ("drafts", "accepted_tokens"))
+        if prev is None or not have:
+            dropped += prev is not None or not have
+            continue
+        dd = w.drafts - (prev.drafts or 0)
+        da = w.accepted_tokens - (prev.accepted_tokens or 0)
+        if dd <= 0 or da < 0:
+            dropped += 1
+            continue
+        dt = (w.draft_tokens - prev.draft_tokens) if (w.draft_tokens is not None and prev.draft_tokens is not None) \
+            else None
+        out.append(replace(w, kind="interval", drafts=dd, accepted_tokens=da, draft_tokens=dt,
+                           accept_len=1.0 + da / dd, accept_rate=None))
+    return out, dropped
+
+
+def windows_from_reading(reading, side: str, bins: str = "pow2") -> tuple[list[EvWindow], int]:
+    """An engine Reading -> (EvWindows with stratum values and figures, cumulative windows
+    left out). Reads the sources' shared vocabulary (Window.engine/version/k when the
+    reader fills them, else the Reading's and its config's)."""
+    k0, topk, algo = _config_k(reading)
     meta = _reading_meta(reading)
     bonus = 0.0 if getattr(reading, "includes_bonus", True) else 1.0
+    wins, dropped = _interval_windows(reading.windows)
     out = []
-    for w in reading.windows:
+    for w in wins:
+        k = getattr(w, "k", None) or k0
         L = None
         if w.accept_len is not None and math.isfinite(w.accept_len):
             L = w.accept_len + bonus
@@ -212,13 +243,15 @@ def windows_from_reading(reading, side: str, bins: str = "pow2") -> list[EvWindo
                               and w.concurrency > 0) else None
         tps = w.gen_tps if (w.gen_tps is not None and math.isfinite(w.gen_tps) and w.gen_tps > 0) else None
         ref = f"line {w.line}" if w.line is not None else (w.time or "window")
+        version = getattr(w, "version", None) or meta["version"]
         out.append(EvWindow(
             side=side, file=reading.path, ref=ref, accept_len=L, accept_rate=rate, tokens_per_s=tps,
             concurrency=c,
             strata={"concurrency": concurrency_bin(c, bins) if c is not None else None,
-                    "cuda_graph": w.cuda_graph, "rank": _rank(w.rank), "k": k, "topk": topk,
-                    "algo": algo, **meta}))
-    return out
+                    "cuda_graph": w.cuda_graph, "rank": _rank(w.rank), "k": int(k) if k else None, "topk": topk,
+                    "algo": algo, "engine": getattr(w, "engine", None) or meta["engine"],
+                    "version": str(version) if version else None, "model": meta["model"]}))
+    return out, dropped
 
 
 def windows_from_traces(path, side: str, bins: str = "pow2", window_forwards: int = WINDOW_FORWARDS) -> list:
@@ -318,7 +351,7 @@ def read_side(spec, side: str, *, source: str | None = None, bins: str = "pow2",
     if not paths:
         raise InputError(None, f"side {side} names no file")
     windows: list[EvWindow] = []
-    files = []
+    files, notes = [], []
     engines: dict = {}
     for p in paths:
         if source is None and p.exists() and is_trace_path(p):
@@ -331,11 +364,14 @@ def read_side(spec, side: str, *, source: str | None = None, bins: str = "pow2",
             if not p.exists():
                 raise InputError(p, "no such file or folder")
             r = read_source(p, source)
-            ws = windows_from_reading(r, side, bins)
+            ws, n_cum = windows_from_reading(r, side, bins)
             kind = r.source
-            if (r.config or {}).get("cumulative"):
-                # cumulative windows repeat one another's history: not independent samples
-                pass
+            if n_cum:
+                notes.append(f"{side}: {p}: {n_cum} cumulative windows (figures since start-up) could not be "
+                             "turned into intervals and were left out")
+            if not ws:
+                raise InputError(p, f"side {side}: no interval windows in it (only cumulative figures since "
+                                    "start-up; several scrapes or log intervals are needed)")
         for w in ws:
             engines.setdefault(w.strata.get("engine"), []).append(str(p))
         files.append({"path": str(p), "kind": kind, "windows": len(ws)})
@@ -343,7 +379,7 @@ def read_side(spec, side: str, *, source: str | None = None, bins: str = "pow2",
     if len(engines) > 1:
         desc = "; ".join(f"{e or 'unknown'}: {', '.join(sorted(set(fs)))}" for e, fs in engines.items())
         raise InputError(None, f"side {side} mixes engines ({desc}); put one engine on each side")
-    return windows, {"files": files, "engine": next(iter(engines), None)}
+    return windows, {"files": files, "engine": next(iter(engines), None), "notes": notes}
 
 
 # ------------------------------------------------------------------ statistics
@@ -808,7 +844,7 @@ def compare_sides(side_a, side_b, *, source: str | None = None, vary=None, same_
                          "ignores how the batch slows a plain step")
     res = compare_windows(wa, wb, vary=vary, same_within=same_within, n_boot=n_boot, seed=seed,
                           primary=primary, min_windows=min_windows, side_facts={"A": fa, "B": fb})
-    res["warnings"] += extra
+    res["warnings"] += fa["notes"] + fb["notes"] + extra
     if base is not None:
         res["baseline_tps"] = base if isinstance(base, float) else {str(k): v for k, v in base.items()}
         res["cost_factor"] = cost

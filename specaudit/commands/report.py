@@ -11,6 +11,13 @@ commit length over time, violations by code. Each plot is also DIR/<name>.png. T
 is one file with everything inlined (no network, no scripts): mail it, attach it to the
 incident. `specaudit query PATH NAME` prints the data behind each plot (the caption names
 the canned query). Reads the traces read-only; writes only into DIR.
+
+An A/B result (`specaudit ab A B --output-format json -o ab.json`, or the ab.json that
+`specaudit ab --a ... --b ... --out DIR` writes) given among the PATHs adds an A/B
+section: A and B per stratum with their intervals and verdicts (ab.png), the Simpson's
+paradox and confounder warnings and the closing sentence. Given alone, the page holds
+only that section:
+  specaudit report ab.json --out report/
 """
 from __future__ import annotations
 
@@ -28,10 +35,36 @@ def add_arguments(p) -> None:
     p.add_argument("--threads", type=int, default=None, help="DuckDB threads (default: all cores)")
 
 
+def load_ab_result(path):
+    """The A/B result in a .json PATH (evidence or runtime), or None when it is not one."""
+    import json
+    from pathlib import Path
+    p = Path(path)
+    if p.suffix != ".json" or p.name == "run.json" or not p.is_file():
+        return None
+    try:
+        d = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{p}: not an A/B result: {e}") from None
+    if isinstance(d, dict) and (d.get("kind") == "specaudit-ab-evidence"
+                                or {"a", "b", "metrics", "verdict"} <= set(d)):
+        return d
+    raise ValueError(f"{p}: a JSON file that is neither a run.json nor an A/B result (specaudit ab)")
+
+
 def main(args) -> int:
-    from specaudit.postmortem.report import build_report
+    from specaudit.postmortem.report import build_ab_report, build_report
     from specaudit.trace.schema import discover
 
+    abs_ = [(p, load_ab_result(p)) for p in args.paths]
+    ab = next((d for _, d in abs_ if d is not None), None)
+    if sum(d is not None for _, d in abs_) > 1:
+        raise ValueError("give one A/B result per report")
+    args.paths = [p for p, d in abs_ if d is None]
+    if not args.paths and ab is not None:
+        path = build_ab_report(ab, args.out, title=args.title)
+        print(f"report: {path}", file=sys.stdout)
+        return 0
     discover(args.paths)                 # bad paths fail here, before the checker runs
     findings = summary = None
     if not args.no_check:
@@ -39,7 +72,7 @@ def main(args) -> int:
         res = check_paths(args.paths)
         findings, summary = list(res.findings), res.summary()
     path = build_report(args.paths, args.out, findings=findings, summary=summary,
-                        threads=args.threads, title=args.title)
+                        threads=args.threads, title=args.title, ab=ab)
     note = "" if summary is None else f" (checker: {summary.get('violations', 0)} violation(s))"
     print(f"report: {path}{note}", file=sys.stdout)
     return 0

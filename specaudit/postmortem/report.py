@@ -332,7 +332,7 @@ ORDER BY r.config, r.started_at, r.run_id
 
 
 def build_report(paths, out_dir, findings=None, summary=None, *, threads: int | None = None,
-                 title: str | None = None) -> Path:
+                 title: str | None = None, ab: dict | None = None) -> Path:
     """Write out_dir/report.html and one PNG per plot; return the report's path.
 
     paths: dataset folders / run folders / files (as `specaudit query`). findings: the
@@ -391,9 +391,98 @@ generated {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())} in {{build_s}}
 <h2>Runs</h2>{_runs_section(runs)}
 <h2>Checker</h2>{_checker_section(data['violations_by_code'], summary, checked)}
 {''.join(figures)}
+{ab_section(ab, out) if ab else ''}
 </body></html>
 """
     page = page.replace("{build_s}", f"{time.time() - t0:.1f}")
+    path = out / "report.html"
+    atomic_write_bytes(path, page.encode("utf-8"))
+    return path
+
+
+# ------------------------------------------------------------------ A/B results
+
+AB_LABEL = {"accept_len": "accept length", "accept_rate": "accept rate", "tokens_per_s": "tokens/s",
+            "commit_len_tput": "commit length (throughput)", "accepted_depth": "mean accepted depth",
+            "commit_len": "mean commit length"}
+
+
+def _ab_groups(res: dict) -> tuple[list, list, dict]:
+    """An A/B result (evidence `specaudit ab A B` or runtime ab.json) -> (metrics, group
+    labels, {metric: {label: metric block}}). Evidence: one group per compared stratum,
+    then matched and pooled; runtime: one group."""
+    if res.get("kind") == "specaudit-ab-evidence":
+        blocks = [(s["label"], s["metrics"]) for s in res.get("strata", [])]
+        blocks += [("matched", res.get("matched") or {}), ("pooled", res.get("pooled") or {})]
+    else:
+        blocks = [("runs", res.get("metrics") or {})]
+    metrics = [m for m in AB_LABEL if any(m in b for _, b in blocks)]
+    data = {m: {lab: b[m] for lab, b in blocks if m in b} for m in metrics}
+    return metrics, [lab for lab, _ in blocks], data
+
+
+def plot_ab(res: dict):
+    """A and B per group with their 95% intervals, one panel per metric; the verdict on top."""
+    plt = _plt()
+    metrics, labels, data = _ab_groups(res)
+    n = max(len(metrics), 1)
+    fig, axes = plt.subplots(1, n, figsize=(FIG_W, FIG_H), constrained_layout=True, squeeze=False)
+    for ax, m in zip(axes[0], metrics):
+        xs = [i for i, lab in enumerate(labels) if lab in data[m]]
+        for off, side, color in ((-0.12, "a", "#1565c0"), (0.12, "b", "#ef6c00")):
+            ys = [data[m][labels[i]][side]["mean"] for i in xs]
+            lo = [y - data[m][labels[i]][side]["ci95"][0] for y, i in zip(ys, xs)]
+            hi = [data[m][labels[i]][side]["ci95"][1] - y for y, i in zip(ys, xs)]
+            ax.errorbar([x + off for x in xs], ys, yerr=[lo, hi], fmt="o", ms=4, capsize=3, color=color,
+                        label=side.upper())
+        for i in xs:
+            top = max(data[m][labels[i]]["a"]["ci95"][1], data[m][labels[i]]["b"]["ci95"][1])
+            ax.annotate(data[m][labels[i]]["verdict"], (i, top), textcoords="offset points", xytext=(0, 4),
+                        ha="center", fontsize=7)
+        ax.set_xticks(range(len(labels)))
+        ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=7)
+        ax.set_title(AB_LABEL[m], fontsize=10)
+        ax.grid(alpha=0.3, axis="y")
+        ax.margins(x=0.15, y=0.15)
+    if not metrics:
+        _empty(axes[0][0], "no metric compared")
+    else:
+        axes[0][0].legend(fontsize=8)
+    return fig
+
+
+def ab_section(res: dict, out: Path) -> str:
+    """The A/B part of a report: the plot (also out/ab.png), the conclusion and warnings."""
+    png = _png(plot_ab(res))
+    atomic_write_bytes(Path(out) / "ab.png", png)
+    b64 = base64.b64encode(png).decode("ascii")
+    notes = [p["message"] for p in res.get("paradox") or []] + list(res.get("warnings") or [])
+    items = "".join(f'<li class="bad">{_e(w)}</li>' for w in notes)
+    concl = res.get("conclusion") or f"verdict ({res.get('primary', '')}): {res.get('verdict', '')}"
+    one = res.get("one_sided") or []
+    sided = ("<p>On one side only (never compared): " + "; ".join(
+        f"{_e(o['label'])} ({o['side']}, {o['windows']} windows)" for o in one) + "</p>") if one else ""
+    return (f'<h2 id="h-ab">A/B</h2>{"<ul>" + items + "</ul>" if items else ""}<p><b>{_e(concl)}</b></p>{sided}'
+            f'<figure><img id="ab" class="plot" alt="A/B" src="data:image/png;base64,{b64}">'
+            "<figcaption>A (blue) and B (orange) with bootstrap 95% intervals per compared stratum, then the "
+            "matched strata pooled and every window pooled (strata ignored); the verdict above each pair. "
+            "image: <code>ab.png</code>.</figcaption></figure>")
+
+
+def build_ab_report(res: dict, out_dir, *, title: str | None = None) -> Path:
+    """A report page holding only an A/B result (no trace datasets given)."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: exists and is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--out {out}: cannot create the folder: {e.strerror or e}") from None
+    head = title or "specaudit A/B report"
+    page = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{_e(head)}</title>'
+            f"<style>{CSS}</style></head><body><h1>{_e(head)}</h1>"
+            f'<p class="meta">generated {time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}</p>'
+            f"{ab_section(res, out)}</body></html>\n")
     path = out / "report.html"
     atomic_write_bytes(path, page.encode("utf-8"))
     return path
