@@ -57,6 +57,33 @@ STEPS_SCHEMA = pa.schema([
 NODE_LIST_COLUMNS = ("node_tokens", "parents", "positions", "target_argmax")
 NULLABLE_NODE_LIST_COLUMNS = ("draft_logprob", "target_margin")
 
+# Contract v2 (docs/trace-contract.md, "Version 2: speculative sampling"): additive
+# columns a sampled run writes after the v1 columns; a v1 trace has none of them and
+# reads as before. Per node (N entries; the root holds 1, 1, NaN):
+#   draft_prob   q(x_i): the drafter's transformed probability of node i's token
+#   target_prob  the target side of node i's test: p(x_i) at its parent, or for a later
+#                sibling the running residual p'(x_i) (SpecInfer MSS)
+#   accept_u     the uniform that decided node i (NaN: never tested); accepted iff u < p/q
+# Per step: the token drawn after the last accepted node (the replacement from the
+# residual, or the bonus from p), its probability under the distribution it was drawn
+# from, the target side p' and q of it at that node (q NaN for a bonus), and its rank
+# among the target's logits there (0 = argmax).
+SAMPLING_SCHEMA_VERSION = 2
+READABLE_SCHEMA_VERSIONS = (SCHEMA_VERSION, SAMPLING_SCHEMA_VERSION)
+SAMPLING_NODE_LIST_COLUMNS = ("draft_prob", "target_prob", "accept_u")
+SAMPLING_FIELDS = [
+    pa.field("draft_prob", pa.list_(pa.float32())),
+    pa.field("target_prob", pa.list_(pa.float32())),
+    pa.field("accept_u", pa.list_(pa.float32())),
+    pa.field("sampled_token", pa.int32()),
+    pa.field("sampled_prob", pa.float32()),
+    pa.field("sampled_target_prob", pa.float32()),
+    pa.field("sampled_draft_prob", pa.float32()),
+    pa.field("sampled_rank", pa.int32()),
+]
+SAMPLING_COLUMNS = tuple(f.name for f in SAMPLING_FIELDS)
+STEPS_SCHEMA_V2 = pa.schema(list(STEPS_SCHEMA) + SAMPLING_FIELDS)
+
 REQUESTS_SCHEMA = pa.schema([
     ("run_id", pa.string()),
     ("request_id", pa.string()),
@@ -167,18 +194,56 @@ def mask_hash_from_parents(parents) -> int:
     return int(mask_hash(ancestor_mask(np.asarray(parents, dtype=np.int64))))
 
 
-def tree_depths(parents: np.ndarray) -> np.ndarray:
-    """[B, N] parents -> [B, N] depth (root 0). Assumes parents[i] < i."""
-    parents = np.asarray(parents)
-    B, N = parents.shape
-    d = np.zeros((B, N), dtype=np.int32)
-    idx = np.arange(B)
-    for i in range(1, N):
-        p = np.clip(parents[:, i], 0, N - 1)
-        d[:, i] = d[idx, p] + 1
-    return d
+def tree_depths_flat(gparents: np.ndarray, nmax: int | None = None) -> np.ndarray:
+    """[T] parents as global node indices (-1 at a root or a broken link) -> [T] depths.
+
+    Pointer jumping: ceil(log2 N) rounds of one gather each, whatever the tree shape (the
+    per-node-index loop costs N rounds). A node whose own link is -1 has depth 0, so a
+    caller marks broken links itself. `nmax` bounds the depth (the longest row).
+    """
+    g = np.asarray(gparents, dtype=np.int64)
+    T = len(g)
+    if T == 0:
+        return np.zeros(0, dtype=np.int64)
+    ar = np.arange(T, dtype=np.int64)
+    jump = np.where(g >= 0, g, ar)
+    dist = (g >= 0).astype(np.int64)
+    rounds = max(1, int(np.ceil(np.log2(max(nmax or T, 2)))))
+    for _ in range(rounds):
+        dist = dist + np.where(jump != ar, dist[jump], 0)
+        jump = jump[jump]
+    return dist
 
 
+def tree_depths(parents: np.ndarray, n: np.ndarray | None = None) -> np.ndarray:
+    """[B, N] padded parents (n [B] real nodes per row, default N) -> [B, N] depths.
+
+    Root 0. -1 on padding, and on a node whose parent is not one of 0..i-1 and on every
+    descendant of such a node (a broken row: the checker's tree rules report it).
+    The one depth function of the readers and sinks (flat form: tree_depths_flat). The
+    runtime's verifier and the per-row oracle (audit/reference.py) compute depths on
+    their own on purpose: they are the code under audit and its independent witness.
+    """
+    P = np.asarray(parents, dtype=np.int64)
+    B, N = P.shape
+    n = np.full(B, N, dtype=np.int64) if n is None else np.asarray(n, dtype=np.int64)
+    i = np.arange(N, dtype=np.int64)[None, :]
+    real = i < n[:, None]                                      # [B, N]
+    ok = real & (((i == 0) & (P == -1)) | ((P >= 0) & (P < i)))
+    ok[:, 0] = real[:, 0]                                      # the root's own entry is not a link
+    g = np.where((i > 0) & ok, P + (np.arange(B, dtype=np.int64) * N)[:, None], -1).ravel()
+    d = tree_depths_flat(g, N).reshape(B, N)
+    # a broken link poisons its subtree: propagate "bad" down by parents (parents precede children)
+    bad = (real & ~ok).ravel()
+    if bad.any():
+        g_all = np.where(i > 0, np.clip(P, 0, N - 1) + (np.arange(B) * N)[:, None], -1).ravel()
+        for _ in range(N):
+            nb = bad | (np.where(g_all >= 0, bad[np.maximum(g_all, 0)], False) & real.ravel())
+            if (nb == bad).all():
+                break
+            bad = nb
+    d = np.where(real & ~bad.reshape(B, N), d, -1)
+    return d.astype(np.int32 if n is None else np.int64)
 # ------------------------------------------------------------------ dataset layout
 
 
@@ -201,6 +266,7 @@ class RunFiles:
     step_files: list[Path] = field(default_factory=list)
     requests_file: Path | None = None
     problems: list[InputError] = field(default_factory=list)
+    duplicate_of: Path | None = None   # an earlier folder holding the same run id
 
     @property
     def complete(self) -> bool:
@@ -208,24 +274,172 @@ class RunFiles:
         return bool(self.manifest and self.manifest.get("finished_at")) and self.requests_file is not None
 
 
-def read_manifest(path: Path) -> dict:
+MAX_MANIFEST_BYTES = 4 << 20   # a run.json is a few KB; more is not a manifest
+MAX_JSON_DEPTH = 64            # nesting a manifest may have (deeper is hostile, not a run)
+INT32_MAX = 2**31 - 1
+# config keys read as integers (the trace's columns are int32)
+CONFIG_INT_KEYS = ("eos_id", "max_new_tokens", "budget", "topk", "concurrency", "block_size", "seed",
+                   "threads")
+
+
+def regular_file_problem(path) -> str | None:
+    """None for a regular file (after symlinks); else why it is refused, in words.
+
+    Devices (a symlink to /dev/zero), FIFOs and sockets are refused before any read:
+    a size read from them means nothing, and a FIFO blocks the reader forever."""
+    import stat
     try:
-        text = Path(path).read_text()
+        st = os.stat(path)
+    except OSError as e:
+        return f"cannot read: {e.strerror or e}"
+    if stat.S_ISREG(st.st_mode):
+        return None
+    kind = ("a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
+            else "a socket" if stat.S_ISSOCK(st.st_mode) else "a device" if
+            (stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)) else "not a regular file")
+    return f"not a regular file ({kind}); refused"
+
+
+def read_limited(path, limit: int) -> bytes:
+    """The bytes of a regular file, refusing anything else and anything over `limit`
+    bytes as actually read (not as stat reports it). Raises InputError.
+
+    Opened non-blocking so a FIFO put in a file's place cannot hang the reader."""
+    import stat
+    why = regular_file_problem(path)
+    if why:
+        raise InputError(path, why)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as e:
         raise InputError(path, f"cannot read: {e.strerror or e}") from None
     try:
-        m = json.loads(text)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):    # replaced between stat and open
+            raise InputError(path, "not a regular file; refused")
+        chunks, n = [], 0
+        while n <= limit:
+            b = os.read(fd, min(1 << 20, limit + 1 - n))
+            if not b:
+                break
+            chunks.append(b)
+            n += len(b)
+    except OSError as e:
+        raise InputError(path, f"cannot read: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+    if n > limit:
+        raise InputError(path, f"larger than {limit} bytes; refused")
+    return b"".join(chunks)
+
+
+def _reject_constant(name):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json_bounded(data: bytes, path=None, max_depth: int = MAX_JSON_DEPTH):
+    """json.loads with every failure as one InputError line: not UTF-8, not JSON,
+    NaN/Infinity, numbers too long or beyond float range, nesting deeper than max_depth."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(path, f"not UTF-8 (byte {e.start})") from None
+    cur = 0
+    in_str = esc = False
+    for ch in text:  # a cheap scan: refuse deep nesting before the recursive decoder sees it
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            cur += 1
+            if cur > max_depth:
+                raise InputError(path, f"JSON nested deeper than {max_depth} levels; refused")
+        elif ch in "]}":
+            cur -= 1
+
+    def big_float(s):
+        v = float(s)
+        if not np.isfinite(v):
+            raise ValueError(f"number {s[:20]} is beyond float range")
+        return v
+
+    try:
+        return json.loads(text, parse_constant=_reject_constant, parse_float=big_float)
     except json.JSONDecodeError as e:
         raise InputError(path, f"not JSON ({e.msg} at line {e.lineno})") from None
+    except (ValueError, RecursionError) as e:  # NaN, 1e400, a 5000-digit integer
+        raise InputError(path, f"not usable JSON ({str(e).splitlines()[0][:120]})") from None
+
+
+def _finite(v) -> bool:
+    if isinstance(v, bool):
+        return False
+    if isinstance(v, int):
+        return abs(v) < 2**63
+    return isinstance(v, float) and np.isfinite(v)
+
+
+def validate_manifest(m: dict) -> str | None:
+    """None when a parsed manifest has the contract's types; else the first problem.
+
+    Readers index config, conventions and reported freely once this passed: objects
+    are objects, the config's integer keys are int32 integers (or null), conventions
+    name known values, reported holds finite numbers (or lists of them, or null)."""
+    if not isinstance(m.get("run_id"), str) or not m["run_id"]:
+        return "run_id is not a non-empty string"
+    for k in ("config", "conventions", "reported", "models", "engine", "host"):
+        if m.get(k) is not None and not isinstance(m[k], dict):
+            return f"{k} is {type(m[k]).__name__}, expected an object"
+    cfg = m.get("config") or {}
+    for k in CONFIG_INT_KEYS:
+        v = cfg.get(k)
+        if v is None:
+            continue
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        if isinstance(v, bool) or not isinstance(v, int) or not -INT32_MAX <= v <= INT32_MAX:
+            return f"config.{k} = {str(v)[:40]!r}: expected an integer within int32"
+    for k in ("algo",):
+        if cfg.get(k) is not None and not isinstance(cfg[k], str):
+            return f"config.{k} is not a string"
+    for k, v in (m.get("conventions") or {}).items():
+        if k in CONVENTIONS and v not in CONVENTIONS[k]:
+            return f"conventions.{k} = {str(v)[:40]!r}: expected one of {', '.join(CONVENTIONS[k])}"
+    for k, v in (m.get("reported") or {}).items():
+        if v is None:
+            continue
+        vals = v if isinstance(v, list) else [v]
+        if isinstance(v, list) and len(v) > MAX_NODES:
+            return f"reported.{k} holds {len(v)} entries; at most {MAX_NODES}"
+        if not all(x is None or _finite(x) for x in vals):
+            return f"reported.{k} = {str(v)[:40]}: expected a finite number"
+    for k in ("started_at", "finished_at"):
+        v = m.get(k)
+        if v is not None and not _finite(v):
+            return f"{k} = {str(v)[:40]!r}: expected a number (seconds since the epoch)"
+    return None
+
+
+def read_manifest(path: Path) -> dict:
+    """A run.json, parsed and validated (InputError naming the file otherwise)."""
+    m = parse_json_bounded(read_limited(path, MAX_MANIFEST_BYTES), path)
     if not isinstance(m, dict):
         raise InputError(path, "not a JSON object")
     missing = [k for k in MANIFEST_REQUIRED if k not in m]
     if missing:
         raise InputError(path, f"manifest lacks {', '.join(missing)}")
     v = m.get("schema_version")
-    if v != SCHEMA_VERSION:
-        raise InputError(path, f"unknown schema_version {v!r}: this specaudit reads version "
-                               f"{SCHEMA_VERSION}; upgrade specaudit or convert the trace")
+    if v not in READABLE_SCHEMA_VERSIONS:
+        raise InputError(path, f"unknown schema_version {repr(v)[:40]}: this specaudit reads versions "
+                               f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))}; upgrade specaudit or convert the trace")
+    why = validate_manifest(m)
+    if why:
+        raise InputError(path, f"bad manifest: {why}")
     return m
 
 
@@ -234,36 +448,71 @@ def step_file_key(p: Path):
     return (int(stem) if stem.isdigit() else 1 << 62, p.name)
 
 
+def _trace_dirs(root: Path):
+    """(folder, names of its trace files) under root, following symlinked folders once
+    (a folder reached twice, or a symlink loop, is visited once)."""
+    import fnmatch
+    seen = set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        try:
+            st = os.stat(dirpath)
+        except OSError:
+            dirnames[:] = []
+            continue
+        key = (st.st_dev, st.st_ino)
+        if key in seen:
+            dirnames[:] = []
+            continue
+        seen.add(key)
+        dirnames.sort()
+        names = [f for f in filenames if f in ("run.json", "requests.parquet")
+                 or fnmatch.fnmatchcase(f, "steps-*.parquet")]
+        yield Path(dirpath), names, filenames
+
+
 def discover(paths) -> list[RunFiles]:
     """Find run partitions under the given paths (dataset folders, run folders, or files).
 
     A run folder is one holding run.json or steps-*.parquet; hive naming
-    (`run_id=<id>`) is used for the id when the manifest is missing. Raises InputError
+    (`run_id=<id>`) is used for the id when the manifest is missing. Symlinked folders
+    are followed (each real folder once). A trace file that is not a regular file
+    (FIFO, device, socket, or a symlink to one) is refused as a problem of its run,
+    never opened. Two folders holding the same run id: the later one gets a problem
+    and `duplicate_of` (readers that sum over runs leave it out). Raises InputError
     when a path does not exist or holds no run at all.
     """
     runs: dict[Path, RunFiles] = {}
+    real_seen: set = set()
+    by_id: dict[str, Path] = {}
     for raw in paths:
         p = Path(raw)
         if not p.exists():
             raise InputError(p, "no such file or folder")
-        if p.is_file():
+        if not p.is_dir():
+            why = regular_file_problem(p)
+            if why:
+                raise InputError(p, why)
             dirs = [p.parent]
         else:
-            dirs = sorted({f.parent for f in p.rglob("run.json")} |
-                          {f.parent for f in p.rglob("steps-*.parquet")} |
-                          {f.parent for f in p.rglob("requests.parquet")})
+            dirs, n_stray = [], 0
+            for d, names, filenames in _trace_dirs(p):
+                if names:
+                    dirs.append(d)
+                else:
+                    n_stray += sum(1 for f in filenames if not f.startswith("."))
             if not dirs:
-                stray = [f for f in p.rglob("*") if f.is_file() and not f.name.startswith(".")]
-                what = f"{len(stray)} files, none a trace" if stray else "empty folder"
+                what = f"{n_stray} files, none a trace" if n_stray else "empty folder"
                 raise InputError(p, f"no trace runs found ({what}; expected run_id=<id>/run.json "
                                     "and steps-*.parquet)")
         for d in dirs:
-            if d in runs:
+            real = os.path.realpath(d)
+            if d in runs or real in real_seen:
                 continue
+            real_seen.add(real)
             rid = d.name.split("=", 1)[1] if d.name.startswith("run_id=") else d.name
             rf = RunFiles(run_dir=d, run_id=rid)
             mpath = d / "run.json"
-            if mpath.exists():
+            if os.path.lexists(mpath):
                 try:
                     rf.manifest = read_manifest(mpath)
                     rf.run_id = str(rf.manifest.get("run_id", rid))
@@ -271,9 +520,22 @@ def discover(paths) -> list[RunFiles]:
                     rf.problems.append(e)
             else:
                 rf.problems.append(InputError(mpath, "missing run.json (manifest)"))
-            rf.step_files = sorted(d.glob("steps-*.parquet"), key=step_file_key)
+            for f in sorted(d.glob("steps-*.parquet"), key=step_file_key):
+                why = regular_file_problem(f)
+                if why:
+                    rf.problems.append(InputError(f, why))
+                else:
+                    rf.step_files.append(f)
             rq = d / "requests.parquet"
-            rf.requests_file = rq if rq.exists() else None
+            if os.path.lexists(rq):
+                why = regular_file_problem(rq)
+                if why:
+                    rf.problems.append(InputError(rq, why))
+                else:
+                    rf.requests_file = rq
+            first = by_id.setdefault(rf.run_id, d)
+            if first != d:
+                rf.duplicate_of = first
             runs[d] = rf
     return list(runs.values())
 
