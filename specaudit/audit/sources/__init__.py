@@ -68,8 +68,33 @@ from pathlib import Path
 from specaudit.audit.findings import Finding
 from specaudit.trace.schema import InputError
 
-SOURCES = ("sglang-log", "vllm-log", "prom-text")
-MAX_BYTES = 512 * 1024 * 1024  # refuse absurd inputs before reading them whole
+# --source name -> (module, kind, one-line description, example). Kept in one place so
+# `specaudit check --list-sources` and detection agree.
+SOURCES = {
+    "sglang-log": ("sglang", "log", "SGLang scheduler log: 'Decode batch' lines (+ server_args for the shape)",
+                   "[2026-03-18 11:22:05 TP0] Decode batch, #running-req: 2, #token: 5046, token usage: 0.01, "
+                   "accept len: 2.64, accept rate: 0.66, cuda graph: True, gen throughput (token/s): 242.08"),
+    "vllm-log": ("vllm", "log", "vLLM log: 'SpecDecoding metrics:' (V1, every variant) and 'Speculative metrics:' (V0)",
+                 "SpecDecoding metrics: Mean acceptance length: 2.91, Accepted: 44 tokens, Drafted: 161 tokens, "
+                 "Per-position acceptance rate: 0.739, 0.478, ..., Avg Draft acceptance rate: 27.3%"),
+    "llamacpp-log": ("llamacpp", "log", "llama.cpp server/CLI log: per-slot draft acceptance, 'statistics <drafter>:',"
+                     " per-round 'accepted A/B draft tokens', llama-speculative summary",
+                     "slot print_timing: id  1 | task 0 | draft acceptance = 0.64479 (  167 accepted /   259 "
+                     "generated), mean acceptance length =  2.92, acceptance rate per position = (0.805, 0.632, 0.483)"),
+    "prom-text": ("prom_text", "prom", "Prometheus text: vllm:spec_decode_*, sglang:spec_accept_*, trtllm_spec_decode_*, "
+                  "llamacpp:spec_decode_*, specaudit_*",
+                  "vllm:spec_decode_num_drafts_total{engine=\"0\",model_name=\"m\"} 106.0"),
+    "json-records": ("records", "json", "JSON / JSONL records: vLLM metrics.speculative_decoding, SGLang meta_info "
+                     "spec_* (every key name), TensorRT-LLM iteration stats and per-request perf metrics, llama.cpp "
+                     "timings, AIPerf profile_export records",
+                     '{"meta_info": {"spec_verify_ct": 43, "spec_num_correct_drafts": 63, '
+                     '"spec_num_proposed_drafts": 215, "spec_accept_length": 2.465}}'),
+}
+MAX_BYTES = 512 * 1024 * 1024  # a JSON document (not JSONL) is parsed whole: refuse absurd ones
+MAX_LINE = 1024 * 1024          # a longer line is not a log line: skipped with a note
+MAX_NOTES = 1000                # notes kept per file (the rest are counted)
+CHUNK_WINDOWS = 50_000          # audit_file runs the rules per chunk of windows (bounded memory)
+HEAD_BYTES = 8 * 1024 * 1024    # detection reads this much of the file first
 
 
 @dataclass
@@ -163,84 +188,236 @@ class Reading:
         return (m, se, n, (sum(cs) / len(cs)) if cs else None, (sum(ls) / len(ls)) if ls else None)
 
 
-def _read_text(path) -> str:
+# ------------------------------------------------------------------ streaming input
+
+
+def _check_path(path) -> Path:
     p = Path(path)
     if not p.exists():
         raise InputError(p, "no such file")
     if p.is_dir():
         raise InputError(p, "is a folder; an engine log or a metrics scrape is one file")
     try:
-        size = p.stat().st_size
-        if size > MAX_BYTES:
-            raise InputError(p, f"file of {size / 2**20:.0f} MiB is too large; cut the window you need")
-        data = p.read_bytes()
+        with open(p, "rb") as f:
+            head = f.read(4096)
     except OSError as e:
         raise InputError(p, f"cannot read: {e.strerror or e}") from None
-    if b"\x00" in data[:4096]:
+    if b"\x00" in head:
         raise InputError(p, "binary file, not a log or Prometheus text (a trace dataset? use the folder)")
-    return data.decode("utf-8", errors="replace")
+    return p
+
+
+def _progress(p: Path):
+    """A tqdm byte counter on a terminal (stderr), None otherwise."""
+    import sys
+    try:
+        size = p.stat().st_size
+    except OSError:
+        return None
+    if size < 64 * 1024 * 1024 or not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=size, unit="B", unit_scale=True, desc=f"reading {p.name}", leave=False, file=sys.stderr)
+
+
+class Lines:
+    """The lines of a file, streamed: (line number, text) with bounded memory.
+
+    Bytes that are not UTF-8 are replaced (and noted once); a line over MAX_LINE bytes is
+    skipped with a note; a file cut mid-line yields its last partial line like any other
+    (the parsers note it as truncated when it does not parse). `notes` collects these.
+    """
+
+    def __init__(self, path, progress: bool = True):
+        self.path = _check_path(path)
+        self.notes: list[dict] = []
+        self.progress = progress
+
+    def __iter__(self):
+        bar = _progress(self.path) if self.progress else None
+        bad_utf8 = False
+        try:
+            with open(self.path, "rb") as f:
+                i = 0
+                while True:
+                    raw = f.readline(MAX_LINE + 1)
+                    if not raw:
+                        break
+                    i += 1
+                    if bar is not None:
+                        bar.update(len(raw))
+                    if len(raw) > MAX_LINE and not raw.endswith(b"\n"):
+                        skipped = len(raw)
+                        while raw and not raw.endswith(b"\n"):  # drain the rest of the long line
+                            raw = f.readline(MAX_LINE + 1)
+                            skipped += len(raw)
+                            if bar is not None:
+                                bar.update(len(raw))
+                        self.notes.append(note(self.path, i, f"line of {skipped} bytes skipped (not a log line)"))
+                        continue
+                    try:
+                        text = raw.decode("utf-8")
+                    except UnicodeDecodeError:
+                        text = raw.decode("utf-8", errors="replace")
+                        if not bad_utf8:
+                            bad_utf8 = True
+                            self.notes.append(note(self.path, i, "bytes that are not UTF-8 (replaced; first such "
+                                                                 "line shown)", text))
+                    yield i, text.rstrip("\r\n")
+        except OSError as e:
+            raise InputError(self.path, f"cannot read: {e.strerror or e}") from None
+        finally:
+            if bar is not None:
+                bar.close()
+
+
+def _read_text(path) -> str:
+    """The whole file as text (for JSON documents and small inputs); bounded by MAX_BYTES."""
+    p = _check_path(path)
+    size = p.stat().st_size
+    if size > MAX_BYTES:
+        raise InputError(p, f"file of {size / 2**20:.0f} MiB is too large to parse whole; cut the window you need")
+    return "\n".join(t for _, t in Lines(p, progress=False))
+
+
+def _modules():
+    import importlib
+    return {name: importlib.import_module(f"specaudit.audit.sources.{mod}") for name, (mod, *_r) in SOURCES.items()}
+
+
+def detect_lines(lines) -> str | None:
+    """Which source an iterable of text lines is (looking at the first HEAD_BYTES, then on
+    until a first hit), or None. Mixed engines raise ValueError."""
+    mods = _modules()
+    found: dict[str, int] = {}
+    seen = 0
+    first_char = None
+    for _, ln in lines:
+        s = ln.strip()
+        if not s:
+            continue
+        if first_char is None:
+            first_char = s[0]
+            if s[0] in "[{" and mods["json-records"].looks_like_first(s):
+                return "json-records"
+        for name, mod in mods.items():
+            if name != "json-records" and mod.looks_like_line(ln):
+                found.setdefault(name, 0)
+                found[name] += 1
+        seen += len(ln) + 1
+        if found and seen > HEAD_BYTES:
+            break
+    if "prom-text" in found and len(found) > 1:
+        # a scrape's HELP text may mention a log phrase; exposition lines win
+        return "prom-text"
+    if len(found) > 1:
+        names = " and ".join(SOURCES[k][2].split(":")[0] for k in sorted(found))
+        raise ValueError(f"holds lines of more than one engine ({names}: mixed engines); split the file per engine "
+                         "or pass --source")
+    return next(iter(found), None)
 
 
 def detect_text(text: str) -> str | None:
     """Which source a text is, or None. Mixed engines raise ValueError."""
-    from specaudit.audit.sources import prom_text as prom, sglang, vllm
-    hits = {"sglang-log": sglang.looks_like(text), "vllm-log": vllm.looks_like(text),
-            "prom-text": prom.looks_like(text)}
-    found = [k for k, v in hits.items() if v]
-    if "prom-text" in found and len(found) > 1:
-        # a scrape's HELP text may mention a log phrase; exposition lines win
-        found = ["prom-text"]
-    if len(found) > 1:
-        raise ValueError("holds both SGLang decode lines and vLLM SpecDecoding lines (mixed engines); "
-                         "split the file per engine or pass --source")
-    return found[0] if found else None
+    return detect_lines(enumerate(text.splitlines(), 1))
 
 
 def detect(path) -> str:
-    """The source of a file (sglang-log, vllm-log or prom-text). InputError when it is none."""
-    text = _read_text(path)
+    """The source of a file (one of SOURCES). InputError when it is none of them."""
+    p = _check_path(path)
     try:
-        s = detect_text(text)
+        s = detect_lines(Lines(p, progress=False))
     except ValueError as e:
         raise InputError(path, str(e)) from None
     if s is None:
-        raise InputError(path, _unrecognised(text))
+        raise InputError(path, _unrecognised(p))
     return s
 
 
-def _unrecognised(text: str) -> str:
-    if not text.strip():
+def _unrecognised(p: Path) -> str:
+    try:
+        empty = p.stat().st_size == 0 or not any(t.strip() for _, t in Lines(p, progress=False))
+    except InputError:
+        empty = False
+    if empty:
         return "empty file: no engine log lines or metrics"
     return ("not a recognised engine log or metrics scrape: no SGLang 'Decode batch' lines with accept len, "
-            "no vLLM 'SpecDecoding metrics:' lines, no Prometheus spec-decoding series "
-            "(pass --source sglang-log|vllm-log|prom-text to force one)")
+            "no vLLM 'SpecDecoding metrics:' lines, no llama.cpp draft acceptance lines, no spec-decoding JSON "
+            "records, no Prometheus spec-decoding series (pass --source "
+            + "|".join(SOURCES) + " to force one)")
 
 
-def read_source(path, source: str | None = None) -> Reading:
-    """Parse a file into a Reading. InputError when unrecognised or unreadable."""
-    from specaudit.audit.sources import prom_text as prom, sglang, vllm
+def list_sources() -> str:
+    """`specaudit check --list-sources`: each source, what it reads, and an example line."""
+    out = []
+    for name, (_mod, _kind, what, example) in SOURCES.items():
+        out.append(f"{name:13} {what}\n{'':13} e.g. {example}")
+    return "\n".join(out) + "\n"
+
+
+def _resolve(path, source):
     if source is not None and source not in SOURCES:
         raise InputError(path, f"unknown --source {source!r}; one of {', '.join(SOURCES)}")
-    text = _read_text(path)
+    p = _check_path(path)
     if source is None:
         try:
-            source = detect_text(text)
+            source = detect_lines(Lines(p, progress=False))
         except ValueError as e:
             raise InputError(path, str(e)) from None
         if source is None:
-            raise InputError(path, _unrecognised(text))
-    parser = {"sglang-log": sglang.parse, "vllm-log": vllm.parse, "prom-text": prom.parse}[source]
-    reading = parser(text, str(path))
-    if not reading.windows:
+            raise InputError(path, _unrecognised(p))
+    return p, source
+
+
+def iter_readings(path, source: str | None = None, chunk: int = CHUNK_WINDOWS):
+    """Stream a file into Readings of at most `chunk` windows each (the last may be
+    smaller); each carries the config and notes seen so far. Bounded memory for any size."""
+    p, source = _resolve(path, source)
+    mod = _modules()[source]
+    lines = Lines(p)
+    parser = mod.Parser(str(path))
+    total = 0
+    notes_total = 0
+    last_notes: list = []
+    emitted = False
+    for i, ln in lines:
+        parser.feed(i, ln)
+        if len(parser.reading.windows) >= chunk:
+            r = parser.take()
+            total += len(r.windows)
+            r.notes = lines.notes + r.notes
+            lines.notes = []
+            notes_total += len(r.notes)
+            emitted = True
+            yield r
+    r = parser.finish()
+    r.notes = lines.notes + r.notes
+    total += len(r.windows)
+    notes_total += len(r.notes)
+    last_notes = r.notes
+    if total == 0:
         raise InputError(path, f"read as {source}, but no usable spec-decoding figures in it"
-                         + (f" ({len(reading.notes)} lines skipped; line {reading.notes[0]['line']}: "
-                            f"{reading.notes[0]['reason']})"
-                            if reading.notes else ""))
-    return reading
+                         + (f" ({notes_total} lines skipped; line {last_notes[0]['line']}: {last_notes[0]['reason']})"
+                            if last_notes else ""))
+    if r.windows or not emitted or r.notes:
+        yield r
+
+
+def read_source(path, source: str | None = None) -> Reading:
+    """Parse a whole file into one Reading. InputError when unrecognised or unreadable.
+    (For any size use iter_readings or audit_file, which stream.)"""
+    out = None
+    for r in iter_readings(path, source, chunk=10**12):
+        out = r
+    return out
 
 
 def audit_reading(reading: Reading, select=(), ignore=()) -> list[Finding]:
-    """Run every SA7xx (scope "source") rule on a Reading."""
+    """Run every SA7xx (scope "source") rule on a Reading. Each finding carries the engine,
+    the format version recognised and the conventions of the figures it is about."""
     from specaudit.invariants import load_rules
     findings = []
     for rule in load_rules(select=select, ignore=ignore, entry_points=False):
@@ -256,19 +433,80 @@ def audit_reading(reading: Reading, select=(), ignore=()) -> list[Finding]:
                 kw = {k: f.pop(k) for k in ("run_id", "request_id", "step", "file", "line") if k in f}
                 kw.setdefault("file", reading.path)
                 findings.append(rule.finding(**kw, **f))
+    by_line = {w.line: w for w in reading.windows if w.line is not None}
+    for f in findings:
+        w = by_line.get(f.line)
+        f.values.setdefault("engine", (w.engine if w is not None and w.engine else reading.engine))
+        version = (w.version if w is not None and w.version else reading.version)
+        f.values.setdefault("version", version or "not inferable from this output")
+        conv = dict(reading.conventions)
+        if w is not None:
+            conv.update(w.conventions)
+        if conv:
+            f.values.setdefault("conventions", conv)
     findings.sort(key=lambda f: (f.line if f.line is not None else -1, f.code))
     return findings
 
 
 def audit_file(path, source: str | None = None, select=(), ignore=()) -> list[Finding]:
-    """Read an SGLang log, a vLLM log or a Prometheus scrape and audit it.
+    """Read an engine log, a metrics scrape or JSON records and audit them, streaming.
 
     Returns the findings (errors fail a check, warnings do not). Raises
-    specaudit.schema.InputError for a file that is none of these, empty, or mixed.
+    specaudit.trace.schema.InputError for a file that is none of these, empty, or mixed.
     """
-    return audit_reading(read_source(path, source), select=select, ignore=ignore)
+    out: list[Finding] = []
+    for r in iter_readings(path, source):
+        out += audit_reading(r, select=select, ignore=ignore)
+    return out
 
 
 def note(path, line, reason, text="") -> dict:
     """A skipped or truncated line (reported by rule SA700, a warning)."""
     return {"file": str(path), "line": line, "reason": reason, "text": text.strip()[:200]}
+
+
+def finite(x) -> bool:
+    """A number that a rule can compare (not None, nan or inf)."""
+    return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
+
+
+class LineParser:
+    """Base of the line readers: feed(lineno, text) per line, take() a chunk, finish().
+
+    Subclasses implement feed(); they append Windows to self.reading.windows and notes
+    with self.skip(). take() hands over the windows so far (keeping config and state).
+    """
+
+    source = ""
+    engine = ""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.reading = Reading(source=self.source, engine=self.engine, path=path)
+        self._notes_dropped = 0
+
+    def skip(self, line, reason, text=""):
+        if len(self.reading.notes) < MAX_NOTES:
+            self.reading.notes.append(note(self.path, line, reason, text))
+        else:
+            self._notes_dropped += 1
+
+    def feed(self, lineno: int, text: str) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def finalize(self, reading: Reading) -> None:
+        """Derive config-dependent figures on a chunk before it is handed over."""
+
+    def take(self) -> Reading:
+        r = self.reading
+        self.finalize(r)
+        self.reading = Reading(source=r.source, engine=r.engine, path=r.path, config=dict(r.config),
+                               includes_bonus=r.includes_bonus, version=r.version, conventions=dict(r.conventions))
+        return r
+
+    def finish(self) -> Reading:
+        r = self.take()
+        if self._notes_dropped:
+            r.notes.append(note(self.path, r.notes[-1]["line"] if r.notes else 1,
+                                f"{self._notes_dropped} more lines skipped (not listed)"))
+        return r

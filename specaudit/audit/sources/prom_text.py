@@ -15,6 +15,13 @@ Series read (per `engine` / `dp_rank` label, then summed):
               vllm:generation_tokens_total, vllm:num_requests_running
     SGLang    sglang:spec_accept_length, sglang:spec_accept_rate (gauges over the last
               log interval), sglang:gen_throughput, sglang:num_running_reqs
+    TRT-LLM   trtllm_spec_decode_num_draft_tokens_total, ..._num_accepted_tokens_total
+              (counters since PR 12545, gauges before), gauges trtllm_spec_decode_acceptance_length
+              and _draft_overhead, per position (PR 12636) trtllm_spec_decode_drafted_tokens_total
+              and _accepted_tokens_total{token_position} (denominator: drafted at that position),
+              trtllm_speculative_config_info{spec_num_tokens}
+    llama.cpp llamacpp:spec_decode_num_drafts_total, _num_draft_tokens_total,
+              _num_accepted_tokens_total, _num_accepted_tokens_per_pos_total{position} (PR 26389)
     specaudit specaudit_verify_steps_total, _drafted_tokens_total, _accepted_tokens_total,
               _committed_tokens_total, _derived_*_total, _depth_accepted_total{depth},
               _generated_tokens_total, _running_requests, _reported_commit_length,
@@ -30,8 +37,9 @@ from specaudit.trace.schema import InputError
 from specaudit.audit.sources import Reading, Window
 
 SCRAPED_AT_RE = re.compile(r"^#\s*scraped_at:\s*(?P<t>[0-9.]+)")
-KNOWN_RE = re.compile(r"^(vllm:spec_decode_|sglang:spec_accept_|sglang:gen_throughput|specaudit_(verify_steps|"
-                      r"drafted_tokens|accepted_tokens|reported_commit_length))")
+KNOWN_RE = re.compile(r"^(vllm:spec_decode_|sglang:spec_accept_|sglang:gen_throughput|trtllm_spec_decode_|"
+                      r"llamacpp:spec_decode_|specaudit_(verify_steps|drafted_tokens|accepted_tokens|"
+                      r"reported_commit_length))")
 
 VLLM = {
     "drafts": "vllm:spec_decode_num_drafts_total",
@@ -62,18 +70,45 @@ SPECAUDIT = {
     "estimated_low": "specaudit_estimated_commit_length_lower",
     "estimated_high": "specaudit_estimated_commit_length_upper",
 }
+TRTLLM = {
+    "draft_tokens": "trtllm_spec_decode_num_draft_tokens_total",
+    "accepted_tokens": "trtllm_spec_decode_num_accepted_tokens_total",
+    "draft_tokens_gauge": "trtllm_spec_decode_num_draft_tokens",
+    "accepted_tokens_gauge": "trtllm_spec_decode_num_accepted_tokens",
+    "accept_len": "trtllm_spec_decode_acceptance_length",
+    "per_pos": "trtllm_spec_decode_accepted_tokens_total",
+    "per_pos_drafted": "trtllm_spec_decode_drafted_tokens_total",
+    "running": "trtllm_num_requests_running",
+}
+LLAMACPP = {
+    "drafts": "llamacpp:spec_decode_num_drafts_total",
+    "draft_tokens": "llamacpp:spec_decode_num_draft_tokens_total",
+    "accepted_tokens": "llamacpp:spec_decode_num_accepted_tokens_total",
+    "per_pos": "llamacpp:spec_decode_num_accepted_tokens_per_pos_total",
+}
 RANK_LABELS = ("engine", "dp_rank")
-POS_LABELS = ("position", "depth")
+POS_LABELS = ("position", "depth", "token_position")
+# engine -> (series names, required fields, per-position denominator)
+FAMILIES = {
+    "vllm": (VLLM, ("drafts", "draft_tokens", "accepted_tokens"), "verify_steps"),
+    "sglang": (SGLANG, ("accept_len",), None),
+    "trtllm": (TRTLLM, (), "drafted_at_position"),
+    "llamacpp": (LLAMACPP, ("drafts", "draft_tokens", "accepted_tokens"), "verify_steps"),
+    "specaudit": (SPECAUDIT, ("drafts", "draft_tokens", "accepted_tokens"), "verify_steps"),
+}
+PREFIX = {"vllm": "vllm:spec_decode", "sglang": "sglang:spec_accept", "trtllm": "trtllm_spec_decode",
+          "llamacpp": "llamacpp:spec_decode", "specaudit": "specaudit_"}
+
+
+def looks_like_line(line: str) -> bool:
+    s = line.lstrip()
+    if s.startswith("# TYPE ") or s.startswith("# HELP "):
+        s = s.split(" ", 2)[2] if s.count(" ") >= 2 else ""
+    return bool(KNOWN_RE.match(s))
 
 
 def looks_like(text: str) -> bool:
-    for ln in text.splitlines():
-        s = ln.lstrip()
-        if s.startswith("# TYPE ") or s.startswith("# HELP "):
-            s = s.split(" ", 2)[2] if s.count(" ") >= 2 else ""
-        if KNOWN_RE.match(s):
-            return True
-    return False
+    return any(looks_like_line(ln) for ln in text.splitlines())
 
 
 class Scrape:
@@ -82,41 +117,82 @@ class Scrape:
         self.samples: dict[tuple, tuple[float, int]] = {}  # (name, labels) -> (value, line)
 
 
-def split_scrapes(text: str, path: str):
-    """-> list[Scrape], notes. Each sample line is parsed on its own (for line numbers)."""
-    from specaudit.audit.sources import note
-    scrapes, notes = [Scrape(line=1)], []
-    for i, raw in enumerate(text.splitlines(), 1):
+class Parser:
+    """Prometheus text fed line by line: scrapes, then windows at finish()."""
+
+    source = "prom-text"
+
+    def __init__(self, path: str):
+        self.path = path
+        self.scrapes = [Scrape(line=1)]
+        self.notes: list[dict] = []
+        self.types: dict[str, tuple[str, int]] = {}  # family -> (TYPE, line)
+        self.info: dict = {}
+        self.reading = Reading(source="prom-text", engine="", path=path)  # chunking never applies
+
+    def feed(self, i: int, raw: str) -> None:
+        from specaudit.audit.sources import MAX_NOTES, note
         s = raw.strip()
         if not s:
-            continue
+            return
         m = SCRAPED_AT_RE.match(s)
         if m:
-            if scrapes[-1].samples or scrapes[-1].t is not None:
-                scrapes.append(Scrape(line=i))
-            scrapes[-1].t = float(m.group("t"))
-            scrapes[-1].line = i
-            continue
+            if self.scrapes[-1].samples or self.scrapes[-1].t is not None:
+                self.scrapes.append(Scrape(line=i))
+            try:
+                self.scrapes[-1].t = float(m.group("t"))
+            except ValueError:
+                pass
+            self.scrapes[-1].line = i
+            return
+        if s.startswith("# TYPE "):
+            parts = s.split()
+            if len(parts) >= 4:
+                self.types[parts[2]] = (parts[3], i)
+            return
         if s.startswith("#"):
-            continue
+            return
         try:
             fams = list(text_string_to_metric_families(s + "\n"))
         except Exception as e:  # the parser raises ValueError/IndexError/... on a bad line
-            notes.append(note(path, i, f"unreadable Prometheus line ({type(e).__name__}: {e})", raw))
-            continue
+            if len(self.notes) < MAX_NOTES:
+                self.notes.append(note(self.path, i, f"unreadable Prometheus line ({type(e).__name__}: "
+                                                     f"{str(e)[:80]})", raw))
+            return
         for fam in fams:
             for smp in fam.samples:
+                if smp.name == "trtllm_speculative_config_info":
+                    self.info.update(smp.labels)
+                v = float(smp.value)
+                if v != v or v in (float("inf"), float("-inf")):
+                    if len(self.notes) < MAX_NOTES:
+                        self.notes.append(note(self.path, i, f"{smp.name} is not a finite number", raw))
+                    continue
                 key = (smp.name, tuple(sorted(smp.labels.items())))
-                if key in scrapes[-1].samples:  # a repeated series starts the next scrape
-                    scrapes.append(Scrape(line=i))
-                scrapes[-1].samples[key] = (float(smp.value), i)
-                if smp.timestamp is not None and scrapes[-1].t is None:
-                    scrapes[-1].t = float(smp.timestamp)
-    return [s for s in scrapes if s.samples], notes
+                if key in self.scrapes[-1].samples:  # a repeated series starts the next scrape
+                    self.scrapes.append(Scrape(line=i))
+                self.scrapes[-1].samples[key] = (v, i)
+                if smp.timestamp is not None and self.scrapes[-1].t is None:
+                    self.scrapes[-1].t = float(smp.timestamp)
+
+    def take(self) -> Reading:  # windows exist only at the end (scrapes are differenced)
+        return Reading(source="prom-text", engine="", path=self.path)
+
+    def finish(self) -> Reading:
+        scrapes = [sc for sc in self.scrapes if sc.samples]
+        return build(scrapes, self.notes, self.path, self.types, self.info)
+
+
+def split_scrapes(text: str, path: str):
+    """-> list[Scrape], notes. Each sample line is parsed on its own (for line numbers)."""
+    p = Parser(path)
+    for i, raw in enumerate(text.splitlines(), 1):
+        p.feed(i, raw)
+    return [sc for sc in p.scrapes if sc.samples], p.notes
 
 
 def _by_rank(scrape: Scrape, names: dict) -> dict:
-    """rank -> field -> value (per_pos: {pos: value}); sums over other labels."""
+    """rank -> field -> value (per_pos, per_pos_drafted: {pos: value}); sums over other labels."""
     rev = {v: k for k, v in names.items()}
     out: dict = {}
     for (name, labels), (value, line) in scrape.samples.items():
@@ -127,14 +203,14 @@ def _by_rank(scrape: Scrape, names: dict) -> dict:
         rank = next((f"{k} {lab[k]}" for k in RANK_LABELS if k in lab), None)
         d = out.setdefault(rank, {"_line": line})
         d["_line"] = min(d["_line"], line)
-        if f == "per_pos":
+        if f in ("per_pos", "per_pos_drafted"):
             pos = next((lab[k] for k in POS_LABELS if k in lab), None)
             try:
                 p = int(pos)
             except (TypeError, ValueError):
                 continue
-            d.setdefault("per_pos", {})
-            d["per_pos"][p] = d["per_pos"].get(p, 0.0) + value
+            d.setdefault(f, {})
+            d[f][p] = d[f].get(p, 0.0) + value
         else:
             d[f] = d.get(f, 0.0) + value
             d.setdefault("_lines", {})[f] = line
@@ -143,40 +219,49 @@ def _by_rank(scrape: Scrape, names: dict) -> dict:
 
 def parse(text: str, path: str) -> Reading:
     scrapes, notes = split_scrapes(text, path)
+    return build(scrapes, notes, path)
+
+
+def build(scrapes, notes, path, types=None, info=None) -> Reading:
     names = set()
-    for s in scrapes:
-        names |= {k[0] for k in s.samples}
-    if any(n.startswith("vllm:spec_decode") for n in names):
-        engine, fam = "vllm", VLLM
-        required = ("drafts", "draft_tokens", "accepted_tokens")
-    elif any(n.startswith("sglang:spec_accept") for n in names):
-        engine, fam = "sglang", SGLANG
-        required = ("accept_len",)
-    elif any(n.startswith("specaudit_") for n in names):
-        engine, fam = "specaudit", SPECAUDIT
-        required = ("drafts", "draft_tokens", "accepted_tokens")
-    else:
-        raise InputError(path, "no spec-decoding series (vllm:spec_decode_*, sglang:spec_accept_*, specaudit_*) "
-                               "in this Prometheus text")
+    for sc in scrapes:
+        names |= {k[0] for k in sc.samples}
+    engine = next((e for e, pre in PREFIX.items() if any(n.startswith(pre) for n in names)), None)
+    if engine is None:
+        raise InputError(path, "no spec-decoding series (vllm:spec_decode_*, sglang:spec_accept_*, trtllm_spec_decode_*"
+                               ", llamacpp:spec_decode_*, specaudit_*) in this Prometheus text")
+    fam, required, pos_kind = FAMILIES[engine]
     missing = [fam[k] for k in required if fam[k] not in names]
     if missing:
         raise InputError(path, f"{engine} metrics lack {', '.join(missing)}: cannot audit spec decoding from them")
     reading = Reading(source="prom-text", engine=engine, path=path, notes=notes)
-    ranked = [_by_rank(s, fam) for s in scrapes]
-    reading.series = ranked[-1]
+    types = types or {}
+    # a counter exported as a gauge (TensorRT-LLM before PR 12545): never difference it
+    for base in ("draft_tokens_gauge", "accepted_tokens_gauge"):
+        if fam.get(base) in names:
+            reading.config.setdefault("gauge_counters", []).append(fam[base])
+    for n, (typ, line) in types.items():
+        if typ == "gauge" and (n.endswith("_total") or n.endswith("_num_draft_tokens")
+                               or n.endswith("_num_accepted_tokens")) and n.startswith(PREFIX[engine]):
+            reading.config.setdefault("gauge_counters", []).append(n)
+            reading.config.setdefault("gauge_counter_lines", {})[n] = line
+    ranked = [_by_rank(sc, fam) for sc in scrapes]
+    reading.series = ranked[-1] if ranked else {}
     reading.config["scrapes"] = len(scrapes)
-    pos = max((len(d.get("per_pos") or {}) for d in ranked[-1].values()), default=0)
-    if pos and engine == "vllm":
-        reading.config["num_spec_tokens"] = pos
+    pos = max((len(d.get("per_pos") or {}) for d in reading.series.values()), default=0)
+    if pos and engine in ("vllm", "llamacpp"):
+        reading.config["num_spec_tokens"] = pos  # vLLM / llama.cpp export every position 0..k-1
+    if engine == "trtllm" and info and str(info.get("spec_num_tokens", "")).isdigit():
+        reading.config["num_spec_tokens"] = int(info["spec_num_tokens"])
     if engine == "sglang":
         # gauges: each scrape is a window over SGLang's last decode-log interval
-        for s, by in zip(scrapes, ranked):
+        for sc, by in zip(scrapes, ranked):
             for rank, d in by.items():
                 if "accept_len" not in d:
                     continue
                 reading.windows.append(Window(
-                    line=d["_line"], t=s.t, rank=rank, accept_len=d["accept_len"],
-                    accept_rate=d.get("accept_rate"), gen_tps=d.get("gen_tps"),
+                    line=d["_line"], t=sc.t, rank=rank, accept_len=d["accept_len"],
+                    accept_rate=d.get("accept_rate"), gen_tps=d.get("gen_tps"), engine="sglang", kind="gauge",
                     concurrency=d.get("running"), text=f"{fam['accept_len']} = {d['accept_len']:g}"))
         return reading
     # counters: one cumulative window per rank from the last scrape, then interval deltas
@@ -184,31 +269,43 @@ def parse(text: str, path: str) -> Reading:
         pairs = [(None, scrapes[0], {}, ranked[0])]
     else:
         pairs = [(scrapes[j - 1], scrapes[j], ranked[j - 1], ranked[j]) for j in range(1, len(scrapes))]
-    for prev_s, s, prev, cur in pairs:
+    counters = ("drafts", "draft_tokens", "accepted_tokens")
+    for prev_s, sc, prev, cur in pairs:
         for rank, d in cur.items():
-            if "drafts" not in d:
+            if not any(k in d for k in counters):
                 continue
             p = prev.get(rank, {})
             delta = lambda k: (d[k] - p.get(k, 0.0)) if k in d else None  # noqa: E731
-            w = Window(line=d["_line"], t=s.t, rank=rank)
+            w = Window(line=d["_line"], t=sc.t, rank=rank, engine=engine,
+                       kind="cumulative" if prev_s is None else "interval")
             w.drafts, w.draft_tokens = delta("drafts"), delta("draft_tokens")
             w.accepted_tokens = delta("accepted_tokens")
+            w.k = reading.config.get("num_spec_tokens")
             if "per_pos" in d:
                 pp, qq = d["per_pos"], p.get("per_pos", {})
                 w.per_pos_counts = [pp[k] - qq.get(k, 0.0) for k in sorted(pp)]
-                if w.drafts and w.drafts > 0:
+                w.per_pos_kind = pos_kind
+                if pos_kind == "verify_steps" and w.drafts and w.drafts > 0:
                     w.per_pos = [c / w.drafts for c in w.per_pos_counts]
+                if "per_pos_drafted" in d:
+                    dd, ee = d["per_pos_drafted"], p.get("per_pos_drafted", {})
+                    w.per_pos_drafted = [dd.get(k, 0.0) - ee.get(k, 0.0) for k in sorted(pp)]
+                    w.per_pos = [(c / x if x > 0 else None) for c, x in zip(w.per_pos_counts, w.per_pos_drafted)]
+                    if any(r is None for r in w.per_pos):
+                        w.per_pos = None
             if w.drafts and w.drafts > 0 and w.accepted_tokens is not None:
                 w.accept_len = 1 + w.accepted_tokens / w.drafts
-            if prev_s is not None and any(d.get(k, 0.0) < p.get(k, 0.0) for k in ("drafts", "draft_tokens",
-                                                                                   "accepted_tokens")):
+            elif "accept_len" in d:
+                w.accept_len = d["accept_len"]
+                w.extra["accept_len_gauge"] = True
+            if prev_s is not None and any(d.get(k, 0.0) < p.get(k, 0.0) for k in counters):
                 w.extra["counter_reset"] = True
             for k in ("running",):
                 if k in d:
                     w.concurrency = d[k]
-            if prev_s is not None and s.t is not None and prev_s.t is not None and s.t > prev_s.t \
+            if prev_s is not None and sc.t is not None and prev_s.t is not None and sc.t > prev_s.t \
                     and "generated" in d:
-                w.gen_tps = (d["generated"] - p.get("generated", 0.0)) / (s.t - prev_s.t)
+                w.gen_tps = (d["generated"] - p.get("generated", 0.0)) / (sc.t - prev_s.t)
             for k in ("committed", "derived_accepted", "derived_committed"):
                 if k in d:
                     w.extra[k] = delta(k)
@@ -217,7 +314,8 @@ def parse(text: str, path: str) -> Reading:
                     w.extra[k] = d[k]
             if engine == "specaudit" and "reported" in d:
                 w.extra["reported_commit_len"] = d["reported"]
-            w.text = (f"drafts {w.drafts:g}, drafted {w.draft_tokens if w.draft_tokens is not None else '?'}, "
-                      f"accepted {w.accepted_tokens if w.accepted_tokens is not None else '?'}")
+            w.text = (f"drafts {w.drafts if w.drafts is not None else '?':g}, " if w.drafts is not None else "") + \
+                (f"drafted {w.draft_tokens if w.draft_tokens is not None else '?'}, "
+                 f"accepted {w.accepted_tokens if w.accepted_tokens is not None else '?'}")
             reading.windows.append(w)
     return reading

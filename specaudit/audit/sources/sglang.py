@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 
-from specaudit.audit.sources import Reading, Window
+from specaudit.audit.sources import LineParser, Reading, Window
 
 DECODE_RE = re.compile(r"Decode batch(?: \[\d+\])?[.,]\s*(?P<body>.*)$")
 PREFIX_RE = re.compile(r"\[(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)(?P<rank>(?: [A-Z]{2,4}\d+)*)\]")
@@ -42,10 +42,30 @@ FIELDS = {
     "cpu graph": ("cuda_graph", lambda s: {"true": True, "false": False}[s.strip().lower()]),
 }
 REQUIRED = ("accept len", "gen throughput (token/s)", "#running-req")
+# "2026-03-18 11:22:05.874 INFO 120984 [ TP0 scheduler_metrics_mixin.py:415] Decode batch, ..." (newer prefix)
+TS_RE = re.compile(r"(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)")
+RANK_RE = re.compile(r"\[\s*((?:[A-Z]{2,4}\d+\s*)+)\S*\.py:\d+\]")
+
+
+# accept rate definitions by SGLang version (shared/spec/engine-metrics.md); the date of the
+# log line (SGLang prints the year) picks the version, the figures confirm it.
+PR_11572 = "2025-10-13"   # accept rate made (accepted + bs) / (bs * num_draft_tokens)
+PR_23530 = "2026-04-01"   # accept rate made drafts only (~v0.5.11); April 2026 is ambiguous
+PR_23530_SURE = "2026-05-01"
+RATE_BONUS = ("(accepted + bs) / (bs * speculative_num_draft_tokens): this SGLang version's accept rate counts "
+              "the bonus token (numerator) and the root slot (denominator), so no accepted draft reads "
+              "1/num_draft_tokens")
+RATE_DRAFTS = "accepted drafts / drafted tokens (drafts only, bonus excluded)"
+RATE_OLD = "before PR 11572 the accept rate could exceed 1 (its formula is not recorded here)"
+LEN_CONV = "(accepted drafts + 1 per request) / request-verify steps: counts the bonus token"
+
+
+def looks_like_line(line: str) -> bool:
+    return "Decode batch" in line and "accept len:" in line
 
 
 def looks_like(text: str) -> bool:
-    return any("Decode batch" in ln and "accept len:" in ln for ln in text.splitlines())
+    return any(looks_like_line(ln) for ln in text.splitlines())
 
 
 def _server_args(line: str) -> dict:
@@ -58,28 +78,76 @@ def _server_args(line: str) -> dict:
     return cfg
 
 
-def parse(text: str, path: str) -> Reading:
-    from specaudit.audit.sources import note
-    reading = Reading(source="sglang-log", engine="sglang", path=path)
-    for i, raw in enumerate(text.splitlines(), 1):
+def era(date: str | None) -> str | None:
+    """'old' (< PR 11572), 'bonus' (PR 11572..23530), 'either' (April 2026), 'drafts' (later),
+    or None when the line carries no year."""
+    if not date or len(date) < 10 or not date[:4].isdigit():
+        return None
+    d = date[:10]
+    if d < PR_11572:
+        return "old"
+    if d < PR_23530:
+        return "bonus"
+    if d < PR_23530_SURE:
+        return "either"
+    return "drafts"
+
+
+def rate_formula(accept_len, accept_rate, D=None) -> str | None:
+    """Which formula two printed figures fit: 'bonus' ((L)/D, bonus and root counted),
+    'drafts' ((L-1)/(D-1)), 'both' or None. With D unknown, a formula fits when it
+    gives a whole number of verify nodes D >= 2 within the printed precision (2 decimals)."""
+    from math import isfinite
+    if accept_len is None or accept_rate is None or not (isfinite(accept_len) and isfinite(accept_rate)):
+        return None
+    if accept_len < 1 or accept_rate <= 0:
+        return None
+    tol_r, tol_l = 0.005, 0.005
+
+    def fits(pred, Ds):
+        return any(abs(pred(d) - accept_rate) <= tol_r + tol_l / max(d - 1, 1) + 1e-9 for d in Ds)
+
+    if D:
+        Ds = [D]
+    else:
+        lo = max(2, int((accept_len - tol_l) / (accept_rate + tol_r)) - 1)
+        hi = int((accept_len + tol_l) / max(accept_rate - tol_r, 1e-3)) + 2
+        Ds = range(lo, min(hi, 4096) + 1)
+    b = fits(lambda d: accept_len / d, Ds)
+    dr = fits(lambda d: (accept_len - 1) / (d - 1), [d for d in Ds if d >= 2])
+    if b and dr:
+        return "both"
+    return "bonus" if b else ("drafts" if dr else None)
+
+
+class Parser(LineParser):
+    source = "sglang-log"
+    engine = "sglang"
+
+    def feed(self, i: int, raw: str) -> None:
         if "server_args=" in raw or "ServerArgs(" in raw:
-            reading.config.update(_server_args(raw))
-            continue
+            self.reading.config.update(_server_args(raw))
+            return
         m = DECODE_RE.search(raw)
         if not m:
-            continue
+            return
         body = m.group("body")
         if "accept len" not in body:
-            if "gen throughput" in body:
-                continue  # speculative decoding off: nothing to audit on this line
-            reading.notes.append(note(path, i, "truncated SGLang decode line (no accept len)", raw))
-            continue
-        w = Window(line=i, text=raw.strip())
+            if "gen throughput" not in body:  # speculative decoding off: nothing to audit on this line
+                self.skip(i, "truncated SGLang decode line (no accept len)", raw)
+            return
+        w = Window(line=i, text=raw.strip()[:300], engine="sglang")
         pm = PREFIX_RE.search(raw[: m.start()] or raw)
         if pm:
             w.time = pm.group("ts")
             rank = pm.group("rank").strip()
             w.rank = rank or None
+        else:
+            tm = TS_RE.search(raw[: m.start()])
+            if tm:
+                w.time = tm.group("ts")
+                rk = RANK_RE.search(raw[: m.start()])
+                w.rank = rk.group(1).strip() if rk else None
         seen, bad = set(), None
         for part in body.split(", "):
             if ": " not in part:
@@ -93,26 +161,63 @@ def parse(text: str, path: str) -> Reading:
             try:
                 if conv is float and not re.fullmatch(NUM, val):
                     raise ValueError(val)
-                setattr(w, attr, conv(val))
+                x = conv(val)
+                if conv is float and (x != x or x in (float("inf"), float("-inf"))):
+                    raise ValueError(val)
+                setattr(w, attr, x)
                 seen.add(key)
-            except (ValueError, KeyError):
-                bad = f"unreadable value {val!r} for {key!r}"
+            except (ValueError, KeyError, OverflowError):
+                bad = f"unreadable value {val[:40]!r} for {key!r}"
         missing = [k for k in REQUIRED if k not in seen]
         if bad or missing:
             why = bad or f"missing {', '.join(missing)}"
-            reading.notes.append(note(path, i, f"truncated SGLang decode line ({why})", raw))
-            continue
-        reading.windows.append(w)
-    cfg = reading.config
-    if "speculative_num_draft_tokens" in cfg:
-        cfg["num_draft_tokens"] = cfg["speculative_num_draft_tokens"]
-    if "speculative_num_steps" in cfg:
-        cfg["num_steps"] = cfg["speculative_num_steps"]
-    if "speculative_eagle_topk" in cfg:
-        cfg["topk"] = cfg["speculative_eagle_topk"]
-    # the deepest a step can accept: num_steps drafts along one branch (chain or tree)
-    if "num_steps" in cfg:
-        cfg["max_accept_len"] = cfg["num_steps"] + 1
-    elif cfg.get("topk") == 1 and "num_draft_tokens" in cfg:
-        cfg["max_accept_len"] = cfg["num_draft_tokens"]
-    return reading
+            self.skip(i, f"truncated SGLang decode line ({why})", raw)
+            return
+        w.kind = "interval"
+        self.reading.windows.append(w)
+
+    def finalize(self, reading) -> None:
+        cfg = reading.config
+        if "speculative_num_draft_tokens" in cfg:
+            cfg["num_draft_tokens"] = cfg["speculative_num_draft_tokens"]
+        if "speculative_num_steps" in cfg:
+            cfg["num_steps"] = cfg["speculative_num_steps"]
+        if "speculative_eagle_topk" in cfg:
+            cfg["topk"] = cfg["speculative_eagle_topk"]
+        # the deepest a step can accept: num_steps drafts along one branch (chain or tree)
+        if "num_steps" in cfg:
+            cfg["max_accept_len"] = cfg["num_steps"] + 1
+        elif cfg.get("topk") == 1 and "num_draft_tokens" in cfg:
+            cfg["max_accept_len"] = cfg["num_draft_tokens"]
+        D = cfg.get("num_draft_tokens")
+        for w in reading.windows:
+            w.k = cfg.get("num_steps", w.k)
+            e = era(w.time)
+            w.conventions["accept_len"] = LEN_CONV
+            f = rate_formula(w.accept_len, w.accept_rate, D) if w.accept_rate is not None else None
+            w.extra["rate_formula"] = f
+            w.extra["era"] = e
+            if e == "bonus" or (e == "either" and f in ("bonus", "both")):
+                w.version = "PR 11572 .. PR 23530 (Oct 2025 - Apr 2026)"
+                w.conventions["accept_rate"] = RATE_BONUS
+            elif e == "drafts":
+                w.version = ">= PR 23530 (~v0.5.11, Apr 2026)"
+                w.conventions["accept_rate"] = RATE_DRAFTS
+            elif e == "old":
+                w.version = "< PR 11572 (before 2025-10-13)"
+                w.conventions["accept_rate"] = RATE_OLD
+            else:
+                w.version = None  # no year on the line: the figures alone say which formula fits
+                if f == "bonus":
+                    w.conventions["accept_rate"] = RATE_BONUS + " (inferred from the figures; version not inferable)"
+                elif f == "drafts":
+                    w.conventions["accept_rate"] = RATE_DRAFTS + " (inferred from the figures)"
+        reading.version = next((w.version for w in reading.windows if w.version), None)
+
+
+def parse(text: str, path: str) -> Reading:
+    """Parse a whole text (tests, small inputs); files are streamed by the package."""
+    p = Parser(path)
+    for i, ln in enumerate(text.splitlines(), 1):
+        p.feed(i, ln)
+    return p.finish()

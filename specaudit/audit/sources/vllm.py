@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 
-from specaudit.audit.sources import Reading, Window
+from specaudit.audit.sources import LineParser, Reading, Window
 
 NUM = r"(-?(?:\d+(?:\.\d*)?|\.\d+)|nan|inf)"
 SPEC_RE = re.compile(r"SpecDecoding metrics:\s*(?P<body>.*)$")
@@ -41,7 +41,9 @@ F = {
     "accepted": re.compile(r"(?:^|,\s*)Accepted: " + NUM + r" tokens(?!/)"),
     "drafted": re.compile(r"(?:^|,\s*)Drafted: " + NUM + r" tokens(?!/)"),
     "rate_pct": re.compile(r"Avg Draft acceptance rate: " + NUM + "%"),
-    "rate_frac": re.compile(r"(?<!Avg )Draft acceptance rate: " + NUM + r"(?!%)"),
+    "rate_first_pct": re.compile(r"(?<!Avg )Draft acceptance rate: " + NUM + "%"),
+    "rate_frac": re.compile(r"(?<!Avg )Draft acceptance rate: (-?\d+\.\d+|-?\d+|nan|inf)(?![\d.%])"),
+    "depth": re.compile(r"Current speculative depth: " + NUM),
 }
 PER_POS_RE = re.compile(r"Per-position acceptance rate: (?P<list>[-0-9.naif, ]+)")
 V0 = {
@@ -53,8 +55,21 @@ V0 = {
 }
 
 
+V1_LEN = ("1 + accepted drafts / drafts (verify steps): counts the bonus token (vLLM >= PR 17908, May 2025; "
+          "before it the same figure left the bonus out)")
+V1_RATE = "Accepted / Drafted (draft tokens only), printed in percent with one decimal"
+V1_POS = "accepted at position i / drafts (verify steps): unconditional, non-increasing in i at a fixed k"
+V0_RATE = ("V0: accepted / draft tokens, where V0's 'accepted' also counts drafts accepted after a rejected one "
+           "(a rate numerator, not the accepted prefix)")
+V0_LEN = "V0: emitted tokens / (draft tokens / k) (accepted prefix + bonus per proposal)"
+
+
+def looks_like_line(line: str) -> bool:
+    return "SpecDecoding metrics:" in line or "Speculative metrics: Draft acceptance rate" in line
+
+
 def looks_like(text: str) -> bool:
-    return "SpecDecoding metrics:" in text or "Speculative metrics: Draft acceptance rate" in text
+    return any(looks_like_line(ln) for ln in text.splitlines())
 
 
 def _num(rx, body):
@@ -78,47 +93,87 @@ def _per_pos(body: str):
     return out
 
 
-def parse(text: str, path: str) -> Reading:
-    from specaudit.audit.sources import note
-    reading = Reading(source="vllm-log", engine="vllm", path=path)
-    last_engine: dict[str, tuple] = {}  # engine -> (gen tps, running, line)
-    current = None
-    for i, raw in enumerate(text.splitlines(), 1):
+def _finite(*xs) -> bool:
+    return all(x is None or (x == x and abs(x) != float("inf")) for x in xs)
+
+
+class Parser(LineParser):
+    source = "vllm-log"
+    engine = "vllm"
+
+    def __init__(self, path: str):
+        super().__init__(path)
+        self.last_engine: dict = {}  # engine -> (gen tps, running, line)
+        self.current = None
+        self.engines: set = set()
+
+    def feed(self, i: int, raw: str) -> None:
         em = ENGINE_RE.search(raw)
         if em:
             eng = em.group("eng")
-            current = str(int(eng)) if eng is not None else None
-            last_engine[current] = (float(em.group(2)), float(em.group("run")), i)
-            continue
+            self.current = str(int(eng)) if eng is not None else None
+            try:
+                self.last_engine[self.current] = (float(em.group(2)), float(em.group("run")), i)
+            except ValueError:
+                pass
+            return
         sm = SPEC_RE.search(raw)
         vm = V0_RE.search(raw) if not sm else None
         if not sm and not vm:
-            continue
+            return
         tm = TS_RE.search(raw)
-        w = Window(line=i, time=tm.group("ts") if tm else None, text=raw.strip())
+        w = Window(line=i, time=tm.group("ts") if tm else None, text=raw.strip()[:300], engine="vllm")
         if sm:
             body = sm.group("body")
             w.accept_len = _num(F["mean"], body)
             w.accepted_tokens = _num(F["accepted"], body)
             w.draft_tokens = _num(F["drafted"], body)
             w.printed_rate_pct = _num(F["rate_pct"], body)
-            frac = _num(F["rate_frac"], body)
+            first_pct = _num(F["rate_first_pct"], body) if w.printed_rate_pct is None else None
+            frac = _num(F["rate_frac"], body) if w.printed_rate_pct is None and first_pct is None else None
+            depth = _num(F["depth"], body)
             w.per_pos = _per_pos(body)
+            if not _finite(w.accept_len, w.accepted_tokens, w.draft_tokens, w.printed_rate_pct, first_pct, frac,
+                           *(w.per_pos or [])):
+                self.skip(i, "vLLM SpecDecoding line with a value that is not a finite number", raw)
+                return
+            if first_pct is not None:
+                # early V1 (April 2025, PR 15902): the rate first, in percent
+                w.printed_rate_pct = first_pct
+                w.version = "V1 early (rate first, PR 15902)"
             if w.printed_rate_pct is not None:
                 w.accept_rate = w.printed_rate_pct / 100.0
             elif frac is not None:
                 w.accept_rate = frac
-            if w.accept_len is None or w.accepted_tokens is None or w.draft_tokens is None:
-                missing = [n for n, v in (("Mean acceptance length", w.accept_len), ("Accepted", w.accepted_tokens),
-                                          ("Drafted", w.draft_tokens)) if v is None]
-                reading.notes.append(note(path, i, f"truncated vLLM SpecDecoding line (missing {', '.join(missing)})",
-                                          raw))
-                continue
+                w.version = "V1 early (rate as a fraction)"
+            if w.accepted_tokens is None or w.draft_tokens is None:
+                missing = [n for n, v in (("Accepted", w.accepted_tokens), ("Drafted", w.draft_tokens)) if v is None]
+                if w.accept_len is None or w.printed_rate_pct is None:
+                    self.skip(i, f"truncated vLLM SpecDecoding line (missing {', '.join(missing)})", raw)
+                    return
+                w.version = w.version or "V1 (no counts: throughputs only)"
+            if depth is not None:
+                w.k = int(depth)
+                w.extra["dynamic_depth"] = True
+                w.version = "V1 dynamic speculation (Current speculative depth)"
+            w.version = w.version or ("V1 with throughput" if "Accepted throughput" in body else "V1")
+            w.conventions = {"accept_rate": V1_RATE}
+            if w.accept_len is not None:
+                w.conventions["accept_len"] = V1_LEN
             if w.per_pos:
-                reading.config["num_spec_tokens"] = max(reading.config.get("num_spec_tokens", 0), len(w.per_pos))
+                w.per_pos_kind = "verify_steps"
+                w.conventions["per_pos"] = V1_POS
+                if w.k is None:
+                    w.k = len(w.per_pos)
+                self.reading.config["num_spec_tokens"] = max(self.reading.config.get("num_spec_tokens", 0),
+                                                             len(w.per_pos))
             # drafts = Accepted / (mean - 1); only when that is well defined
             if w.accept_len is not None and w.accept_len > 1.005 and w.accepted_tokens and w.accepted_tokens > 0:
                 w.drafts = round(w.accepted_tokens / (w.accept_len - 1))
+                w.extra["drafts_derived"] = True
+            elif w.per_pos and w.accepted_tokens and w.per_pos[0] > 0.0005:
+                w.drafts = round(w.accepted_tokens / sum(w.per_pos)) if sum(w.per_pos) > 0 else None
+                w.extra["drafts_derived"] = True
         else:
             body = vm.group("body")
             k = _num(V0["k"], body)
@@ -126,22 +181,48 @@ def parse(text: str, path: str) -> Reading:
             w.draft_tokens = _num(V0["drafted"], body)
             emitted = _num(V0["emitted"], body)
             w.accept_rate = _num(V0["rate"], body)
-            if None in (k, w.accepted_tokens, w.draft_tokens, emitted):
-                reading.notes.append(note(path, i, "truncated vLLM Speculative metrics line", raw))
-                continue
-            reading.config["num_spec_tokens"] = int(k)
-            # V0 drafts k tokens per proposal; emitted = the accepted prefix + the bonus per
-            # proposal. Its "accepted" also counts drafts accepted after a rejected one, so
-            # it is a rate numerator, not the prefix length.
-            w.drafts = w.draft_tokens / k if k > 0 else None
-            w.accept_len = emitted / w.drafts if w.drafts else None
-            reading.config["cumulative"] = True
+            if not _finite(k, w.accepted_tokens, w.draft_tokens, emitted, w.accept_rate):
+                self.skip(i, "vLLM Speculative metrics line with a value that is not a finite number", raw)
+                return
+            if w.accepted_tokens is None or w.draft_tokens is None or w.accept_rate is None:
+                self.skip(i, "truncated vLLM Speculative metrics line", raw)
+                return
+            w.conventions = {"accept_rate": V0_RATE}
+            w.kind = "cumulative"
+            if k is None or emitted is None:
+                # V1 before PR 15902 (March 2025) printed the V0 words without k and emitted
+                w.version = "V1 first (V0 wording, no k)"
+            else:
+                w.version = "V0"
+                w.k = int(k)
+                self.reading.config["num_spec_tokens"] = int(k)
+                # V0 drafts k tokens per proposal; emitted = the accepted prefix + the bonus per
+                # proposal. Its "accepted" also counts drafts accepted after a rejected one, so
+                # it is a rate numerator, not the prefix length.
+                w.drafts = w.draft_tokens / k if k > 0 else None
+                w.accept_len = emitted / w.drafts if w.drafts else None
+                w.conventions["accept_len"] = V0_LEN
+                w.extra["emitted"] = emitted
+                self.reading.config["cumulative"] = True
+                w.extra["accepted_not_prefix"] = True
         # pair with the engine stats logged just before (same engine, a few lines up)
-        if current in last_engine and i - last_engine[current][2] <= 5:
-            w.gen_tps, w.concurrency, _ = last_engine[current]
-        w.rank = f"engine {current}" if current is not None else None
-        reading.windows.append(w)
-    if len({w.rank for w in reading.windows}) <= 1:
-        for w in reading.windows:  # one engine: no rank to name
-            w.rank = None
-    return reading
+        cur = self.current
+        if cur in self.last_engine and i - self.last_engine[cur][2] <= 5:
+            w.gen_tps, w.concurrency, _ = self.last_engine[cur]
+        w.rank = f"engine {cur}" if cur is not None else None
+        self.engines.add(w.rank)
+        self.reading.windows.append(w)
+
+    def finalize(self, reading) -> None:
+        if len(self.engines) <= 1:
+            for w in reading.windows:  # one engine: no rank to name
+                w.rank = None
+        reading.version = next((w.version for w in reading.windows if w.version), None)
+
+
+def parse(text: str, path: str) -> Reading:
+    """Parse a whole text (tests, small inputs); files are streamed by the package."""
+    p = Parser(path)
+    for i, ln in enumerate(text.splitlines(), 1):
+        p.feed(i, ln)
+    return p.finish()

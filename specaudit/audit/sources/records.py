@@ -1,0 +1,326 @@
+"""JSON and JSONL records of spec-decoding figures, one Window per record.
+
+A file is either one JSON document (an object, or a list such as TensorRT-LLM's
+`GET /metrics`), or JSONL (one object per line, `data: ` server-sent-event prefixes
+allowed). Each record is recognised by its keys:
+
+    vllm-request     {"metrics": {"speculative_decoding": {"mean_acceptance_length": 1.23,
+                     "draft_acceptance_rate": 0.078, "acceptance_histogram": [39, 1, 0, 3],
+                     "num_spec_steps": 43, "num_accepted_draft_tokens": 10, "num_draft_tokens": 129,
+                     "num_spec_tokens": 3}}}   (--per-request-spec-decode-metrics, 2026)
+    sglang-request   {"meta_info": {"spec_verify_ct": 43, ...}} with accepted / proposed drafts under
+                     the name of its version: spec_accept_token_num / spec_draft_token_num (<= 0.5.10),
+                     spec_accepted_drafts / spec_proposed_drafts (0.5.11), spec_num_correct_drafts /
+                     spec_num_proposed_drafts (>= 0.5.12), plus spec_accept_length (completion tokens /
+                     verify count, bonus counted), spec_accept_rate, spec_correct_drafts_histogram
+    trtllm-iter      {"iter": 60, "specDecodingStats": {"numDraftTokens": .., "numAcceptedTokens": ..,
+                     "numRequestsWithDraftTokens": .., "acceptanceLength": .., "draftOverhead": ..}}
+    trtllm-request   {"request_perf_metrics": {"speculative_decoding": {"acceptance_rate": 0.75,
+                     "total_accepted_draft_tokens": 30, "total_draft_tokens": 40}}} and the per-request
+                     payload {"num_spec_steps", "total_accepted_draft_tokens", "total_draft_tokens",
+                     "acceptance_histogram", "num_spec_tokens"} (PR 19311)
+    llamacpp-timings {"timings": {"predicted_n": 200, "draft_n": 347, "draft_n_accepted": 65}}
+    aiperf           {"metrics": {"spec_decode_acceptance_length": {"value": 2.1}, "spec_decode_steps":
+                     .., "spec_decode_accepted_draft_tokens": .., "spec_decode_draft_tokens": ..,
+                     "spec_decode_draft_acceptance_rate": (percent)}}  (profile_export.jsonl)
+"""
+from __future__ import annotations
+
+import json
+import math
+
+from specaudit.audit.sources import MAX_BYTES, LineParser, Reading, Window
+
+SGLANG_KEYS = (  # (accepted, proposed, version) by release
+    ("spec_num_correct_drafts", "spec_num_proposed_drafts", ">= 0.5.12 (spec_num_correct_drafts)"),
+    ("spec_accepted_drafts", "spec_proposed_drafts", "0.5.11 (spec_accepted_drafts)"),
+    ("spec_accept_token_num", "spec_draft_token_num", "<= 0.5.10 (spec_accept_token_num)"),
+)
+HIST_CONV = "h[i] = verify steps that accepted exactly i drafts (bonus excluded): sum(h) = steps, sum(i*h_i) = accepted"
+
+
+def looks_like_first(s: str) -> bool:
+    """The first non-blank line of a JSON document or of JSONL (not a '[2026-...] log' line)."""
+    s = s[6:].lstrip() if s.startswith("data: ") else s.strip()
+    if s in ("[", "{") or s.startswith('{"') or s.startswith("[{") or s.startswith('["') or s.startswith("[]"):
+        return True
+    if s[:1] in "[{":
+        try:
+            json.loads(s)
+        except (ValueError, RecursionError):
+            return False
+        return True
+    return False
+
+
+def looks_like_line(line: str) -> bool:  # JSON is detected by its first character only
+    return False
+
+
+def _num(x):
+    """A finite number or None (bools are not numbers; 'value' dicts are unwrapped)."""
+    if isinstance(x, dict) and "value" in x:
+        x = x["value"]
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    try:
+        x = float(x)
+    except (OverflowError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _bad(*vals) -> bool:
+    """Some value is present but not a finite number (nan, inf, a string)."""
+    for v in vals:
+        if v is None:
+            continue
+        if isinstance(v, dict) and "value" in v:
+            v = v["value"]
+        if _num(v) is None:
+            return True
+    return False
+
+
+def _hist(h):
+    if not isinstance(h, list):
+        return None
+    out = [_num(x) for x in h]
+    return None if any(x is None for x in out) else out
+
+
+def _find(obj, keys, depth=0):
+    """The first dict (obj or nested under common wrappers) holding any of `keys`."""
+    if not isinstance(obj, dict) or depth > 4:
+        return None
+    if any(k in obj for k in keys):
+        return obj
+    for wrap in ("metrics", "speculative_decoding", "request_perf_metrics", "meta_info", "data", "sglext",
+                 "spec_decode_stats", "speculative_decoding_stats", "timings", "usage"):
+        if wrap in obj:
+            got = _find(obj[wrap], keys, depth + 1)
+            if got is not None:
+                return got
+    return None
+
+
+def window_of(obj, line: int) -> tuple[Window | None, str | None]:
+    """(Window, None) for a record with spec figures, (None, reason) for a record whose
+    figures are unusable, (None, None) for a record that carries none."""
+    if not isinstance(obj, dict):
+        return None, None
+    # TensorRT-LLM iteration stats
+    if "specDecodingStats" in obj:
+        sd = obj["specDecodingStats"]
+        if not isinstance(sd, dict):
+            return None, None  # null: speculative decoding off (or the C++ TRT backend without it)
+        vals = [sd.get(k) for k in ("numDraftTokens", "numAcceptedTokens", "numRequestsWithDraftTokens",
+                                    "acceptanceLength")]
+        if _bad(*vals):
+            return None, "TensorRT-LLM specDecodingStats value that is not a finite number"
+        w = Window(line=line, engine="trtllm", kind="interval", version="iteration stats (specDecodingStats)")
+        w.draft_tokens, w.accepted_tokens = _num(sd.get("numDraftTokens")), _num(sd.get("numAcceptedTokens"))
+        w.drafts = _num(sd.get("numRequestsWithDraftTokens"))
+        w.accept_len = _num(sd.get("acceptanceLength"))
+        if w.draft_tokens == 0 and not w.accepted_tokens and not w.drafts:
+            return None, None  # an iteration without drafts (prefill): nothing to audit
+        ib = obj.get("inflightBatchingStats") or {}
+        w.concurrency = _num(ib.get("numGenRequests")) if isinstance(ib, dict) else None
+        if isinstance(ib, dict) and _num(ib.get("avgNumDecodedTokensPerIter")) is not None:
+            w.extra["avg_decoded_per_iter"] = _num(ib.get("avgNumDecodedTokensPerIter"))
+        w.extra["iter"] = obj.get("iter")
+        w.conventions = {"accept_len": "(numAcceptedTokens + numRequestsWithDraftTokens) / numRequestsWithDraftTokens:"
+                                       " counts the bonus token"}
+        w.text = f"iter {obj.get('iter', '?')}: specDecodingStats {json.dumps(sd)[:200]}"
+        return w, None
+    # AIPerf profile_export record
+    m = obj.get("metrics") if isinstance(obj.get("metrics"), dict) else None
+    if m is not None and any(str(k).startswith("spec_decode_") for k in m):
+        keys = ("spec_decode_acceptance_length", "spec_decode_draft_acceptance_rate", "spec_decode_steps",
+                "spec_decode_accepted_draft_tokens", "spec_decode_draft_tokens")
+        if _bad(*(m.get(k) for k in keys)):
+            return None, "AIPerf spec_decode value that is not a finite number"
+        w = Window(line=line, engine="aiperf", kind="interval", version="AIPerf profile_export record")
+        w.accept_len = _num(m.get(keys[0]))
+        rate = _num(m.get(keys[1]))
+        w.accept_rate = rate / 100.0 if rate is not None else None
+        if w.accept_rate is not None:
+            w.extra["printed_rate"] = (w.accept_rate, 1e-6)
+        w.drafts, w.accepted_tokens, w.draft_tokens = (_num(m.get(k)) for k in keys[2:])
+        w.conventions = {"accept_len": "1 + accepted / steps per request (bonus counted)",
+                         "accept_rate": "accepted / drafted (percent in the export)"}
+        w.text = "AIPerf record " + json.dumps({k: m.get(k) for k in keys})[:200]
+        return w, None
+    # vLLM per-request metrics.speculative_decoding / TensorRT-LLM per-request payload
+    sd = _find(obj, ("num_spec_steps", "total_draft_tokens", "num_accepted_draft_tokens"))
+    if sd is not None:
+        fields = ("mean_acceptance_length", "draft_acceptance_rate", "acceptance_rate", "num_spec_steps",
+                  "num_accepted_draft_tokens", "num_draft_tokens", "total_accepted_draft_tokens",
+                  "total_draft_tokens", "num_spec_tokens")
+        if _bad(*(sd.get(k) for k in fields)):
+            return None, "per-request speculative_decoding value that is not a finite number"
+        trt = "total_draft_tokens" in sd or "total_accepted_draft_tokens" in sd
+        w = Window(line=line, kind="interval", engine="trtllm" if trt else "vllm")
+        w.version = ("per-request speculative_decoding (TensorRT-LLM)" if trt
+                     else "per-request metrics.speculative_decoding (--per-request-spec-decode-metrics)")
+        w.drafts = _num(sd.get("num_spec_steps"))
+        w.accepted_tokens = _num(sd.get("total_accepted_draft_tokens", sd.get("num_accepted_draft_tokens")))
+        w.draft_tokens = _num(sd.get("total_draft_tokens", sd.get("num_draft_tokens")))
+        w.accept_len = _num(sd.get("mean_acceptance_length"))
+        w.accept_rate = _num(sd.get("draft_acceptance_rate", sd.get("acceptance_rate")))
+        if w.accept_rate is not None:
+            w.extra["printed_rate"] = (w.accept_rate, 1e-6)
+        if w.accept_len is not None:
+            w.extra["printed_len"] = (w.accept_len, 1e-6)
+        k = _num(sd.get("num_spec_tokens"))
+        w.k = int(k) if k is not None else None
+        w.histogram = _hist(sd.get("acceptance_histogram"))
+        w.extra["fixed_block"] = w.k is not None
+        w.conventions = {"accept_rate": "accepted draft tokens / drafted tokens (bonus excluded)"}
+        if w.accept_len is not None:
+            w.conventions["accept_len"] = "1 + accepted / spec steps: counts the bonus token"
+        if w.histogram is not None:
+            w.conventions["histogram"] = HIST_CONV
+        w.text = json.dumps(sd)[:300]
+        if trt and w.drafts is None and not w.draft_tokens and not w.accepted_tokens:
+            w.extra["all_zero"] = True
+        return w, None
+    # SGLang meta_info
+    mi = _find(obj, ("spec_verify_ct", "spec_accept_length", "spec_accept_token_num", "spec_accepted_drafts",
+                     "spec_num_correct_drafts"))
+    if mi is not None:
+        names = [k for k in mi if str(k).startswith("spec_")]
+        if _bad(*(mi.get(k) for k in names if k != "spec_correct_drafts_histogram")):
+            return None, "SGLang meta_info spec value that is not a finite number"
+        w = Window(line=line, engine="sglang", kind="interval")
+        for acc, prop, ver in SGLANG_KEYS:
+            if acc in mi or prop in mi:
+                w.accepted_tokens, w.draft_tokens, w.version = _num(mi.get(acc)), _num(mi.get(prop)), ver
+                break
+        else:
+            w.version = "meta_info without accepted / proposed counts (version not inferable)"
+        w.drafts = _num(mi.get("spec_verify_ct"))
+        w.accept_len = _num(mi.get("spec_accept_length"))
+        w.accept_rate = _num(mi.get("spec_accept_rate"))
+        if w.accept_rate is not None:
+            w.extra["printed_rate"] = (w.accept_rate, 1e-6)
+        ct = _num(mi.get("completion_tokens"))
+        if ct is not None:
+            w.extra["completion_tokens"] = ct
+        w.histogram = _hist(mi.get("spec_correct_drafts_histogram"))
+        if w.histogram is not None:
+            w.k = len(w.histogram) - 1
+            w.conventions["histogram"] = HIST_CONV
+        w.extra["fixed_block"] = True
+        w.conventions.update({"accept_len": "completion tokens / spec_verify_ct (bonus counted)",
+                              "accept_rate": "accepted / proposed drafts (names with 'correct' exclude the bonus)"})
+        w.text = json.dumps({k: mi.get(k) for k in names})[:300]
+        if w.drafts is None and w.accept_len is None and w.accepted_tokens is None:
+            return None, None
+        return w, None
+    # llama.cpp timings
+    t = _find(obj, ("draft_n", "draft_n_accepted"))
+    if t is not None:
+        if _bad(t.get("draft_n"), t.get("draft_n_accepted"), t.get("predicted_n")):
+            return None, "llama.cpp timings value that is not a finite number"
+        w = Window(line=line, engine="llamacpp", kind="interval", version="timings (draft_n, PR 12603)")
+        w.draft_tokens, w.accepted_tokens = _num(t.get("draft_n")), _num(t.get("draft_n_accepted"))
+        if _num(t.get("predicted_n")) is not None:
+            w.extra["generated_tokens"] = _num(t.get("predicted_n"))
+        w.conventions = {"accept_rate": "draft_n_accepted / draft_n (drafts sent to verification)"}
+        w.text = json.dumps({k: t.get(k) for k in ("predicted_n", "draft_n", "draft_n_accepted")})
+        return w, None
+    return None, None
+
+
+class Parser(LineParser):
+    source = "json-records"
+    engine = "json"
+
+    def __init__(self, path: str):
+        super().__init__(path)
+        self.mode = None          # "jsonl" | "doc"
+        self.buf: list[str] = []
+        self.buf_bytes = 0
+        self.doc_line = 1
+        self.too_big = False
+
+    def _record(self, obj, line):
+        w, why = window_of(obj, line)
+        if why:
+            self.skip(line, why, json.dumps(obj)[:200] if isinstance(obj, dict) else "")
+        elif w is not None:
+            self.reading.windows.append(w)
+
+    def feed(self, i: int, raw: str) -> None:
+        s = raw.strip()
+        if not s:
+            return
+        if s.startswith("data: "):
+            s = s[6:].strip()
+            if s == "[DONE]":
+                return
+        if self.mode is None:
+            if s.startswith("{"):
+                try:
+                    obj = json.loads(s)
+                except (ValueError, RecursionError):
+                    self.mode, self.doc_line = "doc", i
+                else:
+                    self.mode = "jsonl"
+                    self._record(obj, i)
+                    return
+            else:
+                self.mode, self.doc_line = "doc", i
+        if self.mode == "jsonl":
+            try:
+                obj = json.loads(s)
+            except (ValueError, RecursionError) as e:
+                self.skip(i, f"unreadable JSON record ({str(e)[:60]})", raw)
+                return
+            self._record(obj, i)
+            return
+        if self.too_big:
+            return
+        self.buf_bytes += len(raw) + 1
+        if self.buf_bytes > MAX_BYTES:
+            self.too_big = True
+            self.skip(self.doc_line, f"JSON document over {MAX_BYTES // 2**20} MiB: write JSONL (one record a line) "
+                                     "to audit it streamed")
+            self.buf = []
+            return
+        self.buf.append(raw)
+
+    def finish(self) -> Reading:
+        if self.mode == "doc" and self.buf:
+            text = "\n".join(self.buf)
+            self.buf = []
+            try:
+                doc = json.loads(text)
+            except (ValueError, RecursionError) as e:
+                self.skip(self.doc_line, f"unreadable JSON document ({str(e)[:80]})")
+                doc = None
+            items = doc if isinstance(doc, list) else ([doc] if doc is not None else [])
+            if isinstance(doc, dict):
+                for key in ("records", "iterationStats", "results"):
+                    if isinstance(doc.get(key), list):
+                        items = doc[key]
+                        break
+            for n, obj in enumerate(items):
+                self._record(obj, self.doc_line + n if isinstance(doc, list) else self.doc_line)
+        return super().finish()
+
+    def finalize(self, reading) -> None:
+        engines = {w.engine for w in reading.windows}
+        if len(engines) == 1:
+            reading.engine = engines.pop()
+        elif engines:
+            reading.engine = "mixed"
+        reading.version = next((w.version for w in reading.windows if w.version), None)
+
+
+def parse(text: str, path: str) -> Reading:
+    p = Parser(path)
+    for i, ln in enumerate(text.splitlines(), 1):
+        p.feed(i, ln)
+    return p.finish()
