@@ -64,7 +64,6 @@ class Engine:
     rank: str | None = None   # the engine's rank label
     select: str = ""          # extra label matchers on every raw series
     pos_denominator: str = "verify_steps"   # or drafted_at_position
-    counter_regex: str = ""   # every spec-decoding counter (for resets())
     source: str = ""          # where the names were checked
 
 
@@ -76,7 +75,7 @@ ENGINES = {
                   "accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
                   "generated_tokens": "vllm:generation_tokens_total"},
         by_position={"accepted": ("vllm:spec_decode_num_accepted_tokens_per_pos_total", "position")},
-        rank="engine", counter_regex="vllm:spec_decode_.*_total",
+        rank="engine",
         source="vllm/v1/spec_decode/metrics.py (SpecDecodingProm); engine label since vLLM PR #24049"),
     "sglang": Engine(
         "sglang", "SGLang",
@@ -84,7 +83,6 @@ ENGINES = {
                   "generated_tokens": "sglang:generation_tokens_total"},
         gauges={"accept_length": "sglang:spec_accept_length", "accept_rate": "sglang:spec_accept_rate"},
         rank="dp_rank", select='tp_rank=~"0?", pp_rank=~"0?"',
-        counter_regex="sglang:spec_verify_calls_total",
         source="python/sglang/srt/metrics/collector.py; spec_verify_calls_total since SGLang PR #25689"),
     "trtllm": Engine(
         "trtllm", "TensorRT-LLM",
@@ -93,7 +91,7 @@ ENGINES = {
         gauges={"accept_length": "trtllm_spec_decode_acceptance_length"},
         by_position={"accepted": ("trtllm_spec_decode_accepted_tokens_total", "token_position"),
                      "drafted": ("trtllm_spec_decode_drafted_tokens_total", "token_position")},
-        pos_denominator="drafted_at_position", counter_regex="trtllm_spec_decode_.*_total",
+        pos_denominator="drafted_at_position",
         source="trtllm-serve /prometheus/metrics; per-position counters since TensorRT-LLM PR #12636"),
     "llamacpp": Engine(
         "llamacpp", "llama.cpp",
@@ -102,7 +100,6 @@ ENGINES = {
                   "accepted_tokens": "llamacpp:spec_decode_num_accepted_tokens_total",
                   "generated_tokens": "llamacpp:tokens_predicted_total"},
         by_position={"accepted": ("llamacpp:spec_decode_num_accepted_tokens_per_pos_total", "position")},
-        counter_regex="llamacpp:spec_decode_.*_total",
         source="llama-server --metrics, llama.cpp PR #26389"),
 }
 
@@ -161,8 +158,10 @@ def recording_rules(t: Timing = Timing()) -> dict:
                              normalise(e, "sum", f"rate({_sel(series, e)}[{w}])", pos), engine=e.name))
         for word, series in e.gauges.items():
             raw.append(_rule(f"specaudit:{word}:reported", normalise(e, "avg", _sel(series, e)), engine=e.name))
-        matchers = ", ".join(m for m in (f'__name__=~"{e.counter_regex}"', e.select) if m)
-        raw.append(_rule("specaudit:counter_resets:count", normalise(e, "sum", f"resets({{{matchers}}}[{w}])"), engine=e.name))
+        # a restart resets every counter at once; the verify-step (or drafted) counter stands for all
+        reset_series = e.counters.get("verify_steps") or e.counters["drafted_tokens"]
+        raw.append(_rule("specaudit:counter_resets:count", normalise(e, "sum", f"resets({_sel(reset_series, e)}[{w}])"),
+                         engine=e.name))
     on = "on (job, instance, engine, model, rank)"
     derived = [
         _rule("specaudit:accept_rate", f"specaudit:accepted_tokens:rate / {on} (specaudit:drafted_tokens:rate > 0)"),
@@ -229,48 +228,49 @@ ALERTS = [
     Alert("SpecauditAcceptedAboveDrafted", "SA702", "critical",
           "specaudit:identity:accepted_minus_drafted > 0.01", "for_impossible",
           "accepted drafts above drafted tokens",
-          "{{ $labels.engine }} counted {{ $value | humanizePercentage }} more accepted drafts than drafted "
-          "tokens over the window: impossible; the accepted counter includes the bonus token or counts twice."),
+          "{{ $labels.engine }} counted more accepted drafts than drafted tokens over the window (the residual "
+          "specaudit:identity:accepted_minus_drafted is above 1%): impossible; the accepted counter includes the "
+          "bonus token or counts something twice."),
     Alert("SpecauditAcceptLengthAboveMax", "SA702", "critical",
           "specaudit:identity:accept_length_excess > 0.01", "for_impossible",
           "accept length above k + 1",
-          "{{ $labels.engine }} {{ $labels.figure }} accept length exceeds k + 1 by {{ $value | printf \"%.2f\" }}: "
-          "a verify step cannot commit more than its drafts plus one bonus token."),
+          "The {{ $labels.engine }} accept length from its {{ $labels.figure }} exceeds k + 1 (k = the positions "
+          "exported): a verify step cannot commit more than its drafts plus one bonus token."),
     Alert("SpecauditPositionRateIncreasing", "SA705", "critical",
           "specaudit:identity:position_increase > 0.01", "for_impossible",
           "per-position acceptance increases with position",
           "{{ $labels.engine }} accepted more drafts at position {{ $labels.position }} than at the position "
-          "before it ({{ $value | humanizePercentage }} of position 0): a draft is accepted only after every "
-          "earlier one was, so per-position counts cannot grow with position."),
+          "before it: a draft is accepted only after every earlier one was, so per-position counts cannot grow "
+          "with position."),
     Alert("SpecauditPositionSumMismatch", "SA705", "warning",
           "abs(specaudit:identity:position_sum_residual) > 0.01", "for_warning",
           "per-position counts disagree with the accepted total",
-          "{{ $labels.engine }}: the per-position accepted counts sum to {{ $value | humanizePercentage }} "
-          "off the accepted-token counter; one of the two is counted wrongly."),
+          "{{ $labels.engine }}: the per-position accepted counts do not sum to the accepted-token counter "
+          "(more than 1% apart); one of the two is counted wrongly."),
     Alert("SpecauditGaugeDisagreesWithCounters", "SA705", "warning",
           "abs(specaudit:identity:gauge_minus_counters) > 0.25", "for_gauge",
           "printed accept length disagrees with the counters",
-          "{{ $labels.engine }}: the accept-length gauge averaged over the window is "
-          "{{ $value | humanizePercentage }} off the accept length the counters give; which one is wrong "
-          "needs a log or a trace (specaudit check on the server log)."),
+          "{{ $labels.engine }}: the accept-length gauge averaged over the window is more than 25% off the "
+          "accept length the counters give; which one is wrong needs a log or a trace (specaudit check on the "
+          "server log)."),
     Alert("SpecauditAcceptanceNearZero", "SA709", "warning",
           "(specaudit:accept_rate < 0.02 or specaudit:accept_rate:reported < 0.02) "
           "and on (job, instance, engine, model, rank) "
           "(specaudit:drafted_tokens:rate > 0 or specaudit:verify_steps:rate > 0)", "for_warning",
           "acceptance near zero while drafting continues",
-          "{{ $labels.engine }} accepts {{ $value | humanizePercentage }} of its drafts while still drafting: "
-          "dummy or padded drafts (zero-filled draft ids) or a drafter that no longer matches the target."),
+          "{{ $labels.engine }} accepts under 2% of its drafts while still drafting: dummy or padded drafts "
+          "(zero-filled draft ids) or a drafter that no longer matches the target."),
     Alert("SpecauditAcceptanceCollapse", "SA709", "warning",
           "specaudit:accept_rate < 0.5 * avg_over_time(specaudit:accept_rate[{baseline}] offset {window}) "
           "and on (job, instance, engine, model, rank) specaudit:drafted_tokens:rate > 0", "for_warning",
           "acceptance collapsed below half of its level",
-          "{{ $labels.engine }} accept rate is {{ $value | humanizePercentage }}, below half of its mean over "
-          "the {baseline} before, while drafting continues."),
+          "{{ $labels.engine }} accept rate fell below half of its mean over the {baseline} before, while "
+          "drafting continues: the drafter or the target changed (or a counter broke)."),
     Alert("SpecauditCounterReset", "SA700", "info",
           "specaudit:counter_resets:count > 0", "for_impossible",
           "speculative-decoding counters reset",
-          "{{ $labels.engine }} counters went down {{ $value }} times in the window (a restart): windows across a "
-          "reset are left out of the identities."),
+          "{{ $labels.engine }} counters went down in the window (a restart): windows across a reset are left out "
+          "of the identities."),
 ]
 
 
@@ -283,8 +283,9 @@ def alert_rules(t: Timing = Timing()) -> dict:
             "for": getattr(t, a.for_),
             "labels": {"severity": a.severity, "code": a.code},
             "annotations": {
-                "summary": f"[{a.code}] {{{{ $labels.engine }}}} {{{{ $labels.model }}}} "
-                           f"{{{{ $labels.rank }}}} on {{{{ $labels.instance }}}}: {a.summary}",
+                "summary": f"[{a.code}] {{{{ $labels.engine }}}}{{{{ with $labels.model }}}} {{{{ . }}}}{{{{ end }}}}"
+                           f"{{{{ with $labels.rank }}}} rank {{{{ . }}}}{{{{ end }}}} on {{{{ $labels.instance }}}}: "
+                           f"{a.summary}",
                 "description": a.description.replace("{baseline}", t.baseline),
                 "runbook": f"specaudit rules {a.code}",
             },
@@ -361,7 +362,7 @@ def dashboard() -> dict:
         "templating": {"list": [
             {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
              "current": {}, "hide": 0, "refresh": 1, "regex": ""},
-            _var("job", "Job", "label_values(specaudit:verify_steps:rate or specaudit:drafted_tokens:rate, job)"),
+            _var("job", "Job", 'label_values({__name__=~"specaudit:(verify_steps|drafted_tokens):rate"}, job)'),
             _var("instance", "Instance", 'label_values({__name__=~"specaudit:(verify_steps|drafted_tokens):rate", '
                                          'job=~"$job"}, instance)'),
             _var("engine", "Engine", 'label_values({__name__=~"specaudit:(verify_steps|drafted_tokens):rate", '
