@@ -19,6 +19,7 @@ path does not exist or holds nothing that looks like a trace.
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +32,7 @@ from specaudit.audit.findings import Finding
 from specaudit.invariants import Hits, load_rules
 from specaudit.invariants.frame import (Carry, RequestFrame, RunFrame, StepFrame, list_lengths, list_parts, list_values,
                                token_mix)
-from specaudit.trace.schema import (REQUESTS_SCHEMA, STEPS_SCHEMA, InputError, RunFiles,
+from specaudit.trace.schema import (REQUESTS_SCHEMA, SAMPLING_COLUMNS, STEPS_SCHEMA, InputError, RunFiles,
                      check_table_schema, discover, manifest_conventions)
 
 BATCH_ROWS = 65536          # step rows per batch: ~200 MB of numpy work at N = 8
@@ -40,6 +41,7 @@ REQUEST_BATCH_ROWS = 8192   # request rows per batch: each holds whole outputs
 # them with what the request's steps add up to.
 CLIENT_COLUMNS = ("completion_tokens", "verify_steps", "accept_length")
 STEP_READ_COLUMNS = [c for c in STEPS_SCHEMA.names if c not in ("t_start", "draft_s", "verify_s", "step_s")]
+STEP_READ_COLUMNS += list(SAMPLING_COLUMNS)  # contract v2, read when present (SA8xx)
 
 
 @dataclass
@@ -205,7 +207,8 @@ class _Derived:
     """Run aggregates, summed over batches, overall and per partition (file or rank)."""
 
     KEYS = ("steps", "drafted", "accepted", "accepted_counter", "committed", "commit_len_sum",
-            "width_sum")
+            "width_sum", "sampling_tests", "sampling_accepts", "sampling_expected",
+            "sampling_var")
 
     def __init__(self):
         self.total = dict.fromkeys(self.KEYS, 0)
@@ -218,6 +221,7 @@ class _Derived:
             "accepted": int(np.maximum(f.true_depth, 0).sum()),
             "accepted_counter": int(f.accepted_depth.sum()), "committed": int(f.commit_n.sum()),
             "commit_len_sum": int(f.commit_len.sum()), "width_sum": int(np.maximum(f.budget, 0).sum()),
+            **f.sampling_sums(),
         }
         p = self.parts.setdefault(part, dict.fromkeys(self.KEYS, 0))
         for k, v in vals.items():
@@ -280,15 +284,42 @@ def check_batches(batches, *, run_id: str, manifest: dict | None, rules, result:
     """The core: check one run from an iterable of step record batches (or
     (batch, file, partition) triples) and an iterable of requests batches (or None).
 
-    Step batches must give each request's steps in step order across batches.
+    Step batches must give each request's steps in step order across batches. This
+    is check_group over the whole run (one group) followed by check_run_rules over
+    its one partial: the Spark driver (specaudit.audit.spark) runs the same two
+    functions, check_group once per (run, request bucket) and check_run_rules over
+    the partials combined.
+    """
+    part = check_group(batches, run_id=run_id, manifest=manifest, rules=rules, result=result,
+                       requests=requests, complete=complete)
+    complete = part.pop("complete")
+    check_run_rules(combine_partials([part]), run_id=run_id, manifest=manifest, rules=rules, result=result,
+                    complete=complete, have_facts=requests is not None, incomplete_reason=incomplete_reason)
+
+
+def check_group(batches, *, run_id: str, manifest: dict | None, rules, result: CheckResult,
+                requests=None, complete=True, request_results: dict | None = None) -> dict:
+    """Step and request rules over one group of a run's requests; returns its partial.
+
+    A group is any set of whole requests (the whole run locally, one hash bucket of
+    request ids on Spark): `batches` and `requests` hold every step row and requests
+    row of those requests and no other. Step findings go to `result`; request
+    findings too, unless `request_results` maps complete (True/False) to a result
+    per assumption (the Spark driver learns whether a run is complete only after
+    every file was read, so it keeps both and picks one per run afterwards).
+
+    The partial (see group_partial) is sums and counts only: partials of disjoint
+    groups combine (combine_partials) into the run's aggregates, exactly.
     """
     eos_id, max_new, conv = run_config(manifest)
     by_scope = {s: [r for r in rules if r.scope == s] for s in ("step", "request", "run")}
     carry = Carry()
     facts = None
+    n_requests = 0
     if requests is not None:
         facts = request_facts(requests, carry, eos_id)
-        result.requests += len(facts.get("idx", ()))
+        n_requests = len(facts.get("idx", ()))
+        result.requests += n_requests
         _release_memory()  # the table's decode buffers: give them back before the steps
     derived = _Derived()
     rows_seen = 0
@@ -309,28 +340,111 @@ def check_batches(batches, *, run_id: str, manifest: dict | None, rules, result:
     result.steps += rows_seen
     if callable(complete):
         complete = complete()
-    rq = RequestFrame(carry, facts, run_id=run_id, eos_id=eos_id, max_new_tokens=max_new,
-                      complete=complete and facts is not None, manifest=manifest or {})
-    have_facts = facts is not None
-    del facts
-    for rule in by_scope["request"]:
-        _emit_hits(rule, rule.check(rq), rq, result, kind="request")
-    d = dict(derived.total)
+    targets = request_results if request_results is not None else {bool(complete): result}
+    rq = None
+    for assume, res in targets.items():
+        rq = RequestFrame(carry, facts, run_id=run_id, eos_id=eos_id, max_new_tokens=max_new,
+                          complete=assume and facts is not None, manifest=manifest or {})
+        for rule in by_scope["request"]:
+            _emit_hits(rule, rule.check(rq), rq, res, kind="request")
+    out = group_partial(derived, rq, have_facts=facts is not None)
+    out.update(steps_read=rows_seen, requests_read=n_requests, complete=bool(complete))
+    return out
+
+
+# --------------------------------------------------------- partial aggregates
+#
+# What run rules see is re-derived from sums and counts that add over disjoint groups
+# of requests: the step counters, per-partition counters, the depth histogram, and
+# for the per-request means the exact sum of the per-request ratios (kept as
+# Shewchuk partials, so the combined mean is the correctly rounded mean whatever the
+# grouping) and their count.
+
+MEANS = (("per_request_mean_depth", "sum_true_depth"), ("per_request_mean_depth_counter", "sum_depth"),
+         ("per_request_mean_commit", "sum_commit_n"), ("per_request_mean_commit_counter", "sum_commit_len"))
+
+
+def exact_sum_partials(values, partials=()) -> list:
+    """Non-overlapping floats whose exact sum is the exact sum of `values` (and of the
+    given partials): math.fsum over any concatenation of them rounds once."""
+    ps = [float(p) for p in partials]
+    for x in values:
+        x = float(x)
+        i = 0
+        for y in ps:
+            if abs(x) < abs(y):
+                x, y = y, x
+            hi = x + y
+            lo = y - (hi - x)
+            if lo:
+                ps[i] = lo
+                i += 1
+            x = hi
+        ps[i:] = [x]
+    return ps
+
+
+def group_partial(derived: _Derived, rq: RequestFrame | None, *, have_facts: bool) -> dict:
+    """One group's sums and counts (plain Python types: JSON-serialisable)."""
+    out = {"total": {k: int(v) for k, v in derived.total.items()},
+           "partitions": {p: {k: int(v) for k, v in d.items()} for p, d in derived.parts.items()},
+           "depth_hist": [int(x) for x in derived.depth_hist.tolist()]}
+    if rq is None:
+        out.update(requests=0, generated=0, first_tokens=0, n_real=0, means={k: [] for k, _ in MEANS})
+        return out
     real = ~rq.null_slot & rq.has_steps
     ns = np.maximum(rq.n_steps[real], 1)
-    d["requests"] = int((rq.has_row | rq.has_steps).sum() - (rq.null_slot & rq.has_steps).sum())
-    d["generated"] = int(np.maximum(rq.output_len[rq.has_row], 0).sum()) if have_facts else None
-    d["first_tokens"] = int(rq.has_row.sum()) if have_facts else None
-    d["per_request_mean_depth"] = float((rq.sum_true_depth[real] / ns).mean()) if real.any() else 0.0
-    d["per_request_mean_depth_counter"] = float((rq.sum_depth[real] / ns).mean()) if real.any() else 0.0
-    d["per_request_mean_commit"] = float((rq.sum_commit_n[real] / ns).mean()) if real.any() else 0.0
-    d["per_request_mean_commit_counter"] = float((rq.sum_commit_len[real] / ns).mean()) if real.any() else 0.0
-    d["depth_hist"] = derived.depth_hist.tolist()
-    d["partitions"] = derived.parts
+    out["requests"] = int((rq.has_row | rq.has_steps).sum() - (rq.null_slot & rq.has_steps).sum())
+    out["generated"] = int(np.maximum(rq.output_len[rq.has_row], 0).sum()) if have_facts else 0
+    out["first_tokens"] = int(rq.has_row.sum()) if have_facts else 0
+    out["n_real"] = int(real.sum())
+    out["means"] = {key: exact_sum_partials((getattr(rq, col)[real] / ns).tolist()) for key, col in MEANS}
+    return out
+
+
+def combine_partials(parts) -> dict:
+    """Partials of disjoint groups of one run -> the partial of their union."""
+    out = {"total": dict.fromkeys(_Derived.KEYS, 0), "partitions": {}, "depth_hist": [0], "requests": 0,
+           "generated": 0, "first_tokens": 0, "n_real": 0, "means": {k: [] for k, _ in MEANS},
+           "steps_read": 0, "requests_read": 0}
+    for p in parts:
+        for k, v in p["total"].items():
+            out["total"][k] += v
+        for name, d in p["partitions"].items():
+            tgt = out["partitions"].setdefault(name, dict.fromkeys(_Derived.KEYS, 0))
+            for k, v in d.items():
+                tgt[k] += v
+        h = p["depth_hist"]
+        if len(h) > len(out["depth_hist"]):
+            out["depth_hist"] += [0] * (len(h) - len(out["depth_hist"]))
+        for i, v in enumerate(h):
+            out["depth_hist"][i] += v
+        for k in ("requests", "generated", "first_tokens", "n_real", "steps_read", "requests_read"):
+            out[k] += p.get(k, 0)
+        for k, ps in p["means"].items():
+            out["means"][k] += ps
+    return out
+
+
+def check_run_rules(partial: dict, *, run_id: str, manifest: dict | None, rules, result: CheckResult,
+                    complete: bool, have_facts: bool, incomplete_reason: str | None = None) -> None:
+    """Run rules over a run's combined partial (complete: the run ended normally and
+    every file of it was read; have_facts: its requests table could be opened)."""
+    _, _, conv = run_config(manifest)
+    d = dict(partial["total"])
+    d["requests"] = partial["requests"]
+    d["generated"] = partial["generated"] if have_facts else None
+    d["first_tokens"] = partial["first_tokens"] if have_facts else None
+    n = partial["n_real"]
+    for key, _ in MEANS:
+        d[key] = math.fsum(partial["means"][key]) / n if n else 0.0
+    d["depth_hist"] = list(partial["depth_hist"])
+    d["partitions"] = partial["partitions"]
     d["budget"] = int(((manifest or {}).get("config") or {}).get("budget") or 0)
     run = RunFrame(run_id, manifest, d, complete and have_facts, conv, incomplete_reason)
-    for rule in by_scope["run"]:
-        _emit_hits(rule, rule.check(run), run, result, kind="run")
+    for rule in rules:
+        if rule.scope == "run":
+            _emit_hits(rule, rule.check(run), run, result, kind="run")
 
 
 class _Bad:
