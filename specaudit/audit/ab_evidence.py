@@ -501,7 +501,7 @@ def compare_windows(wa: list[EvWindow], wb: list[EvWindow], *, vary=None, same_w
                                            "running, so they cannot be matched by concurrency (log the scheduler's "
                                            "running-request count, e.g. vLLM's 'Running: N reqs' engine line)")
         if miss:
-            warnings.append(f"{lab}: {len(miss)} of {len(ws)} windows have no running-request count "
+            warnings.append(f"{lab}: {len(miss)} of {len(ws)} windows have no (or a zero) running-request count "
                             f"(first: {miss[0].file} {miss[0].ref}); left out")
     wa = [w for w in wa if w.concurrency is not None]
     wb = [w for w in wb if w.concurrency is not None]
