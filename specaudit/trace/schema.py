@@ -427,7 +427,15 @@ def validate_manifest(m: dict) -> str | None:
 
 def read_manifest(path: Path) -> dict:
     """A run.json, parsed and validated (InputError naming the file otherwise)."""
-    m = parse_json_bounded(read_limited(path, MAX_MANIFEST_BYTES), path)
+    return manifest_from_bytes(read_limited(path, MAX_MANIFEST_BYTES), path)
+
+
+def manifest_from_bytes(data: bytes, path) -> dict:
+    """A run.json's bytes (read by any means: a file, Spark, an object store), parsed
+    and validated as read_manifest does (InputError naming `path` otherwise)."""
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise InputError(path, f"larger than {MAX_MANIFEST_BYTES} bytes; refused")
+    m = parse_json_bounded(data, path)
     if not isinstance(m, dict):
         raise InputError(path, "not a JSON object")
     missing = [k for k in MANIFEST_REQUIRED if k not in m]
