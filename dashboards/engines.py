@@ -231,12 +231,12 @@ ALERTS = [
           "{{ $labels.engine }} counted more accepted drafts than drafted tokens over the window (the residual "
           "specaudit:identity:accepted_minus_drafted is above 1%): impossible; the accepted counter includes the "
           "bonus token or counts something twice."),
-    Alert("SpecauditAcceptLengthAboveMax", "SA702", "critical",
+    Alert("SpecauditAcceptLengthAboveMax", "SA705", "critical",
           "specaudit:identity:accept_length_excess > 0.01", "for_impossible",
           "accept length above k + 1",
           "The {{ $labels.engine }} accept length from its {{ $labels.figure }} exceeds k + 1 (k = the positions "
           "exported): a verify step cannot commit more than its drafts plus one bonus token."),
-    Alert("SpecauditPositionRateIncreasing", "SA705", "critical",
+    Alert("SpecauditPositionRateIncreasing", "SA721", "critical",
           "specaudit:identity:position_increase > 0.01", "for_impossible",
           "per-position acceptance increases with position",
           "{{ $labels.engine }} accepted more drafts at position {{ $labels.position }} than at the position "
@@ -247,13 +247,13 @@ ALERTS = [
           "per-position counts disagree with the accepted total",
           "{{ $labels.engine }}: the per-position accepted counts do not sum to the accepted-token counter "
           "(more than 1% apart); one of the two is counted wrongly."),
-    Alert("SpecauditGaugeDisagreesWithCounters", "SA705", "warning",
+    Alert("SpecauditGaugeDisagreesWithCounters", "SA726", "warning",
           "abs(specaudit:identity:gauge_minus_counters) > 0.25", "for_gauge",
           "printed accept length disagrees with the counters",
           "{{ $labels.engine }}: the accept-length gauge averaged over the window is more than 25% off the "
           "accept length the counters give; which one is wrong needs a log or a trace (specaudit check on the "
           "server log)."),
-    Alert("SpecauditAcceptanceNearZero", "SA709", "warning",
+    Alert("SpecauditAcceptanceNearZero", "SA727", "warning",
           "(specaudit:accept_rate < 0.02 or specaudit:accept_rate:reported < 0.02) "
           "and on (job, instance, engine, model, rank) "
           "(specaudit:drafted_tokens:rate > 0 or specaudit:verify_steps:rate > 0)", "for_warning",
@@ -266,7 +266,7 @@ ALERTS = [
           "acceptance collapsed below half of its level",
           "{{ $labels.engine }} accept rate fell below half of its mean over the {baseline} before, while "
           "drafting continues: the drafter or the target changed (or a counter broke)."),
-    Alert("SpecauditCounterReset", "SA700", "info",
+    Alert("SpecauditCounterReset", "SA724", "info",
           "specaudit:counter_resets:count > 0", "for_impossible",
           "speculative-decoding counters reset",
           "{{ $labels.engine }} counters went down in the window (a restart): windows across a reset are left out "

@@ -13,7 +13,7 @@ from pathlib import Path
 from specaudit import __version__
 from specaudit.runtime.host import check_device, host_info, set_torch_threads
 from specaudit.tokenizer import default_prompts, encode, load_prompts
-from specaudit.trace.schema import SCHEMA_VERSION, InputError
+from specaudit.trace.schema import SAMPLING_SCHEMA_VERSION, SCHEMA_VERSION, InputError
 
 
 def reference_manifest(run_id: str, models_info: dict, cfg, *, dtype: str, device: str, seed: int,
@@ -24,7 +24,7 @@ def reference_manifest(run_id: str, models_info: dict, cfg, *, dtype: str, devic
     (the server, whose requests bring their own token limits, sets max_new_tokens None).
     """
     import torch
-    return {
+    m = {
         "schema_version": SCHEMA_VERSION, "run_id": run_id,
         "engine": {"name": "specaudit-reference", "version": __version__, **(engine_extra or {})},
         "models": models_info,
@@ -36,6 +36,11 @@ def reference_manifest(run_id: str, models_info: dict, cfg, *, dtype: str, devic
         "conventions": {"accept_length": "includes_bonus", "mean": "pooled"},
         "host": host_info(device), "started_at": time.time(),
     }
+    if getattr(cfg, "sampled", False):
+        # contract v2: a sampled run writes the sampling columns and says how it sampled
+        m["schema_version"] = SAMPLING_SCHEMA_VERSION
+        m["config"]["sampling"] = cfg.sampling.manifest()
+    return m
 
 
 @dataclass
@@ -59,12 +64,14 @@ def run_traced(*, algo="chain", budget=7, topk=1, concurrency=1, num_prompts=8, 
                prompts=None, prompts_file=None, oracle=False, inject=None, seed=0, device="cpu",
                dtype="float32", out=None, run_id=None, eos_id=None, progress=False,
                flush_steps=4096, flush_s=5.0, extra_sinks=(), trace=True, models=None,
-               threads=None) -> RunResult:
+               threads=None, temperature=0.0, top_p=1.0, top_k=None) -> RunResult:
     """Run chain or tree speculative decoding on the embedded models, traced.
 
     `out` is the dataset folder (the run adds its own partition); `trace=False` runs
     untraced (benchmarks). `models` = (target, drafter, info) skips loading.
     `threads` sets torch's intra-op threads (process-wide) when given.
+    `temperature` > 0 runs speculative sampling (runtime/sampling.py) with `top_p`,
+    `top_k` and `seed`, and writes contract v2; 0 (the default) is greedy.
     Raises InputError / ValueError for bad input, before anything is written.
     """
     import torch
@@ -81,8 +88,15 @@ def run_traced(*, algo="chain", budget=7, topk=1, concurrency=1, num_prompts=8, 
     get_fault(inject)
     if threads is not None:
         set_torch_threads(threads)
+    from specaudit.runtime.sampling import SamplingParams
+    sp = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    sp.validate()
+    if oracle and not sp.greedy:
+        raise InputError(None, "--oracle compares with plain greedy decoding; under --temperature > 0 "
+                               "use `specaudit lossless` (a two-sample test against plain sampling)")
     cfg = SpecConfig(algo=algo, budget=budget, topk=topk, max_new_tokens=max_new_tokens,
-                     concurrency=concurrency, eos_id=EOS_ID if eos_id is None else eos_id, fault=inject)
+                     concurrency=concurrency, eos_id=EOS_ID if eos_id is None else eos_id, fault=inject,
+                     sampling=None if sp.greedy else sp)
     torch.manual_seed(seed)
     texts = prompts if prompts is not None else (load_prompts(prompts_file) if prompts_file else default_prompts())
     if not prompts and not prompts_file:

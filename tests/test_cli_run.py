@@ -23,7 +23,7 @@ def test_list_faults(capsys):
     lines = out.strip().splitlines()
     assert [ln.split()[0] for ln in lines] == list(FAULTS)
     for ln, f in zip(lines, FAULTS.values()):
-        assert ln.split()[1] == f.revealed_by in ("check", "diff")
+        assert ln.split()[1] == f.revealed_by in ("check", "diff", "lossless")
     assert FAULTS["stale-draft"].revealed_by == "diff"
 
 

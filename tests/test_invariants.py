@@ -21,7 +21,7 @@ def restore_registry():
     yield
     DEFINED.clear()
     DEFINED.update(saved)
-FAMILIES = {"SA0", "SA1", "SA2", "SA3", "SA4", "SA5", "SA6", "SA7"}
+FAMILIES = {"SA0", "SA1", "SA2", "SA3", "SA4", "SA5", "SA6", "SA7", "SA8"}
 
 
 def test_catalog_covers_every_family_and_contract_rule_group():

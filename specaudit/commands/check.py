@@ -15,6 +15,8 @@ Examples:
   specaudit check traces/ --invariants my_rules/          # add your own rules (README)
   specaudit check sglang_server.log metrics.txt           # engine logs, Prometheus text
   specaudit check server.log --source vllm-log            # force the source kind
+  specaudit check --prometheus http://127.0.0.1:9090 --range 6h --match '{job="vllm"}'
+                                                          # real engines' series in a Prometheus
 
 Inputs: a folder (dataset or run), a steps-*.parquet / requests.parquet / run.json
 file (its run is checked), or a text file that is an engine log or a Prometheus
@@ -43,7 +45,7 @@ def _codes(text):
 
 
 def add_arguments(p) -> None:
-    p.add_argument("paths", nargs="+", metavar="PATH", help="dataset folders, run folders, trace files or log files")
+    p.add_argument("paths", nargs="*", metavar="PATH", help="dataset folders, run folders, trace files or log files")
     p.add_argument("--select", action="append", metavar="CODES",
                    help="only these code prefixes, comma-separated (e.g. SA3,SA501)")
     p.add_argument("--ignore", action="append", metavar="CODES", help="skip these code prefixes")
@@ -62,6 +64,19 @@ def add_arguments(p) -> None:
                    help="text: findings shown per code (default 3; 0 = all kept)")
     p.add_argument("--max-per-code", type=int, default=1000, metavar="N",
                    help="findings kept per code for json/junit/github/sarif; all are counted (default 1000; 0 = all)")
+    g = p.add_argument_group("live engines (Prometheus HTTP API)")
+    g.add_argument("--prometheus", metavar="URL", help="read vLLM/SGLang/TensorRT-LLM/llama.cpp spec-decoding series "
+                   "from this Prometheus server (e.g. http://127.0.0.1:9090) and run the same source rules")
+    g.add_argument("--range", default="6h", metavar="DUR", help="how far back from now (default 6h)")
+    g.add_argument("--step", default="30s", metavar="DUR",
+                   help="shortest window between two samples used (default 30s; 0 = every scrape)")
+    g.add_argument("--match", action="append", default=[], metavar="SELECTOR",
+                   help="label matchers, e.g. '{job=\"vllm\"}' (repeatable: any of them)")
+    g.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'",
+                   help="HTTP header on every request, e.g. 'Authorization: Bearer TOKEN' (repeatable)")
+    g.add_argument("--timeout", default="30s", metavar="DUR", help="give up after this long in all (default 30s)")
+    g.add_argument("--insecure", action="store_true", help="https: do not verify the server's certificate")
+    g.add_argument("--ca-file", metavar="FILE", help="https: trust this CA bundle (PEM)")
 
 
 def is_trace_path(p: Path) -> bool:
@@ -94,6 +109,24 @@ def audit_sources(files, source, select, ignore, result) -> None:
             result.add(fd)
 
 
+def audit_live(args, select, ignore, result) -> None:
+    """--prometheus URL: the engines' series through specaudit.audit.sources.prom_http."""
+    from specaudit.audit.check import result_bad
+    from specaudit.audit.sources.prom_http import audit_prometheus, parse_duration
+    from specaudit.trace.schema import InputError
+    try:
+        kw = dict(range_s=parse_duration(args.range, "--range"), step_s=parse_duration(args.step, "--step"),
+                  timeout=parse_duration(args.timeout, "--timeout"))
+        found, readings = audit_prometheus(args.prometheus, select=select, ignore=ignore, match=args.match,
+                                           headers=args.header, insecure=args.insecure, ca_file=args.ca_file, **kw)
+    except (InputError, ValueError) as e:
+        result_bad(result, args.prometheus, getattr(e, "reason", None) or str(e))
+        return
+    result.files_checked += [r.path for r in readings]
+    for fd in found:
+        result.add(fd)
+
+
 def run_check(args):
     """The check as the CLI runs it -> (CheckResult, rendered report)."""
     from specaudit.audit.check import CheckResult, check_paths, result_bad
@@ -122,6 +155,8 @@ def run_check(args):
         for p in missing:
             result_bad(res, p, "no such file or folder")
         audit_sources([p for p in logs if p.exists()], args.source, select, ignore, res)
+    if getattr(args, "prometheus", None):
+        audit_live(args, select, ignore, res)
     summary = res.summary()
     text = format_findings(res.findings, args.output_format, counts=res.counts, summary=summary,
                            statistics=args.statistics, examples=args.examples, checked=res.rules)
@@ -135,7 +170,7 @@ def main(args) -> int:
         for path, reason in res.bad_files:
             print(f"specaudit check: error: {path}: {reason}", file=sys.stderr)
         if not res.bad_files:
-            print("specaudit check: error: nothing to check", file=sys.stderr)
+            print("specaudit check: error: nothing to check (give PATHs or --prometheus URL)", file=sys.stderr)
         return 2
     if args.output:
         from specaudit.trace.schema import atomic_write_bytes

@@ -5,6 +5,7 @@ Examples:
   specaudit run --algo tree --budget 15 --topk 4 --concurrency 4 --oracle --out traces/
   specaudit run --algo chain --inject commit-counter --out traces/   # a known bug
   specaudit run --list-faults
+  specaudit run --temperature 0.7 --top-p 0.95 --seed 3 --out traces/   # speculative sampling
 
 Each run adds its own partition (run_id=<id>/) to the dataset folder given by --out,
 which many runs may share. --oracle also decodes plainly (greedy) and records the
@@ -16,7 +17,8 @@ from __future__ import annotations
 import json
 import sys
 
-from specaudit.runtime.options import add_runtime_arguments, apply_host_options, resolve_topk
+from specaudit.runtime.options import (add_runtime_arguments, add_sampling_arguments, apply_host_options, resolve_topk,
+                                      sampling_kwargs)
 
 HELP = "run the reference runtime (chain or tree) and write a trace dataset"
 ORDER = 10
@@ -24,6 +26,7 @@ ORDER = 10
 
 def add_arguments(p) -> None:
     add_runtime_arguments(p)
+    add_sampling_arguments(p.add_argument_group("speculative sampling"))
     p.add_argument("--num-prompts", type=int, default=8, help="requests to run (default 8)")
     p.add_argument("--prompts", metavar="FILE", help="JSONL ({\"prompt\": ...} per line) or text, one prompt a line "
                                                      "(default: the embedded held-out prompts)")
@@ -62,7 +65,7 @@ def main(args) -> int:
                      inject=args.inject, seed=args.seed, device=args.device, dtype=args.dtype,
                      out=args.out, run_id=args.run_id, eos_id=args.eos_id,
                      progress=not args.no_progress and sys.stderr.isatty(),
-                     flush_steps=args.flush_steps, flush_s=args.flush_seconds)
+                     flush_steps=args.flush_steps, flush_s=args.flush_seconds, **sampling_kwargs(args))
     if args.json:
         print(json.dumps(res.summary))
     else:

@@ -25,6 +25,8 @@ import torch
 from specaudit.runtime.faults import get_fault
 from specaudit.runtime.metrics import SpecMetrics
 from specaudit.runtime.proposer import Draft, propose_chain, propose_tree
+from specaudit.runtime.sampling import (SAMPLING_FAULTS, SamplingParams, categorical, sample_drafts,
+                                        sampling_record, transform, verify_sampled)
 from specaudit.runtime.verifier import accept_greedy, build_batch
 
 
@@ -37,8 +39,17 @@ class SpecConfig:
     concurrency: int = 1         # cache rows: requests verified together
     eos_id: int = 0
     fault: str | None = None
+    sampling: SamplingParams | None = None  # None or temperature 0: greedy
+
+    @property
+    def sampled(self) -> bool:
+        return self.sampling is not None and not self.sampling.greedy
 
     def validate(self, drafter_depth: int) -> None:
+        if self.sampling is not None:
+            self.sampling.validate()
+        if self.fault in SAMPLING_FAULTS and not self.sampled:
+            raise ValueError(f"fault {self.fault!r} lives in speculative sampling: give --temperature > 0")
         if self.algo not in ("chain", "tree"):
             raise ValueError(f"--algo must be chain or tree, not {self.algo!r}")
         if self.budget < 1:
@@ -117,6 +128,9 @@ class SpecEngine:
         # Optional on-device audit (specaudit.kernels): called once per step with the
         # device tensors, before any host copy; it must not synchronise.
         self.auditor = None
+        # speculative sampling (runtime/sampling.py): one host generator per engine
+        self.sp = cfg.sampling if cfg.sampled else None
+        self.rng = np.random.default_rng(self.sp.seed) if self.sp is not None else None
 
     # ------------------------------------------------------------------ requests
     def check_fits(self, prompt_len: int, max_new: int) -> None:
@@ -146,7 +160,8 @@ class SpecEngine:
             raise RuntimeError("no free slot")
         req.slot = free[0]
         req.t_arrive = req.t_arrive or time.time()
-        first, req.h_prev = prefill(self.target, self.cache, req.prompt, req.slot, self.device)
+        pick = self._pick_first if self.sp is not None else None
+        first, req.h_prev = prefill(self.target, self.cache, req.prompt, req.slot, self.device, pick)
         req.seq_len, req.root = len(req.prompt), first
         req.output = [first]
         req.t_first = time.time()
@@ -179,6 +194,8 @@ class SpecEngine:
         reqs = self.running
         if not reqs:
             return []
+        if self.sp is not None:
+            return self._step_sampled(reqs)
         cfg, dev = self.cfg, self.device
         t0 = time.time()
         # draft: one drafter forward for the whole batch -> [R, K, V]
@@ -265,6 +282,109 @@ class SpecEngine:
                 finished.append(r)
         return finished
 
+    # ------------------------------------------------------- speculative sampling
+    def _target_t(self) -> float:
+        """Temperature of the target's transform; the temperature-one-side fault leaves
+        the target at 1 while the drafter uses --temperature."""
+        return 1.0 if self.fault == "temperature-one-side" else self.sp.temperature
+
+    def _pick_first(self, logits: torch.Tensor) -> int:
+        """The prefill's first token, drawn from the target's transformed distribution."""
+        p = transform(logits.float().cpu().numpy(), self.sp, self._target_t())
+        return int(categorical(self.rng, p))
+
+    def _step_sampled(self, reqs: list[Request]) -> list[Request]:
+        """One batched verify under speculative sampling (runtime/sampling.py).
+
+        Same draft -> verify -> commit -> compact loop as the greedy step; what differs:
+        drafts are drawn from q (chain: the block's K offsets; tree: the greedy
+        best-first shape filled with i.i.d. draws), acceptance is the sampling test,
+        the token after the last accepted node is drawn (residual or bonus), and the
+        tracer gets the contract v2 record.
+        """
+        cfg, dev, sp = self.cfg, self.device, self.sp
+        t0 = time.time()
+        h_prev = torch.stack([r.h_prev for r in reqs])
+        roots = np.array([r.root for r in reqs], dtype=np.int64)
+        lp = self.drafter(h_prev, torch.from_numpy(roots).to(dev)).float().cpu().numpy()  # [R, K, V]
+        q = transform(lp, sp)                                                             # [R, K, V]
+        if cfg.algo == "chain":
+            shapes = propose_chain(roots, lp, cfg.budget)
+        else:
+            shapes = propose_tree(roots, lp, cfg.budget, cfg.topk)
+        drafts = []
+        for i, d in enumerate(shapes):
+            toks = sample_drafts(self.rng, q[i], d.parents)
+            toks[0] = roots[i]
+            depth_lp = lp[i, np.maximum(_depths(d.parents) - 1, 0), toks]
+            depth_lp[0] = 0.0
+            drafts.append(Draft(toks, d.parents, depth_lp.astype(np.float32)))
+        t1 = time.time()
+        seq_lens = np.array([r.seq_len for r in reqs], dtype=np.int64)
+        vb = build_batch(drafts, seq_lens, dev, causal=self.fault == "causal-mask-on-tree",
+                         position_shift=1 if self.fault == "position-off-by-one" else 0)
+        slot_ids = [r.slot for r in reqs]
+        rows = None if slot_ids == list(range(len(reqs))) else torch.tensor(slot_ids, device=dev)
+        logits, hidden = self.target(vb.tokens, vb.positions, self.cache,
+                                     torch.from_numpy(seq_lens).to(dev), vb.node_mask, rows=rows)
+        lf = logits.float()
+        top2 = lf.topk(2, dim=-1)
+        argmax_t = top2.indices[..., 0]  # [R, N]
+        margin_t = top2.values[..., 0] - top2.values[..., 1]
+        lg = lf.cpu().numpy()                                    # [R, N, V]
+        p_all = transform(lg, sp, self._target_t())              # [R, N, V]
+        t2 = time.time()
+        outs = [verify_sampled(self.rng, vb.tokens_np[i, : vb.n_nodes[i]], vb.parents[i, : vb.n_nodes[i]],
+                               p_all[i, : vb.n_nodes[i]], q[i], lg[i, : vb.n_nodes[i]], self.fault)
+                for i in range(len(reqs))]
+        paths = [o.path for o in outs]
+        finished, commits, depths, commit_lens, reasons = [], [], [], [], []
+        mv_rows, mv_src, mv_dst = [], [], []
+        for i, (r, o) in enumerate(zip(reqs, outs)):
+            path = o.path
+            accepted = vb.tokens_np[i, path[1:]].tolist()
+            remaining = r.max_new_tokens - len(r.output)
+            committed, reason = cut_commit(accepted, o.token, remaining, cfg.eos_id,
+                                           cut_at_eos=self.fault != "eos-overcount")
+            d, c = self.metrics.step_counters(path, int(vb.n_nodes[i]), committed)
+            depths.append(d)
+            commit_lens.append(c)
+            commits.append(committed)
+            reasons.append(reason)
+            r.output.extend(committed)
+            if self.fault != "kv-compaction":
+                moved = np.flatnonzero(path != np.arange(len(path)))
+                if moved.size:
+                    mv_rows += [r.slot] * moved.size
+                    mv_src += (r.seq_len + path[moved]).tolist()
+                    mv_dst += (r.seq_len + moved).tolist()
+            r.h_prev = hidden[i, int(path[-1])]
+            r.root = o.token
+            r.prev_draft = drafts[i]
+            r.seq_len += len(path)
+            r.steps += 1
+        if mv_rows:
+            t = lambda x: torch.tensor(x, device=dev)  # noqa: E731
+            self.cache.move_rows(t(mv_rows), t(mv_src), t(mv_dst))
+        t3 = time.time()
+        fin_flags = [reason is not None for reason in reasons]
+        if self.tracer is not None:
+            self.tracer.record_step(
+                request_ids=[r.request_id for r in reqs], steps=[r.steps - 1 for r in reqs],
+                algo=cfg.algo, budget=cfg.budget, topk=cfg.topk, seq_len=seq_lens,
+                node_tokens=vb.tokens, n_nodes=vb.n_nodes, parents=vb.parents,
+                positions=vb.positions, node_mask=vb.node_mask,
+                draft_logprob=vb.logprob, target_argmax=argmax_t, target_margin=margin_t,
+                accepted_path=paths, accepted_depth=depths, commit_len=commit_lens,
+                committed_tokens=commits, finished=fin_flags,
+                t_start=t0, draft_s=t1 - t0, verify_s=t2 - t1, step_s=t3 - t0,
+                sampling=sampling_record(outs, int(vb.tokens_np.shape[1])))
+        for r, reason in zip(reqs, reasons):
+            if reason is not None:
+                self._finish(r, reason)
+                finished.append(r)
+        return finished
+
     def _stale(self, req: Request, fresh: Draft) -> Draft:
         """Fault: reuse the previous proposal's drafts under the new root."""
         prev = req.prev_draft
@@ -294,11 +414,11 @@ class SpecEngine:
         return done
 
 
-def prefill(target, cache, prompt: list[int], row: int, device) -> tuple[int, torch.Tensor]:
+def prefill(target, cache, prompt: list[int], row: int, device, pick=None) -> tuple[int, torch.Tensor]:
     """Causal forward of one prompt into cache row `row` (from slot 0).
 
-    Returns the greedy first token and the final hidden state at the last prompt
-    token (the drafter's conditioning for the first root).
+    Returns the first token (greedy, or `pick(logits [V])` when sampling) and the final
+    hidden state at the last prompt token (the drafter's conditioning for the first root).
     """
     L = len(prompt)
     logits, h = target(torch.tensor([prompt], dtype=torch.long, device=device),
@@ -306,6 +426,8 @@ def prefill(target, cache, prompt: list[int], row: int, device) -> tuple[int, to
                        torch.zeros(1, dtype=torch.long, device=device),
                        torch.ones(L, L, dtype=torch.bool, device=device).tril()[None],
                        rows=torch.tensor([row], device=device))
+    if pick is not None:
+        return int(pick(logits[0, -1])), h[0, -1]
     return int(logits[0, -1].argmax()), h[0, -1]
 
 
@@ -337,6 +459,56 @@ def greedy_generate(target, prompts: list[list[int]], max_new_tokens: int, eos_i
             logits, _ = target(tok, lens_t[:, None], cache, lens_t, one)
             lens_t = lens_t + 1
             nxt = logits[:, -1].argmax(-1).tolist()
+            for j, gi in enumerate(group):
+                if not alive[j]:
+                    continue
+                outs[gi].append(nxt[j])
+                cur[j] = nxt[j]
+                if nxt[j] == eos_id or len(outs[gi]) >= max_new_tokens:
+                    alive[j] = False
+    return outs, time.time() - t0
+
+
+def _depths(parents: np.ndarray) -> np.ndarray:
+    d = np.zeros(len(parents), dtype=np.int64)
+    for i in range(1, len(parents)):
+        d[i] = d[parents[i]] + 1
+    return d
+
+
+@torch.inference_mode()
+def sample_generate(target, prompts: list[list[int]], max_new_tokens: int, eos_id: int,
+                    sampling: SamplingParams, concurrency: int = 1, device="cpu",
+                    temperature: float | None = None) -> tuple[list[list[int]], float]:
+    """Plain sampling from the target, one token per forward, batched: the reference
+    distribution `specaudit lossless` compares speculative sampling against.
+
+    Same transform as the speculative path (runtime/sampling.py); its own generator
+    seeded with sampling.seed. Returns the outputs and the wall seconds.
+    """
+    dev = torch.device(device)
+    rng = np.random.default_rng(sampling.seed)
+    pick = lambda lg: int(categorical(rng, transform(lg.float().cpu().numpy(), sampling, temperature)))  # noqa: E731
+    outs: list[list[int]] = [None] * len(prompts)  # type: ignore[list-item]
+    t0 = time.time()
+    for lo in range(0, len(prompts), concurrency):
+        group = list(range(lo, min(lo + concurrency, len(prompts))))
+        cache = target.new_cache(len(group))
+        cur, lens = [], []
+        for j, gi in enumerate(group):
+            t, _ = prefill(target, cache, prompts[gi], j, dev, pick)
+            outs[gi] = [t]
+            cur.append(t)
+            lens.append(len(prompts[gi]))
+        alive = [outs[gi][-1] != eos_id and max_new_tokens > 1 for gi in group]
+        lens_t = torch.tensor(lens, device=dev)
+        one = torch.ones(len(group), 1, 1, dtype=torch.bool, device=dev)
+        while any(alive):
+            tok = torch.tensor(cur, device=dev)[:, None]
+            logits, _ = target(tok, lens_t[:, None], cache, lens_t, one)
+            lens_t = lens_t + 1
+            p = transform(logits[:, -1].float().cpu().numpy(), sampling, temperature)  # [G, V]
+            nxt = categorical(rng, p).tolist()
             for j, gi in enumerate(group):
                 if not alive[j]:
                     continue

@@ -4,7 +4,9 @@ A fault changes what the runtime computes or reports, never the trace afterwards
 tracer writes whatever the runtime handed it, exactly as it would for a real bug.
 `revealed_by` says which tool must reveal it: `check` when a recorded counter or
 tensor lies, or when an `--oracle` run's output stops being lossless; `diff` when
-every record is true and only acceptance suffers.
+every record is true and only acceptance suffers; `lossless` when every record is
+consistent and only the output distribution moves (`specaudit lossless` finds it).
+Faults marked `sampled` live in speculative sampling and need `--temperature > 0`.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ class Fault:
     revealed_by: str  # "check" or "diff"
     breaks: str
     algos: tuple = ("chain", "tree")  # where the fault has an effect
+    sampled: bool = False             # lives in speculative sampling (--temperature > 0)
 
 
 FAULTS = {f.name: f for f in (
@@ -41,6 +44,23 @@ FAULTS = {f.name: f for f in (
           "after accepting a branch of a tree the KV rows of nodes 0..depth are kept in "
           "node order instead of the accepted path's rows; later predictions (and the "
           "output, against --oracle) go wrong (no effect on a chain)", ("tree",)),
+    # speculative sampling (runtime/sampling.py); SA8xx rules and `specaudit lossless`
+    Fault("greedy-accept", "check",
+          "sampling: a draft is accepted when it equals the target's argmax instead of when "
+          "u < p/q; the recorded p, q and u contradict the decisions (SA801)", sampled=True),
+    Fault("ratio-inverted", "check",
+          "sampling: the acceptance test divides q by p (u < q/p): unlikely drafts pass, "
+          "likely ones fail (SA801)", sampled=True),
+    Fault("residual-from-p", "check",
+          "sampling: after a rejection the replacement is drawn from p instead of "
+          "norm(max(0, p - q)): tokens with no residual mass are committed (SA802)", sampled=True),
+    Fault("temperature-one-side", "lossless",
+          "sampling: the drafter's distribution gets --temperature, the target's stays at 1: "
+          "every record is consistent, the output follows the target at T = 1", sampled=True),
+    Fault("bonus-from-q", "lossless",
+          "sampling: after a fully accepted proposal the bonus token is drawn from the drafter's "
+          "q instead of the target's p (SA803 too, when a draw leaves p's top-k)",
+          sampled=True),
 )}
 
 
@@ -55,4 +75,4 @@ def get_fault(name: str | None) -> Fault | None:
 def describe_faults() -> str:
     """One line per fault: name, what reveals it, what it breaks."""
     w = max(len(n) for n in FAULTS)
-    return "\n".join(f"{f.name:<{w}}  {f.revealed_by:<5}  {f.breaks}" for f in FAULTS.values())
+    return "\n".join(f"{f.name:<{w}}  {f.revealed_by:<8}  {f.breaks}" for f in FAULTS.values())

@@ -19,10 +19,26 @@ def add_runtime_arguments(p) -> None:
     g.add_argument("--max-new-tokens", type=int, default=256, help="output tokens per request (default 256)")
     g.add_argument("--inject", metavar="FAULT", default=None,
                    help="inject a known metric/runtime bug (see --list-faults)")
-    g.add_argument("--seed", type=int, default=0, help="seed (prompt order; default 0)")
+    g.add_argument("--seed", type=int, default=0,
+                   help="seed (prompt order, and the sampler's generator; default 0)")
     add_host_arguments(g)
     g.add_argument("--eos-id", type=int, default=None,
                    help="token that ends a request (default: the model's EOS, byte 0)")
+
+
+def add_sampling_arguments(g) -> None:
+    """--temperature, --top-p, --top-k: speculative sampling (runtime/sampling.py).
+
+    Added by the commands that sample (run, lossless); serve and the A/B arms are greedy."""
+    g.add_argument("--temperature", type=float, default=0.0,
+                   help="> 0: speculative sampling at this temperature (default 0: greedy, lossless by equality)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (default 1: off)")
+    g.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (default: off)")
+
+
+def sampling_kwargs(args) -> dict:
+    """run_traced's sampling keywords from parsed options."""
+    return dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
 
 
 def add_host_arguments(g, dtype: bool = True) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from specaudit.trace.schema import REQUESTS_SCHEMA, STEPS_SCHEMA, InputError, atomic_write_bytes
+from specaudit.trace.schema import REQUESTS_SCHEMA, InputError, atomic_write_bytes
 
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 REQUESTS_SCHEMA_EXT = REQUESTS_SCHEMA.append(pa.field("t_arrive", pa.float64()))
@@ -87,7 +87,8 @@ class ParquetSink:
         self._last_flush = time.monotonic()
         if not self._pending:
             return
-        table = pa.Table.from_batches(self._pending, schema=STEPS_SCHEMA)
+        # a sampled run's batches carry the contract v2 columns (STEPS_SCHEMA_V2)
+        table = pa.Table.from_batches(self._pending, schema=self._pending[0].schema)
         write_parquet_atomic(self.run_dir / f"steps-{self._seq:06d}.parquet", table, self.row_group_size)
         self._seq += 1
         self._pending, self._pending_rows = [], 0

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from specaudit.trace.schema import STEPS_SCHEMA, mask_hash
+from specaudit.trace.schema import SAMPLING_FIELDS, STEPS_SCHEMA, STEPS_SCHEMA_V2, mask_hash
 
 
 def _host(x, copy: bool = True):
@@ -115,7 +115,7 @@ class Tracer:
                     accepted_path, accepted_depth, commit_len, committed_tokens, finished,
                     node_mask=None, mask_hash=None, draft_logprob=None, target_margin=None,
                     t_start: float, draft_s: float, verify_s: float, step_s: float,
-                    batch_size: int | None = None) -> None:
+                    batch_size: int | None = None, sampling: dict | None = None) -> None:
         """Record one batched verify forward over B requests.
 
         Per-node arrays are [B, N] (padded; `n_nodes` [B] gives each row's real N);
@@ -123,6 +123,11 @@ class Tracer:
         when it was hashed on the device. accepted_path and committed_tokens are
         [B, *] ragged (lists) or padded with -1; accepted_depth and commit_len are the
         engine's counters.
+
+        `sampling` (contract v2, speculative sampling): a dict of per-node [B, N] arrays
+        draft_prob, target_prob, accept_u and per-row [B] sampled_token, sampled_prob,
+        sampled_target_prob, sampled_draft_prob, sampled_rank (schema.SAMPLING_FIELDS).
+        Give it on every step of a sampled run, never on a greedy one.
         """
         c = self.copy_inputs
         fields = dict(
@@ -135,7 +140,8 @@ class Tracer:
             accepted_depth=_host(accepted_depth, c), commit_len=_host(commit_len, c),
             committed_tokens=_host(committed_tokens, c), finished=_host(finished, c),
             t_start=float(t_start), draft_s=float(draft_s), verify_s=float(verify_s),
-            step_s=float(step_s), batch_size=batch_size)
+            step_s=float(step_s), batch_size=batch_size,
+            sampling=None if sampling is None else {k: _host(v, c) for k, v in sampling.items()})
         event = None
         if getattr(node_tokens, "is_cuda", False) or getattr(target_argmax, "is_cuda", False):
             import torch
@@ -348,4 +354,38 @@ def steps_to_arrow(run_id: str, items) -> pa.RecordBatch:
         "verify_s": per_step("verify_s", np.float64),
         "step_s": per_step("step_s", np.float64),
     }
-    return pa.RecordBatch.from_arrays([cols[c] for c in STEPS_SCHEMA.names], schema=STEPS_SCHEMA)
+    schema = STEPS_SCHEMA
+    if any(f.get("sampling") is not None for f in items):
+        schema = STEPS_SCHEMA_V2
+        cols.update(_sampling_cols(items, counts, node_offsets, valid, R, N))
+    return pa.RecordBatch.from_arrays([cols[c] for c in schema.names], schema=schema)
+
+
+def _sampling_cols(items, counts, node_offsets, valid, R: int, N: int) -> dict:
+    """Contract v2 columns of a batch of steps (null where a step brought none)."""
+    cols = {}
+    for fld in SAMPLING_FIELDS:
+        key = fld.name
+        if pa.types.is_list(fld.type):
+            out = np.full((R, N), np.nan, dtype=np.float32)
+            r0 = 0
+            for f, k in zip(items, counts):
+                if f.get("sampling") is not None:
+                    a = np.asarray(_np(f["sampling"][key]), dtype=np.float32)
+                    w = min(a.shape[1], N)
+                    out[r0:r0 + k, :w] = a[:, :w]
+                r0 += k
+            arr = pa.ListArray.from_arrays(node_offsets, pa.array(out[valid], pa.float32()))
+            missing = np.repeat([f.get("sampling") is None for f in items], counts)
+            if missing.any():
+                arr = pa.ListArray.from_arrays(node_offsets, arr.values, mask=pa.array(missing))
+            cols[key] = arr
+        else:
+            dt = np.int32 if pa.types.is_integer(fld.type) else np.float32
+            vals, mask = [], []
+            for f, k in zip(items, counts):
+                s = f.get("sampling")
+                vals.append(np.zeros(k, dt) if s is None else np.asarray(_np(s[key])).reshape(-1).astype(dt))
+                mask.append(np.full(k, s is None))
+            cols[key] = pa.array(np.concatenate(vals), fld.type, mask=np.concatenate(mask))
+    return cols

@@ -132,7 +132,7 @@ class Client:
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise InputError(self.url, f"Prometheus did not answer within --timeout {self.timeout:g}s")
-        q = urllib.parse.urlencode({**params, "timeout": f"{max(left, 0.1):.1f}s"}, doseq=True)
+        q = urllib.parse.urlencode({**params, "timeout": f"{max(int(left * 1000), 100)}ms"}, doseq=True)
         req = urllib.request.Request(f"{self.url}{path}?{q}", headers=self.headers)
         try:
             with urllib.request.urlopen(req, timeout=left, context=self.ctx) as r:
