@@ -172,6 +172,7 @@ class StepFrame:
         self.conventions = conventions or {}
         names = batch.schema.names
         col = {n: batch.column(i) for i, n in enumerate(names)}
+        self.columns = col   # the batch's columns by name (optional ones: see `sampling`)
         R = batch.num_rows
         self.R = R
         # --- request ids -> carry indices; sort rows by (request, step)
@@ -540,7 +541,28 @@ class StepFrame:
         """The target's argmax at the path's last node (the bonus token) per row."""
         if self.T == 0:
             return np.full(self.R, -1, dtype=I64)
-        return self.argmax[self.last_node]
+        b = self.argmax[self.last_node]
+        if self.sampled.any():  # speculative sampling: the token drawn there (contract v2)
+            b = np.where(self.sampled, self.sampling.token, b)
+        return b
+
+    @cached_property
+    def sampling(self):
+        """Contract v2 sampling columns of this batch, re-derived (invariants/frame_sampling.py),
+        or None when the batch has none (a greedy or v1 trace)."""
+        from .frame_sampling import SamplingView
+        return SamplingView.of(self)
+
+    @property
+    def sampled(self) -> np.ndarray:
+        """Rows verified by speculative sampling: the greedy argmax rules do not apply."""
+        s = self.sampling
+        return s.rows if s is not None else np.zeros(self.R, dtype=bool)
+
+    def sampling_sums(self) -> dict:
+        """Run-level acceptance sums of the sampled rows (SA804), zeros when none."""
+        s = self.sampling
+        return s.sums() if s is not None else dict.fromkeys(SAMPLING_SUM_KEYS, 0)
 
     @cached_property
     def path_last_k(self) -> np.ndarray:
@@ -640,6 +662,7 @@ def _local_index(row: np.ndarray, start: np.ndarray, size: int) -> np.ndarray:
 
 
 _HASH_CACHE: dict = {}
+SAMPLING_SUM_KEYS = ("sampling_tests", "sampling_accepts", "sampling_expected", "sampling_var")
 _POSW = np.random.default_rng(20261130).integers(1, 2**63 - 1, size=MAX_NODES + 1,
                                                    dtype=np.int64).astype(np.uint64) | np.uint64(1)
 

@@ -130,7 +130,7 @@ class PathMatchesArgmax(Rule):
                "node {parent} is {argmax}: a draft the target rejects was accepted")
 
     def check(self, f):
-        ok = f.path_ok
+        ok = f.path_ok & ~f.sampled  # sampled rows: SA801 re-derives the test instead
         if not len(f.path) or not ok.any():
             return None
         k = f.path_k
@@ -172,7 +172,7 @@ class PathMaximal(Rule):
                "argmax {token}: acceptance stopped early")
 
     def check(self, f):
-        ok = f.path_ok
+        ok = f.path_ok & ~f.sampled  # sampled rows: a rejection may stop before any child
         if f.T == 0 or not ok.any():
             return None
         last = f.last_node
