@@ -185,13 +185,14 @@ def test_commit_length_histogram_matches_numpy(con, synth_ds):
     _, runs = synth_ds
     rows = Q.fetch_arrow(con, Q.canned("commit_length_histogram").sql).to_pylist()
     for steps, _, man in runs.values():
-        cl = steps.column("commit_len").to_numpy()
+        cl = np.array([len(x) for x in steps.column("committed_tokens").to_pylist()])   # derived, not the counter
         mine = {r["commit_len"]: r for r in rows if r["config"] == label(man)}
         vals, counts = np.unique(cl, return_counts=True)
         assert {int(v): int(c) for v, c in zip(vals, counts)} == {k: r["steps"] for k, r in mine.items()}
         assert sum(r["share"] for r in mine.values()) == pytest.approx(1.0)
         assert sum(r["finished_steps"] for r in mine.values()) == int(np.sum(steps.column("finished").to_numpy()))
-        assert all(r["tokens_disagree"] == 0 for r in mine.values())
+        assert all(r["counter_disagrees"] == 0 for r in mine.values())
+        assert all(r["reported_mean_commit_len"] == r["commit_len"] for r in mine.values())
 
 
 def _reached_accepted(steps: pa.Table, bins: int):
@@ -229,7 +230,7 @@ def test_request_spread_and_over_time_and_latency_match_numpy(con, synth_ds):
     over = Q.fetch_arrow(con, Q.canned("throughput_over_time").sql).to_pylist()
     lat = {r["config"]: r for r in Q.fetch_arrow(con, Q.canned("latency_breakdown").sql).to_pylist()}
     for steps, _, man in runs.values():
-        cl = steps.column("commit_len").to_numpy()
+        cl = np.array([len(x) for x in steps.column("committed_tokens").to_pylist()])   # derived, not the counter
         req = np.array(steps.column("request_id").to_pylist())
         per_req = [cl[req == q].mean() for q in np.unique(req)]
         s = spread[label(man)]
@@ -258,7 +259,9 @@ def test_a_vs_b(synth_ds):
         assert rows["steps"][side] == steps.num_rows
         assert rows["requests"][side] == reqs.num_rows
         assert rows["accept_rate"][side] == pytest.approx(accepted / drafted)
-        assert rows["mean_commit_len"][side] == pytest.approx(steps.column("commit_len").to_numpy().mean())
+        assert rows["mean_commit_len"][side] == pytest.approx(
+            np.mean([len(x) for x in steps.column("committed_tokens").to_pylist()]))
+        assert rows["mean_commit_len"][f"{side}_verdict"] == "agrees"   # a clean synthetic run
     r = rows["mean_commit_len"]
     assert r["b_minus_a"] == pytest.approx(r["b"] - r["a"]) and r["b_over_a"] == pytest.approx(r["b"] / r["a"])
     assert r["a_runs"] == "chainA" and r["b_runs"] == "treeB"

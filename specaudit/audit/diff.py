@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from specaudit.audit.compare import agrees
 from specaudit.tokenizer import decode
 from specaudit.trace.schema import (
     CONVENTIONS,
@@ -602,10 +603,6 @@ def rows_means(side: Side, rids: list[str], conventions: dict) -> dict:
     return {"mean_accepted_depth": d, "mean_commit_len": c, "mean_accept_length": d + bonus}
 
 
-def _close(reported, derived) -> bool:
-    return abs(float(reported) - derived) <= max(0.005, 1e-3 * abs(derived))  # reported may be rounded
-
-
 def _acceptance(side: Side, rids: list[str]) -> dict:
     """The matched requests' acceptance in the contract's convention (A and B compare), and the
     run's reported means against its whole rows under its declared conventions."""
@@ -616,7 +613,7 @@ def _acceptance(side: Side, rids: list[str]) -> dict:
         "matched_rows": rows_means(side, rids, {"mean": "pooled", "accept_length": "includes_bonus"}),
         "reported": reported, "conventions": side.conventions,
         "rows_in_declared_conventions": own,
-        "reported_matches_rows": {k: _close(v, own[k]) for k, v in reported.items() if own[k] is not None},
+        "reported_matches_rows": {k: agrees(v, own[k]) for k, v in reported.items() if own[k] is not None},
     }
 
 

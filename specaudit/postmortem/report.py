@@ -3,8 +3,9 @@
     from specaudit.postmortem.report import build_report
     html = build_report(["traces/"], "report/", findings=res.findings, summary=res.summary())
 
-The page has the run configs (with each run's reported counters next to the same numbers
-derived from its rows) and the checker's summary on top, then six plots, each also
+The page has the run configs (each run's mean accepted depth, mean commit length, accept
+rate and tokens/s derived from the raw tensors, beside the engine's reported figure and the
+verdict of specaudit.audit.compare, from the `figures` view) and the checker's summary on top, then six plots, each also
 written as a PNG beside report.html:
     acceptance_by_depth.png            reach and conditional acceptance rate per depth
     commit_length_histogram.png        share of steps per commit length
@@ -34,8 +35,9 @@ PLOTS = [
      "depth). Right: share of steps at depth d-1 that go on to d. A sudden drop at one depth "
      "points at that draft position, or at a position/mask bug there."),
     ("commit_length_histogram", "Commit-length histogram", "commit_length_histogram",
-     "Share of verify steps committing 1, 2, ... tokens. Mass at 1 is a drafter that never "
-     "lands; anything above budget + 1 is impossible."),
+     "Share of verify steps committing 1, 2, ... tokens, counted from the committed tokens (the "
+     "query's counter_disagrees column counts steps whose commit_len counter says otherwise). "
+     "Mass at 1 is a drafter that never lands; anything above budget + 1 is impossible."),
     ("acceptance_vs_draft_confidence", "Acceptance against draft confidence",
      "acceptance_vs_draft_logprob",
      "Reached draft nodes binned by draft probability: accept rate against the mean draft "
@@ -45,8 +47,9 @@ PLOTS = [
      "Mean wall time per step: drafting, verifying, and everything else. Acceptance cannot win "
      "back time spent outside the two forwards."),
     ("commit_length_over_time", "Commit length over time", "throughput_over_time",
-     "Each run's wall time in equal buckets: mean commit length (top) and committed tokens per "
-     "second (bottom). A step change marks when something happened."),
+     "Each run's wall time in equal buckets: mean commit length (top; solid: derived from the "
+     "committed tokens, dashed: the engine's commit_len counter) and committed tokens per second "
+     "(bottom). A step change marks when something happened; solid and dashed apart is a counter bug."),
     ("violations_by_code", "Violations by code", "violations_by_code",
      "The checker's findings per rule code, colored by severity (`specaudit rules` explains "
      "each code)."),
@@ -119,7 +122,7 @@ def plot_commit_hist(rows):
     for i, (cfg, rs) in enumerate(g.items()):
         ax.bar([r["commit_len"] + (i - (n - 1) / 2) * w for r in rs], [r["share"] for r in rs],
                width=w, label=cfg)
-    ax.set_xlabel("tokens committed in the step (commit_len)")
+    ax.set_xlabel("tokens committed in the step (len(committed_tokens))")
     ax.set_ylabel("share of steps")
     ax.grid(alpha=0.3, axis="y")
     if not g:
@@ -178,9 +181,12 @@ def plot_over_time(rows):
     for rid, rs in g.items():
         t = [r["t_rel_s"] + r["bucket_s"] / 2 for r in rs]
         label = f"{rs[0]['config']} ({rid})" if rs[0]["config"] != rid else rid
-        a1.plot(t, [r["mean_commit_len"] for r in rs], lw=1.2, label=label)
+        line, = a1.plot(t, [r["mean_commit_len"] for r in rs], lw=1.2, label=label)
+        rep = [r.get("reported_mean_commit_len") for r in rs]
+        if any(v is not None for v in rep):
+            a1.plot(t, rep, lw=1.0, ls="--", color=line.get_color())
         a2.plot(t, [r["tokens_per_s"] for r in rs], lw=1.2)
-    a1.set_ylabel("mean commit len")
+    a1.set_ylabel("mean commit len\n(solid derived,\ndashed reported)", fontsize=8)
     a2.set_ylabel("tokens / s")
     a2.set_xlabel("seconds since the run's first step")
     for ax in (a1, a2):
@@ -261,39 +267,50 @@ def _table(headers, rows, numeric=()) -> str:
     return f"<table><tr>{h}</tr>{''.join(body)}</table>"
 
 
-def _close(a, b, rel: float = 1e-3) -> bool:
-    if a is None or b is None:
-        return True
-    return abs(a - b) <= rel * max(abs(a), abs(b), 1e-9)
+FIGURE_COLUMNS = (("mean_accepted_depth", "mean accepted depth"), ("mean_commit_len", "mean commit len"),
+                  ("accept_rate", "accept rate"), ("tokens_per_s", "tokens/s"))
 
 
-def _runs_section(runs: list[dict]) -> str:
+def _pair(fig: dict | None):
+    """(text, css class) of one figures-view row: derived, then the reported figure and the
+    verdict of specaudit.audit.compare (computed once, in the view)."""
+    if not fig or fig.get("derived") is None:
+        return ("", "")
+    der = _fmt(fig["derived"])
+    if fig.get("reported") is None:
+        return (f"{der} (nothing reported)", "")
+    text = f"{der} / {_fmt(fig['reported'])}"
+    return (text + (" ✓" if fig["verdict"] == "agrees" else " ✗"), "" if fig["verdict"] == "agrees" else "bad")
+
+
+def _runs_section(runs: list[dict], figures: list[dict] | None = None) -> str:
+    by_run: dict = {}
+    for f in figures or ():
+        by_run.setdefault(f["run_id"], {})[f["metric"]] = f
     rows = []
     for r in runs:
-        def pair(rep, der):
-            if rep is None:
-                return (f"— / {_fmt(der)}", "")
-            return (f"{_fmt(rep)} / {_fmt(der)}", "" if _close(rep, der) else "bad")
+        figs = by_run.get(r["run_id"], {})
         rows.append([
             r["config"] or "", r["run_id"], f"{r['engine'] or ''} {r['engine_version'] or ''}".strip(),
             f"{r['target_model'] or ''} / {r['drafter_model'] or ''}",
             time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r["started_at"])) if r["started_at"] else "",
             _fmt(r["steps"]), _fmt(r["requests"]),
-            pair(r["reported_mean_accepted_depth"], r["mean_accepted_depth"]),
-            pair(r["reported_mean_commit_len"], r["mean_commit_len"]),
-            _fmt(r["tokens_per_s"]),
+            *[_pair(figs.get(k)) for k, _ in FIGURE_COLUMNS],
             "yes" if r["complete"] else "no",
         ])
     t = _table(["config", "run_id", "engine", "target / drafter", "started (UTC)", "steps", "requests",
-                "mean accepted depth: reported / rows", "mean commit len: reported / rows",
-                "tokens/s (rows)", "complete"], rows, numeric={5, 6, 9})
+                *[f"{label}: derived / reported" for _, label in FIGURE_COLUMNS], "complete"],
+               rows, numeric={5, 6})
     problems = [f"{r['run_id']}: {r['problems']}" for r in runs if r.get("problems")]
     if problems:
         t += ('<p class="bad">Left out of this report (the checker reports them as SA000):</p><ul>'
               + "".join(f"<li>{_e(p)}</li>" for p in problems) + "</ul>")
-    return (t + '<p class="meta">reported = the engine\'s own counter from run.json; rows = '
-            'derived from the step rows. A pair in <span class="bad">red</span> disagrees '
-            '(the checker says which rule).</p>')
+    return (t + '<p class="meta">derived = re-derived from the raw tensors (len(committed_tokens), '
+            'len(accepted_path) - 1, the requests\' output tokens over the run\'s clock); reported = the '
+            'engine\'s own figure from run.json, the thing under audit. A pair in <span class="bad">red</span> '
+            'disagrees under specaudit\'s one comparison rule (a printed figure carries its printed '
+            'precision; the view <code>figures</code> holds the same verdicts; the checker says which '
+            'rule).</p>')
 
 
 def _checker_section(findings_rows, summary, checked: bool) -> str:
@@ -316,19 +333,14 @@ def _checker_section(findings_rows, summary, checked: bool) -> str:
 
 
 RUNS_SQL = """
-WITH s AS (
-    SELECT run_id, count(*) AS steps, avg(len(accepted_path) - 1) AS mean_accepted_depth,
-           avg(commit_len) AS mean_commit_len, sum(commit_len) AS committed,
-           max(t_start + step_s) - min(t_start) AS wall_s
-    FROM steps GROUP BY run_id
-), q AS (SELECT run_id, count(*) AS requests FROM requests GROUP BY run_id)
+WITH s AS (SELECT run_id, count(*) AS steps FROM steps GROUP BY run_id),
+q AS (SELECT run_id, count(*) AS requests FROM requests GROUP BY run_id)
 SELECT r.run_id, r.config, r.engine, r.engine_version, r.target_model, r.drafter_model, r.problems,
-       r.started_at, r.complete, r.reported_mean_accepted_depth, r.reported_mean_commit_len,
-       s.steps, q.requests, s.mean_accepted_depth, s.mean_commit_len,
-       s.committed / nullif(s.wall_s, 0) AS tokens_per_s
+       r.started_at, r.complete, s.steps, q.requests
 FROM runs AS r LEFT JOIN s USING (run_id) LEFT JOIN q USING (run_id)
 ORDER BY r.config, r.started_at, r.run_id
 """
+FIGURES_SQL = "SELECT run_id, metric, derived, reported, verdict FROM figures ORDER BY run_id, i"
 
 
 def build_report(paths, out_dir, findings=None, summary=None, *, threads: int | None = None,
@@ -351,6 +363,7 @@ def build_report(paths, out_dir, findings=None, summary=None, *, threads: int | 
     try:
         data = {q: Q.fetch_arrow(con, Q.canned(q).sql).to_pylist() for q in dict.fromkeys(p[2] for p in PLOTS)}
         runs = Q.fetch_arrow(con, RUNS_SQL).to_pylist()
+        figure_rows = Q.fetch_arrow(con, FIGURES_SQL).to_pylist()
     finally:
         con.close()
     checked = findings is not None
@@ -388,7 +401,7 @@ def build_report(paths, out_dir, findings=None, summary=None, *, threads: int | 
 <h1>{_e(head)}</h1>
 <p class="meta">{_e(src)} · {len(runs)} run(s), {n_steps:,} steps ·
 generated {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())} in {{build_s}} s</p>
-<h2>Runs</h2>{_runs_section(runs)}
+<h2>Runs</h2>{_runs_section(runs, figure_rows)}
 <h2>Checker</h2>{_checker_section(data['violations_by_code'], summary, checked)}
 {''.join(figures)}
 {ab_section(ab, out) if ab else ''}

@@ -12,6 +12,16 @@ Views (one DuckDB connection, in memory):
                 position, draft_logprob, target_argmax, target_margin, accepted (on the
                 accepted path), parent_accepted (reached: its parent is on the path)
     violations  the checker's findings (empty when none were passed in)
+    figures     one row per (run, metric) for mean_accepted_depth, mean_commit_len,
+                accept_rate and tokens_per_s: `derived` (re-derived from the raw
+                tensors: len(accepted_path) - 1, len(committed_tokens), the requests'
+                output tokens over the run's clock) beside `reported` (run.json, the
+                figure under audit) and `verdict` from specaudit_agrees(reported,
+                derived), the one comparison rule (specaudit.audit.compare)
+
+Derived beside reported, never instead: every canned query reads commit lengths from
+len(committed_tokens) and depths from len(accepted_path) - 1, never from the counters
+commit_len / accepted_depth, which appear only in columns named reported_*.
 
 Read-only and offline, also when the SQL asks otherwise. Two layers:
   1. statements that touch files or extensions are refused before DuckDB sees them:
@@ -40,7 +50,7 @@ import pyarrow as pa
 from specaudit.trace.schema import (REPORTED_KEYS, REQUESTS_SCHEMA, STEPS_SCHEMA, InputError, check_table_schema,
                      discover, tree_depths)
 
-VIEWS = ("steps", "requests", "runs", "nodes", "violations")
+VIEWS = ("steps", "requests", "runs", "nodes", "violations", "figures")
 
 # ------------------------------------------------------------------------ refusals
 
@@ -326,6 +336,73 @@ FROM (
 """
 
 
+# figures: derived beside reported. tokens_per_s: generated tokens (the requests' output,
+# else committed tokens + one first token per request) over the run's reported wall_s (the
+# clock; the steps' own span when run.json has none). Means follow the run's declared mean
+# convention (pooled or per request); the accept rate is accepted drafts / drafted nodes.
+FIGURES_VIEW_SQL = """
+CREATE VIEW figures AS
+WITH per_req AS (
+    SELECT run_id, request_id, count(*) AS n,
+           sum(len(accepted_path) - 1) AS depth, sum(len(committed_tokens)) AS commit,
+           sum(len(node_tokens) - 1) AS drafted, sum(accepted_depth) AS rep_depth,
+           min(t_start) AS t0, max(t_start + step_s) AS t1
+    FROM steps GROUP BY ALL
+), per_run AS (
+    SELECT run_id, sum(n) AS steps, sum(depth) AS depth, sum(commit) AS commit,
+           sum(drafted) AS drafted, count(*) AS n_req,
+           avg(depth / n) AS pr_depth, avg(commit / n) AS pr_commit, max(t1) - min(t0) AS span
+    FROM per_req GROUP BY ALL
+), outs AS (
+    SELECT run_id, sum(len(output_tokens)) AS generated FROM requests GROUP BY ALL
+), d AS (
+    SELECT r.run_id, r.config, r.mean_convention,
+           CASE WHEN r.mean_convention = 'per_request' THEN p.pr_depth ELSE p.depth / p.steps END
+               AS mean_accepted_depth,
+           CASE WHEN r.mean_convention = 'per_request' THEN p.pr_commit ELSE p.commit / p.steps END
+               AS mean_commit_len,
+           p.depth / nullif(p.drafted, 0) AS accept_rate,
+           coalesce(o.generated, p.commit + p.n_req)
+               / nullif(coalesce(r.reported_wall_s, p.span), 0) AS tokens_per_s,
+           CASE WHEN r.reported_wall_s IS NULL THEN 'the steps'' span' ELSE 'run.json wall_s' END AS clock,
+           r.reported_mean_accepted_depth, r.reported_mean_commit_len,
+           r.reported_accepted_tokens / nullif(r.reported_drafted_tokens, 0) AS reported_accept_rate,
+           r.reported_gen_throughput_tps
+    FROM runs AS r JOIN per_run AS p USING (run_id) LEFT JOIN outs AS o USING (run_id)
+), long AS (
+    SELECT run_id, config, unnest([
+        {'i': 1, 'metric': 'mean_accepted_depth', 'derived': mean_accepted_depth,
+         'reported': reported_mean_accepted_depth, 'derived_from': 'len(accepted_path) - 1'},
+        {'i': 2, 'metric': 'mean_commit_len', 'derived': mean_commit_len,
+         'reported': reported_mean_commit_len, 'derived_from': 'len(committed_tokens)'},
+        {'i': 3, 'metric': 'accept_rate', 'derived': accept_rate, 'reported': reported_accept_rate,
+         'derived_from': 'accepted path / drafted nodes'},
+        {'i': 4, 'metric': 'tokens_per_s', 'derived': tokens_per_s, 'reported': reported_gen_throughput_tps,
+         'derived_from': 'output tokens / ' || clock}
+    ]) AS f
+    FROM d
+)
+SELECT run_id, config, f.i AS i, f.metric AS metric, f.derived AS derived, f.reported AS reported,
+       CASE WHEN f.reported IS NULL THEN 'derived only'
+            ELSE specaudit_agrees(f.reported, f.derived) END AS verdict,
+       f.derived_from AS derived_from
+FROM long
+"""
+
+# The duckdb CLI cannot call Python: the shell gets this macro, the same rule in SQL
+# (printed precision read as the fewest decimals, up to 12, that round(r, k) keeps; more
+# than that: full precision, relative 1e-9). connect() registers compare.agrees itself.
+AGREES_MACRO_SQL = """
+CREATE MACRO specaudit_agrees(r, d) AS (
+    CASE WHEN r IS NULL OR d IS NULL OR isnan(r) OR isnan(d) OR isinf(r) OR isinf(d) THEN 'no verdict'
+         WHEN list_filter(range(13), lambda k: round(r, k::INTEGER) = r)[1] IS NULL
+             THEN CASE WHEN abs(r - d) <= 1e-9 * greatest(abs(r), abs(d)) THEN 'agrees' ELSE 'disagrees' END
+         WHEN r - 0.5 * pow(10, -list_filter(range(13), lambda k: round(r, k::INTEGER) = r)[1]) <= d
+              AND d < r + 0.5 * pow(10, -list_filter(range(13), lambda k: round(r, k::INTEGER) = r)[1])
+             THEN 'agrees' ELSE 'disagrees' END)
+"""
+
+
 def depths_udf(parents) -> pa.Array:
     """Arrow UDF body: list<int> parents -> list<int32> depths (root 0), same lengths.
 
@@ -481,7 +558,9 @@ def connect(paths, findings=None, *, threads: int | None = None, variables: dict
         _load_table(con, "runs", runs_table(ds.runs))
         _load_table(con, "violations", findings_table(findings))
         _register_depths(con)
+        _register_agrees(con)
         con.execute(nodes_view_sql())
+        con.execute(FIGURES_VIEW_SQL)
         # runs without a manifest: name their config from the step rows
         if any(rf.manifest is None or not config_label(rf.manifest.get("config") or {}) for rf in ds.runs):
             con.execute("""UPDATE runs SET config = s.cfg, algo = s.algo, budget = s.budget, topk = s.topk
@@ -507,6 +586,14 @@ def _register_depths(con) -> None:
     integer = duckdb.sqltype("INTEGER") if hasattr(duckdb, "sqltype") else duckdb.typing.INTEGER
     il = duckdb.list_type(integer)
     con.create_function("specaudit_depths", depths_udf, [il], il, type="arrow",
+                        null_handling="special", side_effects=False)
+
+
+def _register_agrees(con) -> None:
+    """specaudit_agrees(reported DOUBLE, derived DOUBLE) -> 'agrees' | 'disagrees' | 'no verdict':
+    specaudit.audit.compare.verdict, the rule every surface uses."""
+    from specaudit.audit.compare import verdict
+    con.create_function("specaudit_agrees", lambda r, d: verdict(r, d), ["DOUBLE", "DOUBLE"], "VARCHAR",
                         null_handling="special", side_effects=False)
 
 
@@ -691,6 +778,8 @@ def shell_setup_sql(paths, findings=None, dataset: Dataset | None = None, lock: 
         view = nodes_view_sql(f"CASE WHEN {CHAIN_TEST} THEN range(len(parents))::INTEGER[] ELSE _dep END",
                               source=_doubling_source())
     parts.append(view.strip() + ";")
+    parts.append(AGREES_MACRO_SQL.strip() + ";")
+    parts.append(FIGURES_VIEW_SQL.strip() + ";")
     if lock:
         parts.append("SET lock_configuration = true;")
     return "\n".join(parts)

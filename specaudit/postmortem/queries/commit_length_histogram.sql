@@ -1,19 +1,22 @@
 -- Commit-length histogram, per config
 --
--- What: how many verify steps committed 1, 2, ... tokens (the engine's commit_len), per
--- config, with the share of the config's steps, how many of them finished the request,
--- and how many rows' commit_len disagrees with the tokens actually committed.
--- Why: the distribution behind "mean commit length"; a spike at commit_len 1 is a drafter
--- that never lands, mass above budget + 1 is impossible (a counter bug), and
--- tokens_disagree > 0 means the counter and the committed tokens tell different stories.
+-- What: how many verify steps committed 1, 2, ... tokens, per config, counted from the
+-- tokens actually committed (len(committed_tokens)), with the share of the config's steps,
+-- how many of them finished the request, and, beside it, the engine's own counter: the
+-- mean reported commit_len of those steps and how many of them it disagrees with.
+-- Why: the distribution behind "mean commit length"; a spike at 1 is a drafter that never
+-- lands, mass above budget + 1 is impossible, and counter_disagrees > 0 means the counter
+-- under audit tells another story than the committed tokens (specaudit check says which).
 -- Example: specaudit query traces/ commit_length_histogram --output-format csv
--- Columns: config, commit_len, steps, share, finished_steps, tokens_disagree
+-- Columns: config, commit_len, steps, share, finished_steps, reported_mean_commit_len,
+--          counter_disagrees
 WITH per_run AS (
     SELECT
         run_id,
-        commit_len,
+        len(committed_tokens) AS commit_len,
         count(*) AS n,
         count(*) FILTER (WHERE finished) AS n_finished,
+        sum(commit_len) AS reported_sum,
         count(*) FILTER (WHERE commit_len IS DISTINCT FROM len(committed_tokens)) AS n_disagree
     FROM steps
     GROUP BY ALL
@@ -24,6 +27,7 @@ per_cfg AS (
         p.commit_len,
         sum(p.n) AS n,
         sum(p.n_finished) AS n_finished,
+        sum(p.reported_sum) AS reported_sum,
         sum(p.n_disagree) AS n_disagree
     FROM per_run AS p LEFT JOIN runs AS r USING (run_id)
     GROUP BY ALL
@@ -34,6 +38,7 @@ SELECT
     n::BIGINT AS steps,
     n / sum(n) OVER (PARTITION BY config) AS share,
     n_finished::BIGINT AS finished_steps,
-    n_disagree::BIGINT AS tokens_disagree
+    reported_sum / n AS reported_mean_commit_len,
+    n_disagree::BIGINT AS counter_disagrees
 FROM per_cfg
 ORDER BY config, commit_len

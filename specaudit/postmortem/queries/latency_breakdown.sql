@@ -3,7 +3,7 @@
 -- What: per config, the mean wall time of a step split into the drafter's forward
 -- (draft_s), the target's verify forward (verify_s) and everything else (other_s =
 -- step_s - draft_s - verify_s: sampling, bookkeeping, tracing, the host), with shares
--- and tokens committed per second of step time.
+-- and tokens committed (len(committed_tokens), not the counter) per second of step time.
 -- Why: speculative decoding pays off only when drafting is cheap next to verifying; a
 -- large other_s is overhead no acceptance rate can win back. Times are per step row, i.e.
 -- per batched forward as seen by one request (rows of one forward share its times).
@@ -12,7 +12,7 @@
 --          draft_share, verify_share, other_share, tokens_per_step_s
 WITH per_run AS (
     SELECT run_id, count(*) AS n, sum(step_s) AS step_s, sum(draft_s) AS draft_s,
-           sum(verify_s) AS verify_s, sum(commit_len) AS committed
+           sum(verify_s) AS verify_s, sum(len(committed_tokens)) AS committed
     FROM steps
     GROUP BY run_id
 )

@@ -1,6 +1,7 @@
 -- Per-request acceptance spread, per config
 --
--- What: each request's own mean commit length and mean accepted depth, summarised per
+-- What: each request's own mean commit length and mean accepted depth (from the raw
+-- tensors: len(committed_tokens), len(accepted_path) - 1), summarised per
 -- config: requests, the pooled mean over steps against the mean of per-request means,
 -- and the spread of per-request means (min, p10, median, p90, max, standard deviation).
 -- Why: a mean hides a bimodal workload (code vs prose prompts); a pooled mean and a mean of
@@ -9,15 +10,17 @@
 -- Example: specaudit query traces/ request_acceptance_spread
 -- Columns: config, requests, steps, pooled_mean_commit_len, per_request_mean_commit_len,
 --          min_commit_len, p10_commit_len, median_commit_len, p90_commit_len, max_commit_len,
---          stddev_commit_len, pooled_mean_accepted_depth, per_request_mean_accepted_depth
+--          stddev_commit_len, pooled_mean_accepted_depth, per_request_mean_accepted_depth,
+--          reported_pooled_mean_commit_len
 WITH per_req AS (
     SELECT
         run_id,
         request_id,
         count(*) AS steps,
-        sum(commit_len) AS committed,
+        sum(len(committed_tokens)) AS committed,
         sum(len(accepted_path) - 1) AS depth_sum,
-        avg(commit_len) AS mean_commit_len,
+        sum(commit_len) AS reported_committed,
+        avg(len(committed_tokens)) AS mean_commit_len,
         avg(len(accepted_path) - 1) AS mean_accepted_depth
     FROM steps
     GROUP BY ALL
@@ -35,7 +38,8 @@ SELECT
     max(q.mean_commit_len) AS max_commit_len,
     stddev_samp(q.mean_commit_len) AS stddev_commit_len,
     sum(q.depth_sum) / sum(q.steps) AS pooled_mean_accepted_depth,
-    avg(q.mean_accepted_depth) AS per_request_mean_accepted_depth
+    avg(q.mean_accepted_depth) AS per_request_mean_accepted_depth,
+    sum(q.reported_committed) / sum(q.steps) AS reported_pooled_mean_commit_len
 FROM per_req AS q LEFT JOIN runs AS r USING (run_id)
 GROUP BY ALL
 ORDER BY config
