@@ -417,3 +417,38 @@ def test_report_plots_an_ab_result(seed_logs, tmp_path, capsys):
     capsys.readouterr()
     assert main(["report", str(bad), "--out", str(tmp_path / "rep2")]) == 2
     assert "neither a run.json nor an A/B result" in _err(capsys)
+
+
+# ------------------------------------------------------------------ Prometheus: scrapes and a server's range
+
+def _scrapes(tmp_path, case="vllm_clean", n=12, name="s.prom"):
+    import sys
+    sys.path.insert(0, str(Path(__file__).parent))
+    import prom_replay
+    p = tmp_path / name
+    p.write_text(prom_replay.text_scrapes(prom_replay.CASES[case], n))
+    return str(p)
+
+
+def test_prometheus_scrape_files(tmp_path):
+    s = _scrapes(tmp_path)
+    res = compare_sides(s, s)
+    assert res["sides"]["A"]["files"][0]["kind"] == "prom-text" and res["sides"]["A"]["windows"] >= 10
+    assert res["verdict"] == "same"     # counter deltas: the same file gives the same windows
+
+
+def test_prometheus_url_side(tmp_path, monkeypatch):
+    from specaudit.audit.sources import read_source
+    from specaudit.audit.sources import prom_http
+    s = _scrapes(tmp_path)
+    calls = []
+
+    def fake(url, range_s, step_s, match):
+        calls.append((url, range_s, step_s, list(match)))
+        return [read_source(s)]
+    monkeypatch.setattr(prom_http, "read_prometheus", fake)
+    res = compare_sides('http://127.0.0.1:9090?match={job="a",model_name="m"}&range=2h&step=15s', s)
+    assert calls == [("http://127.0.0.1:9090", 7200.0, 15.0, ['{job="a",model_name="m"}'])]
+    assert res["sides"]["A"]["files"][0]["kind"] == "prometheus" and res["verdict"] == "same"
+    with pytest.raises(InputError, match="not a duration"):
+        compare_sides("http://127.0.0.1:9090?range=soon", s)

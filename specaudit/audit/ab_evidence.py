@@ -145,17 +145,42 @@ def is_trace_path(p: Path) -> bool:
     return p.is_dir() or p.suffix in TRACE_SUFFIXES or p.name == "run.json"
 
 
-def expand_side(spec) -> list[Path]:
-    """A side as typed: a path, a comma-separated list of paths, or glob patterns."""
+def _split(text: str) -> list[str]:
+    """Split a side on commas outside braces and quotes (a Prometheus matcher keeps its own)."""
+    out, cur, depth, quote = [], [], 0, None
+    for ch in text:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            out.append("".join(cur))
+            cur = []
+            continue
+        cur.append(ch)
+    out.append("".join(cur))
+    return [x.strip() for x in out if x.strip()]
+
+
+def is_url(part) -> bool:
+    return str(part).startswith(("http://", "https://"))
+
+
+def expand_side(spec) -> list:
+    """A side as typed -> its inputs: paths (a path, comma-separated paths, quoted glob
+    patterns) and Prometheus URLs (kept as text)."""
     import glob
     items = spec if isinstance(spec, (list, tuple)) else [spec]
-    out: list[Path] = []
+    out: list = []
     for item in items:
-        for part in str(item).split(","):
-            part = part.strip()
-            if not part:
-                continue
-            if any(ch in part for ch in "*?["):
+        for part in _split(str(item)):
+            if is_url(part):
+                out.append(part)
+            elif any(ch in part for ch in "*?["):
                 hits = sorted(glob.glob(part))
                 if not hits:
                     raise InputError(part, "the pattern matches no file")
@@ -163,6 +188,30 @@ def expand_side(spec) -> list[Path]:
             else:
                 out.append(Path(part))
     return out
+
+
+def read_url(url: str) -> list:
+    """A Prometheus server as a side: URL[?match={job="a"}&range=6h&step=30s] -> Readings
+    (specaudit.audit.sources.prom_http; every interval between samples a window)."""
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    from specaudit.audit.sources.prom_http import parse_duration, read_prometheus
+    u = urlsplit(url)
+    ours = {"match": [], "range": "6h", "step": "30s"}
+    rest = []
+    for k, v in parse_qsl(u.query, keep_blank_values=True):
+        if k == "match":
+            ours["match"].append(v)
+        elif k in ("range", "step"):
+            ours[k] = v
+        else:
+            rest.append((k, v))
+    base = urlunsplit((u.scheme, u.netloc, u.path, urlencode(rest), ""))
+    try:
+        rng, step = parse_duration(ours["range"], "range"), parse_duration(ours["step"], "step")
+    except ValueError as e:
+        raise InputError(url, str(e)) from None
+    return read_prometheus(base, range_s=rng, step_s=step, match=ours["match"])
 
 
 def _config_k(reading) -> tuple:
@@ -354,6 +403,19 @@ def read_side(spec, side: str, *, source: str | None = None, bins: str = "pow2",
     files, notes = [], []
     engines: dict = {}
     for p in paths:
+        if is_url(p):
+            rs = read_url(p)
+            ws = []
+            for r in rs:
+                w_, n_cum = windows_from_reading(r, side, bins)
+                ws += w_
+            if not ws:
+                raise InputError(p, f"side {side}: no interval windows in the range (a longer range=)")
+            for w in ws:
+                engines.setdefault(w.strata.get("engine"), []).append(str(p))
+            files.append({"path": str(p), "kind": "prometheus", "windows": len(ws)})
+            windows += ws
+            continue
         if source is None and p.exists() and is_trace_path(p):
             ws = windows_from_traces(p, side, bins, window_forwards)
             if not ws:
