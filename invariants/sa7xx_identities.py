@@ -127,6 +127,12 @@ class AcceptedExceedsDrafted(SourceRule):
                         and w.accepted_tokens > w.draft_tokens and w.accepted_tokens >= 0:
                     yield w, dict(what=f"accepted draft tokens{where(w)}", accepted=count(w.accepted_tokens),
                                   drafted=count(w.draft_tokens))
+                elif w.per_pos_counts and w.per_pos_drafted:
+                    for i, (c, d) in enumerate(zip(w.per_pos_counts, w.per_pos_drafted)):
+                        if c > d + 0.5:
+                            yield w, dict(what=f"position {i}{where(w)} (accepted vs drafted at that position)",
+                                          accepted=count(c), drafted=count(d))
+                            break
                 elif w.per_pos_counts and w.drafts is not None:
                     for i, c in enumerate(w.per_pos_counts):
                         if c > w.drafts:
@@ -164,6 +170,8 @@ class AcceptRateRecomputed(SourceRule):
         biased_hint = ("; the reported figure equals accept len / verify nodes: the bonus token is in the "
                        "numerator and the root in the denominator")
 
+        ws = [w for w in ws if not _own_bonus_formula(reading, w)]
+
         def items():
             for w in ws:
                 if w.printed_rate_pct is not None and w.draft_tokens and w.draft_tokens > 0 \
@@ -185,6 +193,9 @@ class AcceptRateRecomputed(SourceRule):
                     if abs(w.accept_rate - rec) > tol:
                         hint = biased_hint if abs(w.accept_rate - w.accept_len / D) <= RATE_TOL + LEN_TOL / D + 1e-9 \
                             else ""
+                        if hint and w.extra.get("era") == "drafts":
+                            hint += (" (this SGLang version, after PR 23530, defines accept rate as drafts only: the "
+                                     "bonus formula here is a bug)")
                         yield w, dict(what=f"accept rate{where(w)}", reported=fmt(w.accept_rate), recomputed=fmt(rec),
                                       how=f"(accept len {fmt(w.accept_len)} - 1) / ({D} verify nodes - 1)", hint=hint)
 
@@ -237,7 +248,7 @@ class AcceptLengthBonus(SourceRule):
                 L = w.accept_len
                 if L is None:
                     continue
-                if w.per_pos:
+                if w.per_pos and _unconditional(w):
                     s = sum(w.per_pos)
                     tol = LEN_TOL + len(w.per_pos) * POS_TOL + 1e-9
                     if abs(L - (1 + s)) > tol and abs(L - s) <= tol and s > 0:
@@ -288,13 +299,14 @@ class AcceptLengthIdentity(SourceRule):
         def items():
             for w in self.windows(reading):
                 L = w.accept_len
-                if L is not None and max_len and L > max_len + LEN_TOL:
+                wmax = max_len if max_len else ((w.k + 1) if w.k else None)
+                if L is not None and wmax and L > wmax + LEN_TOL:
                     yield w, dict(what=f"accept length{where(w)}",
-                                  detail=f"{fmt(L)} exceeds the most a step can commit, {max_len} ({max_len - 1} "
+                                  detail=f"{fmt(L)} exceeds the most a step can commit, {wmax} ({wmax - 1} "
                                          "drafts + the bonus): the counter reads something else (depth and commit "
                                          "split)")
                     continue
-                if L is not None and w.per_pos:
+                if L is not None and w.per_pos and _unconditional(w):
                     s = sum(w.per_pos)
                     tol = LEN_TOL + len(w.per_pos) * POS_TOL + 1e-9
                     gap = L - (1 + s)
@@ -319,6 +331,20 @@ class AcceptLengthIdentity(SourceRule):
                                       detail=f"reported {count(a)}, derived from the recorded tokens {count(b)}")
                         break
         return self.emit(reading, items())
+
+
+def _own_bonus_formula(reading, w) -> bool:
+    """An SGLang accept rate that fits the bonus-counting formula of the version that printed
+    it (PR 11572 .. PR 23530, or an undated line whose version cannot be told): SA720 names
+    the convention; it is not reported here as a bug."""
+    return (reading.engine == "sglang" and w.extra.get("rate_formula") in ("bonus", "both")
+            and w.extra.get("era") in ("bonus", "either", None))
+
+
+def _unconditional(w) -> bool:
+    """Per-position rates over all verify steps (sum = mean length - 1), not TensorRT-LLM's
+    rates over drafts that reached the position."""
+    return w.per_pos_kind in (None, "verify_steps")
 
 
 def _rank_multiple(whole, part, tol) -> int:
@@ -394,7 +420,7 @@ class RankPartial(SourceRule):
         def items():
             for w in self.windows(reading):
                 L = w.accept_len
-                if L is not None and w.per_pos:
+                if L is not None and w.per_pos and _unconditional(w):
                     s = sum(w.per_pos)
                     tol = LEN_TOL + len(w.per_pos) * POS_TOL + 1e-9
                     R = _rank_multiple(L - 1, s, tol)

@@ -272,7 +272,15 @@ def build(scrapes, notes, path, types=None, info=None) -> Reading:
     counters = ("drafts", "draft_tokens", "accepted_tokens")
     for prev_s, sc, prev, cur in pairs:
         for rank, d in cur.items():
-            if not any(k in d for k in counters):
+            if not any(k in d for k in counters) and "per_pos" not in d:
+                if "draft_tokens_gauge" in d or "accepted_tokens_gauge" in d:
+                    # token counts exported as gauges (TensorRT-LLM before PR 12545): one
+                    # iteration's values, read as they are and never differenced (SA725)
+                    reading.windows.append(Window(
+                        line=d["_line"], t=sc.t, rank=rank, engine=engine, kind="gauge",
+                        draft_tokens=d.get("draft_tokens_gauge"), accepted_tokens=d.get("accepted_tokens_gauge"),
+                        accept_len=d.get("accept_len"), extra={"accept_len_gauge": True},
+                        text=f"gauges: drafted {d.get('draft_tokens_gauge')}, accepted {d.get('accepted_tokens_gauge')}"))
                 continue
             p = prev.get(rank, {})
             delta = lambda k: (d[k] - p.get(k, 0.0)) if k in d else None  # noqa: E731

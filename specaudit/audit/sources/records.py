@@ -90,11 +90,17 @@ def _hist(h):
 
 
 def _find(obj, keys, depth=0):
-    """The first dict (obj or nested under common wrappers) holding any of `keys`."""
+    """The first dict (obj or nested under common wrappers, or in its first choice)
+    holding any of `keys`."""
     if not isinstance(obj, dict) or depth > 4:
         return None
     if any(k in obj for k in keys):
         return obj
+    ch = obj.get("choices")
+    if isinstance(ch, list) and ch and isinstance(ch[0], dict):
+        got = _find(ch[0], keys, depth + 1)
+        if got is not None:
+            return got
     for wrap in ("metrics", "speculative_decoding", "request_perf_metrics", "meta_info", "data", "sglext",
                  "spec_decode_stats", "speculative_decoding_stats", "timings", "usage"):
         if wrap in obj:
