@@ -11,6 +11,7 @@ import asyncio
 import http.client
 import json
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -159,8 +160,10 @@ def test_disconnect_mid_stream_aborts_only_that_request(server, models):
     got = b""
     while got.count(b"data: ") < 2:                 # wait until it really streams
         got += s.recv(4096)
-    # a non-streaming request that disconnects at once is aborted as well
+    # a non-streaming client that resets its connection is aborted as well (a FIN alone
+    # is a half-close, which still gets its response: test_half_closed_client_gets_its_response)
     s2 = socket.create_connection(("127.0.0.1", server.port))
+    s2.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))   # close() sends RST
     body2 = json.dumps({"prompt": "class A:\n", "max_tokens": 200}).encode()
     s2.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body2), body2))
     deadline = time.time() + 10

@@ -1,0 +1,302 @@
+"""Request and response bodies of the API, as pydantic models, and the one function
+that turns a request body into a validated job description or an HTTPError.
+
+Decoding is greedy (that is what makes speculative decoding lossless here): sampling
+options are accepted only at their greedy values, never silently ignored.
+
+Words:
+    body       the raw bytes the client sent
+    Parsed     what the engine needs: prompt tokens (bytes, 0..255), max_tokens,
+               stream, include_usage, and whether it is a chat request
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from specaudit.serve.errors import HTTPError, short
+
+DEFAULT_MAX_TOKENS = 16     # OpenAI's default when max_tokens is omitted
+
+
+class _Strict(BaseModel):
+    """Unknown fields are an error; types are not coerced ("8" is not 8, true is not 1)."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(_Strict):
+    include_usage: Optional[bool] = None
+    continuous_usage_stats: Optional[bool] = None   # vLLM's; accepted only as false
+
+
+class _Common(_Strict):
+    model: Optional[str] = None
+    max_tokens: Optional[int] = None
+    stream: Optional[bool] = None
+    stream_options: Optional[StreamOptions] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    n: Optional[int] = None
+    stop: Optional[Union[str, list[str]]] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    logit_bias: Optional[dict[str, float]] = None
+    seed: Optional[int] = None
+    user: Optional[str] = None
+    # vLLM's extensions that benchmark clients send (AIPerf's --extra-inputs ignore_eos)
+    ignore_eos: Optional[bool] = None
+    min_tokens: Optional[int] = None
+
+
+class CompletionRequest(_Common):
+    prompt: Union[str, list[str], list[int]]
+    best_of: Optional[int] = None
+    echo: Optional[bool] = None
+    logprobs: Optional[int] = None
+    suffix: Optional[str] = None
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)   # name, tool_call_id ...: harmless
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[dict]]
+
+
+class ChatRequest(_Common):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: Optional[int] = None
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[int] = None
+
+
+# ------------------------------------------------------------------ responses
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: Optional[str]
+
+
+class ChatMessageOut(BaseModel):
+    role: str = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: ChatMessageOut
+    logprobs: None = None
+    finish_reason: Optional[str]
+
+
+class Delta(BaseModel):
+    role: Optional[str] = None
+    content: Optional[str] = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: Delta
+    logprobs: None = None
+    finish_reason: Optional[str] = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: str = "text_completion"
+    created: int
+    model: str
+    system_fingerprint: Optional[str] = None
+    choices: list[CompletionChoice]
+    usage: Optional[Usage] = None
+    metrics: Optional[dict] = None           # {"speculative_decoding": {...}} (spec.py)
+
+
+class ChatResponse(BaseModel):
+    id: str
+    object: str = "chat.completion"
+    created: int
+    model: str
+    system_fingerprint: Optional[str] = None
+    choices: list[ChatChoice]
+    usage: Optional[Usage] = None
+    metrics: Optional[dict] = None
+
+
+class ChatChunk(BaseModel):
+    id: str
+    object: str = "chat.completion.chunk"
+    created: int
+    model: str
+    system_fingerprint: Optional[str] = None
+    choices: list[ChatChunkChoice]
+    usage: Optional[Usage] = None
+    metrics: Optional[dict] = None
+
+
+# -------------------------------------------------------------------- parsing
+
+@dataclass
+class Parsed:
+    prompt: list[int]
+    max_tokens: int
+    stream: bool
+    include_usage: bool
+    chat: bool
+
+
+def load_json(body: bytes):
+    """The body as a JSON value, or HTTPError 400 for anything a client could send wrong:
+    bad syntax, bytes that are not UTF-8, a number too long to read, nesting too deep."""
+    try:
+        return json.loads(body)
+    except json.JSONDecodeError as e:
+        raise HTTPError(400, f"malformed JSON body: {e.msg} at line {e.lineno} column {e.colno}",
+                        "invalid_json") from None
+    except UnicodeDecodeError as e:
+        raise HTTPError(400, f"the body is not UTF-8: {e.reason} at byte {e.start}", "invalid_json") from None
+    except RecursionError:
+        raise HTTPError(400, "malformed JSON body: nested too deeply", "invalid_json") from None
+    except ValueError as e:   # "Exceeds the limit (4300 digits) for integer string conversion"
+        raise HTTPError(400, f"malformed JSON body: {str(e).split(';')[0][:120]}", "invalid_json") from None
+
+
+def _validation_error(e: ValidationError) -> HTTPError:
+    errs = e.errors(include_url=False, include_input=False)
+    extra = [".".join(map(str, x["loc"])) for x in errs if x["type"] == "extra_forbidden"]
+    if extra:
+        return HTTPError(422, f"unknown field{'s' if len(extra) > 1 else ''} {', '.join(map(repr, extra[:8]))}",
+                         "unknown_field", extra[0])
+    x = errs[0]
+    loc = ".".join(str(p) for p in x["loc"] if not str(p).startswith(("function-", "list[", "str")))
+    loc = loc or ".".join(map(str, x["loc"]))
+    param = str(x["loc"][0]) if x["loc"] else None
+    if x["type"] == "missing":
+        return HTTPError(422, f"{loc}: required", "missing_field", param)
+    return HTTPError(422, f"{loc}: {x['msg'][:160]}", "invalid_type", param)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check(name: str, value, ok: bool, why: str) -> None:
+    if value is not None and not ok:
+        raise HTTPError(422, f"{name}: {why} (got {short(value)})", "unsupported_value", name)
+
+
+def _greedy_only(r: _Common) -> None:
+    """Sampling and output options at their greedy / single-choice values, else 422."""
+    fin = lambda v: math.isfinite(v)  # noqa: E731
+    _check("temperature", r.temperature, r.temperature is None or (fin(r.temperature) and r.temperature == 0),
+           "this server decodes greedily; use 0 or omit it")
+    _check("top_p", r.top_p, r.top_p is None or r.top_p == 1, "this server decodes greedily; use 1 or omit it")
+    _check("n", r.n, r.n == 1 or r.n is None, "one choice per request")
+    _check("presence_penalty", r.presence_penalty, r.presence_penalty in (None, 0), "penalties are not supported")
+    _check("frequency_penalty", r.frequency_penalty, r.frequency_penalty in (None, 0), "penalties are not supported")
+    _check("logit_bias", r.logit_bias, r.logit_bias in (None, {}), "logit_bias is not supported")
+    _check("stop", r.stop, r.stop in (None, "", []), "stop sequences are not supported (the model stops at EOS)")
+    _check("min_tokens", r.min_tokens, r.min_tokens in (None, 0), "min_tokens is not supported")
+    _check("ignore_eos", r.ignore_eos, not r.ignore_eos, "the model stops at EOS; ignore_eos is not supported")
+    if isinstance(r, CompletionRequest):
+        _check("best_of", r.best_of, r.best_of in (None, 1), "one choice per request")
+        _check("echo", r.echo, r.echo in (None, False), "echo is not supported")
+        _check("logprobs", r.logprobs, r.logprobs is None, "logprobs are not supported")
+        _check("suffix", r.suffix, r.suffix is None, "suffix is not supported")
+    else:
+        _check("logprobs", r.logprobs, r.logprobs in (None, False), "logprobs are not supported")
+        _check("top_logprobs", r.top_logprobs, r.top_logprobs in (None, 0), "logprobs are not supported")
+    if r.stream_options is not None:
+        _check("stream_options", r.stream_options.continuous_usage_stats,
+               not r.stream_options.continuous_usage_stats, "continuous_usage_stats is not supported")
+
+
+def _utf8(text: str, param: str) -> list[int]:
+    try:
+        return list(text.encode("utf-8"))
+    except UnicodeEncodeError as e:   # a lone surrogate such as "\ud800"
+        raise HTTPError(400, f"{param}: not valid Unicode ({e.reason} at character {e.start})",
+                        "invalid_unicode", param) from None
+
+
+def parse_request(body: bytes, *, chat: bool, model: str, max_tokens_limit: int, context: int) -> Parsed:
+    """Validate a /v1/completions (chat=False) or /v1/chat/completions body. Raises
+    HTTPError with the status errors.py lists."""
+    obj = load_json(body)
+    if not isinstance(obj, dict):
+        raise HTTPError(400, "the body must be a JSON object", "invalid_json")
+    cls = ChatRequest if chat else CompletionRequest
+    try:
+        r = cls.model_validate(obj)
+    except ValidationError as e:
+        raise _validation_error(e) from None
+    except RecursionError:
+        raise HTTPError(400, "the body is nested too deeply", "invalid_json") from None
+    if r.model is not None and r.model != model:
+        raise HTTPError(404, f"model {short(r.model)} is not served here; GET /v1/models lists {model!r}",
+                        "model_not_found", "model")
+    if chat:
+        from specaudit.serve.chat import render
+        try:
+            text = render([m.model_dump() for m in r.messages])
+        except ValueError as e:
+            raise HTTPError(422, f"messages: {e}", "unsupported_value", "messages") from None
+        tokens = _utf8(text, "messages")
+    else:
+        p = r.prompt
+        if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
+            p = p[0]                                  # ["text"]: one prompt in a list
+        if isinstance(p, str):
+            tokens = _utf8(p, "prompt")
+        elif p and all(_is_int(t) for t in p):
+            if not all(0 <= t < 256 for t in p):
+                raise HTTPError(422, "prompt: token ids are bytes, 0..255", "invalid_value", "prompt")
+            tokens = list(p)
+        elif not p:
+            tokens = []
+        else:
+            raise HTTPError(422, "prompt: a string, a list with one string, or a list of token ids "
+                                 "(several prompts per request are not supported)", "invalid_type", "prompt")
+        if not tokens:
+            raise HTTPError(422, "prompt: empty", "invalid_value", "prompt")
+    name, mt = "max_tokens", r.max_tokens
+    if chat and r.max_completion_tokens is not None:
+        if mt is not None and mt != r.max_completion_tokens:
+            raise HTTPError(422, "max_tokens and max_completion_tokens disagree; send one", "invalid_value",
+                            "max_completion_tokens")
+        name, mt = "max_completion_tokens", r.max_completion_tokens
+    if mt is None:
+        mt = min(DEFAULT_MAX_TOKENS, max_tokens_limit, max(1, context - len(tokens)))
+    elif not 1 <= mt <= max_tokens_limit:
+        raise HTTPError(422, f"{name}: must be within 1..{max_tokens_limit} (got {short(mt)})", "invalid_value", name)
+    if len(tokens) >= context:
+        raise HTTPError(413, f"prompt of {len(tokens)} tokens does not fit the context of {context} tokens",
+                        "prompt_too_long", "messages" if chat else "prompt")
+    if len(tokens) + mt > context:
+        raise HTTPError(400, f"prompt of {len(tokens)} tokens + {name} {mt} exceeds the context of "
+                             f"{context} tokens; lower {name} to {context - len(tokens)} or less",
+                        "context_length_exceeded", name)
+    stream = bool(r.stream)
+    include_usage = False
+    if r.stream_options is not None:
+        if not stream:
+            raise HTTPError(422, "stream_options: only allowed with stream: true", "invalid_value", "stream_options")
+        include_usage = bool(r.stream_options.include_usage)
+    _greedy_only(r)
+    return Parsed(prompt=tokens, max_tokens=mt, stream=stream, include_usage=include_usage, chat=chat)
