@@ -21,6 +21,7 @@ class FixtureRun:
         self.steps = steps
         self.requests = requests
         self.manifest = manifest
+        self.copies = 1   # write() also copies the run into run_dir/copy-<i>/ (SA002's fixture)
 
     @classmethod
     def make(cls, algo: str = "chain", seed: int = 7, **kw) -> FixtureRun:
@@ -79,7 +80,10 @@ class FixtureRun:
     def write(self, out, n_files: int = 1):
         from specaudit.trace.synth import write_run
         st, rq = self.tables()
-        return write_run(out, st, rq, self.manifest, n_files=n_files)
+        run_dir = write_run(out, st, rq, self.manifest, n_files=n_files)
+        for i in range(1, self.copies):
+            write_run(run_dir / f"copy-{i}", st, rq, self.manifest, n_files=n_files)
+        return run_dir
 
 
 def _table(rows: list[dict], schema: pa.Schema) -> pa.Table:

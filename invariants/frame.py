@@ -441,12 +441,14 @@ class StepFrame:
         Computed once per distinct shape: chains by N, trees by a fingerprint of
         their parents, verified node by node against a representative row."""
         out = np.zeros(self.R, dtype=np.uint64)
-        chain = self.chain_shaped
+        fits = self.n <= MAX_NODES                       # refused rows: no N x N work (hash 0)
+        chain = self.chain_shaped & fits
         if chain.any():
             out[chain] = self._chain_hash(self.n[chain])
-        rows = np.flatnonzero(~chain & (self.n > 0))
+        tree = ~self.chain_shaped & fits & (self.n > 0)
+        rows = np.flatnonzero(tree)
         if rows.size:
-            sel = ~chain[self.node_row]
+            sel = tree[self.node_row]
             with np.errstate(over="ignore"):
                 w = _POSW[np.minimum(self.node_i[sel], len(_POSW) - 1)]
                 contrib = (self.psafe[sel] + 2).astype(np.uint64) * w
@@ -486,8 +488,10 @@ class StepFrame:
 
     @staticmethod
     def _chain_hash(n: np.ndarray) -> np.ndarray:
+        """Hash of the causal (chain) mask of each N; 0 for N above MAX_NODES (refused
+        rows: the N x N mask is never built for them)."""
         out = np.zeros(len(n), dtype=np.uint64)
-        for nn in np.unique(n):
+        for nn in np.unique(n[n <= MAX_NODES]):
             key = ("chain", int(nn))
             if key not in _HASH_CACHE:
                 _HASH_CACHE[key] = int(mask_hash(ancestor_mask(np.arange(-1, nn - 1, dtype=I64))))

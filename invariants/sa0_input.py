@@ -54,3 +54,26 @@ class IncompleteRun(Rule):
     def fail(self, run):
         run.requests = None
         run.manifest.pop("finished_at", None)
+
+
+class DuplicateRun(Rule):
+    """What: one run id appears in two folders of the checked paths (a run copied into
+    a second folder of the dataset, or the same trace passed twice under two names).
+
+    Why: readers that sum over runs (query, report, the views) would count it twice;
+    each copy is still checked, and readers that aggregate keep the first folder only.
+
+    Example: `traces/run_id=r1/` and `traces/backup/run_id=r1/` both hold run r1.
+    """
+
+    code = "SA002"
+    name = "duplicate-run"
+    severity = "warning"
+    scope = "run"
+    message = "run {run_id_again} is also in {first}: a copy, counted once by readers that sum over runs"
+
+    def check(self, ctx):
+        return None  # emitted by specaudit.check, which sees every folder
+
+    def fail(self, run):
+        run.copies = 2

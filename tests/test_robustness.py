@@ -78,7 +78,7 @@ def test_hostile_manifest_is_one_finding_and_other_runs_still_checked(clean, tmp
     with pytest.raises(InputError) as e:
         read_manifest(p)
     assert str(p) in str(e.value)
-    # r1 is broken too (a step row lies), and must still be reported
+    # the other run is still checked
     res = check_paths([d])
     sa000 = [f for f in res.findings if f.code == "SA000"]
     assert len(sa000) == 1 and str(p) in (sa000[0].file or "")
@@ -89,3 +89,123 @@ def test_hostile_manifest_is_one_finding_and_other_runs_still_checked(clean, tmp
         assert "Traceback" not in err
         assert code in (0, 1, 2)
     assert cli_main(["check", str(d)]) == 1  # SA000 is an error finding
+
+
+# ------------------------------------------------------------- special files
+
+
+def test_symlink_to_dev_zero_and_fifo_are_refused_not_read(clean, tmp_path):
+    d = _copy(clean, tmp_path)
+    m = d / "run_id=r0" / "run.json"
+    m.unlink()
+    m.symlink_to("/dev/zero")
+    s = d / "run_id=r1" / "steps-000001.parquet"
+    os.mkfifo(s)                       # opening it for reading would block forever
+    runs = {rf.run_id: rf for rf in discover([d])}
+    probs = [str(p) for rf in runs.values() for p in rf.problems]
+    assert any("run.json" in p and "device" in p for p in probs), probs
+    assert any("steps-000001" in p and "FIFO" in p for p in probs), probs
+    res = check_paths([d])
+    assert res.counts["SA000"] == 2 and "r1" in res.runs
+
+
+def test_fifo_given_as_the_path_is_one_line_exit_2(tmp_path, capsys):
+    f = tmp_path / "steps-000000.parquet"
+    os.mkfifo(f)
+    assert cli_main(["check", str(f)]) == 2
+    err = capsys.readouterr()
+    assert "FIFO" in err.out + err.err and "Traceback" not in err.err
+
+
+def test_symlinked_run_is_followed_and_a_loop_is_visited_once(clean, tmp_path):
+    d = tmp_path / "ds"
+    d.mkdir()
+    os.symlink(clean / "run_id=r0", d / "run_id=r0")
+    os.symlink(d, d / "loop")                      # a symlink loop
+    res = check_paths([d])
+    assert res.runs == ["r0"] and res.exit_code == 0
+
+
+def test_duplicate_run_warned_once(clean, tmp_path):
+    d = _copy(clean, tmp_path)
+    shutil.copytree(d / "run_id=r0", d / "backup" / "run_id=r0")
+    res = check_paths([d])
+    assert res.counts["SA002"] == 1 and res.severities["SA002"] == "warning"
+    assert res.exit_code == 0
+
+
+def test_lone_run_json_of_a_killed_run_is_sa001_not_nothing(clean, tmp_path, capsys):
+    d = tmp_path / "ds" / "run_id=r0"
+    d.mkdir(parents=True)
+    m = json.loads((clean / "run_id=r0" / "run.json").read_text())
+    m.pop("finished_at")
+    (d / "run.json").write_text(json.dumps(m))
+    res = check_paths([d.parent])
+    assert res.counts["SA001"] == 1 and res.exit_code == 0 and res.runs == ["r0"]
+
+
+# ------------------------------------------------------------- wrong verdicts
+
+
+def test_one_corrupt_row_does_not_blame_the_engine_counters():
+    """A row refused by SA1xx (here N > MAX_NODES) is reported once; SA502 and the
+    other aggregate rules do not blame run.json's counters for it."""
+    from specaudit.audit.check import check_tables
+    import pyarrow as pa
+    s, r, m = synth_run_rows(3, run_id="c", seed=1)
+    rows = s.to_pylist()
+    n = 5000
+    rows[0].update(node_tokens=[1] * n, parents=list(range(-1, n - 1)), positions=list(range(n)),
+                   target_argmax=[1] * n, draft_logprob=None, target_margin=None)
+    res = check_tables(pa.Table.from_pylist(rows, schema=s.schema), r, m)
+    assert res.counts["SA102"] == 1
+    assert not [c for c in res.counts if c.startswith("SA5")], dict(res.counts)
+
+
+def test_finished_run_with_zero_steps_is_flagged():
+    from specaudit.audit.check import check_tables
+    s, r, m = synth_run_rows(3, run_id="z", seed=1)
+    res = check_tables(s.slice(0, 0), r, m)
+    assert res.counts["SA501"] == 1, dict(res.counts)
+
+
+def test_sa510_does_not_cite_a_rule_that_is_not_reported():
+    from specaudit.audit.check import check_tables
+    s, r, m = synth_run_rows(3, run_id="t", seed=1)
+    m["reported"]["gen_throughput_tps"] *= 2
+    res = check_tables(s, r, m, select=("SA510",))
+    msg = next(f.message for f in res.findings if f.code == "SA510")
+    assert "SA505" not in msg
+
+
+# ------------------------------------------------------------- bounded
+
+
+@pytest.mark.parametrize("kind,n", [("chain", 100_000), ("tree", 20_000), ("tokens", 1_000_000)])
+def test_giant_rows_are_refused_before_any_n_squared_work(tmp_path, kind, n):
+    """Each case used to allocate N x N (931 GiB for 1M nodes) or take 29 s; run in a
+    subprocess under a 2 GB address-space limit."""
+    import subprocess
+    import sys
+    code = f"""
+import resource, random
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+import pyarrow as pa
+from specaudit.trace.synth import synth_run_rows, write_run
+from specaudit.audit.check import check_paths
+s, r, m = synth_run_rows(2, run_id="g", seed=0)
+rows = s.to_pylist(); row = rows[0]; N = {n}
+row["node_tokens"] = [1] * N
+if "{kind}" != "tokens":
+    random.seed(0)
+    row["parents"] = list(range(-1, N - 1)) if "{kind}" == "chain" else [-1] + [random.randrange(i) for i in range(1, N)]
+    row["positions"] = list(range(N)); row["target_argmax"] = [1] * N
+row["draft_logprob"] = None; row["target_margin"] = None
+write_run({str(tmp_path)!r}, pa.Table.from_pylist(rows, schema=s.schema), r, m)
+res = check_paths([{str(tmp_path)!r}])
+print(res.counts["SA102"], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    refused, rss_mb = map(int, out.stdout.split())
+    assert refused == 1 and rss_mb < 2048

@@ -69,7 +69,7 @@ class CheckResult:
 
     @property
     def checked_anything(self) -> bool:
-        return bool(self.files_checked)
+        return bool(self.files_checked or self.runs)
 
     @property
     def exit_code(self) -> int:
@@ -208,7 +208,7 @@ class _Derived:
 
     KEYS = ("steps", "drafted", "accepted", "accepted_counter", "committed", "commit_len_sum",
             "width_sum", "sampling_tests", "sampling_accepts", "sampling_expected",
-            "sampling_var")
+            "sampling_var", "refused")
 
     def __init__(self):
         self.total = dict.fromkeys(self.KEYS, 0)
@@ -222,6 +222,9 @@ class _Derived:
             "accepted_counter": int(f.accepted_depth.sum()), "committed": int(f.commit_n.sum()),
             "commit_len_sum": int(f.commit_len.sum()), "width_sum": int(np.maximum(f.budget, 0).sum()),
             **f.sampling_sums(),
+            # rows refused as broken (SA1xx): their counters are not evidence, so run
+            # totals that include them are not compared with `reported` (see check_run_rules)
+            "refused": int(f.R - np.count_nonzero(f.ok)),
         }
         p = self.parts.setdefault(part, dict.fromkeys(self.KEYS, 0))
         for k, v in vals.items():
@@ -441,6 +444,12 @@ def check_run_rules(partial: dict, *, run_id: str, manifest: dict | None, rules,
     d["depth_hist"] = list(partial["depth_hist"])
     d["partitions"] = partial["partitions"]
     d["budget"] = int(((manifest or {}).get("config") or {}).get("budget") or 0)
+    if d.get("refused"):
+        # a row the step rules refused (SA1xx, reported there) makes every total an
+        # unknown: comparing it with the engine's counter would blame the counter for
+        # one corrupt row, so the aggregate rules are skipped for this run
+        complete = False
+        incomplete_reason = incomplete_reason or f"{d['refused']} step rows refused as broken"
     run = RunFrame(run_id, manifest, d, complete and have_facts, conv, incomplete_reason)
     for rule in rules:
         if rule.scope == "run":
@@ -671,8 +680,8 @@ def check_run(rf: RunFiles, rules, result: CheckResult, batch_rows: int = BATCH_
     check_batches(stream, run_id=rf.run_id, manifest=manifest, rules=rules, result=result, requests=requests,
                   complete=lambda: complete and requests is not None and rq_state["ok"] and steps_whole(),
                   incomplete_reason="; ".join(reasons) or None)
-    if len(result.files_checked) > n_before or requests is not None:
-        result.runs.append(rf.run_id)
+    if len(result.files_checked) > n_before or requests is not None or manifest is not None:
+        result.runs.append(rf.run_id)   # a killed run's lone run.json counts: SA001, not "nothing"
 
 
 def check_paths(paths, select=(), ignore=(), *, invariants_dirs=(), entry_points: bool = True,
@@ -688,6 +697,7 @@ def check_paths(paths, select=(), ignore=(), *, invariants_dirs=(), entry_points
                                    entry_points=entry_points) if r.scope != "source"]
     result = CheckResult(max_per_code=max_per_code, rules=[r.code for r in rules])
     seen = set()
+    first_dir: dict[str, Path] = {}
     for p in paths:
         try:
             runs = discover([p])
@@ -699,6 +709,11 @@ def check_paths(paths, select=(), ignore=(), *, invariants_dirs=(), entry_points
             if key in seen:
                 continue
             seen.add(key)
+            first = first_dir.setdefault(rf.run_id, Path(rf.run_dir))
+            if first != Path(rf.run_dir) and "SA002" in result.rules:
+                from specaudit.invariants import get_rule
+                result.add(get_rule("SA002").finding(run_id=rf.run_id, file=str(rf.run_dir), first=str(first),
+                                                     run_id_again=rf.run_id))
             check_run(rf, rules, result, batch_rows)
     return result
 
