@@ -798,22 +798,25 @@ def _same_partition(ws, k1, k2) -> bool:
     return True
 
 
-def _num(v: float) -> str:
+def _num(v: float, sign: bool = False) -> str:
     if v is None or not math.isfinite(v):
         return "nan"
     a = abs(v)
+    if a < 1e-9:
+        return "+0" if sign else "0"
+    p = "+" if sign else ""
     if a >= 1000:
-        return f"{v:,.0f}"
+        return f"{v:{p},.0f}"
     if a >= 100:
-        return f"{v:.1f}"
-    return f"{v:.3g}"
+        return f"{v:{p}.1f}"
+    return f"{v:{p}.3g}"
 
 
-def _cell(v: dict | None) -> str:
+def _cell(v: dict | None, sign: bool = False) -> str:
     if not v:
         return "n/a"
     lo, hi = v["ci95"]
-    return f"{_num(v['mean'])} [{_num(lo)}, {_num(hi)}]"
+    return f"{_num(v['mean'], sign)} [{_num(lo, sign)}, {_num(hi, sign)}]"
 
 
 def _where(common: dict, stratum: dict) -> str:
@@ -940,14 +943,14 @@ def format_text(res: dict) -> str:
         L.append("  " + hdr)
         for m, x in s["metrics"].items():
             L.append(f"  {METRIC_LABEL[m]:<27} {_cell(x['a']):<25} {_cell(x['b']):<25} "
-                     f"{_cell(x['diff_b_minus_a']):<27} {x['verdict']}")
+                     f"{_cell(x['diff_b_minus_a'], True):<27} {x['verdict']}")
     for name, block in (("matched (compared strata, weighted)", res["matched"]),
                         ("pooled (every window, strata ignored)", res["pooled"])):
         L.append(name)
         L.append("  " + hdr)
         for m, x in block.items():
             L.append(f"  {METRIC_LABEL[m]:<27} {_cell(x['a']):<25} {_cell(x['b']):<25} "
-                     f"{_cell(x['diff_b_minus_a']):<27} {x['verdict']}")
+                     f"{_cell(x['diff_b_minus_a'], True):<27} {x['verdict']}")
     if res["one_sided"]:
         L.append("on one side only (not compared):")
         for o in res["one_sided"]:
