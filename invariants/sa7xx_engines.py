@@ -300,7 +300,7 @@ class PrintedFigureRecomputed(SourceRule):
     name = "printed-figure-recomputed"
     message = "{what}: printed {printed}, recomputed {recomputed} from {how}"
     fail_fixture = "corpus/rendered/llamacpp-broken-slot-rate.log"
-    pass_fixture = "corpus/rendered/llamacpp-pr23279-old-slot-and-stats.log"
+    pass_fixture = "corpus/rendered/llamacpp-pr23269-old-slot-and-stats.log"
 
     def check(self, reading):
         def items():
