@@ -7,7 +7,9 @@ Each subcommand lives in specaudit/commands/<name>.py and defines
 Heavy imports (torch, duckdb) happen inside main(), so `specaudit check` starts fast.
 
 Bad input never prints a traceback: library code raises InputError (file + reason) or
-ValueError, and this module prints one line and exits 2.
+ValueError, and this module prints one line and exits 2. Any other exception is a bug
+in specaudit: one line naming it and the last input a reader noted, exit 3 (never 1,
+which means findings).
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from specaudit import __version__
 from specaudit.trace.schema import InputError
 
 EPILOG = """\
-exit codes: 0 clean, 1 violations or findings, 2 usage or input error
+exit codes: 0 clean, 1 violations or findings, 2 usage or input error,
+            3 internal error (a bug in specaudit: one line names the input; please report it)
 start with:  specaudit demo        (runs, checks and reports on the embedded models)
 docs:        specaudit COMMAND --help;  specaudit rules (the invariant catalog)
 """
@@ -71,6 +74,28 @@ def main(argv=None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except Exception as e:  # noqa: BLE001 - a bug: never a traceback, never exit 1 (findings)
+        return internal_error(args.command, e)
+
+
+EXIT_INTERNAL = 3
+
+
+def internal_error(command: str, e: BaseException) -> int:
+    """One line naming the bug and the input that triggered it; exit 3.
+
+    SPECAUDIT_DEBUG=1 prints the traceback as well (for the bug report)."""
+    import os
+    from specaudit.trace.schema import last_input
+    if os.environ.get("SPECAUDIT_DEBUG"):
+        import traceback
+        traceback.print_exc()
+    where = last_input()
+    msg = " ".join(str(e).split())[:200]
+    print(f"specaudit {command}: internal error (a bug in specaudit, please report it)"
+          f"{' while reading ' + where if where else ''}: {type(e).__name__}{': ' + msg if msg else ''}",
+          file=sys.stderr)
+    return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

@@ -209,3 +209,22 @@ print(res.counts["SA102"], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss //
     assert out.returncode == 0, out.stderr[-2000:]
     refused, rss_mb = map(int, out.stdout.split())
     assert refused == 1 and rss_mb < 2048
+
+
+# ------------------------------------------------------------- exit codes
+
+
+def test_internal_error_is_one_line_naming_the_input_and_exit_3(clean, monkeypatch, capsys):
+    """A bug in specaudit (here: a step rule that raises) never exits 1, the code
+    for findings, and never prints a traceback."""
+    from specaudit.invariants import load_rules
+    rule = next(r for r in load_rules() if r.code == "SA301")
+
+    def boom(f):
+        raise ZeroDivisionError("division by zero")
+    monkeypatch.setattr(type(rule), "check", lambda self, f: boom(f))
+    code = cli_main(["check", str(clean)])
+    err = capsys.readouterr().err
+    assert code == 3
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "a bug in specaudit" in err and "ZeroDivisionError" in err and "steps-000000.parquet" in err

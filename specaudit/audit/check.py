@@ -33,7 +33,7 @@ from specaudit.invariants import Hits, load_rules
 from specaudit.invariants.frame import (Carry, RequestFrame, RunFrame, StepFrame, list_lengths, list_parts, list_values,
                                token_mix)
 from specaudit.trace.schema import (REQUESTS_SCHEMA, SAMPLING_COLUMNS, STEPS_SCHEMA, InputError, RunFiles,
-                     check_table_schema, discover, manifest_conventions)
+                     check_table_schema, discover, manifest_conventions, note_input)
 
 BATCH_ROWS = 65536          # step rows per batch: ~200 MB of numpy work at N = 8
 REQUEST_BATCH_ROWS = 8192   # request rows per batch: each holds whole outputs
@@ -602,6 +602,7 @@ def _run_batches(items, result: CheckResult, run_id: str):
         elif isinstance(item, str):
             result.files_checked.append(item)
         else:
+            note_input(item[1])   # named by the CLI if a bug raises on this batch
             yield item
 
 
@@ -640,6 +641,7 @@ def _open_requests(rf: RunFiles, result: CheckResult, batch_rows: int):
 
     def gen():
         n = 0
+        note_input(path)
         try:
             for b in pf.iter_batches(batch_size=min(batch_rows, REQUEST_BATCH_ROWS), columns=cols):
                 n += b.num_rows
@@ -653,6 +655,7 @@ def _open_requests(rf: RunFiles, result: CheckResult, batch_rows: int):
 
 
 def check_run(rf: RunFiles, rules, result: CheckResult, batch_rows: int = BATCH_ROWS) -> None:
+    note_input(rf.run_dir)
     for prob in rf.problems:
         result_bad(result, prob.path, prob.reason, rf.run_id)
     manifest = rf.manifest

@@ -256,6 +256,19 @@ class InputError(Exception):
         super().__init__(f"{self.path}: {reason}" if self.path else reason)
 
 
+_LAST_INPUT: list = [None]
+
+
+def note_input(path) -> None:
+    """Record the file or folder a reader is working on: when a bug in specaudit
+    raises, the CLI names it (`last_input`) in its one-line internal-error message."""
+    _LAST_INPUT[0] = str(path) if path is not None else None
+
+
+def last_input() -> str | None:
+    return _LAST_INPUT[0]
+
+
 @dataclass
 class RunFiles:
     """One run's partition: its manifest and the files it holds."""
@@ -427,6 +440,7 @@ def validate_manifest(m: dict) -> str | None:
 
 def read_manifest(path: Path) -> dict:
     """A run.json, parsed and validated (InputError naming the file otherwise)."""
+    note_input(path)
     return manifest_from_bytes(read_limited(path, MAX_MANIFEST_BYTES), path)
 
 
