@@ -34,7 +34,9 @@ from pathlib import Path
 HELP = "check trace datasets (or engine logs) against the invariant catalog"
 ORDER = 20
 
-SOURCES = ("sglang-log", "vllm-log", "prom-text")
+# the engine-output readers' --source names (specaudit.audit.sources.SOURCES; spelled here so
+# `check --help` does not import the readers)
+SOURCES = ("sglang-log", "vllm-log", "llamacpp-log", "prom-text", "json-records")
 
 
 def _codes(text):
@@ -60,6 +62,8 @@ def add_arguments(p) -> None:
                    help="do not load rules from installed packages (entry-point group specaudit.invariants)")
     p.add_argument("--source", choices=SOURCES,
                    help="read every PATH as this kind of engine output instead of detecting it")
+    p.add_argument("--list-sources", action="store_true",
+                   help="print each engine-output source (--source name) with an example line, and exit")
     p.add_argument("--examples", type=int, default=3, metavar="N",
                    help="text: findings shown per code (default 3; 0 = all kept)")
     p.add_argument("--max-per-code", type=int, default=1000, metavar="N",
@@ -164,6 +168,10 @@ def run_check(args):
 
 
 def main(args) -> int:
+    if getattr(args, "list_sources", False):
+        from specaudit.audit.sources import list_sources
+        sys.stdout.write(list_sources())
+        return 0
     res, text = run_check(args)
     if not res.checked_anything:
         # nothing could be checked: one line per bad input, exit 2
