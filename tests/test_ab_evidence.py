@@ -316,7 +316,8 @@ def test_windows_without_concurrency_exit_2(tmp_path, capsys):
     wa = [_w("A", 1, 2.0) for _ in range(5)] + [EvWindow(side="A", file="a.log", ref="line 9",
                                                          strata={}, accept_len=2.0)]
     res = compare_windows(wa, [_w("B", 1, 2.0) for _ in range(5)])
-    assert res["sides"]["A"]["windows"] == 5 and "1 of 6 windows have no (or a zero) running-request count" in res["warnings"][0]
+    assert res["sides"]["A"]["windows"] == 5
+    assert "1 of 6 windows have no (or a zero) running-request count" in res["warnings"][0]
 
 
 @pytest.mark.parametrize("make,needle", [
@@ -452,3 +453,33 @@ def test_prometheus_url_side(tmp_path, monkeypatch):
     assert res["sides"]["A"]["files"][0]["kind"] == "prometheus" and res["verdict"] == "same"
     with pytest.raises(InputError, match="not a duration"):
         compare_sides("http://127.0.0.1:9090?range=soon", s)
+
+
+def test_report_plots_a_runtime_ab_result(tmp_path):
+    # the ab.json of `specaudit ab --a --b --out` (runtime mode) plots too: one group, three metrics
+    from specaudit.postmortem.report import _ab_groups
+    m = {"a": {"mean": 5.0, "ci95": [4.5, 5.5]}, "b": {"mean": 5.0, "ci95": [4.5, 5.5]},
+         "diff_b_minus_a": {"mean": 0.0, "ci95": [0.0, 0.0]}, "verdict": "same"}
+    res = {"a": {}, "b": {}, "metrics": {"accepted_depth": m, "commit_len": m, "tokens_per_s": m},
+           "verdict": "same", "primary": "tokens_per_s", "warnings": ["A and B differ in 2 settings"]}
+    metrics, labels, _ = _ab_groups(res)
+    assert metrics == ["tokens_per_s", "accepted_depth", "commit_len"] and labels == ["runs"]
+    (tmp_path / "ab.json").write_text(json.dumps(res))
+    assert main(["report", str(tmp_path / "ab.json"), "--out", str(tmp_path / "r")]) == 0
+    page = (tmp_path / "r" / "report.html").read_text()
+    assert "A and B differ in 2 settings" in page and (tmp_path / "r" / "ab.png").stat().st_size > 1000
+
+
+def test_seed_case_explains_every_metric(seed_logs):
+    res = compare_sides(*seed_logs)
+    conc = next(e for e in res["confounders"] if e["key"] == "concurrency")
+    assert set(conc["explains_by_metric"]) == {"accept_len", "accept_rate", "tokens_per_s"}
+    assert all(v > 0.9 for v in conc["explains_by_metric"].values())
+
+
+def test_large_side_bootstrap_is_bounded():
+    from specaudit.audit import ab_evidence as E
+    rng = np.random.default_rng(0)
+    x = rng.normal(2.0, 0.1, E.BOOT_EXACT_MAX + 1)
+    reps = E._boot_means(np.random.default_rng(1), x, 2000)
+    assert reps.shape == (2000,) and abs(reps.std() - 0.1 / np.sqrt(len(x))) < 2e-4

@@ -317,8 +317,7 @@ def windows_from_traces(path, side: str, bins: str = "pow2", window_forwards: in
     from specaudit.trace.schema import discover
 
     runs = discover([path])
-    cols = ["t_start", "step_s", "batch_size", "node_tokens", "accepted_path", "committed_tokens",
-            "algo", "budget", "topk"]
+    cols = ["t_start", "step_s", "node_tokens", "accepted_path", "committed_tokens", "algo", "budget", "topk"]
     out: list[EvWindow] = []
     min_fw = max(2, window_forwards // 4)
     for rf in runs:
@@ -331,25 +330,34 @@ def windows_from_traces(path, side: str, bins: str = "pow2", window_forwards: in
         tgt = ((man.get("models") or {}).get("target") or {})
         model = tgt.get("name") if isinstance(tgt, dict) else None
         cfg = man.get("config") or {}
+        acc = {k: [] for k in ("ts", "n_nodes", "path_len", "commit", "step_s", "algo", "budget", "topk")}
         try:
-            parts = [pq.read_table(f, columns=cols) for f in rf.step_files]
+            for f in rf.step_files:
+                for rb in pq.ParquetFile(f).iter_batches(columns=cols, batch_size=65536):
+                    # one row group at a time: the list columns are reduced to their lengths at once
+                    acc["ts"].append(rb.column("t_start").to_numpy(zero_copy_only=False))
+                    acc["n_nodes"].append(pc.list_value_length(rb.column("node_tokens")).to_numpy(zero_copy_only=False))
+                    acc["path_len"].append(pc.list_value_length(rb.column("accepted_path"))
+                                           .to_numpy(zero_copy_only=False))
+                    acc["commit"].append(pc.list_value_length(rb.column("committed_tokens"))
+                                         .to_numpy(zero_copy_only=False))
+                    acc["step_s"].append(rb.column("step_s").to_numpy(zero_copy_only=False))
+                    acc["algo"].append(rb.column("algo").to_numpy(zero_copy_only=False))
+                    acc["budget"].append(rb.column("budget").to_numpy(zero_copy_only=False))
+                    acc["topk"].append(rb.column("topk").to_numpy(zero_copy_only=False))
         except Exception as e:  # noqa: BLE001 - a corrupt or foreign Parquet file is bad input
             raise InputError(rf.run_dir, f"cannot read the step rows: {str(e).splitlines()[0][:200]}") from None
-        import pyarrow as pa
-        t = pa.concat_tables(parts)
-        if t.num_rows == 0:
+        if not acc["ts"] or sum(len(x) for x in acc["ts"]) == 0:
             continue
-        ts = t["t_start"].to_numpy()
+        cat = {k: np.concatenate(v) for k, v in acc.items()}
+        ts = cat["ts"].astype(np.float64)
         order = np.argsort(ts, kind="stable")
         ts = ts[order]
-        n_nodes = pc.list_value_length(t["node_tokens"]).to_numpy(zero_copy_only=False)[order].astype(np.float64)
-        path_len = pc.list_value_length(t["accepted_path"]).to_numpy(zero_copy_only=False)[order].astype(np.float64)
-        commit = pc.list_value_length(t["committed_tokens"]).to_numpy(zero_copy_only=False)[order].astype(np.float64)
-        step_s = t["step_s"].to_numpy()[order]
-        batch = t["batch_size"].to_numpy()[order]
-        algo = t["algo"].to_numpy(zero_copy_only=False)[order]
-        budget = t["budget"].to_numpy()[order]
-        topk = t["topk"].to_numpy()[order]
+        n_nodes = cat["n_nodes"][order].astype(np.float64)        # [S] nodes per step row
+        path_len = cat["path_len"][order].astype(np.float64)      # [S] accepted path incl. root
+        commit = cat["commit"][order].astype(np.float64)          # [S] tokens committed
+        step_s = cat["step_s"][order].astype(np.float64)
+        algo, budget, topk = cat["algo"][order], cat["budget"][order], cat["topk"][order]
         # forwards: runs of equal t_start
         starts = np.flatnonzero(np.r_[True, ts[1:] != ts[:-1]])            # [F]
         rows = np.diff(np.r_[starts, len(ts)])                                # [F] rows per forward
@@ -388,7 +396,6 @@ def windows_from_traces(path, side: str, bins: str = "pow2", window_forwards: in
                         "rank": _rank(cfg.get("rank")), "k": k, "topk": int(topk[r0]), "algo": str(algo[r0]),
                         "engine": engine, "version": str(version) if version is not None else None,
                         "model": model}))
-        del batch
     return out
 
 
@@ -407,8 +414,7 @@ def read_side(spec, side: str, *, source: str | None = None, bins: str = "pow2",
             rs = read_url(p)
             ws = []
             for r in rs:
-                w_, n_cum = windows_from_reading(r, side, bins)
-                ws += w_
+                ws += windows_from_reading(r, side, bins)[0]
             if not ws:
                 raise InputError(p, f"side {side}: no interval windows in the range (a longer range=)")
             for w in ws:
@@ -446,9 +452,19 @@ def read_side(spec, side: str, *, source: str | None = None, bins: str = "pow2",
 
 # ------------------------------------------------------------------ statistics
 
+BOOT_EXACT_MAX = 5000       # more windows than this: the bootstrap mean is drawn from its normal limit
+
+
 def _boot_means(rng, x: np.ndarray, n_boot: int) -> np.ndarray:
-    """[n_boot] means of bootstrap resamples of the windows x [n]."""
+    """[n_boot] means of bootstrap resamples of the windows x [n].
+
+    Up to BOOT_EXACT_MAX windows the resamples are drawn ([n_boot, n] indices); above,
+    the resampled mean is drawn from its normal limit N(mean, sd / sqrt(n)) (the central
+    limit theorem is exact enough there, and a 1 GB log's million windows would need
+    n_boot x 10^6 draws)."""
     n = len(x)
+    if n > BOOT_EXACT_MAX:
+        return rng.normal(x.mean(), x.std() / math.sqrt(n), size=n_boot)
     idx = rng.integers(0, n, size=(n_boot, n))
     return x[idx].mean(axis=1)
 
@@ -672,7 +688,8 @@ def compare_windows(wa: list[EvWindow], wb: list[EvWindow], *, vary=None, same_w
         reversal = {p["verdict"], q["verdict"]} == {"A better", "B better"}
         paradox.append({
             "metric": m, "pooled_verdict": p["verdict"], "matched_verdict": q["verdict"], "reversal": reversal,
-            "message": (f"pooled {METRIC_LABEL[m]} says {p['verdict']} ({_num(p['a']['mean'])} vs {_num(p['b']['mean'])}) "
+            "message": (f"pooled {METRIC_LABEL[m]} says {p['verdict']} "
+                        f"({_num(p['a']['mean'])} vs {_num(p['b']['mean'])}) "
                         f"but the matched strata say {q['verdict']} ({_num(q['a']['mean'])} vs {_num(q['b']['mean'])})"
                         + (": Simpson's paradox, the pooled figures point the wrong way" if reversal else
                            ": the pooled figures compare different conditions"))})
@@ -758,10 +775,15 @@ def confounder_report(wa, wb, primary, matched, varied, pooled, matched_res) -> 
         tv = 0.5 * sum(abs(sa.get(v, 0) - sb.get(v, 0)) for v in set(sa) | set(sb))
         if tv < 1e-9:
             continue
-        gk, shared = _gap_within(wa, wb, k, primary)
+        gk, _shared = _gap_within(wa, wb, k, primary)
         entry = {"key": k, "a": sa, "b": sb, "distance": round(tv, 4),
                  "role": "varied" if k in varied else ("matched" if k in matched else "unmatched"),
-                 "gap_within": gk, "explains": None}
+                 "gap_within": gk, "explains": None, "explains_by_metric": {}}
+        for m, pm in pooled.items():
+            g_m = pm["diff_b_minus_a"]["mean"]
+            gk_m, _ = _gap_within(wa, wb, k, m)
+            if gk_m is not None and abs(g_m) > 0.02 * abs(pm["a"]["mean"]) and abs(g_m) > 1e-9:
+                entry["explains_by_metric"][m] = (g_m - gk_m) / g_m
         if gk is None:
             entry["note"] = "inseparable: the sides share no value of it, no window can say what it does"
         elif small:
@@ -967,7 +989,8 @@ def format_text(res: dict) -> str:
                 continue
             dist = lambda d: ", ".join(f"{v} {s:.0%}" for v, s in d.items())  # noqa: E731
             ex = f"explains {e['explains']:.0%}" if e["explains"] is not None else e.get("note", "")
-            mv = f"; moved together with {', '.join(KEY_LABEL[k] for k in e['moves_with'])}" if e.get("moves_with") else ""
+            mv = (f"; moved together with {', '.join(KEY_LABEL[k] for k in e['moves_with'])}"
+                  if e.get("moves_with") else "")
             L.append(f"  {KEY_LABEL[e['key']]} ({e['role']}): A {dist(e['a'])}; B {dist(e['b'])} -> {ex}{mv}")
     L.append("")
     L.append(f"verdict ({METRIC_LABEL[res['primary']]}, matched): {res['verdict']}")
