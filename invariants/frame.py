@@ -18,7 +18,8 @@ from functools import cached_property
 import numpy as np
 import pyarrow as pa
 
-from specaudit.trace.schema import MAX_NODES, NODE_LIST_COLUMNS, NULLABLE_NODE_LIST_COLUMNS, ancestor_mask, mask_hash
+from specaudit.trace.schema import (MAX_NODES, NODE_LIST_COLUMNS, NULLABLE_NODE_LIST_COLUMNS, ancestor_mask, mask_hash,
+                                    tree_depths_flat)
 
 I64 = np.int64
 _MIX1 = np.uint64(0x9E3779B97F4A7C15)
@@ -409,14 +410,7 @@ class StepFrame:
             return np.zeros(0, dtype=I64)
         if self.chain_shaped.all():
             return self.node_i.copy()
-        ar = np.arange(self.T, dtype=I64)
-        jump = np.where(self.pglob >= 0, self.pglob, ar)
-        dist = (self.pglob >= 0).astype(I64)
-        nmax = int(self.n.max())
-        for _ in range(max(1, int(np.ceil(np.log2(max(nmax, 2)))))):
-            dist = dist + np.where(jump != ar, dist[jump], 0)
-            jump = jump[jump]
-        return dist
+        return tree_depths_flat(self.pglob, int(self.n.max()))
 
     @cached_property
     def children_max(self) -> np.ndarray:

@@ -37,6 +37,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from specaudit.trace.schema import tree_depths
+
 # --------------------------------------------------------------------- inline rules
 
 # (code, name, what it catches): the step-scope rules of specaudit.invariants that need
@@ -98,24 +100,6 @@ def _padded(flat, lens, starts, n_max: int, fill: int = -1) -> np.ndarray:
     keep = j < np.minimum(np.maximum(lens, 0), out.shape[1])[:, None]
     out[keep] = flat[(starts[:, None] + j)[keep]]
     return out
-
-
-def _depths(par: np.ndarray, n: np.ndarray) -> np.ndarray:
-    """[B, N] padded parents -> [B, N] node depths (root 0; -1 on padding or a broken parent).
-
-    N passes of one gather (parents precede children); a node whose parent is not in
-    0..i-1 gets -1, and so do its descendants.
-    """
-    B, N = par.shape
-    d = np.full((B, N), -1, dtype=np.int64)
-    d[:, 0] = np.where(n > 0, 0, -1)
-    rows = np.arange(B)
-    for i in range(1, N):
-        p = par[:, i]
-        ok = (i < n) & (p >= 0) & (p < i)
-        pd = d[rows, np.clip(p, 0, N - 1)]
-        d[:, i] = np.where(ok & (pd >= 0), pd + 1, -1)
-    return d
 
 
 def _mask_hashes(P: np.ndarray, n: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -198,7 +182,7 @@ def inline_violations(batch: pa.RecordBatch, budget: int | None = None,
     out["SA106"] = ok & need_chain & (okn & (j > 0) & (P != j - 1)).any(axis=1)
 
     # ---- SA2xx: positions and mask
-    D = _depths(P, n)
+    D = tree_depths(P, n)
     Pos = _padded(pos, n_pos, pos_s, n_max)
     out["SA201"] = ok & (okn & (Pos != seq[:, None] + D)).any(axis=1)
     mh = _col(batch, "mask_hash").astype(np.uint64)
@@ -398,7 +382,7 @@ class PromSink:
         else:
             par, n_par, par_s = _lists(batch.column(batch.schema.get_field_index("parents")))
             P = _padded(par, n_par, par_s, max(int(n.max()), 1))
-            reach = np.maximum(_depths(P, n).max(axis=1), 0)
+            reach = np.maximum(tree_depths(P, n).max(axis=1), 0)
         # at-least-d counts for d = 1..D from one bincount each (deeper values land in D)
         reach_ge = np.cumsum(np.bincount(np.clip(reach, 0, D), minlength=D + 1)[::-1])[::-1]
         depth_ge = np.cumsum(np.bincount(np.clip(depth, 0, D), minlength=D + 1)[::-1])[::-1]
