@@ -228,3 +228,40 @@ def test_internal_error_is_one_line_naming_the_input_and_exit_3(clean, monkeypat
     assert code == 3
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert "a bug in specaudit" in err and "ZeroDivisionError" in err and "steps-000000.parquet" in err
+
+
+# ------------------------------------------------------------- writes never touch evidence
+
+
+@pytest.mark.parametrize("target", ["run_id=r0/steps-000000.parquet", "run_id=r0/run.json",
+                                    "run_id=r0/report.txt"])
+def test_check_output_refuses_every_file_of_the_dataset(clean, tmp_path, target, capsys):
+    d = _copy(clean, tmp_path)
+    t = d / target
+    before = t.read_bytes() if t.exists() else None
+    assert cli_main(["check", str(d), "-o", str(t)]) == 2
+    err = capsys.readouterr().err
+    assert "refusing" in err or "run folder" in err
+    assert (t.read_bytes() if t.exists() else None) == before
+
+
+def test_check_output_elsewhere_is_written_atomically(clean, tmp_path, capsys):
+    out = tmp_path / "report.json"
+    assert cli_main(["check", str(clean), "-o", str(out), "--output-format", "json"]) == 0
+    assert json.loads(out.read_text())["summary"]["runs"] == 2
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_report_and_calibrate_refuse_a_run_folder(clean, tmp_path, capsys):
+    d = _copy(clean, tmp_path)
+    assert cli_main(["report", str(d), "--out", str(d / "run_id=r0"), "--no-check"]) == 2
+    assert cli_main(["calibrate", "--from-traces", str(d), "--out", str(d / "run_id=r0" / "run.json")]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_query_output_refuses_a_trace_file(clean, tmp_path, capsys):
+    d = _copy(clean, tmp_path)
+    t = d / "run_id=r1" / "requests.parquet"
+    before = t.read_bytes()
+    assert cli_main(["query", "--no-check", str(d), "SELECT 1", "-o", str(t)]) == 2
+    assert t.read_bytes() == before

@@ -96,8 +96,6 @@ def add_arguments(p) -> None:
 
 def main_evidence(args) -> int:
     """`specaudit ab A B`: the library call and its output; exit 0 (bad input raises: exit 2)."""
-    from pathlib import Path
-
     from specaudit.audit.ab_evidence import compare_sides, format_text, to_json
     if len(args.sides) != 2:
         raise ValueError(f"give two sides, A and B (got {len(args.sides)}); several files on one side go "
@@ -111,11 +109,8 @@ def main_evidence(args) -> int:
                         min_windows=args.min_windows, baseline_tps=args.baseline_tps, cost_factor=args.cost_factor)
     text = to_json(res) if (args.output_format == "json" or args.json) else format_text(res) + "\n"
     if args.output:
-        from specaudit.trace.schema import atomic_write_bytes
-        try:
-            atomic_write_bytes(Path(args.output), text.encode())
-        except OSError as e:
-            raise ValueError(f"cannot write {args.output}: {e.strerror or e}") from None
+        from specaudit.outfile import write_output
+        write_output(args.output, text, inputs=args.sides)   # never over a file it read
     else:
         sys.stdout.write(text)
     return 0

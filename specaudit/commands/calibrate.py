@@ -73,6 +73,9 @@ def main(args) -> int:
                 print(f"  c={c} N={n} repeat {rep + 1}: r = {r:.3f}", file=sys.stderr)
         prof = measure_profile(n_grid=n_grid, c_grid=c_grid, repeats=args.repeats,
                                max_new_tokens=args.max_new_tokens, device=args.device, progress=progress)
+    if args.from_traces:
+        from specaudit.outfile import guard_output
+        guard_output(args.out, [args.from_traces], flag="--out")   # never over a file it read
     prof.save(args.out)
     if args.json:
         print(json.dumps(prof.to_dict()))

@@ -181,11 +181,8 @@ def main(args) -> int:
             print("specaudit check: error: nothing to check (give PATHs or --prometheus URL)", file=sys.stderr)
         return 2
     if args.output:
-        from specaudit.trace.schema import atomic_write_bytes
-        try:
-            atomic_write_bytes(Path(args.output), text.encode())
-        except OSError as e:
-            raise ValueError(f"cannot write {args.output}: {e.strerror or e}") from None
+        from specaudit.outfile import write_output
+        write_output(args.output, text, inputs=args.paths)   # never over a file it read
     else:
         sys.stdout.write(text)
     if args.exit_zero:

@@ -237,18 +237,8 @@ def write_json(schema, batches, out) -> None:
 
 
 def _check_output_path(path: Path, ds) -> Path:
-    path = Path(path)
-    if path.exists() and path.is_dir():
-        raise ValueError(f"-o {path}: is a folder; give a file name")
-    if not path.parent.exists():
-        raise ValueError(f"-o {path}: folder {path.parent} does not exist")
-    rp = path.resolve()
-    if rp in {f.resolve() for f in ds.files}:
-        raise ValueError(f"-o {path}: that is one of the trace's own files; refusing to overwrite it")
-    for rf in ds.runs:
-        if rp.parent == Path(rf.run_dir).resolve():
-            raise ValueError(f"-o {path}: inside the run folder {rf.run_dir}; write results elsewhere")
-    return path
+    from specaudit.outfile import guard_output
+    return guard_output(path, [str(rf.run_dir) for rf in ds.runs])
 
 
 def emit(schema, batches, fmt: str, output: str | None, max_rows: int, ds) -> None:
