@@ -285,3 +285,98 @@ def test_cli_counter_bug_in_log_is_inconsistent(capsys):
 def test_estimate_help_teaches():
     from specaudit.commands import estimate
     assert "--reported-commit-len 2.0" in estimate.__doc__ and "Exit codes" in estimate.__doc__
+
+
+# ------------------------------------------------- issue 13: the seed question, guards
+
+
+SEED_Q = SEED + ["--reported-commit-len", "2", "--reported-accept-depth", "7"]
+
+
+def test_seed_question_names_the_depth_counter(capsys):
+    assert cli.main(SEED_Q) == 1
+    out = capsys.readouterr().out
+    last = out.strip().splitlines()[-1].strip()
+    assert "supports the commit length counter (2.00)" in last
+    assert "the accepted depth counter is the wrong one" in last
+    assert "commit length = accepted depth + 1" in out and "broken" in out
+    # flipped: an honest depth 0.67 (1.67 tokens per step) beside a commit counter of 8
+    assert cli.main(SEED + ["--reported-commit-len", "8", "--reported-accept-depth", "0.67"]) == 1
+    assert "the commit length counter is the wrong one" in capsys.readouterr().out
+
+
+def test_seed_question_json_and_library_agree(capsys):
+    from specaudit.audit.estimate import run_estimate
+    assert cli.main(SEED_Q + ["--output-format", "json"]) == 1
+    d = json.loads(capsys.readouterr().out)
+    lib = run_estimate(observed_tps=109, baseline_tps=98, cost_factor=1.5, reported_commit_len=2,
+                       reported_accept_depth=7)
+    assert d == json.loads(json.dumps(lib.to_dict()))
+    figs = {f["counter"]: f["verdict"] for f in d["results"][0]["figures"]}
+    assert figs == {"commit length": CONSISTENT, "accepted depth": INCONSISTENT}
+
+
+def test_seed_question_cannot_tell_when_the_interval_admits_both(capsys):
+    # r's spread of 24%: the band is wide enough to hold 2 and 3 tokens per step, so the two
+    # counters (2 and depth 2 -> 3) break the identity but throughput cannot say which
+    argv = ["estimate", "--observed-tps", "120", "--baseline-tps", "100", "--cost-factor", "2",
+            "--cost-factor-std", "0.48", "--reported-commit-len", "2", "--reported-accept-depth", "2"]
+    assert cli.main(argv) == 2          # one of them is wrong, and the evidence cannot say which
+    last = capsys.readouterr().out.strip().splitlines()[-1].strip()
+    assert last.startswith("Cannot tell which counter is wrong") and "would decide" in last
+
+
+def test_both_consistent_and_both_contradicted(capsys):
+    assert cli.main(SEED + ["--reported-commit-len", "1.7", "--reported-accept-depth", "0.7"]) == 0
+    assert "supports both counters" in capsys.readouterr().out
+    assert cli.main(SEED + ["--reported-commit-len", "5", "--reported-accept-depth", "7"]) == 1
+    assert "contradicts both counters" in capsys.readouterr().out
+
+
+def test_trace_gives_both_counters(tmp_path, capsys):
+    from specaudit.trace.synth import synth_run_rows, write_run
+    s, r, m = synth_run_rows(6, algo="chain", budget=7, seed=3, run_id="both", max_new_tokens=40)
+    write_run(tmp_path, s, r, m)
+    assert cli.main(["estimate", str(tmp_path), "--baseline-tps", "100", "--cost-factor", "1",
+                     "--output-format", "json"]) in (0, 1, 2)
+    res = json.loads(capsys.readouterr().out)["results"][0]
+    assert [f["counter"] for f in res["figures"]] == ["commit length", "accepted depth"]
+    assert res["figures"][1]["reported"] == pytest.approx(m["reported"]["mean_accepted_depth"])
+
+
+@pytest.mark.parametrize("tps,n,word", [(1090, 8, "above N = 8"), (30, 8, "below 1 token per step")])
+def test_impossible_estimate_is_a_calibration_mismatch_not_a_verdict(tps, n, word, capsys):
+    argv = ["estimate", "--observed-tps", str(tps), "--baseline-tps", "98", "--cost-factor", "1.5",
+            "--n-nodes", str(n), "--reported-commit-len", "3"]
+    assert cli.main(argv) == 2
+    out = capsys.readouterr().out
+    assert "verdict: calibration mismatch" in out and word in out and "Cannot judge the engine" in out
+    e = estimate_commit_length(tps, 98, 1.5)
+    assert verdict(e, 3, n_nodes=n) == "calibration mismatch"
+
+
+@pytest.mark.parametrize("flag,value", [("--reported-commit-len", "-2"), ("--reported-commit-len", "0"),
+                                        ("--reported-accept-depth", "-1"), ("--reported-accept-depth", "nan")])
+def test_reported_at_or_below_zero_is_refused(flag, value, capsys):
+    assert cli.main(SEED + [flag, value]) == 2
+    err = capsys.readouterr().err
+    assert flag in err and "above 0" in err and err.count("\n") == 1
+
+
+def test_verdict_uses_the_printed_precision_of_the_reported_figure():
+    e = estimate_commit_length(100, 100, 2.0)          # a point at 2.0, band [1.8, 2.2] at 10%
+    assert verdict(e, 2.2) == CONSISTENT
+    assert verdict(e, 2.25) == INCONSISTENT             # [2.245, 2.255) misses 2.2
+    e = estimate_commit_length(3.4149, 1, 1.0)          # a point: the estimator then is compare.agrees
+    assert verdict(e, 3.41, tolerance=0) == CONSISTENT
+    assert verdict(e, 3.42, tolerance=0) == INCONSISTENT
+
+
+def test_live_judgement_is_the_cli_pipeline():
+    from specaudit.audit.estimate import live_judgement, run_estimate
+    live = live_judgement(109, 0.0, concurrency=1, n_nodes=8, profile=CostProfile.manual(1.5), baseline_tps=98,
+                          reported_commit_len=8)
+    cli_res = run_estimate(observed_tps=109, baseline_tps=98, cost_factor=1.5, n_nodes=8, concurrency=1,
+                           reported_commit_len=8).results[0]
+    assert live["verdict"] == cli_res["verdict"] == INCONSISTENT
+    assert live["estimate"] == cli_res["estimate"] and live["conclusion"] == cli_res["conclusion"]

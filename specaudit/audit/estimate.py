@@ -27,10 +27,26 @@ windows, the spread of a calibrated r), not of single samples.
 
 Verdict on a reported commit length R (bonus included), with a relative tolerance tol
 for what the model leaves out (prefill, scheduling, tail effects):
-    consistent      low * (1 - tol) <= R <= high * (1 + tol)
+    consistent      R lies in the band [low * (1 - tol), high * (1 + tol)], R taken at its
+                    printed precision (specaudit.audit.compare.within: 2.2 stands for
+                    [2.15, 2.25), so it touches a band ending at 2.16)
     inconsistent    outside that band
     not enough data R missing, or the interval is too wide to tell anything apart
                     (s > MAX_REL_STD: a wide interval would call every reading consistent)
+    calibration mismatch
+                    the estimate itself is impossible: below 1 token per step (every step
+                    commits at least the bonus) or above N (the verify width: a step cannot
+                    commit more tokens than it verified). The baseline or the cost factor
+                    does not describe this run; that is no verdict on the engine.
+
+Two counters at once (the seed question): given a reported commit length and a reported
+mean accepted depth, each is judged on its own (the depth as depth + 1 tokens per step),
+the identity commit = depth + 1 (per unfinished step, chain or tree; over a run's means the
+commit sits at most IDENTITY_CUT_SLACK below, as the steps that end requests are cut at EOS
+or the token limit) is checked between them, and `judge` ends with one sentence: which
+counter the throughput supports, which it contradicts, or that it cannot tell and why.
+`run_estimate` is the whole pipeline (inputs -> observations -> estimate -> judgement)
+for the CLI; `live_judgement` the same estimate-then-verdict for a live server's window.
 
 Cost profiles (written by `specaudit calibrate`) give r and its spread for a grid of
 (N, c); `CostProfile.lookup(n_nodes, concurrency)` interpolates inside the grid and
@@ -56,6 +72,13 @@ HAND_COST_FACTOR_REL_STD = 0.10
 STALL_FACTOR = 4.0        # trace forwards slower than this x the median are stalls, set apart
 
 CONSISTENT, INCONSISTENT, NOT_ENOUGH_DATA = "consistent", "inconsistent", "not enough data"
+MISMATCH = "calibration mismatch"
+# How far below mean depth + 1 a mean commit length may sit (the cut last steps of requests)
+# before the identity counts as broken between two reported means.
+IDENTITY_CUT_SLACK = 0.1
+# exit status of `specaudit estimate` per verdict (worst result wins)
+EXIT_CODES = {CONSISTENT: 0, INCONSISTENT: 1, NOT_ENOUGH_DATA: 2, MISMATCH: 2}
+SEVERITY = {CONSISTENT: 0, NOT_ENOUGH_DATA: 1, MISMATCH: 2, INCONSISTENT: 3}
 PROFILE_KIND = "specaudit-cost-profile"
 PROFILE_VERSION = 1
 
@@ -129,10 +152,29 @@ def estimate_commit_length(observed_tps: float, baseline_tps: float, cost_factor
                     tps_std=st, baseline_std=sb)
 
 
-def verdict(estimate: Estimate, reported_commit_len, tolerance: float = DEFAULT_TOLERANCE) -> str:
-    """consistent / inconsistent / not enough data (see the module docstring)."""
+def range_problem(estimate: Estimate, n_nodes: int | None = None) -> str | None:
+    """Why the estimate itself is impossible (below 1, above N), or None when it is possible."""
+    v = estimate.value
+    if not math.isfinite(v):
+        return None
+    if v < 1:
+        return (f"the estimate {v:.2f} is below 1 token per step, which speculative decoding cannot do (every "
+                "step commits the bonus token): the baseline or the cost factor does not match this run")
+    if n_nodes is not None and n_nodes >= 1 and v > n_nodes:
+        return (f"the estimate {v:.2f} is above N = {n_nodes}, the tokens a step verifies (root + drafts), which "
+                "no step can commit: the baseline or the cost factor does not match this run (a profile "
+                "calibrated with other threads, device or dtype?)")
+    return None
+
+
+def verdict(estimate: Estimate, reported_commit_len, tolerance: float = DEFAULT_TOLERANCE,
+            n_nodes: int | None = None) -> str:
+    """consistent / inconsistent / not enough data / calibration mismatch (module docstring)."""
+    from specaudit.audit.compare import within
     if tolerance is None or not (0 <= float(tolerance) < 1):
         raise ValueError(f"tolerance must be in [0, 1), got {tolerance!r}")
+    if range_problem(estimate, n_nodes) is not None:
+        return MISMATCH
     if reported_commit_len is None:
         return NOT_ENOUGH_DATA
     try:
@@ -142,7 +184,7 @@ def verdict(estimate: Estimate, reported_commit_len, tolerance: float = DEFAULT_
     if not math.isfinite(rep) or not math.isfinite(estimate.value) or estimate.rel_std > MAX_REL_STD:
         return NOT_ENOUGH_DATA
     lo, hi = estimate.low * (1 - tolerance), estimate.high * (1 + tolerance)
-    return CONSISTENT if lo <= rep <= hi else INCONSISTENT
+    return CONSISTENT if within(reported_commit_len, lo, hi) else INCONSISTENT
 
 
 def mean_and_se(samples) -> tuple[float, float, int]:
@@ -323,6 +365,7 @@ class Observation:
     concurrency: int | None = None
     n_nodes: int | None = None        # N = root + drafts (budget + 1)
     reported_commit_len: float | None = None
+    reported_accept_depth: float | None = None   # mean accepted depth (drafts only), when the input has it
     label: str = ""                   # run id, window, file
     samples: int = 1
     extra: dict = field(default_factory=dict)
@@ -450,9 +493,11 @@ def observations_from_traces(path) -> list[Observation]:
             if manifest_conventions(man).get("accept_length") == "excludes_bonus":
                 rep = rep + 1
         budget = cfg.get("budget", d["budget"][0] if d["budget"] else None)
+        depth = reported.get("mean_accepted_depth")
         out.append(Observation(source="traces", tps=tps, tps_std=se, concurrency=conc,
                                n_nodes=(int(budget) + 1) if budget is not None else None,
                                reported_commit_len=rep, label=rf.run_id, samples=n,
+                               reported_accept_depth=depth if isinstance(depth, (int, float)) else None,
                                extra={"forwards": len(fw), "full_forwards": len(full), "stalls": len(stalls),
                                       "steady": len(full) >= 3, "tokens": tokens,
                                       "run_tps": tokens / span if span > 0 else None,
@@ -468,3 +513,325 @@ def timing_cost_factor(draft_s, verify_s, t_ar_s: float) -> tuple[float, float]:
     if n == 0:
         raise ValueError("no step timings to derive a cost factor from")
     return m / t_ar, se / t_ar
+
+
+# ------------------------------------------------------------------ the pipeline
+
+
+def reported_figure(name: str, x) -> float | None:
+    """A reported mean given by a user: None, or a finite number above 0 (ValueError otherwise:
+    a commit length is at least 1 token per step, a depth at least 0 but an engine reporting
+    exactly 0 has not speculated)."""
+    if x is None:
+        return None
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, not {x!r}") from None
+    if not math.isfinite(v) or v <= 0:
+        raise ValueError(f"{name} must be above 0 (a mean per verify step), got {x!r}")
+    return v
+
+
+def observations_from_reading(reading, concurrency=None) -> list[Observation]:
+    """One Observation from an engine log or scrape: mean throughput over its windows."""
+    ws = [w for w in reading.windows if w.gen_tps is not None and w.gen_tps > 0 and not w.extra.get("counter_reset")]
+    if concurrency is not None:
+        ws = [w for w in ws if w.concurrency is not None and round(w.concurrency) == concurrency]
+    if not ws:
+        why = f" at concurrency {concurrency}" if concurrency is not None else ""
+        raise InputError(reading.path, f"no window with a positive generation throughput{why} (a single "
+                                       "Prometheus scrape has no rate: append a second one)")
+    tps = [w.gen_tps for w in ws]
+    n = len(tps)
+    m = sum(tps) / n
+    se = math.sqrt(sum((x - m) ** 2 for x in tps) / (n - 1) / n) if n > 1 else 0.0
+    cs = [w.concurrency for w in ws if w.concurrency is not None]
+    ls = [w.accept_len for w in ws if w.accept_len is not None]
+    cfg = reading.config
+    n_nodes = cfg.get("num_draft_tokens") or ((cfg["num_spec_tokens"] + 1) if cfg.get("num_spec_tokens") else None)
+    extra = {}
+    if cs and (max(cs) - min(cs)) / max(max(cs), 1) > 0.25:
+        extra["confounder"] = (f"concurrency varies {min(cs):g}..{max(cs):g} across the windows; "
+                               "pass --concurrency to use one level")
+    conc = round(sum(cs) / len(cs)) if cs else None
+    rep = sum(ls) / len(ls) if ls else None
+    if rep is not None and not reading.includes_bonus:
+        rep += 1
+    return [Observation(source=reading.source, tps=m, tps_std=se, concurrency=conc, n_nodes=n_nodes,
+                        reported_commit_len=rep, label=Path(reading.path).name, samples=n, extra=extra)]
+
+
+def _is_load_json(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - 65536))
+            tail = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return False
+    for ln in reversed([x for x in tail.splitlines() if x.strip()]):
+        try:
+            obj = json.loads(ln)
+        except json.JSONDecodeError:
+            return False
+        return isinstance(obj, dict) and "tokens_per_s" in obj
+    return False
+
+
+def gather(input=None, *, observed_tps=None, observed_std=0.0, load=None, source=None, concurrency=None,
+           n_nodes=None) -> list[Observation]:
+    """The observed throughput(s): --observed-tps, a load.py output, a trace dataset, or an
+    engine log / scrape (read through specaudit.audit.sources)."""
+    if load:
+        if input:
+            raise ValueError("give either INPUT or --load FILE, not both")
+        return [observation_from_load_json(load)]
+    if observed_tps is not None and input:
+        raise ValueError("give either INPUT or --observed-tps, not both")
+    if observed_tps is not None:
+        return [Observation(source="cli", tps=observed_tps, tps_std=observed_std or 0.0,
+                            concurrency=concurrency, n_nodes=n_nodes, label="--observed-tps")]
+    if not input:
+        raise ValueError("no observed throughput: give --observed-tps or an INPUT file/folder")
+    p = Path(input)
+    if not p.exists():
+        raise InputError(p, "no such file or folder")
+    if p.is_dir():
+        return observations_from_traces(p)
+    if source is None and _is_load_json(p):
+        return [observation_from_load_json(p)]
+    from specaudit.audit.sources import read_source
+    return observations_from_reading(read_source(p, source), concurrency)
+
+
+def baseline_for(obs: Observation, *, baseline_tps=None, baseline_std=0.0, baseline_file=None,
+                 baseline_from_profile=False, profile=None, concurrency=None) -> tuple[float, float, str]:
+    """(plain decoding tokens/s, its sd, where it came from)."""
+    if baseline_tps is not None and baseline_file:
+        raise ValueError("give either --baseline-tps or --baseline FILE, not both")
+    if baseline_file:
+        o = observation_from_load_json(baseline_file)
+        return o.tps, o.tps_std, o.label
+    if baseline_tps is not None:
+        return baseline_tps, baseline_std or 0.0, "--baseline-tps"
+    if profile and baseline_from_profile:
+        c = concurrency or obs.concurrency
+        prof = profile if isinstance(profile, CostProfile) else CostProfile.load(profile)
+        t_ar = profile_t_ar(prof, c)
+        return c / t_ar, 0.0, f"c / t_ar({c}) of the profile"
+    raise ValueError("no baseline: give --baseline-tps (plain decoding tokens/s at the same concurrency), "
+                     "--baseline FILE, or --baseline-from-profile")
+
+
+def cost_for(obs: Observation, *, cost_factor=None, cost_factor_std=None, profile=None, n_nodes=None,
+             concurrency=None) -> tuple[float, float, str]:
+    """(r, its sd, where it came from)."""
+    if cost_factor is not None and profile:
+        raise ValueError("give either --cost-factor or --profile, not both")
+    if cost_factor is not None:
+        r, sd = CostProfile.manual(cost_factor, cost_factor_std).lookup()
+        return r, sd, "by hand" + ("" if cost_factor_std is not None else ", spread 10% of r")
+    if profile:
+        prof = profile if isinstance(profile, CostProfile) else CostProfile.load(profile)
+        n = n_nodes or obs.n_nodes
+        c = concurrency or obs.concurrency
+        r, sd = prof.lookup(n, c)
+        return r, sd, f"profile {Path(prof.path or 'profile').name} at N={n}, c={c}"
+    raise ValueError("no cost factor: give --cost-factor R (e.g. 1.5) or --profile FILE from `specaudit calibrate`")
+
+
+def _f(x) -> str:
+    return f"{x:.2f}"
+
+
+def judge(est: Estimate, *, reported_commit_len=None, reported_accept_depth=None,
+          tolerance: float = DEFAULT_TOLERANCE, n_nodes: int | None = None, algo: str | None = None,
+          commit_from: str = "reported", depth_from: str = "reported") -> dict:
+    """Judge one or both counters against one estimate; the answer ends in one sentence.
+
+    Returns {"verdict", "figures": [{counter, reported, as_commit_len, from, verdict}],
+    "identity": sentence or None, "conclusion": sentence}. The overall verdict is the
+    worst figure's (inconsistent > calibration mismatch > not enough data > consistent)."""
+    figs = []
+    if reported_commit_len is not None:
+        figs.append({"counter": "commit length", "reported": reported_commit_len,
+                     "as_commit_len": reported_commit_len, "from": commit_from})
+    if reported_accept_depth is not None:
+        figs.append({"counter": "accepted depth", "reported": reported_accept_depth,
+                     "as_commit_len": reported_accept_depth + 1, "from": depth_from})
+    for f in figs:
+        f["verdict"] = verdict(est, f["as_commit_len"], tolerance, n_nodes)
+    band = f"[{_f(est.low * (1 - tolerance))}, {_f(est.high * (1 + tolerance))}]"
+    identity = None
+    if reported_commit_len is not None and reported_accept_depth is not None:
+        from specaudit.audit.compare import agrees
+        d1 = reported_accept_depth + 1
+        word = ("per unfinished step; a mean sits at most "
+                f"{IDENTITY_CUT_SLACK:.0%} below, the cut last steps of requests")
+        # means over a run: the step that ends a request is cut at EOS or the token limit, so
+        # the mean commit length sits at or a little below mean depth + 1 (IDENTITY_CUT_SLACK)
+        holds = bool(agrees(reported_commit_len, d1)) or (
+            d1 * (1 - IDENTITY_CUT_SLACK) <= reported_commit_len <= d1)
+        identity = (f"commit length = accepted depth + 1 ({word}): {_f(reported_commit_len)} against "
+                    f"{_f(reported_accept_depth)} + 1 = {_f(d1)}: "
+                    + ("holds" if holds else "broken, so at least one of the two counters is wrong"))
+    problem = range_problem(est, n_nodes)
+    if problem:
+        overall = MISMATCH
+        conclusion = f"Cannot judge the engine: {problem}."
+    elif not figs:
+        overall = NOT_ENOUGH_DATA
+        conclusion = ("Nothing to judge: no reported figure (give --reported-commit-len and/or "
+                      "--reported-accept-depth).")
+    elif est.rel_std > MAX_REL_STD:
+        overall = NOT_ENOUGH_DATA
+        conclusion = (f"Cannot tell: the throughput estimate {_f(est.value)} is too uncertain (relative sd "
+                      f"{est.rel_std:.0%}) to tell any two figures apart; a measured cost profile "
+                      "(`specaudit calibrate`) or more windows would decide.")
+    else:
+        ok = [f for f in figs if f["verdict"] == CONSISTENT]
+        bad = [f for f in figs if f["verdict"] == INCONSISTENT]
+        overall = INCONSISTENT if bad else CONSISTENT
+
+        def name(f):
+            return (f"the {f['counter']} counter ({_f(f['reported'])}"
+                    + (f", i.e. {_f(f['as_commit_len'])} tokens per step)" if f["counter"] == "accepted depth"
+                       else ")"))
+        est_s = f"the throughput estimate {_f(est.value)} tokens per step (band {band})"
+        if len(figs) == 2 and len(ok) == 1:
+            conclusion = (f"The evidence supports {name(ok[0])} and contradicts {name(bad[0])}: "
+                          f"{est_s} says the {bad[0]['counter']} counter is the wrong one.")
+        elif len(figs) == 2 and len(bad) == 2:
+            conclusion = f"The evidence contradicts both counters: {est_s} matches neither."
+        elif len(figs) == 2 and identity and "broken" in identity:
+            overall = NOT_ENOUGH_DATA   # one of them is wrong, and the evidence cannot say which
+            conclusion = (f"Cannot tell which counter is wrong: {est_s} admits both, although they break the "
+                          "identity; a narrower estimate (a measured profile, more windows) would decide.")
+        elif len(figs) == 2:
+            conclusion = f"The evidence supports both counters: {est_s} admits them, and they agree."
+        elif bad:
+            conclusion = f"The evidence contradicts {name(bad[0])}: {est_s}."
+        else:
+            conclusion = f"The evidence supports {name(ok[0])}: {est_s}."
+    return {"verdict": overall, "figures": figs, "identity": identity, "conclusion": conclusion}
+
+
+def estimate_and_judge(obs: Observation, base: tuple, cost: tuple, *, reported_commit_len=None,
+                       reported_accept_depth=None, tolerance: float = DEFAULT_TOLERANCE,
+                       algo: str | None = None) -> dict:
+    """One observation through the model and the judgement: the result dict that the CLI
+    prints (text or JSON). base = (tps, sd, label), cost = (r, sd, label). Figures given
+    here win over the ones the observation carries."""
+    b, b_sd, b_label = base
+    r, r_sd, r_label = cost
+    est = estimate_commit_length(obs.tps, b, r, cost_factor_std=r_sd, tps_std=obs.tps_std, baseline_std=b_sd)
+    rep, rep_from = obs.reported_commit_len, f"from {obs.source}"
+    dep, dep_from = obs.reported_accept_depth, f"from {obs.source}"
+    if reported_commit_len is not None or reported_accept_depth is not None:
+        rep, rep_from = reported_commit_len, "--reported-commit-len"
+        dep, dep_from = reported_accept_depth, "--reported-accept-depth"
+    j = judge(est, reported_commit_len=rep, reported_accept_depth=dep, tolerance=tolerance, n_nodes=obs.n_nodes,
+              algo=algo or obs.extra.get("algo"), commit_from=rep_from, depth_from=dep_from)
+    main = j["figures"][0] if j["figures"] else None
+    res = {"label": obs.label, "source": obs.source, "concurrency": obs.concurrency, "n_nodes": obs.n_nodes,
+           "samples": obs.samples, "cost_factor_from": r_label, "baseline_from": b_label,
+           "estimate": est.to_dict(), "reported_commit_len": main["as_commit_len"] if main else None,
+           "reported_from": main["from"] if main else None, "verdict": j["verdict"], "tolerance": tolerance,
+           "figures": j["figures"], "identity": j["identity"], "conclusion": j["conclusion"]}
+    for f in j["figures"]:
+        pv, plo, phi = est.predicted_tps(f["as_commit_len"])
+        f["predicted_tps"] = {"value": round(pv, 3), "low": round(plo, 3), "high": round(phi, 3)}
+    if main:
+        res["predicted_tps"] = main["predicted_tps"]
+    if range_problem(est, obs.n_nodes):
+        res["note"] = range_problem(est, obs.n_nodes)
+    if obs.extra.get("confounder"):
+        res["confounder"] = obs.extra["confounder"]
+    return res
+
+
+@dataclass
+class EstimateReport:
+    """What `specaudit estimate` answers: one result per observation, the worst verdict."""
+
+    results: list
+    verdict: str
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.verdict]
+
+    def to_dict(self) -> dict:
+        return {"verdict": self.verdict, "results": self.results}
+
+
+def run_estimate(input=None, *, observed_tps=None, observed_std=0.0, load=None, source=None, baseline_tps=None,
+                 baseline_std=0.0, baseline_file=None, baseline_from_profile=False, cost_factor=None,
+                 cost_factor_std=None, profile=None, n_nodes=None, concurrency=None, reported_commit_len=None,
+                 reported_accept_depth=None, tolerance: float = DEFAULT_TOLERANCE) -> EstimateReport:
+    """The whole estimator: inputs -> observations -> estimate -> judgement of one or both
+    counters. ValueError / InputError (one line) for bad input."""
+    if tolerance is None or not (0 <= tolerance < 1):
+        raise ValueError(f"--tolerance must be in [0, 1), got {tolerance}")
+    reported_commit_len = reported_figure("--reported-commit-len", reported_commit_len)
+    reported_accept_depth = reported_figure("--reported-accept-depth", reported_accept_depth)
+    if n_nodes is not None and n_nodes < 1:
+        raise ValueError(f"--n-nodes must be at least 1, got {n_nodes}")
+    if concurrency is not None and concurrency < 1:
+        raise ValueError(f"--concurrency must be at least 1, got {concurrency}")
+    obs = gather(input, observed_tps=observed_tps, observed_std=observed_std, load=load, source=source,
+                 concurrency=concurrency, n_nodes=n_nodes)
+    prof = CostProfile.load(profile) if profile else None
+    results = []
+    for o in obs:
+        if n_nodes is not None:
+            o.n_nodes = n_nodes
+        base = baseline_for(o, baseline_tps=baseline_tps, baseline_std=baseline_std, baseline_file=baseline_file,
+                            baseline_from_profile=baseline_from_profile, profile=prof, concurrency=concurrency)
+        cost = cost_for(o, cost_factor=cost_factor, cost_factor_std=cost_factor_std, profile=prof, n_nodes=n_nodes,
+                        concurrency=concurrency)
+        results.append(estimate_and_judge(o, base, cost, reported_commit_len=reported_commit_len,
+                                          reported_accept_depth=reported_accept_depth, tolerance=tolerance))
+    overall = max((r["verdict"] for r in results), key=lambda v: SEVERITY[v])
+    return EstimateReport(results, overall)
+
+
+def live_judgement(tps: float, tps_std: float, *, concurrency: int, n_nodes: int, profile: CostProfile,
+                   baseline_tps: float, reported_commit_len=None, tolerance: float = DEFAULT_TOLERANCE) -> dict:
+    """A live server's window through the same pipeline as `specaudit estimate`: the
+    estimate, its verdict on the reported mean commit length, and the sentence. profile:
+    a CostProfile (CostProfile.manual(r) for a hand-given factor); baseline_tps: plain
+    decoding tokens/s of the same kind as tps (per request or aggregate) at concurrency."""
+    obs = Observation(source="live", tps=tps, tps_std=tps_std if math.isfinite(tps_std) else 0.0,
+                      concurrency=concurrency, n_nodes=n_nodes, reported_commit_len=reported_commit_len,
+                      label="live window")
+    r, r_sd = profile.lookup(n_nodes, concurrency)
+    return estimate_and_judge(obs, (baseline_tps, 0.0, "baseline"), (r, r_sd, "profile"), tolerance=tolerance)
+
+
+def format_text(res: dict) -> str:
+    """One result as the CLI's text block."""
+    e = res["estimate"]
+    head = res["label"] + (f" (c={res['concurrency']}, N={res['n_nodes']})"
+                           if res.get("concurrency") or res.get("n_nodes") else "")
+    out = [f"{head}:",
+           f"  observed {e['observed_tps']:.1f} tokens/s (sd {e['tps_std']:.1f}), baseline {e['baseline_tps']:.1f} "
+           f"tokens/s (sd {e['baseline_std']:.1f}), cost factor r = {e['cost_factor']:.3f} (sd "
+           f"{e['cost_factor_std']:.3f}, {res['cost_factor_from']})",
+           f"  estimated commit length {e['value']:.2f}  95% [{e['low']:.2f}, {e['high']:.2f}]  "
+           f"= {e['observed_tps']:.1f} / {e['baseline_tps']:.1f} * {e['cost_factor']:.3f}"]
+    for f in res.get("figures") or ():
+        p = f["predicted_tps"]
+        as_c = f" (= {f['as_commit_len']:.2f} tokens per step)" if f["counter"] == "accepted depth" else ""
+        out.append(f"  reported {f['counter']} {f['reported']:.2f}{as_c} ({f['from']}) would give {p['value']:.1f} "
+                   f"tokens/s [{p['low']:.1f}, {p['high']:.1f}]: {f['verdict']}")
+    if res.get("identity"):
+        out.append(f"  identity: {res['identity']}")
+    for k in ("note", "confounder"):
+        if res.get(k) and not (k == "note" and res["verdict"] == MISMATCH):   # the conclusion says it
+            out.append(f"  {k}: {res[k]}")
+    out.append(f"  verdict: {res['verdict']} (tolerance {res['tolerance']:.0%})")
+    out.append(f"  {res['conclusion']}")
+    return "\n".join(out) + "\n"

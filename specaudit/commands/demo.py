@@ -99,7 +99,7 @@ def _estimate(clean_run, bad_run, models, max_new_tokens: int, device: str = "cp
     comes from its own trace (steady-state decode steps, not the counters under audit).
     """
     from specaudit.audit.calibrate import measure_profile
-    from specaudit.audit.estimate import estimate_commit_length, observations_from_traces, profile_t_ar, verdict
+    from specaudit.audit.estimate import estimate_and_judge, observations_from_traces, profile_t_ar
 
     prof = measure_profile(models=models, n_grid=(8,), c_grid=(1,), repeats=3, max_new_tokens=max_new_tokens,
                            device=device)
@@ -108,7 +108,7 @@ def _estimate(clean_run, bad_run, models, max_new_tokens: int, device: str = "cp
     print(f"calibrated: plain decode {base_tps:.1f} tokens/s; cost factor r(N=8, c=1) = {r:.2f} +/- {r_std:.2f}")
     for name, run in (("clean chain", clean_run), ("injected chain", bad_run)):
         (o,) = observations_from_traces(run.run_dir)
-        est = estimate_commit_length(o.tps, base_tps, r, cost_factor_std=r_std, tps_std=o.tps_std)
-        rep = run.manifest["reported"]["mean_commit_len"]
-        print(f"{name}: {o.tps:.1f} tokens/s in its decode steps -> estimated commit length {est.value:.2f} "
-              f"[{est.low:.2f}, {est.high:.2f}]; reported {rep:.2f}: {verdict(est, rep)}")
+        res = estimate_and_judge(o, (base_tps, 0.0, "profile t_ar"), (r, r_std, "profile"))
+        e = res["estimate"]
+        print(f"{name}: {o.tps:.1f} tokens/s in its decode steps -> estimated commit length {e['value']:.2f} "
+              f"[{e['low']:.2f}, {e['high']:.2f}]; {res['conclusion']}")
