@@ -85,8 +85,9 @@ def vllm_log(path, windows, *, seed=0, engine_line=True, k=3):
 
 @pytest.fixture()
 def seed_logs(tmp_path):
-    a = sglang_log(tmp_path / "linear.log", [(32, 3.95, 60, True), (1, 2.05, 20, True)], seed=1)
-    b = sglang_log(tmp_path / "ddtree.log", [(1, 2.05, 40, True)], seed=2, algo="DDTREE")
+    (tmp_path / "logs").mkdir()
+    a = sglang_log(tmp_path / "logs" / "linear.log", [(32, 3.95, 60, True), (1, 2.05, 20, True)], seed=1)
+    b = sglang_log(tmp_path / "logs" / "ddtree.log", [(1, 2.05, 40, True)], seed=2, algo="DDTREE")
     return a, b
 
 
@@ -406,14 +407,15 @@ def test_corpus_vllm_k_differs_is_varied():
 
 def test_report_plots_an_ab_result(seed_logs, tmp_path, capsys):
     a, b = seed_logs
-    out = tmp_path / "ab.json"
+    (tmp_path / "res").mkdir()
+    out = tmp_path / "res" / "ab.json"
     assert main(["ab", a, b, "--output-format", "json", "-o", str(out)]) == 0
     assert main(["report", str(out), "--out", str(tmp_path / "rep")]) == 0
     page = (tmp_path / "rep" / "report.html").read_text()
     assert 'id="ab"' in page and "is concurrency" in page and "pooled accept length says A better" in page
     png = (tmp_path / "rep" / "ab.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
-    bad = tmp_path / "other.json"
+    bad = tmp_path / "res" / "other.json"
     bad.write_text('{"x": 1}')
     capsys.readouterr()
     assert main(["report", str(bad), "--out", str(tmp_path / "rep2")]) == 2
@@ -464,8 +466,9 @@ def test_report_plots_a_runtime_ab_result(tmp_path):
            "verdict": "same", "primary": "tokens_per_s", "warnings": ["A and B differ in 2 settings"]}
     metrics, labels, _ = _ab_groups(res)
     assert metrics == ["tokens_per_s", "accepted_depth", "commit_len"] and labels == ["runs"]
-    (tmp_path / "ab.json").write_text(json.dumps(res))
-    assert main(["report", str(tmp_path / "ab.json"), "--out", str(tmp_path / "r")]) == 0
+    (tmp_path / "res").mkdir()
+    (tmp_path / "res" / "ab.json").write_text(json.dumps(res))
+    assert main(["report", str(tmp_path / "res" / "ab.json"), "--out", str(tmp_path / "r")]) == 0
     page = (tmp_path / "r" / "report.html").read_text()
     assert "A and B differ in 2 settings" in page and (tmp_path / "r" / "ab.png").stat().st_size > 1000
 
