@@ -301,7 +301,7 @@ def detect_lines(lines) -> str | None:
             continue
         if first_char is None:
             first_char = s[0]
-            if s[0] in "[{" and mods["json-records"].looks_like_first(s):
+            if mods["json-records"].looks_like_first(s):
                 return "json-records"
         for name, mod in mods.items():
             if name != "json-records" and mod.looks_like_line(ln):

@@ -28,13 +28,13 @@ from specaudit.audit.sources import LineParser, Reading, Window
 NUM = r"(-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|-?inf)"
 SLOT_RE = re.compile(r"draft acceptance(?P<old> rate)? = " + NUM + r" \(\s*" + NUM + r" accepted /\s*" + NUM
                      + r" generated\)(?P<rest>.*)$")
-MEAN_RE = re.compile(r"mean (?:acceptance length|len) =\s*" + NUM)
+MEAN_RE = re.compile(r"mean (?:acceptance length|len) =\s*(\d+\.\d\d)(?![\d.])")  # two decimals, or cut
 POS_RE = re.compile(r"acceptance rate per position = \((?P<list>[^)]*)\)")
 SLOT_ID_RE = re.compile(r"\bid\s+(?P<id>\d+)\s*\|\s*task\s+(?P<task>-?\d+)")
 STATS_RE = re.compile(r"statistics\s+(?P<name>[\w.-]+):\s*#calls\(b,g,a\)\s*=\s*(?P<calls>[\d\s]+),\s*#gen drafts\s*=\s*"
                       + NUM + r",\s*#acc drafts\s*=\s*" + NUM + r",\s*#gen tokens\s*=\s*" + NUM
                       + r",\s*#acc tokens\s*=\s*" + NUM + r"(?P<rest>.*)$")
-STATS_MEAN_RE = re.compile(r"#mean acc len\s*=\s*" + NUM)
+STATS_MEAN_RE = re.compile(r"#mean acc len\s*=\s*(\d+\.\d\d)(?![\d.])")
 STATS_POS_RE = re.compile(r"#acc rate/pos\s*=\s*\((?P<list>[^)]*)\)")
 ROUND_RE = re.compile(r"accepted (?P<a>-?\d+)/(?P<d>-?\d+) draft tokens")
 SUMMARY_RE = re.compile(r"^\s*(?P<key>n_draft|n_predict|n_drafted|n_accept|accept)\s*=\s*(?P<val>" + NUM[1:-1]
@@ -133,6 +133,9 @@ class Parser(LineParser):
             rest = m.group("rest")
             mm = MEAN_RE.search(rest)
             pm = POS_RE.search(rest)
+            if ("mean" in rest and not mm) or ("per position" in rest and not pm):
+                self.skip(i, "truncated llama.cpp draft acceptance line", raw)
+                return
             w.conventions = {"accept_rate": RATE_CONV}
             if m.group("old"):
                 w.version = "before PR 23279 ('draft acceptance rate =')"
@@ -165,6 +168,9 @@ class Parser(LineParser):
             w.extra["accepted_drafts"] = acc_drafts
             rest = m.group("rest")
             mm, pm = STATS_MEAN_RE.search(rest), STATS_POS_RE.search(rest)
+            if ("#mean" in rest and not mm) or ("#acc rate/pos" in rest and not pm):
+                self.skip(i, "truncated llama.cpp statistics line", raw)
+                return
             w.version = "statistics with mean and per-position (PR 24536)" if mm else "statistics"
             w.conventions = {"accept_rate": RATE_CONV}
             if mm:

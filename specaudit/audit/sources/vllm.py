@@ -137,6 +137,10 @@ class Parser(LineParser):
                            *(w.per_pos or [])):
                 self.skip(i, "vLLM SpecDecoding line with a value that is not a finite number", raw)
                 return
+            if w.printed_rate_pct is None and first_pct is None and frac is None:
+                # every V1 variant prints the acceptance rate; without it the line was cut
+                self.skip(i, "truncated vLLM SpecDecoding line (no acceptance rate at its end)", raw)
+                return
             if first_pct is not None:
                 # early V1 (April 2025, PR 15902): the rate first, in percent
                 w.printed_rate_pct = first_pct

@@ -1,0 +1,226 @@
+"""Engine readers beyond the corpus: the vocabulary, key-name variants, streaming, and bad
+input (non-UTF-8, truncated and over-long lines, mixed engines, 5000-digit numbers, nan):
+one clear line or a finding, never a traceback or a hang."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from specaudit.audit import sources
+from specaudit.audit.sources import Window, audit_file, detect, iter_readings, read_source
+from specaudit.trace.schema import InputError
+
+CORPUS = Path(__file__).parent / "fixtures" / "engines" / "corpus" / "rendered"
+VLLM = CORPUS / "vllm-ascend-13640-dspark-k7.log"
+
+
+def codes(fs, sev=None):
+    return {f.code for f in fs if sev is None or f.severity == sev}
+
+
+def test_vocabulary_aliases():
+    w = Window(drafts=23, draft_tokens=161, accepted_tokens=44, per_pos_kind="verify_steps", k=7)
+    assert (w.verify_steps, w.drafted, w.accepted) == (23, 161, 44)
+    r = read_source(VLLM)
+    w = r.windows[0]
+    assert w.engine == "vllm" and w.k == 7 and w.per_pos_kind == "verify_steps" and w.version
+    assert "bonus" in w.conventions["accept_len"]
+
+
+def test_sglang_meta_info_every_key_name(tmp_path):
+    rows = [{"meta_info": {"completion_tokens": 106, "spec_verify_ct": 43, acc: 63, prop: 215,
+                           "spec_accept_rate": 63 / 215, "spec_accept_length": 106 / 43}}
+            for acc, prop in (("spec_accept_token_num", "spec_draft_token_num"),
+                              ("spec_accepted_drafts", "spec_proposed_drafts"),
+                              ("spec_num_correct_drafts", "spec_num_proposed_drafts"))]
+    f = tmp_path / "meta.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    r = read_source(f)
+    assert [w.accepted for w in r.windows] == [63, 63, 63] and [w.drafted for w in r.windows] == [215] * 3
+    assert [w.version.split(" ")[0] for w in r.windows] == ["<=", "0.5.11", ">="]
+    assert audit_file(f) == []
+
+
+def test_aiperf_export_records(tmp_path):
+    good = {"metrics": {"spec_decode_acceptance_length": {"value": 1 + 30 / 20, "unit": "ratio"},
+                        "spec_decode_draft_acceptance_rate": {"value": 50.0, "unit": "%"},
+                        "spec_decode_steps": {"value": 20}, "spec_decode_accepted_draft_tokens": {"value": 30},
+                        "spec_decode_draft_tokens": {"value": 60}}}
+    bad = json.loads(json.dumps(good))
+    bad["metrics"]["spec_decode_draft_acceptance_rate"]["value"] = 65.0  # not 30 / 60
+    f = tmp_path / "profile_export.jsonl"
+    f.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+    assert detect(f) == "json-records"
+    fs = audit_file(f)
+    assert codes(fs, "error") == {"SA726"} and [x.line for x in fs] == [2]
+
+
+def test_vllm_sse_chunk_with_per_request_metrics(tmp_path):
+    sd = {"mean_acceptance_length": 1 + 10 / 43, "draft_acceptance_rate": 10 / 129, "acceptance_histogram":
+          [39, 1, 0, 3], "num_spec_steps": 43, "num_accepted_draft_tokens": 10, "num_draft_tokens": 129,
+          "num_spec_tokens": 3}
+    f = tmp_path / "stream.txt"
+    f.write_text("data: " + json.dumps({"choices": [], "metrics": {"speculative_decoding": sd}}) + "\n\ndata: [DONE]\n")
+    r = read_source(f)
+    assert r.engine == "vllm" and r.windows[0].histogram == [39, 1, 0, 3]
+    assert audit_file(f) == []
+
+
+def test_list_sources_names_every_source_with_an_example(capsys):
+    from specaudit.cli import main
+    assert main(["check", "--list-sources"]) == 0
+    out = capsys.readouterr().out
+    for name in sources.SOURCES:
+        assert name in out
+    assert out.count("e.g.") == len(sources.SOURCES)
+
+
+def test_forced_source(tmp_path):
+    assert read_source(VLLM, "vllm-log").source == "vllm-log"
+    with pytest.raises(InputError, match="no usable"):
+        audit_file(VLLM, source="llamacpp-log")
+
+
+# ------------------------------------------------------------------- bad input
+
+
+def test_non_utf8_bytes_are_noted_and_the_rest_audited(tmp_path):
+    f = tmp_path / "v.log"
+    f.write_bytes(b"garbage \xff\xfe\x80 here\n" + VLLM.read_bytes())
+    fs = audit_file(f)
+    assert codes(fs, "error") == set()
+    assert any(x.code == "SA700" and "not UTF-8" in x.message and x.line == 1 for x in fs)
+
+
+def test_truncated_last_line(tmp_path):
+    text = VLLM.read_text()
+    f = tmp_path / "cut.log"
+    f.write_text(text + text.splitlines()[0][:150])  # the copy of a log cut mid-line
+    fs = audit_file(f)
+    assert codes(fs, "error") == set()
+    f.write_text(text.splitlines()[0] + "\n" + text.splitlines()[0][:-60])  # ... inside the counts
+    fs = audit_file(f)
+    assert codes(fs, "error") == set()
+
+
+@pytest.mark.parametrize("other", ["sglang-fastrl-pr4-cuda-graph-on.log", "llamacpp-pr27342-dflash2.log"])
+def test_mixed_engines_one_line(tmp_path, other):
+    f = tmp_path / "mixed.log"
+    f.write_text(VLLM.read_text() + (CORPUS / other).read_text())
+    with pytest.raises(InputError) as ei:
+        audit_file(f)
+    assert "mixed engines" in ei.value.reason and "\n" not in ei.value.reason
+    assert audit_file(f, source="vllm-log") == []  # forcing one engine reads its lines only
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang", "llama", "json", "prom"])
+def test_5000_digit_numbers_are_a_note_not_a_crash(tmp_path, kind):
+    big = "9" * 5000
+    good = {"vllm": VLLM, "sglang": CORPUS / "sglang-fastrl-pr4-cuda-graph-on.log",
+            "llama": CORPUS / "llamacpp-pr27342-dflash2.log", "json": CORPUS / "sglang-meta-pr33518-new-names.json",
+            "prom": CORPUS / "vllm-pr56633-counters-k3.prom"}[kind]
+    text = good.read_text()
+    bad = {"vllm": text.replace("Accepted: 44 tokens", f"Accepted: {big} tokens"),
+           "sglang": text.replace("accept len: 1.00", f"accept len: {big}"),
+           "llama": text.replace("58 accepted", f"{big} accepted"),
+           "json": text.replace('"spec_verify_ct": 43', f'"spec_verify_ct": {big}'),
+           "prom": text.replace(" 318.0", " " + big)}[kind]
+    assert bad != text
+    f = tmp_path / ("x" + good.suffix)
+    f.write_text(text + bad if kind in ("vllm", "sglang") else bad)
+    try:
+        fs = audit_file(f)
+    except InputError as e:  # nothing else usable in the file: one clear line
+        assert "\n" not in str(e)
+        return
+    assert any(x.code == "SA700" for x in fs), [x.message for x in fs]
+
+
+def test_nan_accept_len_is_a_note(tmp_path):
+    text = (CORPUS / "sglang-fastrl-pr4-cuda-graph-on.log").read_text()
+    f = tmp_path / "nan.log"
+    f.write_text(text + text.replace("accept len: 1.00", "accept len: nan"))
+    fs = audit_file(f)
+    assert any(x.code == "SA700" and "nan" in x.message for x in fs)
+    f.write_text(text.replace("accept len: 1.00", "accept len: nan"))
+    with pytest.raises(InputError, match="no usable"):
+        audit_file(f)
+
+
+def test_over_long_line_is_skipped(tmp_path, monkeypatch):
+    monkeypatch.setattr(sources, "MAX_LINE", 4096)
+    f = tmp_path / "long.log"
+    f.write_text("x" * 20000 + "\n" + VLLM.read_text())
+    fs = audit_file(f)
+    assert any(x.code == "SA700" and "skipped" in x.message and x.line == 1 for x in fs)
+    assert codes(fs, "error") == set()
+
+
+def test_unknown_and_empty(tmp_path):
+    f = tmp_path / "u.log"
+    f.write_text("hello\nworld\n")
+    with pytest.raises(InputError, match="not a recognised"):
+        audit_file(f)
+    f.write_text("")
+    with pytest.raises(InputError, match="empty file"):
+        audit_file(f)
+    f.write_text("[1, 2, 3]\n")
+    with pytest.raises(InputError, match="no usable"):
+        audit_file(f)
+
+
+def test_streamed_in_chunks_with_the_same_findings(tmp_path):
+    """A long log is read in chunks of windows (bounded memory); per-window findings are the same."""
+    src = (CORPUS / "vllm-broken-per-position-rising.log").read_text()
+    f = tmp_path / "long.log"
+    f.write_text(src * 250)
+    chunks = list(iter_readings(f, chunk=40))
+    assert len(chunks) == 7 and max(len(r.windows) for r in chunks) == 40
+    assert sum(len(r.windows) for r in chunks) == 250
+    whole = audit_file(f)
+    assert codes(whole, "error") == {"SA721"}
+
+
+def test_no_progress_bar_off_a_terminal(tmp_path):
+    f = tmp_path / "v.log"
+    f.write_text(VLLM.read_text())
+    assert sources._progress(f) is None  # pytest's stderr is not a terminal; small files never get one
+
+
+def test_cli_one_line_for_bad_input(tmp_path, capsys):
+    from specaudit.cli import main
+    f = tmp_path / "mixed.log"
+    f.write_text(VLLM.read_text() + (CORPUS / "llamacpp-pr27342-dflash2.log").read_text())
+    assert main(["check", str(f)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "mixed engines" in err[0] and "Traceback" not in err[0]
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_no_cut_of_a_clean_line_raises_an_error(tmp_path):
+    """A log copied mid-write ends in a partial line: wherever a clean excerpt's line is cut,
+    the audit may note it (SA700) but never reports a bug."""
+    sys.path.insert(0, str(CORPUS.parent))
+    import render
+    f = tmp_path / "cut.log"
+    for case in render.load_cases():
+        name = render.filename(case)
+        if not name.endswith(".log") or case["expect"]["errors"] or "mutation" in case:
+            continue
+        lines = (CORPUS / name).read_text().splitlines()
+        for j, line in enumerate(lines):
+            for cut in range(20, len(line), 9):
+                f.write_text("\n".join(lines[:j] + lines[j + 1:] + [line[:cut]]))
+                try:
+                    fs = audit_file(f)
+                except InputError as e:
+                    assert "\n" not in str(e)
+                    continue
+                errs = [x.message for x in fs if x.severity == "error"]
+                assert not errs, (name, j, cut, errs)
