@@ -19,6 +19,7 @@ import pkgutil
 import sys
 
 from specaudit import __version__
+from specaudit.audit.formats import printable
 from specaudit.trace.schema import InputError
 
 EPILOG = """\
@@ -64,10 +65,10 @@ def main(argv=None) -> int:
     try:
         return int(args._main(args) or 0)
     except InputError as e:
-        print(f"specaudit {args.command}: error: {e}", file=sys.stderr)
+        print(f"specaudit {args.command}: error: {printable(e)}", file=sys.stderr)
         return 2
     except (ValueError, FileNotFoundError, PermissionError, IsADirectoryError) as e:
-        print(f"specaudit {args.command}: error: {e}", file=sys.stderr)
+        print(f"specaudit {args.command}: error: {printable(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"specaudit {args.command}: interrupted", file=sys.stderr)
@@ -91,9 +92,9 @@ def internal_error(command: str, e: BaseException) -> int:
         import traceback
         traceback.print_exc()
     where = last_input()
-    msg = " ".join(str(e).split())[:200]
+    msg = printable(" ".join(str(e).split())[:200])
     print(f"specaudit {command}: internal error (a bug in specaudit, please report it)"
-          f"{' while reading ' + where if where else ''}: {type(e).__name__}{': ' + msg if msg else ''}",
+          f"{' while reading ' + printable(where) if where else ''}: {type(e).__name__}{': ' + msg if msg else ''}",
           file=sys.stderr)
     return EXIT_INTERNAL
 

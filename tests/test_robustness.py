@@ -265,3 +265,37 @@ def test_query_output_refuses_a_trace_file(clean, tmp_path, capsys):
     before = t.read_bytes()
     assert cli_main(["query", "--no-check", str(d), "SELECT 1", "-o", str(t)]) == 2
     assert t.read_bytes() == before
+
+
+# ------------------------------------------------------------- output formats
+
+EVIL = "r\x1b[2J\x1b]0;pwned\x07\x00\x9b31m\u202e\ud800x"
+
+
+@pytest.fixture(scope="module")
+def evil(tmp_path_factory):
+    """A run whose run.json names a run id full of terminal escapes and XML-illegal
+    characters; its rows carry another id, so SA108 quotes both."""
+    d = tmp_path_factory.mktemp("evil")
+    s, r, m = synth_run_rows(2, run_id="r0", seed=3)
+    run_dir = write_run(d, s, r, m)
+    m["run_id"] = EVIL
+    (run_dir / "run.json").write_text(json.dumps(m))
+    return d
+
+
+@pytest.mark.parametrize("fmt", ["text", "github", "junit", "json", "sarif"])
+def test_formats_escape_control_characters(evil, fmt, capsys):
+    import xml.etree.ElementTree as ET
+    assert cli_main(["check", str(evil), "--output-format", fmt]) == 1
+    out = capsys.readouterr().out
+    for ch in ("\x1b", "\x00", "\x07", "\x9b", "\u202e"):
+        assert ch not in out
+    out.encode("utf-8")                                  # no lone surrogate
+    if fmt == "junit":
+        root = ET.fromstring(out.encode())               # valid XML
+        assert root.tag == "testsuites"
+    if fmt in ("json", "sarif"):
+        json.loads(out)                                  # valid JSON (escapes are JSON's own)
+    if fmt in ("text", "github", "junit"):
+        assert "\\x1b[2J" in out                          # shown, not executed

@@ -11,6 +11,7 @@ their outputs parse the same way.
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
@@ -37,6 +38,21 @@ def _rules_for(codes, rules):
         except Exception:  # metadata is a nicety; never fail the output for it
             pass
     return out
+
+
+# Characters never written raw: C0 controls (ESC starts terminal escape sequences; XML 1.0
+# forbids most of them even as references), DEL, C1 controls (0x9b is a one-byte CSI),
+# line/paragraph separators, bidi overrides (text that reads differently than it is),
+# and lone surrogates (not encodable as UTF-8).
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def printable(s) -> str:
+    """s with every unsafe character shown as a visible escape (\\x1b, \\u202e): trace
+    strings reach terminals, CI logs and XML through every output format."""
+    s = str(s)
+    return _UNSAFE.sub(lambda m: (f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                                  else f"\\u{ord(m.group()):04x}"), s)
 
 
 def _meta(findings, counts):
@@ -116,8 +132,8 @@ def _text(findings, *, counts, summary, statistics, examples, rules, checked, ti
             lines.append(f"{code} {names.get(code, '')} ({sev.get(code, 'error')}): {_plural(n, 'finding')}")
             show = items if examples <= 0 else items[:examples]
             for f in show:
-                loc = f"{f.file}:{f.line}: " if f.line is not None and f.file else ""
-                lines.append(f"  {loc}{f.code} {f.message}")
+                loc = f"{printable(f.file)}:{f.line}: " if f.line is not None and f.file else ""
+                lines.append(f"  {loc}{f.code} {printable(f.message)}")
             more = n - len(show)
             if more > 0:
                 lines.append(f"  ... and {more:,} more (--output-format json lists them; "
@@ -165,13 +181,14 @@ def _junit(findings, *, counts, summary, statistics, examples, rules, checked, t
         by_code.setdefault(f.code, []).append(f)
     failures = sum(1 for c in codes
                    if counts.get(c) and sev.get(c, getattr(meta.get(c), "severity", "error")) == "error")
+    title = printable(title)
     suites = ET.Element("testsuites", name=title, tests=str(len(codes)), failures=str(failures), errors="0")
     suite = ET.SubElement(suites, "testsuite", name=title, tests=str(len(codes)), failures=str(failures),
                           errors="0", skipped="0")
     if summary:
         props = ET.SubElement(suite, "properties")
         for k, v in summary.items():
-            ET.SubElement(props, "property", name=str(k), value=str(v))
+            ET.SubElement(props, "property", name=printable(k), value=printable(v))
     for c in codes:
         r = meta.get(c)
         name = names.get(c) or getattr(r, "name", "")
@@ -180,10 +197,10 @@ def _junit(findings, *, counts, summary, statistics, examples, rules, checked, t
         n = counts.get(c, 0)
         if not n:
             continue
-        body = "\n".join(f"{f.code} {f.message}" for f in by_code.get(c, []))
+        body = "\n".join(f"{f.code} {printable(f.message)}" for f in by_code.get(c, []))
         s = sev.get(c, getattr(r, "severity", "error"))
         if s == "error":
-            el = ET.SubElement(tc, "failure", message=f"{n} finding(s): {by_code[c][0].message}"[:500]
+            el = ET.SubElement(tc, "failure", message=f"{n} finding(s): {printable(by_code[c][0].message)}"[:500]
                                if by_code.get(c) else f"{n} finding(s)", type=c)
             el.text = body
         else:
@@ -197,7 +214,7 @@ def _junit(findings, *, counts, summary, statistics, examples, rules, checked, t
 
 
 def _gh_data(s: str) -> str:
-    return s.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return printable(s).replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
 
 
 def _gh_prop(s: str) -> str:
