@@ -299,3 +299,25 @@ def test_formats_escape_control_characters(evil, fmt, capsys):
         json.loads(out)                                  # valid JSON (escapes are JSON's own)
     if fmt in ("text", "github", "junit"):
         assert "\\x1b[2J" in out                          # shown, not executed
+
+
+@pytest.mark.parametrize("threads", ["100000", "-1", "0"])
+def test_query_threads_bounded(clean, threads, capsys):
+    assert cli_main(["query", "--no-check", "--threads", threads, str(clean), "SELECT 1"]) == 2
+    err = capsys.readouterr().err
+    assert "--threads must be between 1 and" in err and "Traceback" not in err
+
+
+def test_query_counts_a_copied_run_once(clean, tmp_path):
+    from specaudit.postmortem import views as Q
+    d = _copy(clean, tmp_path)
+    shutil.copytree(d / "run_id=r0", d / "backup" / "run_id=r0")
+    con = Q.connect([d], None)
+    try:
+        n_runs = con.execute("SELECT count(*) FROM runs").fetchone()[0]
+        n_steps = con.execute("SELECT count(*) FROM steps").fetchone()[0]
+    finally:
+        con.close()
+    import pyarrow.parquet as pq
+    want = sum(pq.ParquetFile(f).metadata.num_rows for f in clean.rglob("steps-*.parquet"))
+    assert n_runs == 2 and n_steps == want

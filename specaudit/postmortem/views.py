@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from importlib import resources
@@ -478,7 +479,12 @@ def find_dataset(paths) -> Dataset:
     runs = discover([str(p) for p in paths])
     if not runs:
         raise InputError(None, "no trace runs found")
+    # a run copied into a second folder (same run id) is counted once: the first folder
+    dups = [rf for rf in runs if rf.duplicate_of is not None]
+    runs = [rf for rf in runs if rf.duplicate_of is None]
     ds = Dataset(runs=runs)
+    ds.skipped += [InputError(rf.run_dir, f"run {rf.run_id} is also in {rf.duplicate_of}: left out "
+                                          "(a copy; specaudit check warns SA002)") for rf in dups]
     for rf in runs:
         for f in rf.step_files:
             if _usable(rf, f, STEPS_SCHEMA, ds):
@@ -537,6 +543,11 @@ def connect(paths, findings=None, *, threads: int | None = None, variables: dict
     """
     import duckdb
 
+    most = 4 * (os.cpu_count() or 1)
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or not 1 <= threads <= most):
+        # 100000 spawned 31k threads and hung; -1 was a traceback
+        raise InputError(None, f"--threads must be between 1 and {most} (4 x this machine's cores), got {threads}")
     ds = dataset or find_dataset(paths)
     config = {"autoinstall_known_extensions": "false", "autoload_known_extensions": "false"}
     if threads:
