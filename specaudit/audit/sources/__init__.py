@@ -80,8 +80,10 @@ SOURCES = {
     "llamacpp-log": ("llamacpp", "log", "llama.cpp server/CLI log: per-slot draft acceptance, 'statistics <drafter>:',"
                      " per-round 'accepted A/B draft tokens', llama-speculative summary",
                      "slot print_timing: id  1 | task 0 | draft acceptance = 0.64479 (  167 accepted /   259 "
-                     "generated), mean acceptance length =  2.92, acceptance rate per position = (0.805, 0.632, 0.483)"),
-    "prom-text": ("prom_text", "prom", "Prometheus text: vllm:spec_decode_*, sglang:spec_accept_*, trtllm_spec_decode_*, "
+                     "generated), mean acceptance length =  2.92, acceptance rate per position = "
+                     "(0.805, 0.632, 0.483)"),
+    "prom-text": ("prom_text", "prom", "Prometheus text: vllm:spec_decode_*, sglang:spec_accept_*, "
+                  "trtllm_spec_decode_*, "
                   "llamacpp:spec_decode_*, specaudit_*",
                   "vllm:spec_decode_num_drafts_total{engine=\"0\",model_name=\"m\"} 106.0"),
     "json-records": ("records", "json", "JSON / JSONL records: vLLM metrics.speculative_decoding, SGLang meta_info "

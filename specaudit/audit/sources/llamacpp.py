@@ -31,7 +31,8 @@ SLOT_RE = re.compile(r"draft acceptance(?P<old> rate)? = " + NUM + r" \(\s*" + N
 MEAN_RE = re.compile(r"mean (?:acceptance length|len) =\s*(\d+\.\d\d)(?![\d.])")  # two decimals, or cut
 POS_RE = re.compile(r"acceptance rate per position = \((?P<list>[^)]*)\)")
 SLOT_ID_RE = re.compile(r"\bid\s+(?P<id>\d+)\s*\|\s*task\s+(?P<task>-?\d+)")
-STATS_RE = re.compile(r"statistics\s+(?P<name>[\w.-]+):\s*#calls\(b,g,a\)\s*=\s*(?P<calls>[\d\s]+),\s*#gen drafts\s*=\s*"
+STATS_RE = re.compile(r"statistics\s+(?P<name>[\w.-]+):\s*#calls\(b,g,a\)\s*=\s*(?P<calls>[\d\s]+),"
+                      r"\s*#gen drafts\s*=\s*"
                       + NUM + r",\s*#acc drafts\s*=\s*" + NUM + r",\s*#gen tokens\s*=\s*" + NUM
                       + r",\s*#acc tokens\s*=\s*" + NUM + r"(?P<rest>.*)$")
 STATS_MEAN_RE = re.compile(r"#mean acc len\s*=\s*(\d+\.\d\d)(?![\d.])")

@@ -280,7 +280,8 @@ def build(scrapes, notes, path, types=None, info=None) -> Reading:
                         line=d["_line"], t=sc.t, rank=rank, engine=engine, kind="gauge",
                         draft_tokens=d.get("draft_tokens_gauge"), accepted_tokens=d.get("accepted_tokens_gauge"),
                         accept_len=d.get("accept_len"), extra={"accept_len_gauge": True},
-                        text=f"gauges: drafted {d.get('draft_tokens_gauge')}, accepted {d.get('accepted_tokens_gauge')}"))
+                        text=f"gauges: drafted {d.get('draft_tokens_gauge')}, "
+                             f"accepted {d.get('accepted_tokens_gauge')}"))
                 continue
             p = prev.get(rank, {})
             delta = lambda k: (d[k] - p.get(k, 0.0)) if k in d else None  # noqa: E731
