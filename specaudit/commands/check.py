@@ -159,6 +159,9 @@ def run_check(args):
         for p in missing:
             result_bad(res, p, "no such file or folder")
         audit_sources([p for p in logs if p.exists()], args.source, select, ignore, res)
+        if traces:   # a benchmark client's per-request figures against the same run's trace
+            from specaudit.audit.client_vs_trace import cross_check
+            cross_check(traces, [p for p in logs if p.exists()], select, ignore, res)
     if getattr(args, "prometheus", None):
         audit_live(args, select, ignore, res)
     summary = res.summary()

@@ -29,7 +29,6 @@ import asyncio
 import codecs
 import json
 import logging
-import secrets
 import time
 
 from fastapi import FastAPI, Request
@@ -145,7 +144,7 @@ def build_app(srv) -> FastAPI:
         body = await read_body(request)
         p = parse_request(body, chat=chat, model=srv.model, max_tokens_limit=srv.max_tokens_limit,
                           context=srv.context)
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}"
+        rid = srv.request_id("chatcmpl" if chat else "cmpl", request.headers.get("x-request-id"))
         carrier = {k: v for k, v in request.headers.items() if k in ("traceparent", "tracestate")}
         job = Job(rid, p.prompt, p.max_tokens,
                   attributes={"gen_ai.request.max_tokens": p.max_tokens, "specaudit.stream": p.stream},
@@ -153,8 +152,10 @@ def build_app(srv) -> FastAPI:
         srv.loop.submit(job)
         if p.stream:
             return StreamingResponse(stream(job, p), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        return await whole(request, job, p)
+                                     headers={"Cache-Control": "no-cache", "X-Request-ID": rid})
+        resp = await whole(request, job, p)
+        resp.headers["X-Request-ID"] = rid
+        return resp
 
     async def whole(request: Request, job: Job, p: Parsed):
         from specaudit.tokenizer import decode

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import logging
 import math
+import re
+import secrets
 import socket
 import threading
 import time
@@ -32,6 +34,7 @@ from specaudit.serve.live import LiveEstimator  # noqa: F401  (re-exported: spec
 from specaudit.serve.spec import MODES
 
 log = logging.getLogger("specaudit.serve")
+_CLIENT_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 class HalfCloseH11(H11Protocol):
@@ -154,11 +157,29 @@ class SpecServer:
         self._http_thread = None
         self._closed = False
         self.manifest = None
+        self._ids: set[str] = set()      # request ids handed out (12 hex digits or the client's)
+        self._ids_lock = threading.Lock()
 
     @property
     def url(self) -> str:
         host = self.host if ":" not in self.host else f"[{self.host}]"
         return f"http://{host}:{self.port}"
+
+    def request_id(self, prefix: str, client_id: str | None = None) -> str:
+        """`prefix-<X-Request-ID>` when the client sent a usable one (letters, digits, . _ : -,
+        at most 128) not used before in this run, as vLLM names requests; else
+        `prefix-<random>`. A trace never holds one request id twice."""
+        with self._ids_lock:
+            if client_id and _CLIENT_ID.fullmatch(client_id):
+                rid = f"{prefix}-{client_id}"
+                if rid not in self._ids:
+                    self._ids.add(rid)
+                    return rid
+            while True:
+                rid = f"{prefix}-{secrets.token_hex(12)}"
+                if rid not in self._ids:
+                    self._ids.add(rid)
+                    return rid
 
     def count_error(self, status: int) -> None:
         c = self._err_children.get(status)

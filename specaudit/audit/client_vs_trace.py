@@ -1,0 +1,187 @@
+"""What a benchmark client (AIPerf) reported per request, against the same run's trace.
+
+    findings = compare_paths(["artifacts/profile_export.jsonl"], ["traces/"])
+    figs = aiperf_records("artifacts/profile_export.jsonl")   # {x_request_id: Figures}
+    derived = trace_figures(["traces/"])                       # {request_id: Figures}
+
+AIPerf (profile_export.jsonl, one record per request) carries the per-request
+speculative figures the server put in its responses (vLLM's
+`metrics.speculative_decoding`): acceptance length, draft acceptance rate (percent),
+verify steps, accepted and drafted tokens. `specaudit serve` names each request
+`cmpl-<X-Request-ID>` / `chatcmpl-<X-Request-ID>`, so each AIPerf record meets its trace
+rows. From the rows specaudit re-derives the same figures from raw data: verify steps
+= rows, drafted = nodes - 1 per row, accepted = the accepted path's depth (the path the
+target really accepted, never the reported accepted_depth). Each pair gets one verdict
+from specaudit.audit.compare (AIPerf writes computed floats: full precision, so they
+agree within summation order; counts compare exactly).
+
+Finding SA590 client-vs-trace (error): a client's per-request figure disagrees with the
+figure re-derived from the trace; its message shows both. A record without a matching
+trace request, or a trace without any AIPerf record, is said once (warning SA591),
+never guessed at. This is a cross-source comparison that lives outside the rule catalog
+(the catalog's rules see one source at a time); `specaudit check EXPORT TRACE_DIR` runs it.
+
+Words:
+    Figures   steps, drafted, accepted (counts) and accept_len, accept_rate (fractions)
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from specaudit.audit.compare import agrees
+from specaudit.audit.findings import Finding
+from specaudit.trace.schema import InputError
+
+CODE, NAME = "SA590", "client-vs-trace"
+CODE_UNMATCHED, NAME_UNMATCHED = "SA591", "client-vs-trace-unmatched"
+PREFIXES = ("cmpl-", "chatcmpl-")
+
+
+@dataclass
+class Figures:
+    steps: int
+    drafted: int
+    accepted: int
+    accept_len: float | None = None     # 1 + accepted / steps (bonus included)
+    accept_rate: float | None = None    # accepted / drafted (a fraction)
+
+    @classmethod
+    def of(cls, steps: int, drafted: int, accepted: int) -> Figures:
+        return cls(steps, drafted, accepted, 1.0 + accepted / steps if steps else None,
+                   accepted / drafted if drafted else None)
+
+
+def is_aiperf_export(path) -> bool:
+    """A profile_export.jsonl of AIPerf: JSONL whose first record has metadata.x_request_id."""
+    p = Path(path)
+    if not p.is_file() or p.suffix != ".jsonl":
+        return False
+    try:
+        with p.open("r", encoding="utf-8") as f:
+            first = f.readline(1 << 20)
+        obj = json.loads(first)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return False
+    return isinstance(obj, dict) and isinstance(obj.get("metadata"), dict) and "x_request_id" in obj["metadata"]
+
+
+def _value(metrics: dict, tag: str):
+    v = metrics.get(tag)
+    return v.get("value") if isinstance(v, dict) else None
+
+
+def aiperf_records(path) -> dict[str, dict]:
+    """{x_request_id: {"steps", "drafted", "accepted", "accept_len", "accept_rate" (fraction)}} for the
+    profiling records that carry spec-decode figures. Raises InputError on a file it cannot read."""
+    p = Path(path)
+    out = {}
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(p, f"cannot read the AIPerf export: {e}") from None
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except (ValueError, RecursionError):
+            raise InputError(p, f"line {i} is not JSON") from None
+        meta, m = rec.get("metadata") or {}, rec.get("metrics") or {}
+        if meta.get("benchmark_phase", "profiling") != "profiling" or _value(m, "spec_decode_steps") is None:
+            continue
+        rate = _value(m, "spec_decode_draft_acceptance_rate")
+        out[str(meta.get("x_request_id"))] = {
+            "steps": _value(m, "spec_decode_steps"), "drafted": _value(m, "spec_decode_draft_tokens"),
+            "accepted": _value(m, "spec_decode_accepted_draft_tokens"),
+            "accept_len": _value(m, "spec_decode_acceptance_length"),
+            "accept_rate": rate / 100.0 if isinstance(rate, (int, float)) else None}
+    return out
+
+
+def trace_figures(paths) -> dict[str, Figures]:
+    """{request_id: Figures re-derived from the step rows} over every run under paths."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from specaudit.trace.schema import discover
+    acc: dict[str, list[int]] = {}
+    for run in discover(paths):
+        for f in run.step_files:
+            t = pq.read_table(f, columns=["request_id", "node_tokens", "accepted_path"])
+            rids = t.column("request_id").to_pylist()
+            nodes = pc.list_value_length(t.column("node_tokens")).to_pylist()   # [rows] nodes, root included
+            depth = pc.list_value_length(t.column("accepted_path")).to_pylist() # [rows] path, root included
+            for rid, n, d in zip(rids, nodes, depth):
+                a = acc.setdefault(rid, [0, 0, 0])
+                a[0] += 1
+                a[1] += (n or 1) - 1
+                a[2] += (d or 1) - 1
+    return {rid: Figures.of(*v) for rid, v in acc.items()}
+
+
+def compare(records: dict[str, dict], derived: dict[str, Figures], file: str | None = None) -> list[Finding]:
+    """SA590 for every disagreeing figure of a matched request; SA591 once for unmatched records."""
+    out: list[Finding] = []
+    by_client = {}
+    for rid in derived:
+        for pre in PREFIXES:
+            if rid.startswith(pre):
+                by_client[rid[len(pre):]] = rid
+    unmatched = []
+    for xid, rec in records.items():
+        rid = by_client.get(xid)
+        if rid is None:
+            unmatched.append(xid)
+            continue
+        d = derived[rid]
+        for fig, counter in (("steps", True), ("drafted", True), ("accepted", True),
+                             ("accept_len", False), ("accept_rate", False)):
+            rep, der = rec[fig], getattr(d, fig)
+            if agrees(rep, der, counter=counter) is False:
+                out.append(Finding(CODE, NAME, "error",
+                                   f"AIPerf {fig} {rep:g} for request {rid}, the trace re-derives {der:g} "
+                                   f"(from the accepted paths: {d.accepted} accepted of {d.drafted} drafted "
+                                   f"in {d.steps} verify steps)",
+                                   request_id=rid, file=file,
+                                   values={"figure": fig, "reported": rep, "derived": der}))
+    if unmatched:
+        out.append(Finding(CODE_UNMATCHED, NAME_UNMATCHED, "warning",
+                           f"{len(unmatched)} of {len(records)} AIPerf records have no request in the trace "
+                           f"(first: {unmatched[0]}); they are not compared", file=file,
+                           values={"unmatched": len(unmatched), "records": len(records)}))
+    return out
+
+
+def compare_paths(exports, traces) -> list[Finding]:
+    """Every AIPerf export against the request figures of every run under `traces`."""
+    derived = trace_figures(traces)
+    out = []
+    for e in exports:
+        out += compare(aiperf_records(e), derived, file=str(e))
+    return out
+
+
+def cross_check(traces, files, select, ignore, result) -> None:
+    """`specaudit check`: the AIPerf exports among `files` against the runs under `traces`,
+    into the checker's result (select / ignore are code prefixes, as everywhere)."""
+    from specaudit.audit.check import result_bad
+    exports = [f for f in files if is_aiperf_export(f)]
+    if not exports:
+        return
+    keep = lambda code: ((not select or any(code.startswith(s) for s in select))  # noqa: E731
+                         and not any(code.startswith(s) for s in ignore))
+    try:
+        derived = trace_figures([t for t in traces if Path(t).exists()])
+    except InputError:
+        return   # the checker has already named the unreadable trace
+    for e in exports:
+        try:
+            found = compare(aiperf_records(e), derived, file=str(e))
+        except InputError as err:
+            result_bad(result, err.path or e, err.reason)
+            continue
+        for f in found:
+            if keep(f.code):
+                result.add(f)
