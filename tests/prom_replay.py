@@ -188,7 +188,10 @@ class Exporter:
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                try:
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # Prometheus gave up on a slow scrape (a loaded machine); the next one counts
 
             def log_message(self, *a):
                 pass

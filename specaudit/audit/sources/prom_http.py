@@ -344,7 +344,10 @@ def _windows(r: Reading, engine, rank, fields, step_s):
         pa, pb = pos_at("per_pos", a), pos_at("per_pos", b)
         if pa is not None and pb is not None:
             w.per_pos_counts = [y - x for x, y in zip(pa, pb)]
-            w.k = len(w.per_pos_counts)
+            if engine != "trtllm":
+                # vLLM and llama.cpp export every position 0..k-1 from the start; TensorRT-LLM only
+                # the positions requests reached, so its k is not known from them (as prom_text)
+                w.k = len(w.per_pos_counts)
         da, db = pos_at("per_pos_drafted", a), pos_at("per_pos_drafted", b)
         if engine == "trtllm":
             w.per_pos_kind = "drafted_at_position"
