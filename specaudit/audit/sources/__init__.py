@@ -1,23 +1,26 @@
-"""Readers for real engines' own output: SGLang and vLLM logs, Prometheus text.
+"""Readers for real engines' own output: SGLang, vLLM, TensorRT-LLM, llama.cpp, AIPerf.
 
-    from specaudit.audit.sources import audit_file, read_source
-    findings = audit_file("sglang_server.log")            # auto-detects the source
+    from specaudit.audit.sources import audit_file, read_source, iter_readings
+    findings = audit_file("sglang_server.log")            # auto-detects the source, streams
     reading = read_source("metrics.txt", "prom-text")      # Reading: windows + config
+    for chunk in iter_readings("huge.log"): ...            # bounded memory for any size
 
-Sources (`--source` names):
-    sglang-log   SGLang server log: `Decode batch, #running-req: 8, ..., accept len: 3.21,
-                 accept rate: 0.74, cuda graph: True, gen throughput (token/s): 812.45,
-                 #queue-req: 0` lines (and the `server_args=ServerArgs(...)` line for the
-                 draft shape)
-    vllm-log     vLLM server log: `SpecDecoding metrics: Mean acceptance length: 2.73,
-                 ..., Accepted: 626 tokens, Drafted: 1062 tokens, Per-position acceptance
-                 rate: 0.802, 0.551, 0.415, Avg Draft acceptance rate: 58.9%` lines, paired
-                 with the `Engine 000: ... Avg generation throughput: ... Running: 4 reqs`
-                 line logged just before
-    prom-text    a Prometheus text scrape (one, or several appended to one file): vLLM's
-                 `vllm:spec_decode_*_total` counters, SGLang's `sglang:spec_accept_length`
-                 / `sglang:spec_accept_rate` / `sglang:gen_throughput` /
-                 `sglang:num_running_reqs` gauges, or specaudit's own `specaudit_*` series
+Sources (`--source` names; `specaudit check --list-sources` prints one example each):
+    sglang-log   SGLang scheduler log: `Decode batch, #running-req: 8, ..., accept len: 3.21,
+                 accept rate: 0.74, cuda graph: True, gen throughput (token/s): 812.45` lines
+                 (every prefix style, hybrid-model fields) and `server_args=ServerArgs(...)`
+    vllm-log     vLLM log: V1 `SpecDecoding metrics:` lines in every variant (rate first in
+                 percent, no throughput, `Current speculative depth`, `Engine 00N` pairing)
+                 and V0 / first-V1 `Speculative metrics:` lines
+    llamacpp-log llama.cpp: per-slot `draft acceptance [rate] = ...` lines (old and PR 24536),
+                 `statistics <drafter>:` lines, per-round `accepted A/B draft tokens`, and the
+                 llama-speculative / llama-lookup summary
+    prom-text    Prometheus text (one scrape, or several appended): vllm:spec_decode_*,
+                 sglang:spec_accept_* gauges, trtllm_spec_decode_*, llamacpp:spec_decode_*,
+                 specaudit_*
+    json-records JSON or JSONL: vLLM per-request metrics.speculative_decoding, SGLang meta_info
+                 spec keys (every release's names), TensorRT-LLM iteration stats and
+                 per-request perf metrics, llama.cpp timings, AIPerf profile_export records
 
 Each reader turns a file into a `Reading`: a list of `Window`s (one per log line, per
 scrape interval, per iteration-stats record or per request) holding what the engine
@@ -95,7 +98,7 @@ SOURCES = {
 MAX_BYTES = 512 * 1024 * 1024  # a JSON document (not JSONL) is parsed whole: refuse absurd ones
 MAX_LINE = 1024 * 1024          # a longer line is not a log line: skipped with a note
 MAX_NOTES = 1000                # notes kept per file (the rest are counted)
-CHUNK_WINDOWS = 50_000          # audit_file runs the rules per chunk of windows (bounded memory)
+CHUNK_WINDOWS = 10_000          # audit_file runs the rules per chunk of windows (bounded memory)
 HEAD_BYTES = 8 * 1024 * 1024    # detection reads this much of the file first
 
 

@@ -93,6 +93,40 @@ def _per_pos(body: str):
     return out
 
 
+_KEYS = {"Mean acceptance length", "Current speculative depth", "Accepted", "Drafted", "Avg Draft acceptance rate",
+         "Draft acceptance rate", "Accepted throughput", "Drafted throughput"}
+
+
+def _fields(body: str):
+    """{key: number} and the per-position list of a SpecDecoding body, in one pass over its
+    ', '-separated parts (a percentage is stored under key + '%'). ValueError on a number
+    that does not parse."""
+    kv: dict = {}
+    per_pos = None
+    in_pos = False
+    for part in body.split(", "):
+        key, sep, val = part.partition(": ")
+        if sep:
+            key = key.strip()
+            in_pos = key == "Per-position acceptance rate"
+            if in_pos:
+                per_pos = [float(val)] if val.strip() else []
+                continue
+            if key not in _KEYS:
+                continue
+            val = val.strip().rstrip(",")
+            if val.endswith("%"):
+                kv[key + "%"] = float(val[:-1])
+            else:
+                kv[key] = float(val.split(" ", 1)[0])
+        elif in_pos and part.strip():
+            try:
+                per_pos.append(float(part.strip().rstrip(",")))
+            except ValueError:
+                in_pos = False
+    return kv, per_pos
+
+
 def _finite(*xs) -> bool:
     return all(x is None or (x == x and abs(x) != float("inf")) for x in xs)
 
@@ -108,7 +142,9 @@ class Parser(LineParser):
         self.engines: set = set()
 
     def feed(self, i: int, raw: str) -> None:
-        em = ENGINE_RE.search(raw)
+        if "metrics:" not in raw and "Avg prompt throughput" not in raw:
+            return  # most lines of a server log: nothing for this reader (fast path)
+        em = ENGINE_RE.search(raw) if "Avg prompt throughput" in raw else None
         if em:
             eng = em.group("eng")
             self.current = str(int(eng)) if eng is not None else None
@@ -125,14 +161,19 @@ class Parser(LineParser):
         w = Window(line=i, time=tm.group("ts") if tm else None, text=raw.strip()[:300], engine="vllm")
         if sm:
             body = sm.group("body")
-            w.accept_len = _num(F["mean"], body)
-            w.accepted_tokens = _num(F["accepted"], body)
-            w.draft_tokens = _num(F["drafted"], body)
-            w.printed_rate_pct = _num(F["rate_pct"], body)
-            first_pct = _num(F["rate_first_pct"], body) if w.printed_rate_pct is None else None
-            frac = _num(F["rate_frac"], body) if w.printed_rate_pct is None and first_pct is None else None
-            depth = _num(F["depth"], body)
-            w.per_pos = _per_pos(body)
+            try:
+                kv, per_pos = _fields(body)
+            except ValueError:
+                self.skip(i, "vLLM SpecDecoding line with a value that is not a number", raw)
+                return
+            w.accept_len = kv.get("Mean acceptance length")
+            w.accepted_tokens = kv.get("Accepted")
+            w.draft_tokens = kv.get("Drafted")
+            w.printed_rate_pct = kv.get("Avg Draft acceptance rate%")
+            first_pct = kv.get("Draft acceptance rate%") if w.printed_rate_pct is None else None
+            frac = kv.get("Draft acceptance rate") if w.printed_rate_pct is None and first_pct is None else None
+            depth = kv.get("Current speculative depth")
+            w.per_pos = per_pos
             if not _finite(w.accept_len, w.accepted_tokens, w.draft_tokens, w.printed_rate_pct, first_pct, frac,
                            *(w.per_pos or [])):
                 self.skip(i, "vLLM SpecDecoding line with a value that is not a finite number", raw)
