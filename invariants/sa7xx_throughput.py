@@ -35,6 +35,71 @@ def groups(reading):
     return g
 
 
+MIN_WINDOWS = 4          # windows of one (rank, concurrency, graph mode) group before a split is judged
+
+
+def split_by_step_rate(ws):
+    """Two groups of windows whose implied step rates (gen tps / (c * accept len)) sit apart
+    by more than STEP_RATE_FACTOR at their widest gap, out of at least MIN_WINDOWS windows:
+    (low_rate, high_rate, factor) in file order, or None. low_rate are the windows whose
+    accept len claims more tokens per step at the same throughput. Neither side is
+    presumed right, however many windows it has."""
+    rs = sorted(ws, key=lambda w: w.step_rate)
+    if len(rs) < MIN_WINDOWS:
+        return None
+    best, at = 1.0, None
+    for i in range(1, len(rs)):
+        g = rs[i].step_rate / rs[i - 1].step_rate if rs[i - 1].step_rate > 0 else math.inf
+        if g > best:
+            best, at = g, i
+    if at is None or best <= STEP_RATE_FACTOR:
+        return None
+    lo, hi = rs[:at], rs[at:]
+    factor = median([w.step_rate for w in hi]) / median([w.step_rate for w in lo])
+    return (sorted(lo, key=lambda w: w.line or 0), sorted(hi, key=lambda w: w.line or 0), factor)
+
+
+def lines(ws) -> str:
+    ls = [str(w.line) for w in ws if w.line is not None]
+    return ("line " if len(ls) == 1 else "lines ") + (", ".join(ls) if len(ls) <= 6 else
+                                                     f"{', '.join(ls[:5])}, ... ({len(ls)} windows)")
+
+
+def accept_range(ws) -> str:
+    a = [w.accept_len for w in ws]
+    return f"accept len {fmt(min(a))}" + ("" if fmt(min(a)) == fmt(max(a)) else f"-{fmt(max(a))}")
+
+
+def baseline_of(reading):
+    """(baseline tokens/s, cost factor) when the caller put them in the reading's config
+    (keys baseline_tps and cost_factor, as `specaudit estimate FILE --baseline-tps` has them), else None."""
+    cfg = reading.config or {}
+    b, r = cfg.get("baseline_tps"), cfg.get("cost_factor")
+    if isinstance(b, (int, float)) and isinstance(r, (int, float)) and b > 0 and r > 0:
+        return float(b), float(r)
+    return None
+
+
+def supported_side(reading, lo, hi):
+    """Which side the throughput supports, with a baseline: ('lo'|'hi'|None, sentence)."""
+    base = baseline_of(reading)
+    if base is None:
+        return None, None
+    from specaudit.audit.estimate import CONSISTENT, CostProfile, estimate_commit_length, verdict
+    b, r = base
+    r, r_sd = CostProfile.manual(r).lookup()     # a hand-given factor: the estimator's default spread
+    out = {}
+    for name, ws in (("lo", lo), ("hi", hi)):
+        est = estimate_commit_length(mean([w.gen_tps for w in ws]), b, r, cost_factor_std=r_sd)
+        claim = mean([w.accept_len for w in ws]) + (0 if reading.includes_bonus else 1)
+        out[name] = (verdict(est, round(claim, 2), TOLERANCE) == CONSISTENT, est.value)
+    ok = [k for k, (good, _) in out.items() if good]
+    if len(ok) == 1:
+        return ok[0], f"the baseline {b:g} tokens/s with cost factor {r:g} gives {fmt(out[ok[0]][1])} tokens per step"
+    return None, (f"the baseline {b:g} tokens/s with cost factor {r:g} gives {fmt(out['lo'][1])} tokens per step, "
+                  "which supports " + ("both groups" if len(ok) == 2 else "neither group"))
+
+
 class AcceptLenVsThroughput(SourceRule):
     """What: the accept length agrees with the throughput: at one concurrency the implied
     verify steps per second per request, gen throughput / (running requests * accept
@@ -42,8 +107,12 @@ class AcceptLenVsThroughput(SourceRule):
     its throughput estimate.
 
     Why: throughput is measured by the clock, not by the counter under audit. If the
-    counter doubles while tokens/s stay put, the counter is wrong (see `specaudit
-    estimate` for the same test against a plain-decoding baseline).
+    counter moves while tokens/s stay put, the counter is wrong somewhere. Which lines
+    are wrong throughput alone cannot say: a majority of lines proves nothing (a
+    counter can be wrong most of the time). Without a baseline the finding names both
+    groups of lines and what would decide (`specaudit estimate FILE --baseline-tps`, or
+    a calibrated profile); with one (baseline_tps and cost_factor in the reading's
+    config) it names the group the throughput supports.
 
     Example: `accept len: 4.00` with 410 token/s at 8 requests, where earlier lines read
     `accept len: 2.00` with 405 token/s at 8 requests.
@@ -56,29 +125,38 @@ class AcceptLenVsThroughput(SourceRule):
     pass_fixture = "sglang_clean.log"
 
     def check(self, reading):
+        from specaudit.audit.compare import within
         items = []
         for (rank, _, graph), ws in groups(reading).items():
-            if len(ws) < 4:
+            sp = split_by_step_rate(ws)
+            if sp is None:
                 continue
-            med = median([w.step_rate for w in ws])
-            for w in ws:
-                ratio = w.step_rate / med
-                if ratio > STEP_RATE_FACTOR or ratio < 1 / STEP_RATE_FACTOR:
-                    implied = w.gen_tps / (w.concurrency * med)
-                    items.append((w, dict(
-                        what=f"accept len{where(w)}",
-                        detail=f"{fmt(w.accept_len)} at {fmt(w.gen_tps)} tokens/s and {w.concurrency:g} running "
-                               f"requests, but the throughput implies {fmt(implied)} tokens per step (the median "
-                               f"step rate of the {len(ws)} windows at this concurrency"
-                               f"{'' if graph is None else ', cuda graph ' + str(graph)} is {med:.2f} steps/s per "
-                               "request): the counter moved without the throughput")))
+            lo, hi, factor = sp
+            tps = mean([w.gen_tps for w in ws])
+            conc = mean([w.concurrency for w in ws])
+            ctx = f"{'' if graph is None else ', cuda graph ' + str(graph)}"
+            pair = (f"{lines(lo)} ({accept_range(lo)}) and {lines(hi)} ({accept_range(hi)}) disagree by a factor "
+                    f"{factor:.2f} in tokens per step at the same throughput (about {fmt(tps, 1)} tokens/s) and "
+                    f"{conc:g} running request{'' if conc == 1 else 's'}{ctx}")
+            side, why = supported_side(reading, lo, hi)
+            if side is not None:
+                good, bad = (lo, hi) if side == "lo" else (hi, lo)
+                detail = (f"{pair}; {why}: the throughput supports {lines(good)} ({accept_range(good)}), so the "
+                          f"counter is wrong at {lines(bad)}")
+            else:
+                detail = (f"{pair}; the throughput cannot tell which group is right without a baseline"
+                          + (f" ({why})" if why else "") + ": decide with `specaudit estimate "
+                          f"{reading.path} --baseline-tps TPS --cost-factor R` (plain decoding at the same "
+                          "concurrency) or a profile from `specaudit calibrate`")
+            first = min(lo + hi, key=lambda w: w.line or 0)
+            items.append((first, dict(what=f"accept len{where(first)}", detail=detail)))
         items.sort(key=lambda x: x[0].line or 0)
         out = self.emit(reading, items)
         for w in reading.windows:  # specaudit's live gauges: reported vs estimated band
             est, lo, hi = (w.extra.get(k) for k in ("estimated", "estimated_low", "estimated_high"))
             rep = w.extra.get("reported")
             if rep and est and est > 0 and lo and hi:
-                if not (lo * (1 - TOLERANCE) <= rep <= hi * (1 + TOLERANCE)):
+                if within(rep, lo * (1 - TOLERANCE), hi * (1 + TOLERANCE)) is False:
                     out.append(self.finding(
                         file=reading.path, line=w.line, what=f"reported commit length{where(w)}",
                         detail=f"{fmt(rep)} lies outside the throughput estimate {fmt(est)} "

@@ -454,12 +454,17 @@ def observations_from_traces(path) -> list[Observation]:
         d = t.to_pydict()
         man = rf.manifest or {}
         cfg = man.get("config") or {}
-        conc = int(cfg.get("concurrency") or max(d["batch_size"]))
+        conc = int(cfg.get("concurrency") or max((b for b in d["batch_size"] if b is not None), default=1))
         fw: dict[float, list] = {}  # t_start -> [tokens, step_s, rows]
         for ts, toks, ss in zip(d["t_start"], d["committed_tokens"], d["step_s"]):
+            if not (isinstance(ts, float) and isinstance(ss, float) and math.isfinite(ts)
+                    and math.isfinite(ss) and ss >= 0):
+                continue  # a row without its timing (null, NaN, negative) times nothing
             e = fw.setdefault(ts, [0, ss, 0])
             e[0] += len(toks or ())
             e[2] += 1
+        if not fw:
+            raise InputError(rf.run_dir, "no step row has t_start and step_s: nothing to time")
         full = [e for e in fw.values() if e[2] >= conc]
         used = full if len(full) >= 3 else list(fw.values())
         # stalls: a forward over STALL_FACTOR x the median step (a preemption, the
@@ -534,7 +539,11 @@ def reported_figure(name: str, x) -> float | None:
 
 
 def observations_from_reading(reading, concurrency=None) -> list[Observation]:
-    """One Observation from an engine log or scrape: mean throughput over its windows."""
+    """Observations from an engine log or scrape: mean throughput over its windows.
+
+    When the windows fall into two groups whose accept len disagree at the same throughput
+    (SA708's split_by_step_rate), each group is one Observation, so a baseline judges each
+    group's counter on its own instead of their average."""
     ws = [w for w in reading.windows if w.gen_tps is not None and w.gen_tps > 0 and not w.extra.get("counter_reset")]
     if concurrency is not None:
         ws = [w for w in ws if w.concurrency is not None and round(w.concurrency) == concurrency]
@@ -542,6 +551,17 @@ def observations_from_reading(reading, concurrency=None) -> list[Observation]:
         why = f" at concurrency {concurrency}" if concurrency is not None else ""
         raise InputError(reading.path, f"no window with a positive generation throughput{why} (a single "
                                        "Prometheus scrape has no rate: append a second one)")
+    from specaudit.invariants.sa7xx_throughput import lines, split_by_step_rate
+    rated = [w for w in ws if w.step_rate is not None]
+    sp = split_by_step_rate(rated) if len(rated) == len(ws) else None
+    if sp is None:
+        return [_observation(reading, ws, Path(reading.path).name)]
+    lo, hi, _ = sp
+    return [_observation(reading, g, f"{Path(reading.path).name} {lines(g)}") for g in sorted(
+        (lo, hi), key=lambda g: g[0].line or 0)]
+
+
+def _observation(reading, ws, label: str) -> Observation:
     tps = [w.gen_tps for w in ws]
     n = len(tps)
     m = sum(tps) / n
@@ -558,8 +578,8 @@ def observations_from_reading(reading, concurrency=None) -> list[Observation]:
     rep = sum(ls) / len(ls) if ls else None
     if rep is not None and not reading.includes_bonus:
         rep += 1
-    return [Observation(source=reading.source, tps=m, tps_std=se, concurrency=conc, n_nodes=n_nodes,
-                        reported_commit_len=rep, label=Path(reading.path).name, samples=n, extra=extra)]
+    return Observation(source=reading.source, tps=m, tps_std=se, concurrency=conc, n_nodes=n_nodes,
+                       reported_commit_len=rep, label=label, samples=n, extra=extra)
 
 
 def _is_load_json(path: Path) -> bool:

@@ -1,0 +1,254 @@
+"""Issue 13, "one number, one verdict": every surface that puts a reported figure beside a
+derived one gives the same verdict (specaudit.audit.compare), and the derived figure comes
+from the raw tensors, never from the counter under audit.
+
+The table of (reported, derived) cases goes through: compare itself, the checker (SA510,
+reported gen_throughput_tps against generated tokens / wall_s), the DuckDB `figures` view
+and its UDF (query), the shell's SQL macro, the report's Runs table, diff's reported-vs-rows
+check, the estimator's verdict (a point estimate, tolerance 0) and the live server's
+pipeline (estimate.live_judgement). One dataset holds one run per case, so derived
+tokens/s = generated / wall_s is exactly the case's derived figure.
+"""
+from __future__ import annotations
+
+import json
+import re
+from types import SimpleNamespace
+
+import pytest
+
+from specaudit.audit import compare
+from specaudit.audit.compare import agrees, within
+
+# (reported, derived, agrees?) -- reported as an engine would have printed it
+CASES = [
+    (3.41, 3.4149, True),          # 3.41 stands for [3.405, 3.415)
+    (3.41, 3.4151, False),
+    (3.41, 3.4049, False),
+    (120.5, 120.62, False),        # 120.5 stands for [120.45, 120.55)
+    (120.5, 120.54, True),
+    (2.0, 2.04, True),             # a parsed "2.0": [1.95, 2.05)
+    (1.7, 1.64, False),
+    (2.3478260869565215, 2.3478260869565224, True),   # full precision: relative 1e-9
+    (2.3478260869565215, 2.3478261, False),
+]
+
+
+def test_compare_rule():
+    for rep, der, want in CASES:
+        assert agrees(rep, der) is want, (rep, der)
+        assert within(rep, der, der) is want, (rep, der)
+        assert compare.verdict(rep, der) == ("agrees" if want else "disagrees")
+    assert agrees(512, 512) and not agrees(512, 511) and not agrees(512.0, 512.4, counter=True)
+    assert agrees(512.0, 512.04)                      # a float 512.0 printed with one decimal
+    assert not agrees(2.0, 2.04, printed="2.00") and agrees(2.0, 2.004, printed="2.00")
+    assert agrees(None, 1.0) is None and agrees(float("nan"), 1.0) is None and agrees(1.0, "x") is None
+    assert compare.verdict(None, 1.0) == "no verdict"
+    assert within(2.2, 1.8, 2.16) and not within(2.25, 1.8, 2.2)
+
+
+@pytest.fixture(scope="module")
+def table_ds(tmp_path_factory):
+    """One run per case: wall_s = generated / derived, reported gen_throughput_tps = reported."""
+    from specaudit.trace.synth import synth_run_rows, write_run
+    out = tmp_path_factory.mktemp("table")
+    ids = {}
+    for i, (rep, der, _) in enumerate(CASES):
+        s, r, m = synth_run_rows(3, algo="chain", budget=5, seed=40 + i, run_id=f"case{i}", max_new_tokens=24)
+        gen = sum(len(x) for x in r.column("output_tokens").to_pylist())
+        m["reported"]["wall_s"] = gen / der
+        m["reported"]["gen_throughput_tps"] = rep
+        write_run(out, s, r, m)
+        ids[f"case{i}"] = (rep, der)
+    return out, ids
+
+
+def _expected(ids, rid):
+    rep, der = ids[rid]
+    return next(w for r, d, w in CASES if (r, d) == (rep, der))
+
+
+def test_every_surface_says_the_same(table_ds, tmp_path, monkeypatch):
+    import duckdb
+
+    from specaudit.audit import diff as D
+    from specaudit.audit.check import check_paths
+    from specaudit.audit.estimate import CostProfile, estimate_commit_length, live_judgement, verdict
+    from specaudit.postmortem import views as Q
+    from specaudit.postmortem.report import build_report
+
+    ds, ids = table_ds
+    # check: SA510 fires exactly on the disagreeing cases
+    res = check_paths([str(ds)], select=("SA510",))
+    flagged = {f.run_id for f in res.findings if f.code == "SA510"}
+    # query: the figures view (Python UDF = compare.verdict)
+    con = Q.connect([ds])
+    rows = Q.fetch_arrow(con, "SELECT run_id, derived, reported, verdict FROM figures "
+                              "WHERE metric = 'tokens_per_s'").to_pylist()
+    con.close()
+    assert len(rows) == len(CASES)
+    # the shell: the SQL macro, on plain duckdb
+    sh = duckdb.connect()
+    sh.execute(Q.AGREES_MACRO_SQL)
+    # report: the Runs table's cell
+    page = build_report([ds], tmp_path / "rep", findings=res.findings, summary=res.summary()).read_text()
+    for row in rows:
+        rid, want = row["run_id"], _expected(ids, row["run_id"])
+        rep, der = ids[rid]
+        word = "agrees" if want else "disagrees"
+        assert row["derived"] == pytest.approx(der, rel=1e-12) and row["reported"] == rep
+        assert row["verdict"] == word, (rid, rep, der)                              # query
+        assert (rid in flagged) is (not want), (rid, rep, der)                       # check
+        assert sh.execute("SELECT specaudit_agrees(?, ?)", [rep, der]).fetchone()[0] == word   # shell
+        tr = re.search(rf"<tr><td>[^<]*</td><td>{rid}</td>.*?</tr>", page).group(0)
+        tps_cell = re.findall(r'<td class="n ?(bad)?">([^<]*)</td>', tr)[-1]
+        assert (tps_cell[0] == "bad") is (not want) and tps_cell[1].endswith("✓" if want else "✗")  # report
+        # estimator: a point estimate (no spread) with no tolerance is the comparison itself
+        est = estimate_commit_length(der, 1.0, 1.0)
+        assert (verdict(est, rep, tolerance=0.0) == "consistent") is want
+        # serve's live pipeline
+        live = live_judgement(der, 0.0, concurrency=1, n_nodes=10**6, profile=CostProfile.manual(1.0, 0.0),
+                              baseline_tps=1.0, reported_commit_len=rep, tolerance=0.0)
+        assert (live["verdict"] == "consistent") is want
+        # diff: reported means against the rows'
+        monkeypatch.setattr(D, "rows_means", lambda side, rids, conv, d=der: dict.fromkeys(D.REPORTED_MEANS, d))
+        side = SimpleNamespace(manifest={"reported": {"mean_commit_len": rep}}, conventions={},
+                               request_ids=lambda: [])
+        assert D._acceptance(side, [])["reported_matches_rows"]["mean_commit_len"] is want
+
+
+# ----------------------------------------------------- derived beside reported
+
+@pytest.fixture(scope="module")
+def fault_runs(tmp_path_factory):
+    """Every --inject fault's run of the reference runtime (chain, tree where the fault needs it)."""
+    from specaudit.run import run_traced
+    from specaudit.runtime.faults import FAULTS
+    out = tmp_path_factory.mktemp("faults")
+    runs = {}
+    for name, f in FAULTS.items():
+        algo = "tree" if "chain" not in f.algos else "chain"
+        res = run_traced(algo=algo, budget=7 if algo == "chain" else 8, topk=1 if algo == "chain" else 3,
+                         num_prompts=2, max_new_tokens=48, inject=name, out=out, run_id=name, threads=1,
+                         temperature=1.0 if getattr(f, "sampled", False) else 0.0)
+        runs[name] = res
+    return out, runs
+
+
+def _truth(run_dir):
+    import pyarrow.parquet as pq
+    import pyarrow as pa
+    t = pa.concat_tables([pq.read_table(f, columns=["accepted_path", "committed_tokens", "node_tokens"])
+                          for f in sorted(run_dir.glob("steps-*.parquet"))])
+    d = t.to_pydict()
+    n = t.num_rows
+    return {"mean_accepted_depth": sum(len(p) - 1 for p in d["accepted_path"]) / n,
+            "mean_commit_len": sum(len(c) for c in d["committed_tokens"]) / n,
+            "accept_rate": sum(len(p) - 1 for p in d["accepted_path"]) / sum(len(x) - 1 for x in d["node_tokens"])}
+
+
+def test_fault_runs_show_the_true_figures_beside_the_reported(fault_runs, tmp_path):
+    from specaudit.audit.check import check_paths
+    from specaudit.postmortem import views as Q
+    from specaudit.postmortem.report import build_report
+    ds, runs = fault_runs
+    con = Q.connect([ds])
+    figs = Q.fetch_arrow(con, "SELECT * FROM figures").to_pylist()
+    over = Q.fetch_arrow(con, Q.canned("throughput_over_time").sql).to_pylist()
+    hist = Q.fetch_arrow(con, Q.canned("commit_length_histogram").sql).to_pylist()
+    spread = Q.fetch_arrow(con, Q.canned("request_acceptance_spread").sql).to_pylist()
+    con.close()
+    res = check_paths([str(ds)])
+    page = build_report([ds], tmp_path / "rep", findings=res.findings, summary=res.summary()).read_text()
+    for name, run in runs.items():
+        truth = _truth(run.run_dir)
+        mine = {f["metric"]: f for f in figs if f["run_id"] == name}
+        rep = run.manifest["reported"]
+        for k in ("mean_accepted_depth", "mean_commit_len", "accept_rate"):
+            assert mine[k]["derived"] == pytest.approx(truth[k]), (name, k)
+        assert mine["mean_commit_len"]["reported"] == pytest.approx(rep["mean_commit_len"])
+        gen = sum(len(o) for o in run.outputs)
+        assert mine["tokens_per_s"]["derived"] == pytest.approx(gen / rep["wall_s"])
+        for k, f in mine.items():
+            assert f["verdict"] == compare.verdict(f["reported"], f["derived"]), (name, k)
+        cfg = next(f["config"] for f in figs if f["run_id"] == name)
+        ob = [r for r in over if r["run_id"] == name]
+        assert sum(r["committed_tokens"] for r in ob) == gen - len(run.outputs)
+        h = [r for r in hist if r["config"] == cfg]
+        assert sum(r["commit_len"] * r["steps"] for r in h) / sum(r["steps"] for r in h) == \
+            pytest.approx(truth["mean_commit_len"])
+        sp = next(r for r in spread if r["config"] == cfg)
+        assert sp["pooled_mean_commit_len"] == pytest.approx(truth["mean_commit_len"])
+        assert f">{name}<" in page
+    # the seed fault: the report shows ~the true commit length beside the lying 2, in red
+    cc = {f["metric"]: f for f in figs if f["run_id"] == "commit-counter"}
+    assert cc["mean_commit_len"]["verdict"] == "disagrees" and cc["mean_commit_len"]["derived"] > 3
+    assert cc["tokens_per_s"]["derived"] > 2 * cc["tokens_per_s"]["reported"]
+    row = re.search(r"<tr><td>[^<]*</td><td>commit-counter</td>.*?</tr>", page).group(0)
+    assert re.search(r'class="n bad">[0-9.]+ / 2 ✗<', row), row
+
+
+def test_a_vs_b_on_the_counter_fault_uses_the_committed_tokens(fault_runs):
+    from specaudit.postmortem import views as Q
+    ds, runs = fault_runs
+    con = Q.connect([ds], variables={"a": "stale-draft", "b": "commit-counter"})
+    rows = {r["metric"]: r for r in Q.fetch_arrow(con, Q.canned("a_vs_b").sql).to_pylist()}
+    con.close()
+    truth = _truth(runs["commit-counter"].run_dir)
+    assert rows["mean_commit_len"]["b"] == pytest.approx(truth["mean_commit_len"])
+    assert rows["mean_commit_len"]["b_reported"] == pytest.approx(
+        runs["commit-counter"].manifest["reported"]["mean_commit_len"])
+    assert rows["mean_commit_len"]["b_verdict"] == "disagrees"
+    assert rows["mean_commit_len"]["a_verdict"] == "agrees"
+
+
+# ------------------------------------------------------------------- SA708
+
+HEAD = ("[2025-10-02 14:00:02] server_args=ServerArgs(model_path='m', tp_size=1, dp_size=1, "
+        "speculative_algorithm='EAGLE3', speculative_num_steps=7, speculative_eagle_topk=1, "
+        "speculative_num_draft_tokens=8, decode_log_interval=40)\n")
+
+
+def seed_log(path, accept_lens):
+    lines = [HEAD]
+    for i, a in enumerate(accept_lens):
+        lines.append(f"[2025-10-02 14:01:{10 + 3 * i:02d}] Decode batch, #running-req: 1, #token: {600 + 40 * i}, "
+                     f"token usage: 0.01, accept len: {a:.2f}, accept rate: 0.50, cuda graph: True, "
+                     f"gen throughput (token/s): {109 + 0.1 * (i % 3):.2f}, #queue-req: 0, \n")
+    path.write_text("".join(lines))
+    return path
+
+
+@pytest.mark.parametrize("lens", [[2.0, 7.0, 2.0, 9.5, 7.0], [2.0, 7.0, 2.0, 9.5, 2.0]])
+def test_sa708_names_both_groups_without_a_majority_vote(tmp_path, lens):
+    from specaudit.audit.sources import audit_file
+    f = [x for x in audit_file(seed_log(tmp_path / "s.log", lens), select=("SA708",)) if x.code == "SA708"]
+    assert len(f) == 1
+    msg = f[0].message
+    assert "accept len 2.00" in msg and "accept len 7.00-9.50" in msg and "disagree by a factor" in msg
+    assert "cannot tell which group is right without a baseline" in msg and "--baseline-tps" in msg
+    assert "implies" not in msg        # no side is blamed
+
+
+def test_sa708_with_a_baseline_names_the_supported_group(tmp_path):
+    from specaudit.audit.sources import read_source
+    from specaudit.invariants import get_rule, load_rules
+    load_rules()
+    for lens, honest in (([2.0, 7.0, 2.0, 9.5, 7.0], "accept len 2.00"),
+                         ([2.0, 7.0, 2.0, 9.5, 2.0], "accept len 2.00")):
+        reading = read_source(seed_log(tmp_path / "s.log", lens))
+        reading.config["baseline_tps"], reading.config["cost_factor"] = 98.0, 1.5
+        (f,) = get_rule("SA708").check(reading)
+        assert f"the throughput supports lines" in f.message
+        supported = f.message.split("the throughput supports ")[1]
+        assert supported.split(")")[0].endswith(honest), f.message
+
+
+def test_estimate_on_the_seed_log_judges_each_group(tmp_path, capsys):
+    from specaudit import cli
+    p = seed_log(tmp_path / "s.log", [2.0, 7.0, 2.0, 9.5, 7.0])
+    assert cli.main(["estimate", str(p), "--baseline-tps", "98", "--cost-factor", "1.5",
+                     "--output-format", "json"]) == 1
+    res = json.loads(capsys.readouterr().out)["results"]
+    assert [r["verdict"] for r in res] == ["consistent", "inconsistent"]
+    assert res[0]["label"].endswith("lines 2, 4") and res[0]["reported_commit_len"] == pytest.approx(2.0)
