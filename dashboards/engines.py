@@ -152,7 +152,8 @@ def recording_rules(t: Timing = Timing()) -> dict:
     raw = []
     for e in ENGINES.values():
         for word, series in e.counters.items():
-            raw.append(_rule(f"specaudit:{word}:rate", normalise(e, "sum", f"rate({_sel(series, e)}[{w}])"), engine=e.name))
+            raw.append(_rule(f"specaudit:{word}:rate", normalise(e, "sum", f"rate({_sel(series, e)}[{w}])"),
+                             engine=e.name))
         for word, (series, pos) in e.by_position.items():
             raw.append(_rule(f"specaudit:{word}_tokens_by_position:rate",
                              normalise(e, "sum", f"rate({_sel(series, e)}[{w}])", pos), engine=e.name))

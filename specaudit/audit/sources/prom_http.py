@@ -312,11 +312,8 @@ def _windows(r: Reading, engine, rank, fields, step_s):
             if b - a > max(3 * typical, 2 * step_s):
                 notes.append(note(r.path, None, f"gap of {b - a:.0f}s without samples ({rank or 'the only rank'}, "
                                                 f"{_iso(a)} to {_iso(b)}): the window across it spans the gap"))
-    pairs = [(None, bounds[0])] if gauges_only else list(zip(bounds, bounds[1:]))
-    if gauges_only:
-        pairs = [(None, b) for b in bounds]
-    elif len(bounds) == 1:
-        return
+    # gauges: one window per boundary sample; counters: one per pair of boundaries
+    pairs = [(None, b) for b in bounds] if gauges_only else list(zip(bounds, bounds[1:]))
     for a, b in pairs:
         w = Window(t=b, time=_iso(b), rank=rank)
         w.engine, w.kind = engine, ("gauge" if gauges_only else "interval")
