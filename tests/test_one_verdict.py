@@ -252,3 +252,19 @@ def test_estimate_on_the_seed_log_judges_each_group(tmp_path, capsys):
     res = json.loads(capsys.readouterr().out)["results"]
     assert [r["verdict"] for r in res] == ["consistent", "inconsistent"]
     assert res[0]["label"].endswith("lines 2, 4") and res[0]["reported_commit_len"] == pytest.approx(2.0)
+
+
+def test_run_summary_shows_derived_beside_reported(fault_runs, capsys):
+    from specaudit.commands.run import print_summary
+    _, runs = fault_runs
+    for name, run in runs.items():
+        s, truth = run.summary, _truth(run.run_dir)
+        assert s["mean_commit_len"] == pytest.approx(truth["mean_commit_len"], abs=1e-3), name
+        assert s["mean_accepted_depth"] == pytest.approx(truth["mean_accepted_depth"], abs=1e-3), name
+        assert s["reported_mean_commit_len"] == pytest.approx(run.manifest["reported"]["mean_commit_len"], abs=1e-3)
+    print_summary(runs["commit-counter"].summary)
+    line = capsys.readouterr().out
+    assert "(reported 2.00, DISAGREES)" in line and "(reported 7.00, DISAGREES)" in line
+    clean = dict(runs["stale-draft"].summary)      # every record true: nothing disagrees
+    print_summary(clean)
+    assert "DISAGREES" not in capsys.readouterr().out
