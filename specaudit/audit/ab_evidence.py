@@ -34,11 +34,13 @@ sides throughout; `vary` names them explicitly (an operational key named there i
 compared across, and said to be confounded). A key unknown on a side is not matched.
 
 For each stratum with enough windows on both sides, per metric: A's and B's mean over
-windows with a bootstrap 95% interval (windows resampled, numpy, seeded), B - A with
+windows with a bootstrap 95% interval (moving blocks of about n^(1/3) neighbouring
+windows resampled, since a burst of load spans several; numpy, seeded), B - A with
 its interval, and a verdict from specaudit.audit.ab.verdict (the project's one A/B
 decision: same / A better / B better / undecided). Strata on one side only are listed,
 never compared. `matched` pools the compared strata with precision weights
-nA*nB/(nA+nB); `pooled` is every window of each side, stratum ignored. When the two
+nA*nB/(nA+nB); `pooled` is every window of each side, stratum ignored (its interval
+resamples within strata, holding each side's mix as observed). When the two
 disagree (Simpson's paradox when they point opposite ways) it is said first.
 
 The confounder report names every key whose distribution over windows differs between A
@@ -456,17 +458,65 @@ BOOT_EXACT_MAX = 5000       # more windows than this: the bootstrap mean is draw
 
 
 def _boot_means(rng, x: np.ndarray, n_boot: int) -> np.ndarray:
-    """[n_boot] means of bootstrap resamples of the windows x [n].
+    """[n_boot] means of moving-block bootstrap resamples of the windows x [n] (in time order).
 
-    Up to BOOT_EXACT_MAX windows the resamples are drawn ([n_boot, n] indices); above,
-    the resampled mean is drawn from its normal limit N(mean, sd / sqrt(n)) (the central
-    limit theorem is exact enough there, and a 1 GB log's million windows would need
-    n_boot x 10^6 draws)."""
+    Up to BOOT_EXACT_MAX windows the resamples are drawn (blocks of block_len(n)
+    neighbouring windows, [n_boot, n] indices); above, the resampled mean is drawn from
+    its normal limit N(mean, sd' / sqrt(n)), sd' widened for neighbour correlation (the
+    central limit theorem is exact enough there, and a 1 GB log's million windows would
+    need n_boot x 10^6 draws)."""
     n = len(x)
     if n > BOOT_EXACT_MAX:
-        return rng.normal(x.mean(), x.std() / math.sqrt(n), size=n_boot)
-    idx = rng.integers(0, n, size=(n_boot, n))
-    return x[idx].mean(axis=1)
+        return rng.normal(x.mean(), _block_sd(x) / math.sqrt(n), size=n_boot)
+    r = _lag1(x)
+    L = block_len(n, r)
+    nb = -(-n // L)                                                   # blocks per resample
+    starts = rng.integers(0, n - L + 1, size=(n_boot, nb))            # [n_boot, nb]
+    idx = (starts[:, :, None] + np.arange(L)[None, None, :]).reshape(n_boot, nb * L)[:, :n]
+    reps = x[idx].mean(axis=1)                                        # [n_boot]
+    # few blocks under-cover: never narrower than the effective-sample-size t interval
+    n_eff = max(n * (1 - r) / (1 + r), 2.0)
+    want = _t975(n_eff - 1) * _block_sd(x) / math.sqrt(n)             # half-width it must reach
+    have = Z95 * float(reps.std())
+    if have > 0 and want > have:
+        reps = x.mean() + (reps - reps.mean()) * (want / have)
+    return reps
+
+
+Z95 = 1.959963984540054
+
+
+def _t975(df: float) -> float:
+    """Student's t 97.5% quantile (Cornish-Fisher expansion in 1/df; df >= 1), no scipy."""
+    z = Z95
+    df = max(float(df), 1.0)
+    return (z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * df ** 3))
+
+
+def block_len(n: int, r: float = 0.0) -> int:
+    """Moving-block length for n windows in time order: n^(1/3), or the windows' AR(1)
+    correlation time (1 + r) / (1 - r) when longer (r: lag-1 correlation), at most n / 2.
+    Neighbouring log windows share their load (a burst spans several): resampling single
+    windows would read correlated windows as independent evidence and narrow the interval."""
+    tau = (1 + r) / (1 - r)
+    return int(max(1, min(max(round(n ** (1 / 3)), round(tau)), n // 2)))
+
+
+def _lag1(x: np.ndarray) -> float:
+    """Lag-1 correlation of neighbouring windows, clipped to [0, 0.95] (0 when undefined)."""
+    if len(x) < 3 or float(x.std()) == 0:
+        return 0.0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = float(np.corrcoef(x[:-1], x[1:])[0, 1])
+    return min(max(r if math.isfinite(r) else 0.0, 0.0), 0.95)
+
+
+def _block_sd(x: np.ndarray) -> float:
+    """Standard deviation for the mean's normal limit, inflated for neighbour correlation
+    (the AR(1) factor sqrt((1 + r) / (1 - r)))."""
+    r = _lag1(x)
+    return float(x.std()) * math.sqrt((1 + r) / (1 - r))
 
 
 def _ci(reps: np.ndarray) -> list[float]:
@@ -492,6 +542,38 @@ def _compare(xa: np.ndarray, xb: np.ndarray, rng, n_boot: int, same_within: floa
             "b": {"mean": b, "ci95": _ci(rb), "n": int(len(xb))},
             "diff_b_minus_a": {"mean": b - a, "ci95": dci},
             "verdict": decide(dci, a, same_within), "_reps": (ra, rb)}
+
+
+def _pooled_reps(ws: list, m: str, key, rng, n_boot: int):
+    """(mean, [n_boot] replicates) of a side's pooled mean, stratified: each stratum's
+    windows are resampled on their own and weighted by their share of the side, so the
+    mix of conditions is held as observed (a series that jumps between strata is not
+    read as one correlated series). None when no window has the metric."""
+    groups: dict = {}
+    for w in ws:
+        v = getattr(w, m)
+        if v is not None:
+            groups.setdefault(key(w), []).append(v)
+    n = sum(len(v) for v in groups.values())
+    if n == 0:
+        return None
+    reps = np.zeros(n_boot)
+    mean = 0.0
+    for vals in groups.values():
+        x = np.asarray(vals, dtype=np.float64)
+        reps += len(x) / n * _boot_means(rng, x, n_boot)
+        mean += len(x) / n * float(x.mean())
+    return mean, reps, n
+
+
+def _pooled(wa, wb, m, key, rng, n_boot, same_within) -> dict | None:
+    pa, pb = _pooled_reps(wa, m, key, rng, n_boot), _pooled_reps(wb, m, key, rng, n_boot)
+    if pa is None or pb is None:
+        return None
+    (a, ra, na), (b, rb, nb) = pa, pb
+    dci = _ci(rb - ra)
+    return {"a": {"mean": a, "ci95": _ci(ra), "n": na}, "b": {"mean": b, "ci95": _ci(rb), "n": nb},
+            "diff_b_minus_a": {"mean": b - a, "ci95": dci}, "verdict": decide(dci, a, same_within)}
 
 
 def _strip(d: dict | None) -> dict | None:
@@ -674,9 +756,9 @@ def compare_windows(wa: list[EvWindow], wb: list[EvWindow], *, vary=None, same_w
             matched_res[m] = {"a": {"mean": a, "ci95": _ci(ra)}, "b": {"mean": b, "ci95": _ci(rb)},
                               "diff_b_minus_a": {"mean": b - a, "ci95": dci},
                               "verdict": decide(dci, a, same_within), "strata": len(have)}
-        p = _compare(_vals(wa, m), _vals(wb, m), rng, n_boot, same_within)
+        p = _pooled(wa, wb, m, skey, rng, n_boot, same_within)
         if p is not None:
-            pooled_res[m] = _strip(p)
+            pooled_res[m] = p
     for s in strata:
         s["metrics"] = {m: _strip(v) for m, v in s["metrics"].items()}
 
