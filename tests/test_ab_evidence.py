@@ -514,3 +514,11 @@ def test_correlated_windows_do_not_make_false_alarms():
     res = compare_windows([_w("A", 1, v) for v in _ar1(rng, 120, 0.8, 2.0)],
                           [_w("B", 1, v) for v in _ar1(rng, 120, 0.8, 2.1)], n_boot=400)
     assert res["verdict"] == "B better"
+
+
+def test_output_never_over_an_input(seed_logs, capsys):
+    a, b = seed_logs
+    before = Path(b).read_bytes()
+    assert main(["ab", f"{a},{b}", b, "-o", b]) == 2   # b is inside side A's comma-separated list too
+    assert "one of the files this command reads" in _err(capsys)
+    assert Path(b).read_bytes() == before

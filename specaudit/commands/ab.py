@@ -1,13 +1,16 @@
 """A/B: two engines' evidence compared fairly, or two runtime configurations run side by side.
 
 Evidence mode, `specaudit ab A B`: A and B are anything `specaudit check` reads (trace
-datasets, SGLang/vLLM logs, Prometheus scrapes), each one path, a comma-separated list
-or a quoted glob, one engine per side. Nothing is rerun: the windows of each side are
-matched by stratum (concurrency, cuda graph, rank, k, topk, algo, engine, version,
-model) and compared only where both sides have windows; see specaudit/audit/ab_evidence.py.
+datasets, SGLang/vLLM/llama.cpp logs, JSON records, Prometheus scrape files, or a
+Prometheus server's range as URL?match=...&range=6h&step=30s), each one path, a
+comma-separated list or a quoted glob, one engine per side. Nothing is rerun: the
+windows of each side are matched by stratum (concurrency, cuda graph, rank, k, topk,
+algo, engine, version, model) and compared only where both sides have windows; see
+specaudit/audit/ab_evidence.py.
   specaudit ab linear.log ddtree.log                      # is B really worse, and is it fair?
   specaudit ab "a-dp0.log,a-dp1.log" b.log --output-format json -o ab.json
-  specaudit ab traces/run_id=chain-* traces/run_id=tree-* --vary algo
+  specaudit ab "traces/run_id=chain-*" "traces/run_id=tree-*" --vary algo
+  specaudit ab 'http://127.0.0.1:9090?match={job="a"}&range=6h' 'http://127.0.0.1:9090?match={job="b"}&range=6h'
   specaudit ab a.log b.log --baseline-tps 1=98,8=90 --cost-factor 1.5,1.7 --primary commit_len_tput
 It prints, first, when the pooled figures disagree with the matched ones (Simpson's
 paradox); then per matched stratum each metric for A and B with bootstrap 95% intervals
@@ -79,8 +82,9 @@ def add_arguments(p) -> None:
     g.add_argument("--output-format", choices=["text", "json"], default="text", help="text (default) or json")
     g.add_argument("-o", "--output", metavar="FILE", help="write the result to FILE (json: the input of "
                                                          "`specaudit report --ab`) instead of stdout")
-    g.add_argument("--source", choices=["sglang-log", "vllm-log", "prom-text"],
-                   help="read every file as this kind of engine output instead of detecting it")
+    g.add_argument("--source", metavar="NAME",
+                   help="read every file as this kind of engine output (a `specaudit check --source` name) "
+                        "instead of detecting it")
     g.add_argument("--bootstrap-seed", type=int, default=0, metavar="N", help="bootstrap seed (default 0)")
     g.add_argument("--concurrency-bins", choices=["pow2", "exact"], default="pow2",
                    help="running requests binned 1, 2, 3-4, 5-8, ... (default) or matched exactly")
@@ -110,7 +114,9 @@ def main_evidence(args) -> int:
     text = to_json(res) if (args.output_format == "json" or args.json) else format_text(res) + "\n"
     if args.output:
         from specaudit.outfile import write_output
-        write_output(args.output, text, inputs=args.sides)   # never over a file it read
+        from specaudit.audit.ab_evidence import expand_side
+        inputs = [str(p) for side in args.sides for p in expand_side(side)]  # each file of each side
+        write_output(args.output, text, inputs=inputs)   # never over a file it read
     else:
         sys.stdout.write(text)
     return 0
