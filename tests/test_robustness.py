@@ -321,3 +321,39 @@ def test_query_counts_a_copied_run_once(clean, tmp_path):
     import pyarrow.parquet as pq
     want = sum(pq.ParquetFile(f).metadata.num_rows for f in clean.rglob("steps-*.parquet"))
     assert n_runs == 2 and n_steps == want
+
+
+# ------------------------------------------------------------- other readers on nulls
+
+
+def _nulled(root, col=None, dup=None, rows=None, run_id="n0"):
+    import pyarrow as pa
+    s, r, m = synth_run_rows(3, run_id=run_id, seed=0)
+    if col:
+        i = s.schema.get_field_index(col)
+        s = s.set_column(i, col, pa.nulls(s.num_rows, s.schema.field(col).type))
+    if dup:
+        s = s.append_column(dup, s.column(dup))
+    if rows is not None:
+        s = s.slice(0, rows)
+    write_run(root, s, r, m)
+    return root
+
+
+@pytest.mark.parametrize("argv,mk,codes", [
+    (["diff", "{base}", "{x}"], dict(col="mask_hash"), (0, 1)),
+    (["diff", "{base}", "{x}"], dict(dup="commit_len"), (2,)),
+    (["diff", "{base}", "{x}"], dict(rows=0), (2,)),       # was "identical", exit 0
+    (["estimate", "{x}", "--cost-factor", "0.3", "--baseline-tps", "100"], dict(col="step_s"), (2,)),
+    (["estimate", "{x}", "--cost-factor", "0.3", "--baseline-tps", "100"], dict(col="t_start"), (2,)),
+    (["report", "{x}", "--out", "{out}"], dict(col="commit_len"), (0,)),
+    (["query", "{x}", "SELECT count(*) FROM steps"], dict(dup="commit_len"), (0,)),
+])
+def test_readers_on_nulls_and_duplicate_columns(tmp_path, argv, mk, codes, capsys):
+    base = _nulled(tmp_path / "base", run_id="n0")
+    x = _nulled(tmp_path / "x", **mk)
+    argv = [a.format(base=base, x=x, out=tmp_path / "out") for a in argv]
+    code = cli_main(argv)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "internal error" not in err, err
+    assert code in codes, (code, err)

@@ -201,6 +201,10 @@ def load_side(run: RunFiles, label: str) -> Side:
                           "request_id, prompts and outputs not compared")
     if not ranges and not requests:
         raise InputError(run.run_dir, f"{label} is empty: no step rows and no requests")
+    if not ranges:
+        # nothing to compare step by step: "identical over 0 steps" would be a verdict
+        # drawn from no evidence (specaudit check flags a finished run without steps: SA501)
+        raise InputError(run.run_dir, f"{label} has no step rows: nothing to compare")
     for k, allowed in CONVENTIONS.items():
         if side.conventions.get(k) not in allowed:
             raise InputError(run.run_dir / "run.json", f"conventions.{k} = {side.conventions.get(k)!r}; "
@@ -305,6 +309,11 @@ class RequestDiff:
         return {k: v for k, v in d.items() if v is not None or k == "step"}
 
 
+def _hex(v) -> str:
+    """A mask hash as hex, or null (a row without one)."""
+    return "null" if v is None else f"{int(v):#018x}"
+
+
 def _first_diff(x, y) -> int | None:
     x, y = x or [], y or []
     for i, (u, v) in enumerate(zip(x, y)):
@@ -363,7 +372,7 @@ def compare_step(a: dict, b: dict, margin_tol: float):
             parts.append(f"positions differ from node {i}: {_show(a['positions'], i)} vs "
                          f"{_show(b['positions'], i)}{s}")
         if mask:
-            parts.append(f"mask hash {a['mask_hash']:#018x} vs {b['mask_hash']:#018x}")
+            parts.append(f"mask hash {_hex(a['mask_hash'])} vs {_hex(b['mask_hash'])}")
         if not pos and not mask:
             parts.append("positions and mask hash agree")
         elif not pos:

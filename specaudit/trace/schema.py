@@ -563,7 +563,12 @@ def discover(paths) -> list[RunFiles]:
 
 
 def check_table_schema(path, schema: pa.Schema, expected: pa.Schema) -> None:
-    """Raise InputError when a required column is missing or has the wrong type."""
+    """Raise InputError when a required column is missing, appears twice, or has the
+    wrong type."""
+    names = list(schema.names)
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise InputError(path, f"column {twice[0]!r} appears {names.count(twice[0])} times")
     for f in expected:
         if f.name not in schema.names:
             raise InputError(path, f"missing required column {f.name!r}")
