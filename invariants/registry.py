@@ -118,3 +118,21 @@ def get_rule(code: str) -> Rule | None:
 
 def all_rules() -> list[Rule]:
     return load_rules(entry_points=False)
+
+
+def check_selectors(option: str, prefixes, codes=None) -> None:
+    """Every --select/--ignore entry must be a code or a prefix of at least one known code
+    (after the user's rules are loaded); ValueError naming the closest codes otherwise, so a
+    typo in CI cannot turn a check into "No violations"."""
+    import difflib
+    known = sorted(codes if codes is not None else DEFINED)
+    for p in prefixes or ():
+        p = p.strip().upper()
+        if not p or any(c.startswith(p) for c in known):
+            continue
+        cand = [f"SA{p}"] if p.isdigit() and f"SA{p}" in known else []
+        if not cand and p.isdigit():
+            cand = [c for c in known if c.startswith(f"SA{p}")][:3]
+        cand = cand or difflib.get_close_matches(p, known, n=3, cutoff=0.5)
+        hint = f"; did you mean {' or '.join(cand)}?" if cand else "; `specaudit rules` lists the codes"
+        raise ValueError(f"{option} {p}: no rule has this code or prefix{hint}")

@@ -47,18 +47,69 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action="version", version=f"specaudit {__version__}")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    ap.subparsers = {}
     for mod in command_modules():
         name = getattr(mod, "NAME", mod.__name__.rsplit(".", 1)[-1].replace("_", "-"))
         p = sub.add_parser(name, help=mod.HELP, description=(mod.__doc__ or mod.HELP),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         mod.add_arguments(p)
         p.set_defaults(_main=mod.main)
+        ap.subparsers[name] = p
     return ap
+
+
+def _options(p: argparse.ArgumentParser) -> dict:
+    """option string -> its action, of one (sub)parser."""
+    return {o: a for a in p._actions for o in a.option_strings}
+
+
+def unknown_hint(command: str | None, extras: list[str], ap: argparse.ArgumentParser, argv=None) -> str:
+    """Why options were not recognised and where they go: the one machine-output spelling
+    (--output-format), the arms of `ab`, or the closest option of the command."""
+    import difflib
+    sp = getattr(ap, "subparsers", {}).get(command)
+    opts = _options(sp) if sp is not None else {}
+    flags = [x.split("=", 1)[0] for x in extras if x.startswith("-")]
+    for f in flags:
+        if f in ("--format", "--json", "--output_format", "--outputformat", "-f"):
+            fmt = opts.get("--output-format")
+            if fmt is not None and fmt.choices:
+                return f"machine output is spelled --output-format ({', '.join(fmt.choices)}) in every command"
+            return f"`specaudit {command}` has no machine output option"
+    if command == "ab":
+        from specaudit.runtime.options import add_runtime_arguments
+        arm = argparse.ArgumentParser(add_help=False)
+        add_runtime_arguments(arm)
+        arm_opts = [f for f in flags if f in _options(arm)]
+        words = list(argv if argv is not None else sys.argv[1:])
+        given = []
+        for f in arm_opts:   # the option with the value the user gave it, for the example
+            i = next((k for k, w in enumerate(words) if w.split("=", 1)[0] == f), None)
+            val = words[i + 1] if i is not None and "=" not in words[i] and i + 1 < len(words) \
+                and not words[i + 1].startswith("-") else None
+            given.append(words[i] if i is not None and "=" in words[i] else f + (f" {val}" if val else ""))
+        if arm_opts:
+            return (f"{', '.join(arm_opts)} belong{'s' if len(arm_opts) == 1 else ''} to an arm: put "
+                    f"{'it' if len(arm_opts) == 1 else 'them'} inside both --a=\"...\" and --b=\"...\" "
+                    f"(e.g. --a=\"--algo chain {' '.join(given)}\")")
+    for f in flags:
+        close = difflib.get_close_matches(f, [o for o in opts if o.startswith("--")], n=1, cutoff=0.6)
+        if close:
+            return f"did you mean {close[0]}?"
+    return ""
 
 
 def main(argv=None) -> int:
     ap = build_parser()
-    args = ap.parse_args(argv)
+    args, extras = ap.parse_known_args(argv)
+    if extras:
+        cmd = getattr(args, "command", None)
+        sp = getattr(ap, "subparsers", {}).get(cmd, ap)
+        hint = unknown_hint(cmd, extras, ap, argv)
+        sp.print_usage(sys.stderr)
+        print(f"{sp.prog}: error: unrecognized arguments: {' '.join(extras)}" + (f"; {hint}" if hint else ""),
+              file=sys.stderr)
+        return 2
     if not getattr(args, "_main", None):
         ap.print_help()
         return 2

@@ -268,3 +268,65 @@ def test_run_summary_shows_derived_beside_reported(fault_runs, capsys):
     clean = dict(runs["stale-draft"].summary)      # every record true: nothing disagrees
     print_summary(clean)
     assert "DISAGREES" not in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ strict CLI
+
+def _cli(argv, capsys):
+    from specaudit import cli
+    rc = cli.main(argv)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.parametrize("opt,val,hint", [("--select", "XYZ", "codes"), ("--select", "301", "did you mean SA301?"),
+                                          ("--ignore", "SA3011", "did you mean SA311"),
+                                          ("--select", "SA3,SA9Q", "--select SA9Q")])
+def test_unknown_codes_exit_2_with_the_closest(table_ds, capsys, opt, val, hint):
+    ds, _ = table_ds
+    rc, out, err = _cli(["check", str(ds), opt, val], capsys)
+    assert rc == 2 and hint in err and err.count("\n") == 1 and out == ""
+
+
+def test_known_prefixes_still_select(table_ds, capsys):
+    ds, _ = table_ds
+    rc, out, _ = _cli(["check", str(ds), "--select", "SA51", "--ignore", "SA511"], capsys)
+    assert rc == 1 and "SA510" in out
+
+
+@pytest.mark.parametrize("argv,hint", [
+    (["check", "x", "--format", "json"], "--output-format (text, json, junit, github, sarif)"),
+    (["estimate", "--json"], "--output-format (text, json)"),
+    (["query", "x", "--format=csv"], "--output-format (table, csv, json, parquet)"),
+    (["demo", "--json"], "has no machine output option"),
+    (["check", "x", "--selct", "SA3"], "did you mean --select?"),
+    (["ab", "--a=--algo chain", "--b=--algo tree", "--max-new-tokens", "64", "--out", "o"],
+     '--max-new-tokens belongs to an arm: put it inside both --a="..." and --b="..." '
+     '(e.g. --a="--algo chain --max-new-tokens 64")'),
+])
+def test_unrecognised_options_say_where_they_go(argv, hint, capsys):
+    rc, out, err = _cli(argv, capsys)
+    assert rc == 2 and hint in err and "Traceback" not in err
+    assert f"usage: specaudit {argv[0]}" in err       # the command's usage, not the top level's
+
+
+def test_query_and_report_refuse_a_parquet_file_that_is_not_a_trace(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    (tmp_path / "in").mkdir()
+    f = tmp_path / "in" / "data.parquet"
+    pq.write_table(pa.table({"x": [1, 2]}), f)
+    rc, out, err = _cli(["query", str(f), "SELECT count(*) FROM steps"], capsys)
+    assert rc == 2 and "not a trace run" in err and out == ""
+    rc, out, err = _cli(["report", str(f), "--out", str(tmp_path / "r")], capsys)
+    assert rc == 2 and "not a trace run" in err and not (tmp_path / "r").exists()
+    (tmp_path / "empty").mkdir()
+    rc, _, err = _cli(["query", str(tmp_path / "empty"), "SELECT 1"], capsys)
+    assert rc == 2 and "no trace runs" in err
+
+
+def test_report_exit_code_follows_the_checker(table_ds, tmp_path, capsys):
+    ds, _ = table_ds          # the disagreeing cases break SA510
+    assert _cli(["report", str(ds), "--out", str(tmp_path / "a")], capsys)[0] == 1
+    assert _cli(["report", str(ds), "--out", str(tmp_path / "b"), "--exit-zero"], capsys)[0] == 0
+    assert _cli(["report", str(ds), "--out", str(tmp_path / "c"), "--no-check"], capsys)[0] == 0

@@ -136,6 +136,11 @@ def run_check(args):
     from specaudit.audit.check import CheckResult, check_paths, result_bad
     from specaudit.audit.formats import format_findings
     select, ignore = _codes(args.select), _codes(args.ignore)
+    from specaudit.invariants import load_rules
+    from specaudit.invariants.registry import check_selectors
+    load_rules(dirs=args.invariants, entry_points=not args.no_entry_points)   # user rules count as known
+    check_selectors("--select", select)
+    check_selectors("--ignore", ignore)
     paths = [Path(p) for p in args.paths]
     traces, logs = [], []
     for p in paths:

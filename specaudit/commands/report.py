@@ -18,6 +18,9 @@ section: A and B per stratum with their intervals and verdicts (ab.png), the Sim
 paradox and confounder warnings and the closing sentence. Given alone, the page holds
 only that section:
   specaudit report ab.json --out report/
+
+Exit codes (as `specaudit check`): 0 written and the checker found no error, 1 written
+and the checker found errors (--exit-zero: 0), 2 bad input (nothing written).
 """
 from __future__ import annotations
 
@@ -30,7 +33,9 @@ ORDER = 62
 def add_arguments(p) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH", help="dataset folders, run folders or files")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for report.html and the PNGs")
-    p.add_argument("--no-check", action="store_true", help="skip the checker (the report says so)")
+    p.add_argument("--no-check", action="store_true", help="skip the checker (the report says so; exit 0)")
+    p.add_argument("--exit-zero", action="store_true",
+                   help="exit 0 even when the checker finds errors (default: 1, as `specaudit check`)")
     p.add_argument("--title", help="page title (default: specaudit post-mortem report)")
     p.add_argument("--threads", type=int, default=None, help="DuckDB threads (default: all cores)")
 
@@ -77,4 +82,5 @@ def main(args) -> int:
                         threads=args.threads, title=args.title, ab=ab)
     note = "" if summary is None else f" (checker: {summary.get('violations', 0)} violation(s))"
     print(f"report: {path}{note}", file=sys.stdout)
-    return 0
+    # the README's rule: 1 when the checker found errors (the report is written either way)
+    return 0 if (args.no_check or args.exit_zero) else res.exit_code

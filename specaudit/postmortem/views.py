@@ -491,6 +491,13 @@ def find_dataset(paths) -> Dataset:
                 ds.step_files.append(f.resolve())
         if rf.requests_file is not None and _usable(rf, rf.requests_file, REQUESTS_SCHEMA, ds):
             ds.request_files.append(rf.requests_file.resolve())
+    if not ds.files and all(rf.manifest is None for rf in runs):
+        # no readable step or request file and no manifest: nothing here is a trace, and
+        # empty views would read as "all clean"
+        errs = ds.skipped + [p for rf in runs for p in rf.problems]
+        e = errs[0] if errs else InputError(runs[0].run_dir, "no step files")
+        more = f" (and {len(errs) - 1} more problems)" if len(errs) > 1 else ""
+        raise InputError(getattr(e, "path", None), f"not a trace run: {getattr(e, 'reason', e)}{more}")
     return ds
 
 
