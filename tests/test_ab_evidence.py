@@ -522,3 +522,22 @@ def test_output_never_over_an_input(seed_logs, capsys):
     assert main(["ab", f"{a},{b}", b, "-o", b]) == 2   # b is inside side A's comma-separated list too
     assert "one of the files this command reads" in _err(capsys)
     assert Path(b).read_bytes() == before
+
+
+CORPUS = ENGINES / "corpus" / "rendered"
+
+
+def test_real_corpus_sglang_16274_dp_attention_regression(capsys):
+    # SGLang issue 16274 (facts in tests/fixtures/engines/corpus/sglang.json): TP4 gave accept
+    # length 2.34-2.37 over four chunked-prefill sizes, TP4 + DP4 attention 1.48-1.49. Each
+    # scrape alone is consistent; only the comparison shows the regression. The gauges carry
+    # no running-request count: refused unless the user names concurrency as not matched.
+    a, b = str(CORPUS / "sglang-16274-tp4-chunk*.prom"), str(CORPUS / "sglang-16274-dp4-chunk*.prom")
+    assert main(["ab", a, b, "--min-windows", "2"]) == 2
+    e = _err(capsys)
+    assert "none of its 4 windows says how many requests were running" in e and "--vary concurrency" in e
+    res = compare_sides(a, b, min_windows=2, vary=["concurrency"])
+    x = res["strata"][0]["metrics"]["accept_len"]
+    assert (x["a"]["n"], x["b"]["n"]) == (4, 2) and x["verdict"] == "A better"
+    assert abs(x["a"]["mean"] - (2.3377 + 2.3541 + 2.3676 + 2.3711) / 4) < 1e-9
+    assert any("concurrency is not reported by A and B" in w for w in res["warnings"])

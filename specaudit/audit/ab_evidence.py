@@ -651,20 +651,26 @@ def compare_windows(wa: list[EvWindow], wb: list[EvWindow], *, vary=None, same_w
     if bad:
         raise ValueError(f"--vary {','.join(bad)}: not a stratum key; keys are {', '.join(KEYS)}")
     warnings: list[str] = []
-    # windows without a running-request count cannot be stratified by concurrency
+    # windows without a running-request count cannot be stratified by concurrency; only a
+    # user who names concurrency in --vary (compare across it) may keep them
+    across = bool(vary) and "concurrency" in vary
     for lab, ws in (("A", wa), ("B", wb)):
         if not ws:
             raise InputError(None, f"side {lab} has no windows")
         miss = [w for w in ws if w.concurrency is None]
+        if across:
+            continue
         if len(miss) == len(ws):
             raise InputError(miss[0].file, f"side {lab}: none of its {len(ws)} windows says how many requests were "
                                            "running, so they cannot be matched by concurrency (log the scheduler's "
-                                           "running-request count, e.g. vLLM's 'Running: N reqs' engine line)")
+                                           "running-request count, e.g. vLLM's 'Running: N reqs' engine line; or, "
+                                           "knowing both ran the same load, --vary concurrency)")
         if miss:
             warnings.append(f"{lab}: {len(miss)} of {len(ws)} windows have no (or a zero) running-request count "
                             f"(first: {miss[0].file} {miss[0].ref}); left out")
-    wa = [w for w in wa if w.concurrency is not None]
-    wb = [w for w in wb if w.concurrency is not None]
+    if not across:
+        wa = [w for w in wa if w.concurrency is not None]
+        wb = [w for w in wb if w.concurrency is not None]
 
     def values(ws, k):
         return {w.strata.get(k) for w in ws}
@@ -674,7 +680,7 @@ def compare_windows(wa: list[EvWindow], wb: list[EvWindow], *, vary=None, same_w
     for k in KEYS:
         va, vb = values(wa, k), values(wb, k)
         if va == {None} or vb == {None}:
-            if va != vb:
+            if va != vb or (explicit and k in explicit):
                 unknown[k] = [lab for lab, v in (("A", va), ("B", vb)) if v == {None}]
             continue
         if explicit is not None:
@@ -886,7 +892,7 @@ def confounder_report(wa, wb, primary, matched, varied, pooled, matched_res) -> 
                             if other not in e["moves_with"]:
                                 e["moves_with"].append(other)
     out.sort(key=lambda e: (-(e["explains"] if e["explains"] is not None else -1), -e["distance"]))
-    if p and matched_res.get(primary) and not small:
+    if out and p and matched_res.get(primary) and not small:
         gm = matched_res[primary]["diff_b_minus_a"]["mean"]
         out.append({"key": "all matched keys", "explains": (G - gm) / G, "gap_within": gm,
                     "role": "matched", "a": {}, "b": {}, "distance": None})
