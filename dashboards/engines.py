@@ -39,6 +39,8 @@ Series (labels job, instance, engine, model, rank; `position` where named):
     specaudit:identity:accept_length_excess{figure} accept length - (k + 1)              > 0 impossible
     specaudit:identity:position_increase{position}  (a[p] - a[p-1]) / a[0]               > 0 impossible
     specaudit:identity:position_sum_residual        (sum_p a[p] - accepted) / accepted   != 0 broken
+    specaudit:identity:position_rate_excess{position} accept_rate_by_position - 1         > 0 impossible
+    specaudit:identity:drafted_excess               drafted / verify steps - k           > 0 impossible
     specaudit:identity:gauge_minus_counters         (mean gauge - counters) / counters   != 0 disagree
 """
 from __future__ import annotations
@@ -203,6 +205,11 @@ def recording_rules(t: Timing = Timing()) -> dict:
             f'specaudit:accepted_tokens_by_position:rate{{position="0"}}, "position", "{p}", "", "")'
             for p in range(1, MAX_POSITIONS))),
         # vLLM and llama.cpp update the per-position and total counters together
+        # accepted at a position <= its denominator (verify steps, or drafted at that position)
+        _rule("specaudit:identity:position_rate_excess", "specaudit:accept_rate_by_position - 1"),
+        # each verify step drafts at most k tokens (k = the positions exported: vLLM, llama.cpp)
+        _rule("specaudit:identity:drafted_excess",
+              f'specaudit:draft_length{{engine=~"vllm|llamacpp"}} - {on} specaudit:draft_positions'),
         _rule("specaudit:identity:position_sum_residual",
               'sum without (position) (specaudit:accepted_tokens_by_position:rate{engine=~"vllm|llamacpp"}) '
               f"/ {on} (specaudit:accepted_tokens:rate > 0) - 1"),
@@ -227,11 +234,17 @@ class Alert:
 # The catalog codes each alert stands for (`specaudit rules CODE` explains them).
 ALERTS = [
     Alert("SpecauditAcceptedAboveDrafted", "SA702", "critical",
-          "specaudit:identity:accepted_minus_drafted > 0.01", "for_impossible",
+          "specaudit:identity:accepted_minus_drafted > 0.01 or specaudit:identity:position_rate_excess > 0.01",
+          "for_impossible",
           "accepted drafts above drafted tokens",
-          "{{ $labels.engine }} counted more accepted drafts than drafted tokens over the window (the residual "
-          "specaudit:identity:accepted_minus_drafted is above 1%): impossible; the accepted counter includes the "
-          "bonus token or counts something twice."),
+          "{{ $labels.engine }} counted more accepted drafts than drafted tokens{{ with $labels.position }} at "
+          "position {{ . }}{{ end }} over the window (by more than 1%): impossible; the accepted counter includes "
+          "the bonus token or counts something twice."),
+    Alert("SpecauditDraftedAboveSteps", "SA722", "critical",
+          "specaudit:identity:drafted_excess > 0.01", "for_impossible",
+          "more drafted tokens than verify steps x k",
+          "{{ $labels.engine }} counted more drafted tokens per verify step than the positions it exports: a "
+          "step verifies at most k drafts; padded or placeholder drafts were counted."),
     Alert("SpecauditAcceptLengthAboveMax", "SA705", "critical",
           "specaudit:identity:accept_length_excess > 0.01", "for_impossible",
           "accept length above k + 1",
@@ -346,6 +359,8 @@ def dashboard() -> dict:
                 (f"specaudit:identity:accept_length_excess{s}", lf + " L-(k+1) {{figure}}"),
                 (f"specaudit:identity:position_increase{s}", lf + " pos {{position}} increase"),
                 (f"specaudit:identity:position_sum_residual{s}", lf + " per-position sum"),
+                (f"specaudit:identity:position_rate_excess{s}", lf + " pos {{position}} rate - 1"),
+                (f"specaudit:identity:drafted_excess{s}", lf + " drafted/step - k"),
                 (f"specaudit:identity:gauge_minus_counters{s}", lf + " gauge vs counters")], 0, 16, w=24),
         _panel(6, "Counter resets", "Times a spec-decoding counter went down in the window (restarts).",
                [(f"specaudit:counter_resets:count{s}", lf)], 0, 24, w=8),

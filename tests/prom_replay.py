@@ -53,9 +53,11 @@ def interval(case, j) -> dict:
     k = case["k"]
     drafts = round(ph["drafts"] * f)
     per_pos = [round(c * f) for c in ph.get("accepted_per_pos", [])]
+    drafted_pos = [round(c * f) for c in ph["drafted_per_pos"]] if "drafted_per_pos" in ph else [drafts] * len(per_pos)
     accepted = round(ph["accepted"] * f) if "accepted" in ph else sum(per_pos)
-    return {"drafts": drafts, "draft_tokens": drafts * k, "accepted": accepted, "per_pos": per_pos,
-            "drafted_per_pos": [drafts] * len(per_pos), "generated": drafts + accepted,
+    drafted = round(ph["draft_tokens_per_step"] * drafts) if "draft_tokens_per_step" in ph else drafts * k
+    return {"drafts": drafts, "draft_tokens": drafted, "accepted": accepted, "per_pos": per_pos,
+            "drafted_per_pos": drafted_pos, "generated": drafts + accepted,
             "accept_length": ph.get("printed_accept_length", 1 + accepted / drafts if drafts else 0.0),
             "accept_rate": ph.get("printed_accept_rate", accepted / (drafts * k) if drafts else 0.0),
             "running": ph["running"]}
@@ -220,7 +222,10 @@ PROMTOOL_EVAL = "93m"       # after every phase (the reset at frame 90 is still 
 # labels an alert carries beyond job/instance/engine/model/rank, severity and code
 ALERT_EXTRA = {("vllm_accepted_over_drafted", "SpecauditAcceptLengthAboveMax"): {"figure": "counters"},
                ("trtllm_accept_length_above_max", "SpecauditAcceptLengthAboveMax"): {"figure": "gauge"},
-               ("vllm_position_increasing", "SpecauditPositionRateIncreasing"): {"position": "1"}}
+               ("vllm_position_increasing", "SpecauditPositionRateIncreasing"): {"position": "1"},
+               ("trtllm_position_accepted_over_drafted", "SpecauditAcceptedAboveDrafted"): {
+                   "position": "2", "denominator": "drafted_at_position"},
+               ("trtllm_position_accepted_over_drafted", "SpecauditPositionRateIncreasing"): {"position": "2"}}
 
 
 def expand(template: str, labels: dict) -> str:
