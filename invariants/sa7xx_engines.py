@@ -382,3 +382,40 @@ class AcceptanceCollapse(SourceRule):
                                          "drafts, or a drafter blind to the context?")
         return self.emit(reading, items())
 
+
+
+class CountersNotPopulated(SourceRule):
+    """What: the speculative-decoding counters of a record are all zero while the same
+    record shows that drafts were accepted (more than one token decoded per iteration, or
+    an acceptance length above 1).
+
+    Why: a path that never writes the counters reports zeros, and a zero read as "nothing
+    drafted" hides a working drafter (TensorRT-LLM's PyTorch flow before PR 17082 returned
+    request_perf_metrics.speculative_decoding zeroed while avg_decoded_tokens_per_iter was
+    right; renamed keys read as 0 do the same).
+
+    Example: `"avg_decoded_tokens_per_iter": 2.4, "speculative_decoding": {"acceptance_rate":
+    0.0, "total_accepted_draft_tokens": 0, "total_draft_tokens": 0}`.
+    """
+
+    code = "SA728"
+    name = "counters-not-populated"
+    message = "{what}: {detail}"
+    fail_fixture = "corpus/rendered/trtllm-broken-request-zeros.json"
+    pass_fixture = "corpus/rendered/trtllm-test-perf-metrics-backfill.json"
+
+    def check(self, reading):
+        def items():
+            for w in self.windows(reading):
+                if w.draft_tokens != 0 or w.accepted_tokens not in (0, None):
+                    continue
+                avg = w.extra.get("avg_decoded_per_iter")
+                if avg is not None and avg > 1 + LEN_TOL:
+                    yield w, dict(what=f"speculative-decoding counters{where(w)}",
+                                  detail=f"drafted 0 and accepted 0, yet {fmt(avg)} tokens are decoded per iteration: "
+                                         "the counters were never written on this path")
+                elif w.accept_len is not None and w.accept_len > 1 + LEN_TOL and not w.extra.get("accept_len_gauge"):
+                    yield w, dict(what=f"speculative-decoding counters{where(w)}",
+                                  detail=f"drafted 0 and accepted 0, yet the acceptance length is {fmt(w.accept_len)}: "
+                                         "the counters were never written (or are read under an old name)")
+        return self.emit(reading, items())

@@ -260,8 +260,8 @@ def test_inflated_rate_is_caught(tmp_path_factory, win, factor):
     if A == 0:
         return
     pct = 100 * A / (drafts * k) * factor
-    if f"{pct:.1f}" == f"{100 * A / (drafts * k):.1f}":
-        return  # vLLM prints the rate to 0.1%: the inflation does not show in the line
+    if abs(float(f"{pct:.1f}") - 100 * A / (drafts * k)) <= 0.05 + 1e-9:
+        return  # vLLM prints the rate to 0.1%: the printed figure is within half a unit of the true one
     f = tmp_path_factory.mktemp("r") / "v.log"
     f.write_text(vllm_line(drafts, counts, k, pct=pct))
     codes = {x.code for x in audit_file(f) if x.severity == "error"}

@@ -188,8 +188,12 @@ def window_of(obj, line: int) -> tuple[Window | None, str | None]:
         if w.histogram is not None:
             w.conventions["histogram"] = HIST_CONV
         w.text = json.dumps(sd)[:300]
-        if trt and w.drafts is None and not w.draft_tokens and not w.accepted_tokens:
-            w.extra["all_zero"] = True
+        avg = _num(obj.get("avg_decoded_tokens_per_iter")) if isinstance(obj, dict) else None
+        if avg is None and isinstance(obj.get("choices"), list) and obj["choices"] \
+                and isinstance(obj["choices"][0], dict):
+            avg = _num(obj["choices"][0].get("avg_decoded_tokens_per_iter"))
+        if avg is not None:
+            w.extra["avg_decoded_per_iter"] = avg
         return w, None
     # SGLang meta_info
     mi = _find(obj, ("spec_verify_ct", "spec_accept_length", "spec_accept_token_num", "spec_accepted_drafts",
