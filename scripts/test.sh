@@ -11,6 +11,8 @@ need=()
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+# A Java runtime for Spark (tests/test_spark.py runs the checker on Spark local[2]).
+command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)   # a self-signed cert for check --prometheus over TLS
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq

@@ -387,10 +387,15 @@ def exact_sum_partials(values, partials=()) -> list:
     return ps
 
 
+def _plain_number(v):
+    """numpy or Python number -> int, or float for the float sums (sampling)."""
+    return int(v) if isinstance(v, (int, np.integer)) else float(v)
+
+
 def group_partial(derived: _Derived, rq: RequestFrame | None, *, have_facts: bool) -> dict:
     """One group's sums and counts (plain Python types: JSON-serialisable)."""
-    out = {"total": {k: int(v) for k, v in derived.total.items()},
-           "partitions": {p: {k: int(v) for k, v in d.items()} for p, d in derived.parts.items()},
+    out = {"total": {k: _plain_number(v) for k, v in derived.total.items()},
+           "partitions": {p: {k: _plain_number(v) for k, v in d.items()} for p, d in derived.parts.items()},
            "depth_hist": [int(x) for x in derived.depth_hist.tolist()]}
     if rq is None:
         out.update(requests=0, generated=0, first_tokens=0, n_real=0, means={k: [] for k, _ in MEANS})
@@ -654,26 +659,44 @@ def _open_requests(rf: RunFiles, result: CheckResult, batch_rows: int):
     return gen(), state
 
 
-def check_run(rf: RunFiles, rules, result: CheckResult, batch_rows: int = BATCH_ROWS) -> None:
-    note_input(rf.run_dir)
+def run_start(rf: RunFiles, result: CheckResult) -> list | None:
+    """A run's own problems (SA000) and, when it did not end normally, SA001.
+
+    Returns the reasons it is incomplete ([] when it ended normally), or None when
+    the folder holds nothing to check. Shared by check_run and the Spark driver."""
     for prob in rf.problems:
         result_bad(result, prob.path, prob.reason, rf.run_id)
     manifest = rf.manifest
     if manifest is None and not rf.step_files and rf.requests_file is None:
-        return
+        return None
     reasons = []
     if not manifest or not manifest.get("finished_at"):
         reasons.append("no finished_at in run.json")
     if rf.requests_file is None:
         reasons.append("no requests table")
-    requests, rq_state = (_open_requests(rf, result, batch_rows) if rf.requests_file is not None
-                          else (None, {"ok": False}))
-    complete = not reasons
     if reasons:
         why = "; ".join(reasons)
         result.incomplete_runs.append((rf.run_id, why))
         from specaudit.invariants import get_rule
         result.add(get_rule("SA001").finding(run_id=rf.run_id, file=str(rf.run_dir), reason=why))
+    return reasons
+
+
+def run_counts(files_read: bool, requests_opened: bool, manifest) -> bool:
+    """Whether a run counts as checked (a killed run's lone run.json counts: SA001, not
+    "nothing to check")."""
+    return bool(files_read or requests_opened or manifest is not None)
+
+
+def check_run(rf: RunFiles, rules, result: CheckResult, batch_rows: int = BATCH_ROWS) -> None:
+    note_input(rf.run_dir)
+    reasons = run_start(rf, result)
+    if reasons is None:
+        return
+    manifest = rf.manifest
+    requests, rq_state = (_open_requests(rf, result, batch_rows) if rf.requests_file is not None
+                          else (None, {"ok": False}))
+    complete = not reasons
     n_before = len(result.files_checked)
     bad_before = len(result.bad_files)
     # a step file that could not be read makes the run's totals partial: request and
@@ -683,8 +706,8 @@ def check_run(rf: RunFiles, rules, result: CheckResult, batch_rows: int = BATCH_
     check_batches(stream, run_id=rf.run_id, manifest=manifest, rules=rules, result=result, requests=requests,
                   complete=lambda: complete and requests is not None and rq_state["ok"] and steps_whole(),
                   incomplete_reason="; ".join(reasons) or None)
-    if len(result.files_checked) > n_before or requests is not None or manifest is not None:
-        result.runs.append(rf.run_id)   # a killed run's lone run.json counts: SA001, not "nothing"
+    if run_counts(len(result.files_checked) > n_before, requests is not None, manifest):
+        result.runs.append(rf.run_id)
 
 
 def check_paths(paths, select=(), ignore=(), *, invariants_dirs=(), entry_points: bool = True,
@@ -699,26 +722,39 @@ def check_paths(paths, select=(), ignore=(), *, invariants_dirs=(), entry_points
     rules = [r for r in load_rules(select=select, ignore=ignore, dirs=invariants_dirs,
                                    entry_points=entry_points) if r.scope != "source"]
     result = CheckResult(max_per_code=max_per_code, rules=[r.code for r in rules])
+    for rf in iter_runs(paths, result):
+        check_run(rf, rules, result, batch_rows)
+    return result
+
+
+def iter_runs(paths, result: CheckResult, discover_fn=None):
+    """The runs under the given paths, each once, in order: a path that cannot be
+    listed is SA000; a run id seen in an earlier folder is SA002. Shared by
+    check_paths and the Spark driver (which lists URIs with Spark: discover_fn)."""
+    discover_fn = discover_fn or (lambda p: discover([p]))
     seen = set()
     first_dir: dict[str, Path] = {}
     for p in paths:
         try:
-            runs = discover([p])
+            runs = discover_fn(p)
         except InputError as e:
             result_bad(result, e.path, e.reason)
             continue
         for rf in runs:
-            key = Path(rf.run_dir).resolve()
+            key = _run_key(rf.run_dir)
             if key in seen:
                 continue
             seen.add(key)
-            first = first_dir.setdefault(rf.run_id, Path(rf.run_dir))
-            if first != Path(rf.run_dir) and "SA002" in result.rules:
+            first = first_dir.setdefault(rf.run_id, rf.run_dir)
+            if key != _run_key(first) and "SA002" in result.rules:
                 from specaudit.invariants import get_rule
                 result.add(get_rule("SA002").finding(run_id=rf.run_id, file=str(rf.run_dir), first=str(first),
                                                      run_id_again=rf.run_id))
-            check_run(rf, rules, result, batch_rows)
-    return result
+            yield rf
+
+
+def _run_key(run_dir):
+    return Path(run_dir).resolve() if isinstance(run_dir, (str, Path)) else str(run_dir)
 
 
 def check_tables(steps: pa.Table, requests: pa.Table | None, manifest: dict | None, *, select=(),

@@ -1,0 +1,177 @@
+"""`specaudit check --engine spark`: the same findings as the local checker.
+
+The corpus holds a run per injected runtime fault, a clean run, one run per held-in
+corruption (every rule's failing fixture), and bad input (an unreadable step file, a
+run.json missing, a run killed mid-way, an unknown schema version, a requests table
+that is not Parquet). It is checked locally and then (a) through the Spark driver's
+own task functions in-process, with 1 and 3 request buckets, and (b) on Spark
+local[2]: the findings must be equal (code, run, request, step, file, message).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from collections import defaultdict
+
+import pyarrow.parquet as pq
+import pytest
+
+from specaudit.audit import spark as sp
+from specaudit.audit.check import CheckResult, check_paths
+from specaudit.invariants import all_rules, load_rules
+from specaudit.invariants.fixtures import FixtureRun
+from specaudit.runtime.faults import FAULTS
+
+BATCH_ROWS = 37          # small batches: requests cross batch and file boundaries
+CHECK_FAULTS = [(n, a) for n, f in FAULTS.items() if f.revealed_by == "check" for a in f.algos]
+
+
+def _rename(run: FixtureRun, run_id: str) -> FixtureRun:
+    """Give a fixture its own run id (rows that carried the old id follow it)."""
+    old = run.manifest.get("run_id")
+    run.manifest["run_id"] = run_id
+    for r in run.steps + (run.requests or []):
+        if r.get("run_id") == old:
+            r["run_id"] = run_id
+    return run
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, fault_run, clean_dataset, make_run):
+    out = tmp_path_factory.mktemp("spark-corpus") / "traces"
+    out.mkdir()
+    # every injected fault, and clean runs, from the real runtime
+    for name, algo in CHECK_FAULTS:
+        try:
+            src, _ = fault_run(name, algo)
+        except ValueError as e:  # a fault of speculative sampling: it needs a temperature
+            if "temperature" not in str(e):
+                raise
+            src = tmp_path_factory.mktemp(f"sampled-{name}-{algo}")
+            make_run(out=src, oracle=False, inject=name, algo=algo, budget=7 if algo == "chain" else 12,
+                     topk=1 if algo == "chain" else 3, temperature=0.8, seed=3)
+        for d in src.iterdir():
+            shutil.copytree(d, out / d.name)
+    clean, _ = clean_dataset
+    for d in clean.iterdir():
+        shutil.copytree(d, out / d.name)
+    # every held-in corruption: each rule's failing fixture, in 3 step files
+    for rule in all_rules():
+        if rule.scope == "source":
+            continue
+        run = _rename(FixtureRun.make(rule.fixture_algo), f"fx-{rule.code.lower()}")
+        rule.fail(run)
+        if run.manifest.get("run_id") is None or not isinstance(run.manifest.get("run_id"), str):
+            continue
+        run.write(out, n_files=3)
+    # bad input
+    ok = lambda rid: _rename(FixtureRun.make("tree"), rid).write(out, n_files=2)  # noqa: E731
+    (ok("bad-step-file") / "steps-000001.parquet").write_bytes(b"PAR1 not really")
+    (ok("no-manifest") / "run.json").unlink()
+    killed = ok("killed")
+    (killed / "requests.parquet").unlink()
+    m = json.loads((killed / "run.json").read_text())
+    m.pop("finished_at", None)
+    (killed / "run.json").write_text(json.dumps(m))
+    v = ok("future-version")
+    m = json.loads((v / "run.json").read_text())
+    m["schema_version"] = 99
+    (v / "run.json").write_text(json.dumps(m))
+    (ok("bad-requests") / "requests.parquet").write_bytes(b"\x00" * 64)
+    return out
+
+
+def _key(f):
+    return (f.code, f.run_id, f.request_id, f.step, f.file, f.message)
+
+
+def _summary(res: CheckResult):
+    return (sorted(_key(f) for f in res.findings), dict(res.counts), sorted(res.runs), res.steps, res.requests,
+            sorted(res.incomplete_runs), sorted(res.bad_files), sorted(res.files_checked))
+
+
+def _diff(a, b) -> str:
+    """What differs between two _summary()s, readably."""
+    out = []
+    for name, x, y in zip(("findings", "counts", "runs", "steps", "requests", "incomplete", "bad", "files"), a, b):
+        if x == y:
+            continue
+        if isinstance(x, list):
+            out += [f"{name}: first only {e}" for e in sorted(set(x) - set(y))[:5]]
+            out += [f"{name}: second only {e}" for e in sorted(set(y) - set(x))[:5]]
+            out.append(f"{name}: {len(x)} vs {len(y)}")
+        else:
+            out.append(f"{name}: {x} vs {y}")
+    return "\n".join(out)
+
+
+def emulate(paths, buckets: int, batch_rows: int = BATCH_ROWS) -> CheckResult:
+    """The Spark dataflow with Python loops in place of Spark: read tasks, groups, combine."""
+    rules = [r for r in load_rules() if r.scope != "source"]
+    result = CheckResult(max_per_code=0, rules=[r.code for r in rules])
+    runs = sp.plan(paths, None, result)
+    info = {k: {"run_key": k, "run_id": rf.run_id, "manifest": rf.manifest} for k, rf in runs}
+    groups = defaultdict(list)
+    for t in sp.file_tasks(runs, buckets=buckets):
+        for row in sp.read_file_rows(t["run_key"], t["kind"], t["file_idx"], sp.Path(t["path"]), t["buckets"],
+                                     batch_rows):
+            groups[(row["run_key"], row["bucket"])].append(row)
+    out = [r for (rk, _), rows in groups.items() for r in sp.check_bucket(rows, info[rk], rules)]
+    statuses, partials = defaultdict(list), defaultdict(list)
+    for r in out:
+        if r["row_kind"] == "status":
+            statuses[r["run_key"]].append({**json.loads(r["payload"]), "file": r["file"]})
+        elif r["row_kind"] == "partial":
+            partials[r["run_key"]].append(json.loads(r["payload"]))
+    complete = {k: sp.combine_run(rf, k, statuses[k], partials[k], rules, result) for k, rf in runs}
+    for r in out:
+        if r["row_kind"] == "finding" and r["when_complete"] in (None, complete[r["run_key"]]):
+            vals = json.loads(r.pop("values"))
+            result.add(sp.Finding(values=vals, **{k: r[k] for k in sp.FINDINGS_COLUMNS if k != "values"}))
+    return result
+
+
+@pytest.fixture(scope="module")
+def local(corpus):
+    return check_paths([corpus], max_per_code=0, batch_rows=BATCH_ROWS)
+
+
+def test_corpus_covers_faults_corruptions_and_bad_input(local):
+    codes = set(local.counts)
+    refused = {r for r, _ in local.incomplete_runs} | {f.run_id for f in local.findings if f.code == "SA000"}
+    for rule in all_rules():
+        if rule.scope != "source":
+            # its corruption fires its code, or (a manifest the reader refuses) SA000
+            assert rule.code in codes or f"fx-{rule.code.lower()}" in refused, rule.code
+    assert {"SA000", "SA001"} <= codes
+    reasons = " ".join(r for _, r in local.bad_files)
+    assert "missing run.json" in reasons and "not a Parquet file" in reasons and "schema_version" in reasons
+
+
+@pytest.mark.parametrize("buckets", [1, 3])
+def test_dataflow_in_process_equals_local(corpus, local, buckets):
+    """Any grouping of whole requests gives the local findings: the core, not Spark."""
+    got, want = _summary(emulate([corpus], buckets)), _summary(local)
+    assert got == want, _diff(got, want)
+
+
+# ------------------------------------------------------------------- on Spark
+
+
+@pytest.fixture(scope="session")
+def spark():
+    s = sp.session("local[2]", shuffle_partitions=4)
+    yield s
+    s.stop()
+
+
+def test_spark_local2_equals_local(spark, corpus, local, tmp_path):
+    out = tmp_path / "findings"
+    res = sp.check_spark(spark, [corpus], out=str(out), max_per_code=0, batch_rows=BATCH_ROWS, buckets=3)
+    assert _summary(res) == _summary(local), _diff(_summary(res), _summary(local))
+    assert res.exit_code == local.exit_code == 1
+    # the findings dataset holds every finding, with the documented columns
+    t = pq.read_table(out)
+    assert set(sp.FINDINGS_COLUMNS) <= set(t.schema.names)
+    assert sorted((r["code"], r["run_id"], r["request_id"], r["step"], r["file"], r["message"])
+                  for r in t.to_pylist()) == sorted(_key(f) for f in local.findings)
