@@ -167,7 +167,8 @@ def test_names_follow_prometheus_conventions():
     # `_created` twins are prometheus_client's (specaudit serve turns them off)
     fams = [f for f in text_string_to_metric_families(generate_latest(reg).decode())
             if not f.name.endswith("_created")]
-    allowed_labels = {"depth", "code", "finish_reason", "le", "run_id", "algo", "budget", "topk", "fault", "model"}
+    allowed_labels = {"depth", "code", "finish_reason", "le", "run_id", "algo", "budget", "topk", "fault", "model",
+                      "sink"}   # sink: bounded (prom_sink.SINK_NAMES)
     for f in fams:
         assert f.name.startswith("specaudit_") and ":" not in f.name, f.name
         assert f.type in ("counter", "gauge", "histogram"), (f.name, f.type)   # no summaries

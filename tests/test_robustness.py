@@ -357,3 +357,107 @@ def test_readers_on_nulls_and_duplicate_columns(tmp_path, argv, mk, codes, capsy
     err = capsys.readouterr().err
     assert "Traceback" not in err and "internal error" not in err, err
     assert code in codes, (code, err)
+
+
+# ------------------------------------------------------------- sinks degrade loudly
+
+
+def _tracer(tmp_path, monkeypatch, retry_s=0.05):
+    import errno
+    from prometheus_client import CollectorRegistry
+
+    from specaudit.trace import parquet as P
+    from specaudit.trace.prom_sink import PromSink
+    from specaudit.trace.tracer import Tracer
+    full = {"on": False}
+    real = P.write_parquet_atomic
+
+    def write(path, table, *a, **k):
+        if full["on"]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, table, *a, **k)
+    monkeypatch.setattr(P, "write_parquet_atomic", write)
+    reg = CollectorRegistry()
+    sink = P.ParquetSink(tmp_path / "ds", "s1", flush_s=0.0, retry_s=retry_s)
+    prom = PromSink(reg, max_depth=8)
+    tr = Tracer([sink, prom], {"schema_version": 1, "engine": {}, "models": {}, "config": {"budget": 7},
+                               "host": {}}, "s1")
+    return tr, sink, reg, full
+
+
+def _finish(tr, i):
+    tr.begin_request(f"q{i}", prompt_tokens=[1, 2], first_token=3)
+    tr.end_request(f"q{i}", output_tokens=[3, 4], finish_reason="eos", ttft_s=0.1, e2e_s=0.2)
+    tr.flush(5)
+
+
+def test_full_disk_turns_health_red_counts_logs_once_and_recovers(tmp_path, monkeypatch, caplog):
+    import logging
+    import time
+    tr, sink, reg, full = _tracer(tmp_path, monkeypatch)
+    _finish(tr, 0)
+    assert tr.health()["ok"]
+    full["on"] = True
+    with caplog.at_level(logging.WARNING, logger="specaudit.tracer"):
+        for i in range(1, 4):
+            _finish(tr, i)
+            time.sleep(0.06)                               # past the backoff: retried
+        h = tr.health()
+        assert not h["ok"] and h["errors"] >= 2 and "No space left" in h["last_error"]
+        assert not h["sinks"]["parquet"]["ok"]
+        assert reg.get_sample_value("specaudit_sink_errors_total", {"sink": "parquet"}) >= 2
+        assert len([r for r in caplog.records if "failed" in r.getMessage()]) == 1   # one line
+        full["on"] = False
+        time.sleep(0.2)                                    # backoff doubled: wait it out
+        _finish(tr, 4)
+        assert tr.health()["ok"]
+        assert any("recovered" in r.getMessage() for r in caplog.records)
+    tr.close()
+    import pyarrow.parquet as pq
+    rq = pq.read_table(sink.run_dir / "requests.parquet")
+    assert sorted(rq.column("request_id").to_pylist()) == [f"q{i}" for i in range(5)]   # nothing lost
+    assert not [p for p in sink.run_dir.iterdir() if p.name.startswith(".")]
+
+
+def test_disk_still_full_at_close_is_one_line_and_files_stay_readable(tmp_path, monkeypatch):
+    from specaudit.trace.parquet import SinkError
+    tr, sink, reg, full = _tracer(tmp_path, monkeypatch)
+    _finish(tr, 0)
+    full["on"] = True
+    _finish(tr, 1)
+    with pytest.raises(SinkError) as e:
+        tr.close()
+    assert "\n" not in str(e.value) and "could not finish" in str(e.value)
+    assert isinstance(e.value, InputError)                 # the CLI: one line, exit 2
+    res = check_paths([sink.run_dir])
+    assert res.counts["SA001"] == 1 and not res.bad_files   # readable, reported incomplete
+
+
+def test_requests_are_on_disk_before_the_run_ends(tmp_path, monkeypatch):
+    """A killed server used to lose every finished request (written only at close)."""
+    import pyarrow.parquet as pq
+    tr, sink, reg, full = _tracer(tmp_path, monkeypatch)
+    for i in range(3):
+        _finish(tr, i)
+    rq = pq.read_table(sink.run_dir / "requests.parquet")     # no close(): as after SIGKILL
+    assert rq.num_rows == 3 and rq.column("output_tokens").to_pylist()[0] == [3, 4]
+    tr.close()
+
+
+def test_atomic_write_leaves_no_temporary_on_a_real_write_error(tmp_path):
+    """RLIMIT_FSIZE makes the kernel refuse the write (EFBIG), as a full disk does."""
+    import subprocess
+    import sys
+    code = f"""
+import resource, signal
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
+from specaudit.trace.schema import atomic_write_bytes
+try:
+    atomic_write_bytes({str(tmp_path / 'f.bin')!r}, b"x" * 100000)
+except OSError as e:
+    print("refused", e.errno)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.startswith("refused"), out.stderr[-1000:]
+    assert list(tmp_path.iterdir()) == []

@@ -2,12 +2,12 @@
 
     traces/run_id=<id>/run.json           manifest (rewritten at the end with finished_at)
     traces/run_id=<id>/steps-<seq>.parquet   zstd, row groups; one file per flush
-    traces/run_id=<id>/requests.parquet   written when the run ends
+    traces/run_id=<id>/requests.parquet   rewritten with each flush: requests finished so far
 
 Every file is written under a hidden temporary name and renamed when complete, so a
 reader (pyarrow and DuckDB skip dot-files) sees whole files only. Steps are flushed
-every `flush_steps` rows or `flush_s` seconds, whichever comes first; a run killed at
-any moment loses at most the rows not yet flushed.
+every `flush_steps` rows or `flush_s` seconds, whichever comes first, with the requests
+finished so far; a run killed at any moment loses at most the rows not yet flushed.
 """
 from __future__ import annotations
 
@@ -53,11 +53,24 @@ def write_parquet_atomic(path: Path, table: pa.Table, row_group_size: int = 6553
     atomic_write_bytes(path, buf.getvalue())
 
 
+class SinkError(InputError):
+    """A sink could not keep the record (disk full, permission): one line, exit 2."""
+
+
 class ParquetSink:
-    """Writes a run's steps, requests and manifest into a dataset folder."""
+    """Writes a run's steps, requests and manifest into a dataset folder.
+
+    Crash-safe: steps are flushed every `flush_steps` rows or `flush_s` seconds, and
+    the requests that finished since the last flush are written with them (the whole
+    requests.parquet rewritten atomically), so a killed process loses at most one
+    flush interval of either. A failed write (disk full, permission) keeps the rows
+    pending, raises once to the tracer (which counts and logs it), and is retried after
+    a backoff that doubles from `retry_s` up to `retry_max_s`; above `max_pending_rows`
+    pending step rows the oldest are dropped and counted (health()["dropped_rows"])."""
 
     def __init__(self, dataset, run_id: str, flush_steps: int = 4096, flush_s: float = 5.0,
-                 row_group_size: int = 65536):
+                 row_group_size: int = 65536, retry_s: float = 1.0, retry_max_s: float = 60.0,
+                 max_pending_rows: int = 1_000_000):
         self.run_dir = prepare_run_dir(Path(dataset), run_id)
         self.run_id = run_id
         self.flush_steps, self.flush_s = flush_steps, flush_s
@@ -67,6 +80,23 @@ class ParquetSink:
         self._last_flush = time.monotonic()
         self._seq = 0
         self._requests: list[dict] = []
+        self._requests_written = 0          # rows of self._requests already on disk
+        self._requests_at = time.monotonic()
+        self.retry_s, self.retry_max_s = retry_s, retry_max_s
+        self.max_pending_rows = max_pending_rows
+        self._backoff = 0.0
+        self._retry_at = 0.0
+        self.errors = 0
+        self.last_error: str | None = None
+        self.dropped_rows = 0
+
+    sink_name = "parquet"
+
+    def health(self) -> dict:
+        """ok: the last write succeeded (or none failed yet); the rest for /health."""
+        return {"ok": self._backoff == 0.0, "errors": self.errors, "last_error": self.last_error,
+                "pending_rows": self._pending_rows, "dropped_rows": self.dropped_rows,
+                "retry_in_s": max(0.0, round(self._retry_at - time.monotonic(), 3)) if self._backoff else 0.0}
 
     def open_run(self, manifest: dict) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=False)
@@ -79,26 +109,65 @@ class ParquetSink:
     def write_steps(self, batch: pa.RecordBatch) -> None:
         self._pending.append(batch)
         self._pending_rows += batch.num_rows
-        if (self._pending_rows >= self.flush_steps
-                or time.monotonic() - self._last_flush >= self.flush_s):
+        while self._pending_rows > self.max_pending_rows and len(self._pending) > 1:
+            old = self._pending.pop(0)          # the disk has been failing for long
+            self._pending_rows -= old.num_rows
+            self.dropped_rows += old.num_rows
+        self._maybe_flush()
+
+    def _maybe_flush(self) -> None:
+        due = self._pending_rows >= self.flush_steps or time.monotonic() - self._last_flush >= self.flush_s
+        if due and time.monotonic() >= self._retry_at:
             self.flush()
 
-    def flush(self) -> None:
-        self._last_flush = time.monotonic()
-        if not self._pending:
+    def flush(self, force: bool = False) -> None:
+        """Write pending steps (one new steps file) and the requests finished so far.
+        Raises OSError when the disk refuses (rows stay pending, retried later)."""
+        if not force and time.monotonic() < self._retry_at:
             return
-        # a sampled run's batches carry the contract v2 columns (STEPS_SCHEMA_V2)
-        table = pa.Table.from_batches(self._pending, schema=self._pending[0].schema)
-        write_parquet_atomic(self.run_dir / f"steps-{self._seq:06d}.parquet", table, self.row_group_size)
-        self._seq += 1
-        self._pending, self._pending_rows = [], 0
+        self._last_flush = time.monotonic()
+        try:
+            if self._pending:
+                # a sampled run's batches carry the contract v2 columns (STEPS_SCHEMA_V2)
+                table = pa.Table.from_batches(self._pending, schema=self._pending[0].schema)
+                write_parquet_atomic(self.run_dir / f"steps-{self._seq:06d}.parquet", table, self.row_group_size)
+                self._seq += 1
+                self._pending, self._pending_rows = [], 0
+            # the whole table is rewritten: at most once per flush_s (and at the end)
+            if len(self._requests) > self._requests_written and (
+                    force or time.monotonic() - self._requests_at >= self.flush_s):
+                self._write_requests()
+        except OSError as e:
+            self.errors += 1
+            self.last_error = f"{type(e).__name__}: {e.strerror or e}"
+            self._backoff = min(max(self._backoff * 2, self.retry_s), self.retry_max_s)
+            self._retry_at = time.monotonic() + self._backoff
+            raise
+        self._backoff, self._retry_at = 0.0, 0.0
+
+    def _write_requests(self) -> None:
+        cols = {f.name: [r.get(f.name) for r in self._requests] for f in REQUESTS_SCHEMA_EXT}
+        write_parquet_atomic(self.run_dir / "requests.parquet", pa.table(cols, schema=REQUESTS_SCHEMA_EXT))
+        self._requests_written = len(self._requests)
+        self._requests_at = time.monotonic()
 
     def write_request(self, row: dict) -> None:
         self._requests.append(row)
+        if time.monotonic() - self._last_flush >= self.flush_s and time.monotonic() >= self._retry_at:
+            self.flush()
 
     def close_run(self, manifest: dict) -> None:
-        self.flush()
-        cols = {f.name: [r.get(f.name) for r in self._requests] for f in REQUESTS_SCHEMA_EXT}
-        table = pa.table(cols, schema=REQUESTS_SCHEMA_EXT)
-        write_parquet_atomic(self.run_dir / "requests.parquet", table)
-        self._write_manifest(manifest)
+        """Last flush (no backoff), the requests table (even empty) and the final
+        manifest; SinkError (one line) when the disk still refuses."""
+        try:
+            self.flush(force=True)
+            if self._requests_written == 0:
+                self._write_requests()
+            self._write_manifest(manifest)
+        except OSError as e:
+            raise SinkError(self.run_dir, f"could not finish the trace ({e.strerror or e}); "
+                                          f"{self._pending_rows} step rows not written, the files "
+                                          "on disk stay readable") from None
+        if self.dropped_rows:
+            raise SinkError(self.run_dir, f"{self.dropped_rows} step rows were dropped while the disk "
+                                          "refused writes; the rest is on disk")

@@ -596,8 +596,12 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write to a temporary name then rename: readers see nothing or the whole file."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:  # a failed write (disk full) leaves no temporary behind
+        if os.path.lexists(tmp):
+            os.unlink(tmp)

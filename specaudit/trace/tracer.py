@@ -14,6 +14,7 @@ never recomputed: they are what specaudit audits.
 """
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -23,6 +24,8 @@ import numpy as np
 import pyarrow as pa
 
 from specaudit.trace.schema import SAMPLING_FIELDS, STEPS_SCHEMA, STEPS_SCHEMA_V2, mask_hash
+
+log = logging.getLogger("specaudit.tracer")
 
 
 def _host(x, copy: bool = True):
@@ -62,8 +65,13 @@ class Tracer:
     """Collects step rows and request rows and hands them to sinks.
 
     Sinks implement any of: open_run(manifest), write_steps(RecordBatch),
-    write_request(dict), close_run(manifest). Errors in a sink are kept and raised
-    from close(), never in the decode loop.
+    write_request(dict), close_run(manifest), health() -> dict with "ok", and
+    sink_error(sink_name) (told of every failure of any sink: the Prometheus sink
+    counts them as specaudit_sink_errors_total). A failing sink never stops the
+    decode loop: the failure is counted, logged once per episode (one line on the
+    `specaudit.tracer` logger, and one when the sink recovers), shown by health(),
+    and retried by the sink; close() raises SinkError (one line) only when data
+    was lost.
     """
 
     def __init__(self, sinks, manifest: dict, run_id: str, batch_s: float = 0.25,
@@ -80,8 +88,12 @@ class Tracer:
         self._requests: dict[str, dict] = {}
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
-        self._errors: list[BaseException] = []
+        self._errors: list[BaseException] = []   # lost data: raised from close()
         self._lock = threading.Lock()
+        self.error_count = 0
+        self.last_error: str | None = None
+        self.last_error_at: float | None = None
+        self._failing: set[str] = set()           # sinks in a failure episode (logged once)
         for s in self.sinks:
             if hasattr(s, "open_run"):
                 s.open_run(self.manifest)
@@ -190,9 +202,10 @@ class Tracer:
                 if it.event is not None:
                     it.event.synchronize()
             batch = steps_to_arrow(self.run_id, [it.fields for it in steps])
-        except BaseException as e:  # keep the decode loop alive; report at close
+        except Exception as e:  # keep the decode loop alive; report at close
             with self._lock:
                 self._errors.append(e)
+            self._failed("tracer", e)
             return
         self._call("write_steps", batch)
 
@@ -201,9 +214,43 @@ class Tracer:
             if hasattr(s, method):
                 try:
                     getattr(s, method)(arg)
-                except BaseException as e:
+                except OSError as e:      # the sink keeps the rows and retries
+                    self._failed(_name(s), e)
+                except Exception as e:    # a sink bug: the rows are lost
                     with self._lock:
                         self._errors.append(e)
+                    self._failed(_name(s), e)
+                else:
+                    if self._failing and _name(s) in self._failing and _sink_ok(s):
+                        self._failing.discard(_name(s))
+                        log.warning("specaudit tracer: sink %s recovered; writing again", _name(s))
+
+    def _failed(self, name: str, e: BaseException) -> None:
+        with self._lock:
+            self.error_count += 1
+            self.last_error = f"{name}: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
+            self.last_error_at = time.time()
+            first = name not in self._failing
+            self._failing.add(name)
+        if first:
+            log.error("specaudit tracer: sink %s failed (%s); rows kept and retried with backoff; "
+                      "/health reports it", name, self.last_error)
+        for s in self.sinks:
+            if hasattr(s, "sink_error"):
+                try:
+                    s.sink_error(name)
+                except Exception:  # noqa: BLE001 - counting must not fail the worker
+                    pass
+
+    def health(self) -> dict:
+        """{"ok", "errors", "last_error", "last_error_at", "sinks": {name: health}}.
+
+        ok: no sink is in a failure episode, every sink that reports health is ok, and
+        no rows were lost to an error."""
+        sinks = {_name(s): s.health() for s in self.sinks if hasattr(s, "health")}
+        ok = not self._failing and not self._errors and all(h.get("ok", True) for h in sinks.values())
+        return {"ok": ok, "errors": self.error_count, "last_error": self.last_error,
+                "last_error_at": self.last_error_at, "sinks": sinks}
 
     def flush(self, timeout: float | None = None) -> None:
         """Block until everything recorded so far reached the sinks."""
@@ -228,11 +275,28 @@ class Tracer:
             if hasattr(s, "close_run"):
                 try:
                     s.close_run(self.manifest)
-                except BaseException as e:
+                except Exception as e:
                     self._errors.append(e)
+                    self._failed(_name(s), e)
         if self._errors:
-            raise RuntimeError(f"tracer sink failed: {self._errors[0]!r}") from self._errors[0]
+            from specaudit.trace.parquet import SinkError
+            e = self._errors[0]
+            if isinstance(e, SinkError):
+                raise e
+            raise SinkError(None, f"tracer sink failed: {type(e).__name__}: "
+                                  f"{' '.join(str(e).split())[:200]}") from None
         return self.manifest
+
+
+def _name(sink) -> str:
+    return getattr(sink, "sink_name", None) or type(sink).__name__
+
+
+def _sink_ok(sink) -> bool:
+    try:
+        return bool(sink.health().get("ok", True)) if hasattr(sink, "health") else True
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def _ragged_flat(x, B: int) -> tuple[np.ndarray, np.ndarray]:
