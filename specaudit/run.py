@@ -16,6 +16,33 @@ from specaudit.tokenizer import default_prompts, encode, load_prompts
 from specaudit.trace.schema import SAMPLING_SCHEMA_VERSION, SCHEMA_VERSION, InputError
 
 
+MIN_FREE_BYTES = 16 << 20
+
+
+class _SinkFailing(Exception):
+    """Raised from the progress callback to end a run whose trace sink is failing."""
+
+
+def trace_bytes_bound(num_prompts: int, max_new_tokens: int, budget: int) -> int:
+    """Upper bound on a run's trace size: every step commits at least one token, and a
+    step row holds about six int32 lists of N = budget + 1 entries plus ~128 bytes of
+    scalars (before zstd, which only shrinks it)."""
+    return int(num_prompts) * int(max_new_tokens) * ((int(budget) + 1) * 24 + 128)
+
+
+def check_free_space(folder: Path, need: int) -> None:
+    """InputError before any decoding when the dataset's file system lacks `need` bytes
+    (plus MIN_FREE_BYTES): a run on a full disk used to decode everything, then fail."""
+    import shutil
+    p = Path(folder)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    free = shutil.disk_usage(p).free
+    if free < need + MIN_FREE_BYTES:
+        raise InputError(folder, f"only {free / 2**20:.1f} MiB free where the trace needs up to "
+                                 f"{(need + MIN_FREE_BYTES) / 2**20:.1f} MiB; free space or pick another --out")
+
+
 def reference_manifest(run_id: str, models_info: dict, cfg, *, dtype: str, device: str, seed: int,
                        engine_extra: dict | None = None, **config) -> dict:
     """run.json (without finished_at and reported) for a run of the reference runtime.
@@ -137,6 +164,7 @@ def run_traced(*, algo="chain", budget=7, topk=1, concurrency=1, num_prompts=8, 
     run_id = run_id or new_run_id(algo, budget, topk, concurrency, inject)
     if trace and out is not None:
         prepare_run_dir(Path(out), run_id)  # refuse early: nothing half-written
+        check_free_space(Path(out), trace_bytes_bound(num_prompts, max_new_tokens, budget))
 
     reference, greedy_wall = None, None
     if oracle:
@@ -162,16 +190,29 @@ def run_traced(*, algo="chain", budget=7, topk=1, concurrency=1, num_prompts=8, 
         from tqdm import tqdm
         bar = tqdm(total=len(reqs), desc=f"{algo} b={budget} k={topk} c={concurrency}",
                    unit="req", file=sys.stderr, dynamic_ncols=True)
+    def on_request(r, n):
+        if bar:
+            bar.update(1)
+        if tracer is not None and not tracer.health()["ok"]:
+            raise _SinkFailing()            # stop early: decoding on would trace nothing
+
     t0 = time.time()
+    stopped = None
     try:
-        engine.run(reqs, progress=(lambda r, n: bar.update(1)) if bar else None)
+        engine.run(reqs, progress=on_request)
+    except _SinkFailing:
+        stopped = tracer.health()["last_error"]   # close() below writes what it can
     finally:
         if bar:
             bar.close()
     wall = time.time() - t0
     reported = engine.metrics.reported(wall)
     if tracer is not None:
-        manifest = tracer.close(reported=reported, wall_s=wall)
+        manifest = tracer.close(reported=reported, wall_s=wall)   # SinkError if rows were lost
+        if stopped:
+            from specaudit.trace.parquet import SinkError
+            raise SinkError(run_dir, f"stopped early after {sum(r.finished for r in reqs)} of {len(reqs)} "
+                                     f"requests: the trace sink failed ({stopped}); what was written is readable")
     else:
         manifest["reported"] = reported
     outputs = [r.output for r in reqs]

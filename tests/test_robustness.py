@@ -461,3 +461,40 @@ except OSError as e:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.startswith("refused"), out.stderr[-1000:]
     assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------- run on a full disk
+
+
+def test_run_refuses_to_start_without_free_space(tmp_path, monkeypatch):
+    import shutil as sh
+    from collections import namedtuple
+
+    from specaudit.run import run_traced
+    du = namedtuple("du", "total used free")
+    monkeypatch.setattr(sh, "disk_usage", lambda p: du(10 << 20, 9 << 20, 1 << 20))
+    with pytest.raises(InputError, match="MiB free"):
+        run_traced(num_prompts=2, max_new_tokens=8, out=tmp_path / "ds", oracle=False)
+    assert not list((tmp_path / "ds").glob("run_id=*"))       # nothing half-written
+
+
+def test_run_stops_early_when_the_disk_fills_and_keeps_files_readable(tmp_path, monkeypatch):
+    import errno
+
+    from specaudit.run import run_traced
+    from specaudit.trace import parquet as P
+    real, calls = P.write_parquet_atomic, {"n": 0}
+
+    def write(path, table, *a, **k):
+        calls["n"] += 1
+        if calls["n"] > 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, table, *a, **k)
+    monkeypatch.setattr(P, "write_parquet_atomic", write)
+    with pytest.raises(P.SinkError) as e:
+        run_traced(num_prompts=8, max_new_tokens=24, concurrency=1, out=tmp_path / "ds", oracle=False,
+                   flush_steps=1, flush_s=0.0)
+    assert "\n" not in str(e.value)
+    res = check_paths([tmp_path / "ds"])
+    assert not res.bad_files and res.counts["SA001"] == 1    # readable, incomplete
+    assert res.steps > 0 and res.steps < 8 * 24
