@@ -13,8 +13,9 @@ Prometheus stored it, no rate(), no step interpolation):
                the `engine` label (data-parallel index)
     SGLang     sglang:spec_accept_length / sglang:spec_accept_rate / sglang:gen_throughput /
                sglang:num_running_reqs gauges (one window per new gauge value, never
-               differenced), sglang:spec_verify_calls_total; rank = `dp_rank`; tp/pp ranks
-               other than 0 are left out (they repeat rank 0)
+               differenced, as prom_text reads a scrape file); rank = `dp_rank`; tp/pp ranks
+               other than 0 are left out (they repeat rank 0). Its spec_verify_calls_total is
+               compared with the gauge by the alert rules (engines_alerts.yml), not here
     TensorRT-LLM trtllm_spec_decode_num_draft_tokens_total, _num_accepted_tokens_total,
                _accepted_tokens_total{token_position}, _drafted_tokens_total{token_position}
                (conditional per-position rates), the trtllm_spec_decode_acceptance_length gauge
@@ -54,8 +55,7 @@ SERIES = {
              "generated": "vllm:generation_tokens_total",
              "running": "vllm:num_requests_running"},
     "sglang": {"accept_len": "sglang:spec_accept_length", "accept_rate": "sglang:spec_accept_rate",
-               "gen_tps": "sglang:gen_throughput", "running": "sglang:num_running_reqs",
-               "verify_calls": "sglang:spec_verify_calls_total", "generated": "sglang:generation_tokens_total"},
+               "gen_tps": "sglang:gen_throughput", "running": "sglang:num_running_reqs"},
     "trtllm": {"draft_tokens": "trtllm_spec_decode_num_draft_tokens_total",
                "accepted_tokens": "trtllm_spec_decode_num_accepted_tokens_total",
                "per_pos": ("trtllm_spec_decode_accepted_tokens_total", "token_position"),
