@@ -224,3 +224,17 @@ def test_no_cut_of_a_clean_line_raises_an_error(tmp_path):
                     continue
                 errs = [x.message for x in fs if x.severity == "error"]
                 assert not errs, (name, j, cut, errs)
+
+
+def test_cli_source_names_are_the_registry():
+    from specaudit.commands.check import SOURCES as CLI
+    assert CLI == tuple(sources.SOURCES)
+
+
+def test_another_engine_past_the_head_is_noted(tmp_path, monkeypatch):
+    monkeypatch.setattr(sources, "HEAD_BYTES", 100)
+    f = tmp_path / "late.log"
+    f.write_text(VLLM.read_text() * 3 + (CORPUS / "llamacpp-pr27342-dflash2.log").read_text())
+    fs = audit_file(f)
+    assert [x.line for x in fs if x.code == "SA700" and "mixed engines" in x.message] == [4]
+    assert codes(fs, "error") == set()

@@ -380,16 +380,30 @@ def _resolve(path, source):
 def iter_readings(path, source: str | None = None, chunk: int = CHUNK_WINDOWS):
     """Stream a file into Readings of at most `chunk` windows each (the last may be
     smaller); each carries the config and notes seen so far. Bounded memory for any size."""
+    forced = source is not None
     p, source = _resolve(path, source)
-    mod = _modules()[source]
+    mods = _modules()
+    mod = mods[source]
     lines = Lines(p)
     parser = mod.Parser(str(path))
+    # lines of another engine past the part detection read (a mixed file): noted, not read
+    others = [] if forced or SOURCES[source][1] != "log" else \
+        [(n, m.looks_like_line) for n, m in mods.items() if n != source and SOURCES[n][1] == "log"]
+    mixed = 0
     total = 0
     notes_total = 0
     last_notes: list = []
     emitted = False
     for i, ln in lines:
-        parser.feed(i, ln)
+        for name, looks in others:
+            if looks(ln):
+                if not mixed:
+                    parser.skip(i, f"a {name} line in a {source} file (mixed engines: this and later such lines "
+                                   "are not read; split the file per engine)", ln)
+                mixed += 1
+                break
+        else:
+            parser.feed(i, ln)
         if len(parser.reading.windows) >= chunk:
             r = parser.take()
             total += len(r.windows)
