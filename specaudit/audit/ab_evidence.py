@@ -92,6 +92,7 @@ class EvWindow:
     tokens_per_s: float | None = None
     commit_len_tput: float | None = None
     concurrency: float | None = None  # the raw running-request count (strata hold its bin)
+    key: tuple = ()                  # its values of the matched keys (set by compare_windows)
 
 
 # ------------------------------------------------------------------ verdicts
@@ -707,8 +708,11 @@ def compare_windows(wa: list[EvWindow], wb: list[EvWindow], *, vary=None, same_w
         warnings.append("A and B differ throughout in " + ", ".join(KEY_LABEL[k] for k in varied)
                         + ": a difference cannot be pinned on one of them")
 
+    for w in wa + wb:
+        w.key = tuple(w.strata.get(k) for k in matched)
+
     def skey(w):
-        return tuple(w.strata.get(k) for k in matched)
+        return w.key
 
     groups: dict = {}
     for w in wa + wb:
@@ -823,53 +827,76 @@ def _no_overlap_reason(wa, wb, matched, one_sided, thin, min_windows) -> str:
             + "; ".join(fixes) + " (or name the key with --vary to compare across it, confounded)")
 
 
-def _gap_within(wa, wb, key: str, m: str):
+class _Side:
+    """One side's windows as arrays: per key an integer code per window, per metric a
+    float per window (nan = missing). The confounder report groups with bincount."""
+
+    def __init__(self, ws: list):
+        self.n = len(ws)
+        self.codes = {}                       # key -> (values in first-seen order, [n] codes)
+        for k in KEYS:
+            idx: dict = {}
+            inv = np.fromiter((idx.setdefault(w.strata.get(k), len(idx)) for w in ws), np.int64, self.n)
+            self.codes[k] = (list(idx), inv)
+        self.metric = {m: np.fromiter((np.nan if getattr(w, m) is None else getattr(w, m) for w in ws),
+                                      np.float64, self.n) for m in METRICS}
+
+    def groups(self, k: str, m: str) -> dict:
+        """value -> (mean, windows) of metric m over the windows with that value of k."""
+        vals, inv = self.codes[k]
+        x = self.metric[m]
+        ok = ~np.isnan(x)
+        cnt = np.bincount(inv[ok], minlength=len(vals))
+        tot = np.bincount(inv[ok], weights=x[ok], minlength=len(vals))
+        return {v: (tot[i] / cnt[i], int(cnt[i])) for i, v in enumerate(vals) if cnt[i] > 0}
+
+    def shares(self, k: str) -> dict:
+        vals, inv = self.codes[k]
+        cnt = np.bincount(inv, minlength=len(vals))
+        n = max(self.n, 1)
+        out = {show(k, v): c / n for v, c in zip(vals, cnt.tolist())}
+        return dict(sorted(out.items(), key=lambda kv: (_bin_lo(kv[0]), kv[0])))
+
+    def same_partition(self, k1: str, k2: str) -> bool:
+        """k1 and k2 split this side's windows the same way (they moved together)."""
+        (v1, c1), (v2, c2) = self.codes[k1], self.codes[k2]
+        if len(v1) != len(v2):
+            return False
+        return len(np.unique(c1 * len(v2) + c2)) == len(v1)
+
+
+def _gap_within(A: _Side, B: _Side, key: str, m: str):
     """The gap B - A after standardising on `key` alone, and the shared values (None if none)."""
-    ga: dict = {}
-    for w in wa:
-        if getattr(w, m) is not None:
-            ga.setdefault(w.strata.get(key), []).append(getattr(w, m))
-    gb: dict = {}
-    for w in wb:
-        if getattr(w, m) is not None:
-            gb.setdefault(w.strata.get(key), []).append(getattr(w, m))
+    ga, gb = A.groups(key, m), B.groups(key, m)
     shared = [v for v in ga if v in gb]
     if not shared:
         return None, []
-    tot = sum(len(ga[v]) + len(gb[v]) for v in shared)
-    g = sum((len(ga[v]) + len(gb[v])) / tot * (np.mean(gb[v]) - np.mean(ga[v])) for v in shared)
+    tot = sum(ga[v][1] + gb[v][1] for v in shared)
+    g = sum((ga[v][1] + gb[v][1]) / tot * (gb[v][0] - ga[v][0]) for v in shared)
     return float(g), shared
-
-
-def _shares(ws, key) -> dict:
-    out: dict = {}
-    for w in ws:
-        v = show(key, w.strata.get(key))
-        out[v] = out.get(v, 0) + 1
-    n = max(len(ws), 1)
-    return {v: c / n for v, c in sorted(out.items(), key=lambda kv: (_bin_lo(kv[0]), kv[0]))}
 
 
 def confounder_report(wa, wb, primary, matched, varied, pooled, matched_res) -> list[dict]:
     """Every key whose window distribution differs between A and B, with its share of the gap."""
+    A, B = _Side(wa), _Side(wb)
     out = []
     p = pooled.get(primary)
     G = p["diff_b_minus_a"]["mean"] if p else None
     small = G is None or abs(G) <= 1e-9 or (p and abs(G) <= 0.02 * abs(p["a"]["mean"]))
     for k in KEYS:
-        sa, sb = _shares(wa, k), _shares(wb, k)
+        sa, sb = A.shares(k), B.shares(k)
         if sa == sb:
             continue
         tv = 0.5 * sum(abs(sa.get(v, 0) - sb.get(v, 0)) for v in set(sa) | set(sb))
         if tv < 1e-9:
             continue
-        gk, _shared = _gap_within(wa, wb, k, primary)
+        gk, _shared = _gap_within(A, B, k, primary)
         entry = {"key": k, "a": sa, "b": sb, "distance": round(tv, 4),
                  "role": "varied" if k in varied else ("matched" if k in matched else "unmatched"),
                  "gap_within": gk, "explains": None, "explains_by_metric": {}}
         for m, pm in pooled.items():
             g_m = pm["diff_b_minus_a"]["mean"]
-            gk_m, _ = _gap_within(wa, wb, k, m)
+            gk_m, _ = _gap_within(A, B, k, m)
             if gk_m is not None and abs(g_m) > 0.02 * abs(pm["a"]["mean"]) and abs(g_m) > 1e-9:
                 entry["explains_by_metric"][m] = (g_m - gk_m) / g_m
         if gk is None:
@@ -880,11 +907,11 @@ def confounder_report(wa, wb, primary, matched, varied, pooled, matched_res) -> 
             entry["explains"] = (G - gk) / G
         out.append(entry)
     # keys that moved together on a side (the same partition of its windows) cannot be told apart
-    for side, ws in (("A", wa), ("B", wb)):
+    for S in (A, B):
         ks = [e["key"] for e in out]
         for i, k1 in enumerate(ks):
             for k2 in ks[i + 1:]:
-                if len({w.strata.get(k1) for w in ws}) > 1 and _same_partition(ws, k1, k2):
+                if len(S.codes[k1][0]) > 1 and S.same_partition(k1, k2):
                     for e in out:
                         if e["key"] in (k1, k2):
                             other = k2 if e["key"] == k1 else k1
@@ -897,15 +924,6 @@ def confounder_report(wa, wb, primary, matched, varied, pooled, matched_res) -> 
         out.append({"key": "all matched keys", "explains": (G - gm) / G, "gap_within": gm,
                     "role": "matched", "a": {}, "b": {}, "distance": None})
     return out
-
-
-def _same_partition(ws, k1, k2) -> bool:
-    m12, m21 = {}, {}
-    for w in ws:
-        a, b = w.strata.get(k1), w.strata.get(k2)
-        if m12.setdefault(a, b) != b or m21.setdefault(b, a) != a:
-            return False
-    return True
 
 
 def _num(v: float, sign: bool = False) -> str:
