@@ -89,6 +89,33 @@ What each scope receives (all arrays are numpy; [R] = one entry per row):
            line=..., **values). check() of a source rule is only called by that
            reader, never by the trace checker.
 
+Every place a new rule touches
+------------------------------
+The catalog is the one home of a rule's identity (code, name, message, docs); nothing
+else spells a code by hand without a test tying it back here. A built-in rule touches:
+
+  1. invariants/saN_<family>.py    the Rule subclass: code, name, severity, scope,
+                                   message, What / Why / Example docstring, check()
+                                   (registration is automatic: registry.load_builtin)
+  2. its fixtures                  fail(run) and, for an edge case, passing(run) (or
+                                   fail_fixture / pass_fixture files for SA7xx source
+                                   rules); tests/test_invariants.py runs every rule's
+  3. specaudit/audit/reference.py  the per-row oracle: a step or request rule of the
+                                   greedy contract (SA1xx-SA4xx) gets its plain Python
+                                   hit("SAnnn") there; tests/test_check_props.py checks
+                                   that the vectorised engine flags exactly the same rows
+  4. `live` on the rule            when it also runs while an engine serves:
+                                   "prom" -> specaudit/trace/prom_sink.py inline_violations
+                                   must compute it (INLINE_RULES comes from the catalog);
+                                   "kernel:<flag>" -> kernels/audit.py RULES has the flag
+  5. specaudit/audit/compare.py    when the rule compares a reported figure with a
+                                   derived one: call compare.agrees, never a tolerance
+                                   of its own
+  6. README.md                     the catalog section names the family's codes
+tests/test_one_verdict.py checks this list against the catalog: every SA1xx-SA4xx code
+has its oracle line, every "prom" rule is computed by the sink and nothing else is, every
+"kernel:<flag>" names a real flag, and every path above exists.
+
 Fixtures: `fail(run)` and `passing(run)` receive a FixtureRun (invariants/fixtures.py):
 `run.steps` and `run.requests` are lists of row dicts of a small valid synthetic run
 (specaudit.synth, seeded), `run.manifest` its run.json; helpers find rows

@@ -84,6 +84,12 @@ class Rule:
     message   str.format template over the values check() returns, e.g.
               "{algo} committed {commit_len} tokens but accepted depth is {depth}"
     fixture_algo  "chain" or "tree": the synthetic run the fixtures mutate
+    live      where else the rule runs while an engine serves, beyond `specaudit check`:
+              "prom" (the Prometheus sink evaluates it on every step batch and counts
+              specaudit_inline_violations_total{code=...}: specaudit/trace/prom_sink.py)
+              and/or "kernel:<flag>" (the fused Triton audit's flag <flag> of
+              kernels/audit.py RULES reports it). The sink and the kernel take their codes
+              from here (registry.live_rules); tests/test_one_verdict.py fails on drift.
     The docstring is the rule's documentation: What / Why / Example paragraphs.
     """
 
@@ -93,6 +99,7 @@ class Rule:
     scope: str = "step"
     message: str = ""
     fixture_algo: str = "chain"
+    live: tuple = ()
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)

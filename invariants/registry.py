@@ -136,3 +136,29 @@ def check_selectors(option: str, prefixes, codes=None) -> None:
         cand = cand or difflib.get_close_matches(p, known, n=3, cutoff=0.5)
         hint = f"; did you mean {' or '.join(cand)}?" if cand else "; `specaudit rules` lists the codes"
         raise ValueError(f"{option} {p}: no rule has this code or prefix{hint}")
+
+
+def live_rules(where: str) -> list[Rule]:
+    """Built-in rules that also run live at `where`: "prom" (the Prometheus sink's inline
+    rules) or "kernel" (the fused kernel's flags; rule.live holds "kernel:<flag>"), by code."""
+    load_builtin()
+    return [DEFINED[c]() for c in sorted(DEFINED)
+            if any(x == where or x.startswith(where + ":") for x in DEFINED[c].live)]
+
+
+def kernel_codes() -> dict:
+    """The fused kernel's flag -> the catalog codes it reports (from each rule's `live`)."""
+    out: dict = {}
+    for r in live_rules("kernel"):
+        for x in r.live:
+            if x.startswith("kernel:"):
+                out.setdefault(x.split(":", 1)[1], []).append(r.code)
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def what(rule: Rule) -> str:
+    """The first sentence of a rule's "What:" paragraph (a one-line description)."""
+    doc = " ".join((type(rule).__doc__ or "").split())
+    text = doc.split("What:", 1)[1] if "What:" in doc else doc
+    text = text.split(" Why:", 1)[0].strip()
+    return text.split(". ")[0].rstrip(".")

@@ -27,6 +27,7 @@ class NodeListLengths(Rule):
     """
 
     code = "SA101"
+    live = ("prom",)
     name = "node-list-lengths"
     message = "per-node lists differ in length: node_tokens has {n} entries but {column} has {got}"
 
@@ -60,6 +61,7 @@ class NodeCount(Rule):
     """
 
     code = "SA102"
+    live = ("prom", "kernel:tree")
     name = "node-count"
     message = "{n} nodes but the budget allows 1 + {budget} = {limit}{refused}"
 
@@ -82,6 +84,7 @@ class RootParent(Rule):
     """
 
     code = "SA103"
+    live = ("prom", "kernel:tree")
     name = "root-parent"
     message = "parents[0] is {p0}, expected -1 (node 0 is the root)"
 
@@ -102,6 +105,7 @@ class ParentPrecedes(Rule):
     """
 
     code = "SA104"
+    live = ("prom", "kernel:tree")
     name = "parent-precedes"
     message = "node {node} has parent {parent}: parents must point backward (0 <= parent < node){what}"
 
@@ -130,6 +134,7 @@ class TopkChildren(Rule):
     """
 
     code = "SA105"
+    live = ("prom",)
     name = "topk-children"
     message = "a node has {kids} children but topk is {topk}"
     fixture_algo = "tree"
@@ -154,6 +159,7 @@ class ChainShape(Rule):
     """
 
     code = "SA106"
+    live = ("prom", "kernel:tree")
     name = "chain-shape"
     message = "algo {algo} with topk {topk} must be a chain, but node {node} has parent {parent}"
 

@@ -18,6 +18,7 @@ class Positions(Rule):
     """
 
     code = "SA201"
+    live = ("prom", "kernel:positions")
     name = "positions"
     message = ("node {node} (depth {depth}) was fed position {pos}, expected seq_len {seq_len} "
                "+ depth {depth} = {want}{pattern}")
@@ -66,6 +67,7 @@ class MaskHash(Rule):
     """
 
     code = "SA202"
+    live = ("prom", "kernel:mask")
     name = "mask-hash"
     message = "mask_hash {got} is not the ancestor-or-self mask of these parents ({want}){explain}"
     fixture_algo = "tree"

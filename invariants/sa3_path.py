@@ -31,6 +31,7 @@ class CommitLenVsDepth(Rule):
     """
 
     code = "SA301"
+    live = ("prom", "kernel:commit")
     name = "commit-len-vs-depth"
     message = "{algo} committed {commit_len} {tokens} but accepted depth is {accepted_depth} ({rule})"
 
@@ -64,6 +65,7 @@ class DepthVsPath(Rule):
     """
 
     code = "SA302"
+    live = ("prom", "kernel:depth")
     name = "depth-vs-path"
     message = "accepted_depth is {accepted_depth} but the accepted path {path} has depth {path_depth}{explain}"
 
@@ -98,6 +100,7 @@ class PathWalk(Rule):
     """
 
     code = "SA303"
+    live = ("prom",)
     name = "path-walk"
     message = "accepted_path {path} is not a root-to-node walk of this tree (parents {parents})"
     fixture_algo = "tree"
@@ -125,6 +128,7 @@ class PathMatchesArgmax(Rule):
     """
 
     code = "SA304"
+    live = ("prom",)
     name = "path-matches-argmax"
     message = ("accepted node {node} carries token {token} but the target's argmax at its parent "
                "node {parent} is {argmax}: a draft the target rejects was accepted")
@@ -167,6 +171,7 @@ class PathMaximal(Rule):
     """
 
     code = "SA305"
+    live = ("prom",)
     name = "path-maximal"
     message = ("the accepted path stops at node {last} but its child node {child} carries the target's "
                "argmax {token}: acceptance stopped early")
@@ -208,6 +213,7 @@ class CommitLenVsTokens(Rule):
     """
 
     code = "SA306"
+    live = ("prom",)
     name = "commit-len-vs-tokens"
     message = "commit_len is {commit_len} but committed_tokens holds {n} tokens"
 
@@ -230,6 +236,7 @@ class CommittedTokens(Rule):
     """
 
     code = "SA307"
+    live = ("prom",)
     name = "committed-tokens"
     message = "committed_tokens {got} are not the accepted drafts + bonus {want}: {what}"
 
@@ -262,6 +269,7 @@ class CommitEndsAtEos(Rule):
     """
 
     code = "SA308"
+    live = ("prom", "kernel:eos")
     name = "commit-ends-at-eos"
     message = "the commit holds EOS ({eos}) at index {k} but goes on for {extra} more token(s)"
 
@@ -285,6 +293,7 @@ class EosFinishes(Rule):
     """
 
     code = "SA309"
+    live = ("prom",)
     name = "eos-finishes"
     message = "the commit holds EOS ({eos}) at index {k} but the step is not finished"
 
@@ -308,6 +317,7 @@ class CountersSign(Rule):
     """
 
     code = "SA310"
+    live = ("prom",)
     name = "counters-sign"
     message = "accepted_depth {accepted_depth} and commit_len {commit_len}: a step commits at least one token"
 

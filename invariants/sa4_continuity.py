@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from specaudit.audit.compare import agrees
 from specaudit.trace.schema import manifest_conventions
+
 from .base import Hits, Rule
 
 _STEP_DESC = {"gap": "steps are missing", "repeat": "a step is repeated", "late": "a step came out of order",
@@ -332,7 +334,10 @@ class ClientFigures(Rule):
             if c not in want:
                 continue
             use = q.has_row & ~np.isnan(v) & (q.has_steps | (c != "accept_length"))
-            b = use & ~np.isclose(v, want[c], rtol=1e-3, atol=1e-6) & ~bad
+            # the one comparison rule (specaudit.audit.compare), asked only where the two differ
+            b = use & (v != want[c]) & ~bad
+            for i in np.flatnonzero(b):
+                b[i] = agrees(float(v[i]), float(want[c][i])) is False
             col[b], got[b], exp[b] = c, v[b], want[c][b]
             bad |= b
         return Hits(bad, column=col, got=np.round(got, 4), want=np.round(exp, 4))

@@ -46,6 +46,14 @@ from .tree_walk import tree_walk_ref
 
 RULES = ("tree", "depth", "commit", "eos", "mask", "positions")
 NUM_RULES = len(RULES)
+
+
+def rule_codes() -> dict:
+    """Flag of RULES -> the catalog codes it reports, taken from the catalog (each rule's
+    `live = (..., "kernel:<flag>")` in specaudit.invariants): the catalog is the one home
+    of a rule's identity; tests/test_one_verdict.py fails when the two drift apart."""
+    from specaudit.invariants.registry import kernel_codes
+    return kernel_codes()
 # counters[k] for k < NUM_RULES: request-steps breaking RULES[k]; then these two
 COUNTER_NAMES = RULES + ("violating_steps", "steps")
 NUM_COUNTERS = len(COUNTER_NAMES)

@@ -25,7 +25,7 @@ import torch
 
 from ._common import HAS_TRITON
 from .audit import (COUNTER_NAMES, NUM_COUNTERS, NUM_RULES, RULES, AuditResult, audit_step,
-                    audit_step_ref, new_counters)
+                    audit_step_ref, new_counters, rule_codes)
 
 RULE_HELP = {
     "tree": "parents malformed, or a chain whose parents are not i - 1",
@@ -189,7 +189,8 @@ class AuditCollector:
 
     specaudit_inline_audit_steps_total             verify step rows audited on device
     specaudit_inline_audit_violating_steps_total   of those, rows breaking any rule
-    specaudit_inline_audit_violations_total{rule}  rows breaking each rule
+    specaudit_inline_audit_violations_total{rule,code}  rows breaking each rule; code =
+                                                   the catalog codes the flag reports
     """
 
     def __init__(self, auditor: InlineAuditor):
@@ -202,12 +203,14 @@ class AuditCollector:
         bad = CounterMetricFamily("specaudit_inline_audit_violating_steps",
                                   "Audited step rows breaking at least one rule")
         per = CounterMetricFamily("specaudit_inline_audit_violations",
-                                  "Audited step rows breaking each rule", labels=["rule"])
+                                  "Audited step rows breaking each rule (code: the catalog's codes it reports)",
+                                  labels=["rule", "code"])
         if snap is not None:
             steps.add_metric([], snap["steps"])
             bad.add_metric([], snap["violating_steps"])
+            codes = rule_codes()
             for r in RULES:
-                per.add_metric([r], snap["rules"][r])
+                per.add_metric([r, ",".join(codes.get(r, ()))], snap["rules"][r])
         return [steps, bad, per]
 
     def describe(self):

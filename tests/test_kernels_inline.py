@@ -2,6 +2,8 @@
 Prometheus collector; then the real engine with each injected fault (embedded models)."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -67,9 +69,9 @@ def test_prometheus_collector_exposes_counters():
     text = generate_latest(reg).decode()
     assert "specaudit_inline_audit_steps_total 12.0" in text
     assert "specaudit_inline_audit_violating_steps_total 12.0" in text
-    assert 'specaudit_inline_audit_violations_total{rule="positions"} 12.0' in text
-    for r in RULES:
-        assert f'specaudit_inline_audit_violations_total{{rule="{r}"}}' in text
+    assert 'specaudit_inline_audit_violations_total{code="SA201",rule="positions"} 12.0' in text
+    for r in RULES:   # every flag names the catalog codes it reports
+        assert re.search(rf'specaudit_inline_audit_violations_total{{code="SA[0-9,SA]+",rule="{r}"}}', text), r
     assert "# TYPE specaudit_inline_audit_violations_total counter" in text
 
 

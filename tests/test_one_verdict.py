@@ -330,3 +330,45 @@ def test_report_exit_code_follows_the_checker(table_ds, tmp_path, capsys):
     assert _cli(["report", str(ds), "--out", str(tmp_path / "a")], capsys)[0] == 1
     assert _cli(["report", str(ds), "--out", str(tmp_path / "b"), "--exit-zero"], capsys)[0] == 0
     assert _cli(["report", str(ds), "--out", str(tmp_path / "c"), "--no-check"], capsys)[0] == 0
+
+
+# ------------------------------------------------- one home per rule (item 7)
+
+def test_live_rules_come_from_the_catalog_and_do_not_drift():
+    import numpy as np  # noqa: F401
+    from specaudit.invariants.registry import kernel_codes, live_rules
+    from specaudit.kernels.audit import RULES, rule_codes
+    from specaudit.trace import prom_sink
+    from specaudit.trace.synth import synth_run_rows
+    prom = live_rules("prom")
+    assert [(r.code, r.name) for r in prom] == [(c, n) for c, n, _ in prom_sink.INLINE_RULES]
+    # the sink computes exactly the catalog's live codes, no more, no fewer
+    steps, _, man = synth_run_rows(2, algo="tree", budget=6, topk=2, seed=1)
+    got = prom_sink.inline_violations(steps.to_batches()[0])
+    assert set(got) == {r.code for r in prom}
+    # the kernel: every flag reports catalog codes, every declared flag exists
+    kc = kernel_codes()
+    assert set(kc) == set(RULES) and rule_codes() == kc
+    for flag, codes in kc.items():
+        for c in codes:
+            assert f"kernel:{flag}" in next(r for r in live_rules("kernel") if r.code == c).live
+
+
+def test_the_rule_guide_names_every_place_and_each_holds_the_catalog():
+    import re
+    from pathlib import Path
+
+    import specaudit.invariants as inv
+    from specaudit.invariants.registry import builtin_codes, live_rules
+    root = Path(__file__).resolve().parents[1]
+    guide = inv.__doc__.split("Every place a new rule touches", 1)[1].split("Fixtures:", 1)[0]
+    for path in ("specaudit/audit/reference.py", "specaudit/trace/prom_sink.py", "kernels/audit.py",
+                 "specaudit/audit/compare.py", "README.md", "tests/test_invariants.py", "tests/test_check_props.py"):
+        assert path in guide, path
+        assert (root / path).exists(), path
+    oracle = (root / "specaudit/audit/reference.py").read_text()
+    in_oracle = set(re.findall(r'"(SA[1-4]\d\d)"', oracle))
+    contract = {c for c in builtin_codes() if re.match(r"SA[1-4]\d\d$", c)}
+    assert contract <= in_oracle, sorted(contract - in_oracle)
+    for r in live_rules("prom"):
+        assert r.scope == "step", r.code     # the sink sees one batch of step rows

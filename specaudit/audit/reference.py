@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from specaudit.trace.schema import MAX_NODES, mask_hash_from_parents
+from specaudit.audit.compare import agrees
+from specaudit.trace.schema import MAX_NODES, manifest_conventions, mask_hash_from_parents
 
 NODE_LISTS = ("parents", "positions", "target_argmax")
 NULLABLE_LISTS = ("draft_logprob", "target_margin")
@@ -180,8 +181,8 @@ def check_step_rows(rows, *, run_id: str, eos_id: int = 0, max_new_tokens=None, 
 
 
 def check_request_rows(requests, state, *, eos_id=0, max_new_tokens=None, complete=True,
-                       last_finished=None, hits=None):
-    """Requests-table rules (SA405-SA409) against the per-request state of the steps."""
+                       last_finished=None, hits=None, conventions=None):
+    """Requests-table rules (SA405-SA410) against the per-request state of the steps."""
     hits = Counter() if hits is None else hits
     seen = Counter(str(q["request_id"]) for q in requests)
     rows = {str(q["request_id"]): q for q in requests}
@@ -209,6 +210,16 @@ def check_request_rows(requests, state, *, eos_id=0, max_new_tokens=None, comple
             hits[("SA408", rid, -1)] += 1
         if complete and seen[rid] > 1:
             hits[("SA409", rid, -1)] += 1
+        n = st.n_steps if st is not None else 0
+        want = {"completion_tokens": len(out), "verify_steps": n}
+        if n:
+            bonus = 0.0 if (conventions or {}).get("accept_length") == "excludes_bonus" else 1.0
+            want["accept_length"] = st.sum_depth / n + bonus
+        for col, w in want.items():
+            v = q.get(col)
+            if v is not None and v == v and agrees(float(v), float(w)) is False:
+                hits[("SA410", rid, -1)] += 1
+                break
     if complete:
         for rid in state:
             if rid not in rows and rid != "<null>":
@@ -234,5 +245,5 @@ def check_rows(step_rows, request_rows, manifest, *, run_id=None):
     if request_rows is not None:
         complete = bool(manifest and manifest.get("finished_at"))
         check_request_rows(request_rows, state, eos_id=eos, max_new_tokens=mnt, complete=complete,
-                           last_finished=last_fin, hits=hits)
+                           last_finished=last_fin, hits=hits, conventions=manifest_conventions(manifest))
     return hits

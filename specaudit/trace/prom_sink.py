@@ -13,9 +13,8 @@ in lists and dicts), so every series is exported as 0 from the first scrape.
 
 Naming (Prometheus conventions): `specaudit_` prefix, base units (seconds), `_total`
 on counters, no per-request labels; the only labels are `depth` (1..max_depth, bounded:
-deeper values count in the last one), `code` (the inline rules below),
-`finish_reason` (eos, length, abort) and `sink` (SINK_NAMES, on
-specaudit_sink_errors_total: failed writes of the Parquet or OTel sink).
+deeper values count in the last one), `code` (the inline rules below) and
+`finish_reason` (eos, length, abort).
 
 Reported against derived: `specaudit_committed_tokens_total` and
 `specaudit_accepted_tokens_total` sum the engine's own counters (commit_len,
@@ -40,9 +39,6 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from specaudit.trace.schema import tree_depths
 
-# `sink` label values of specaudit_sink_errors_total (bounded)
-SINK_NAMES = ("parquet", "otel", "prometheus", "tracer", "other")
-
 # --------------------------------------------------------------------- inline rules
 
 # (code, name, what it catches): the step-scope rules of specaudit.invariants that need
@@ -50,26 +46,17 @@ SINK_NAMES = ("parquet", "otel", "prometheus", "tracer", "other")
 # structure is unsound (any SA1xx but SA105/SA106) are skipped by the SA2xx/SA3xx rules,
 # as the checker does. Left to the offline checker: SA107 (nulls), SA108 (partition),
 # SA311 and SA4xx (need the request's earlier steps), SA5xx (run aggregates).
-INLINE_RULES = (
-    ("SA101", "node-list-lengths", "a per-node list does not have N = len(node_tokens) entries"),
-    ("SA102", "node-count", "N outside 1..budget + 1"),
-    ("SA103", "root-parent", "parents[0] != -1"),
-    ("SA104", "parent-precedes", "a parent outside 0..i-1"),
-    ("SA105", "topk-children", "a node with more than topk children"),
-    ("SA106", "chain-shape", "a chain (or topk 1) whose parents are not i - 1"),
-    ("SA201", "positions", "positions[i] != seq_len + depth(i)"),
-    ("SA202", "mask-hash", "mask_hash is not the ancestor-or-self mask of the parents"),
-    ("SA301", "commit-len-vs-depth", "unfinished commit_len != accepted_depth + 1, or finished above it"),
-    ("SA302", "depth-vs-path", "accepted_depth != len(accepted_path) - 1"),
-    ("SA303", "path-walk", "accepted_path is not a root-to-node walk of the tree"),
-    ("SA304", "path-matches-argmax", "an accepted token differs from the target's argmax at its parent"),
-    ("SA305", "path-maximal", "a child of the path's last node carries the bonus token"),
-    ("SA306", "commit-len-vs-tokens", "commit_len != len(committed_tokens)"),
-    ("SA307", "committed-tokens", "committed_tokens are not the accepted drafts then the bonus"),
-    ("SA308", "commit-ends-at-eos", "the commit goes on after an EOS"),
-    ("SA309", "eos-finishes", "a commit holding EOS on an unfinished step"),
-    ("SA310", "counters-sign", "accepted_depth < 0 or commit_len < 1"),
-)
+
+
+def _catalog_inline_rules() -> tuple:
+    """(code, name, what it catches) of every catalog rule marked live "prom" (the rule's
+    `live` attribute in specaudit.invariants): the catalog is the one home of a rule's
+    identity; inline_violations computes exactly these codes (a test fails on drift)."""
+    from specaudit.invariants.registry import live_rules, what
+    return tuple((r.code, r.name, what(r)) for r in live_rules("prom"))
+
+
+INLINE_RULES = _catalog_inline_rules()
 INLINE_CODES = tuple(r[0] for r in INLINE_RULES)
 _CHAIN_HASH: dict[int, int] = {}
 
@@ -330,9 +317,6 @@ class PromSink:
                                 buckets=DURATION_BUCKETS, registry=r)
         self.batch_size = Histogram("specaudit_batch_size_requests", "Requests per batched verify forward",
                                     buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
-        se = Counter("specaudit_sink_errors", "Failed writes of a trace sink (disk full, permission); "
-                     "the tracer retries with backoff and /health turns non-ok", ["sink"], registry=r)
-        self._sink_errors = {k: se.labels(sink=k) for k in SINK_NAMES}
         req = Counter("specaudit_requests", "Finished requests by finish reason", ["finish_reason"], registry=r)
         self._requests = {f: req.labels(finish_reason=f) for f in FINISH_REASONS}
         self.generated = Counter("specaudit_generated_tokens",
@@ -440,14 +424,6 @@ class PromSink:
 
     def close_run(self, manifest: dict) -> None:
         pass
-
-    sink_name = "prometheus"
-
-    def sink_error(self, name: str) -> None:
-        """Count one failure of a sink (called by the tracer; names outside SINK_NAMES
-        count as "other": the label stays bounded)."""
-        if self._built:
-            self._sink_errors.get(name, self._sink_errors["other"]).inc()
 
     # ----------------------------------------------------------- server gauges
     def set_load(self, running: int, queued: int) -> None:
