@@ -49,7 +49,7 @@ POS_CONV = "accepted at position i / drafts verified (unconditional, non-increas
 
 def looks_like_line(line: str) -> bool:
     return (("draft acceptance" in line and "accepted /" in line) or "#gen drafts" in line
-            or bool(ROUND_RE.search(line) and "draft tokens" in line)
+            or ("draft tokens" in line and bool(ROUND_RE.search(line)))
             or line.lstrip().startswith("n_drafted ") or line.lstrip().startswith("n_drafted="))
 
 
@@ -184,8 +184,8 @@ class Parser(LineParser):
                 w.k = len(w.per_pos)
             self.reading.windows.append(w)
             return
-        m = ROUND_RE.search(raw)
-        if m and "draft tokens" in raw:
+        m = ROUND_RE.search(raw) if "draft tokens" in raw else None
+        if m:
             a, d = float(m.group("a")), float(m.group("d"))
             w = Window(line=i, engine="llamacpp", kind="interval", text=raw.strip()[:300], drafts=1.0,
                        accepted_tokens=a, draft_tokens=d, version="per-round (verbose)")
