@@ -7,6 +7,10 @@ held-out prompts. Prints one JSON object per configuration, then a last line wit
     speedup_best_tree    best tree tokens/s (traced) / plain greedy tokens/s
     trace_overhead       1 - traced / untraced tokens/s (chain and trees pooled)
     mean_commit_len_chain, and the same figures per configuration.
+    sampled_chain        per temperature (--temperatures, default 0.7 and 1.0): speculative
+                         sampling on the chain against plain sampling from the target at the
+                         same temperature (speedup, traced), and the tracing overhead of a
+                         sampled run (contract v2 columns) pooled as trace_overhead_v2
 
     python scripts/bench_runtime.py                 # ~3 minutes on 2 idle cores
     python scripts/bench_runtime.py --quick         # smoke run
@@ -31,6 +35,7 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the median is reported")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1, as `specaudit run`)")
     ap.add_argument("--trees", default="15:4,31:4,15:2", help="tree budget:topk list")
+    ap.add_argument("--temperatures", default="0.7,1.0", help="sampled chain temperatures ('' to skip)")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args(argv)
     if args.quick:
@@ -41,12 +46,14 @@ def main(argv=None):
 
     from specaudit.model import default_models
     from specaudit.run import default_prompts, encode, run_traced
-    from specaudit.runtime.engine import greedy_generate
+    from specaudit.runtime.engine import greedy_generate, sample_generate
+    from specaudit.runtime.sampling import SamplingParams
 
     models = default_models()
     target = models[0]
     prompts = default_prompts()[: args.prompts]
     toks = [encode(p) for p in prompts]
+    temps = [float(t) for t in args.temperatures.split(",") if t.strip()]
     configs = [("chain", 7, 1)] + [("tree", int(b), int(k)) for b, k in
                                    (t.split(":") for t in args.trees.split(","))]
     tmp = Path(tempfile.mkdtemp(prefix="bench-runtime-"))
@@ -70,6 +77,19 @@ def main(argv=None):
                 samples.setdefault(name, []).append(res.summary["tokens"] / res.wall_s)
                 commit[name] = res.summary["mean_commit_len"]
                 depth[name] = res.summary["mean_accepted_depth"]
+        for temp in temps:
+            outs, wall = sample_generate(target, toks, args.max_new_tokens, target.eos_id,
+                                         SamplingParams(temp, seed=rnd))
+            samples.setdefault(f"plain-T{temp}", []).append(sum(len(o) for o in outs) / wall)
+            for traced in (False, True):
+                name = f"sampled-chain-T{temp}-{'traced' if traced else 'untraced'}"
+                res = run_traced(algo="chain", budget=7, topk=1, prompts=prompts, num_prompts=len(prompts),
+                                 max_new_tokens=args.max_new_tokens, models=models, trace=traced,
+                                 out=tmp if traced else None, run_id=f"{name}-r{rnd}", temperature=temp,
+                                 seed=rnd)
+                samples.setdefault(name, []).append(res.summary["tokens"] / res.wall_s)
+                commit[name] = res.summary["mean_commit_len"]
+                depth[name] = res.summary["mean_accepted_depth"]
         print(f"round {rnd + 1}/{args.rounds} done", file=sys.stderr, flush=True)
 
     med = {k: statistics.median(v) for k, v in samples.items()}
@@ -88,6 +108,17 @@ def main(argv=None):
     traced_sum = sum(med[f"{r['config']}-traced"] for r in rows)
     untraced_sum = sum(med[f"{r['config']}-untraced"] for r in rows)
     chain_commit = rows[0]["mean_commit_len"]
+    sampled = {}
+    for temp in temps:
+        t, u, pl = f"sampled-chain-T{temp}-traced", f"sampled-chain-T{temp}-untraced", f"plain-T{temp}"
+        row = {"config": f"sampled-chain-b7-T{temp}", "tokens_per_s_traced": round(med[t], 1),
+               "tokens_per_s_untraced": round(med[u], 1), "plain_sampling_tokens_per_s": round(med[pl], 1),
+               "speedup_traced": round(med[t] / med[pl], 3), "trace_overhead": round(1 - med[t] / med[u], 4),
+               "mean_commit_len": commit[t], "mean_accepted_depth": depth[t]}
+        sampled[str(temp)] = row
+        print(json.dumps(row))
+    v2_t = sum(med[f"sampled-chain-T{t}-traced"] for t in temps)
+    v2_u = sum(med[f"sampled-chain-T{t}-untraced"] for t in temps)
     summary = {
         "greedy_tokens_per_s": round(base, 1),
         "speedup_chain": rows[0]["speedup_traced"],
@@ -98,6 +129,8 @@ def main(argv=None):
         "max_tree_commit_len": max((r["mean_commit_len"] for r in trees), default=None),
         "tree_commits_more_than_chain": any(r["mean_commit_len"] > chain_commit for r in trees),
         "lossless": lossless,
+        "speedup_sampled_chain": {k: r["speedup_traced"] for k, r in sampled.items()},
+        "trace_overhead_v2": round(1 - v2_t / v2_u, 4) if temps else None,
         "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
         "batch": 1, "torch_threads": torch.get_num_threads(),
         "date": time.strftime("%Y-%m-%d"),
