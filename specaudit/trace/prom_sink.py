@@ -13,8 +13,9 @@ in lists and dicts), so every series is exported as 0 from the first scrape.
 
 Naming (Prometheus conventions): `specaudit_` prefix, base units (seconds), `_total`
 on counters, no per-request labels; the only labels are `depth` (1..max_depth, bounded:
-deeper values count in the last one), `code` (the inline rules below) and
-`finish_reason` (eos, length, abort).
+deeper values count in the last one), `code` (the inline rules below),
+`finish_reason` (eos, length, abort) and `sink` (SINK_NAMES, on
+specaudit_sink_errors_total: failed writes of the Parquet or OTel sink).
 
 Reported against derived: `specaudit_committed_tokens_total` and
 `specaudit_accepted_tokens_total` sum the engine's own counters (commit_len,
@@ -38,6 +39,9 @@ import pyarrow.compute as pc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from specaudit.trace.schema import tree_depths
+
+# `sink` label values of specaudit_sink_errors_total (bounded)
+SINK_NAMES = ("parquet", "otel", "prometheus", "tracer", "other")
 
 # --------------------------------------------------------------------- inline rules
 
@@ -317,6 +321,9 @@ class PromSink:
                                 buckets=DURATION_BUCKETS, registry=r)
         self.batch_size = Histogram("specaudit_batch_size_requests", "Requests per batched verify forward",
                                     buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
+        se = Counter("specaudit_sink_errors", "Failed writes of a trace sink (disk full, permission); "
+                     "the tracer retries with backoff and /health turns non-ok", ["sink"], registry=r)
+        self._sink_errors = {k: se.labels(sink=k) for k in SINK_NAMES}
         req = Counter("specaudit_requests", "Finished requests by finish reason", ["finish_reason"], registry=r)
         self._requests = {f: req.labels(finish_reason=f) for f in FINISH_REASONS}
         self.generated = Counter("specaudit_generated_tokens",
@@ -424,6 +431,14 @@ class PromSink:
 
     def close_run(self, manifest: dict) -> None:
         pass
+
+    sink_name = "prometheus"
+
+    def sink_error(self, name: str) -> None:
+        """Count one failure of a sink (called by the tracer; names outside SINK_NAMES
+        count as "other": the label stays bounded)."""
+        if self._built:
+            self._sink_errors.get(name, self._sink_errors["other"]).inc()
 
     # ----------------------------------------------------------- server gauges
     def set_load(self, running: int, queued: int) -> None:
