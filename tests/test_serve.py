@@ -236,6 +236,232 @@ def test_load_and_scrape_scripts_end_with_one_json_line(server):
     assert bad.returncode == 2 and "must be at least 1" in bad.stderr and "Traceback" not in bad.stderr
 
 
+# ------------------------------------------------- chat, spec block, bad input
+
+def test_chat_completions_streaming_and_not_follow_the_documented_template(server, models):
+    import openai
+
+    from specaudit.serve.chat import render
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    msgs = [{"role": "system", "content": "Write Python."}, {"role": "user", "content": "def add(a, b):"}]
+    want = greedy(models, render(msgs), 30)
+    assert render(msgs) == "system: Write Python.\nuser: def add(a, b):\nassistant: "
+    r = client.chat.completions.create(model=server.model, messages=msgs, max_completion_tokens=30)
+    assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content == want and r.usage.prompt_tokens == len(encode(render(msgs)))
+    chunks = list(client.chat.completions.create(model=server.model, messages=msgs, max_tokens=30, stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+    # text parts are joined; an image part is refused, not ignored
+    parts = [{"role": "user", "content": [{"type": "text", "text": "def add"}, {"type": "text", "text": "(a, b):"}]}]
+    assert render(parts) == "user: def add(a, b):\nassistant: "
+    bad = httpx.post(f"{server.url}/v1/chat/completions", timeout=60, json={"messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]})
+    assert bad.status_code == 422 and bad.json()["error"]["param"] == "messages"
+
+
+def _spec_consistent(block: dict, completion_tokens: int, budget: int) -> None:
+    h = block["acceptance_histogram"]
+    assert sum(h) == block["num_spec_steps"] >= 1
+    assert sum(i * c for i, c in enumerate(h)) == block["num_accepted_draft_tokens"]
+    assert block["num_draft_tokens"] == budget * block["num_spec_steps"]            # a chain drafts budget
+    assert block["mean_acceptance_length"] == pytest.approx(
+        1 + block["num_accepted_draft_tokens"] / block["num_spec_steps"])
+    assert block["draft_acceptance_rate"] == pytest.approx(
+        block["num_accepted_draft_tokens"] / block["num_draft_tokens"])
+    # the prefill's token, then every step commits at most accepted + 1
+    assert completion_tokens <= 1 + block["num_spec_steps"] + block["num_accepted_draft_tokens"]
+
+
+def test_every_response_carries_the_spec_block_from_the_runtime_counters(server):
+    """Non-streaming body and the streaming usage chunk carry vLLM's block; summed over
+    requests it moves the runtime's own counters by the same amounts."""
+    m = server.engine.metrics
+    before = (m.verify_steps, m.accepted_tokens, m.drafted_tokens)
+    r = post(server, {"prompt": PROMPT, "max_tokens": 40}).json()
+    b1 = r["metrics"]["speculative_decoding"]
+    _spec_consistent(b1, r["usage"]["completion_tokens"], server.budget)
+    assert "per_step_accepted" not in b1 and "per_step_drafted" not in b1   # summary, not detailed
+    with httpx.stream("POST", f"{server.url}/v1/completions", timeout=60,
+                      json={"prompt": "import os\n", "max_tokens": 30, "stream": True,
+                            "stream_options": {"include_usage": True}}) as s:
+        events = [json.loads(ln[6:]) for ln in s.iter_lines() if ln.startswith("data: {")]
+    last = events[-1]
+    assert last["choices"] == [] and "speculative_decoding" in last["metrics"]
+    assert all("metrics" not in e for e in events[:-1])
+    b2 = last["metrics"]["speculative_decoding"]
+    _spec_consistent(b2, last["usage"]["completion_tokens"], server.budget)
+    if not (server.loop.n_running or server.loop.n_queued):    # nothing else ran meanwhile
+        assert (m.verify_steps - before[0], m.accepted_tokens - before[1], m.drafted_tokens - before[2]) == (
+            b1["num_spec_steps"] + b2["num_spec_steps"],
+            b1["num_accepted_draft_tokens"] + b2["num_accepted_draft_tokens"],
+            b1["num_draft_tokens"] + b2["num_draft_tokens"])
+
+
+@pytest.fixture(scope="module")
+def fault_server(models, tmp_path_factory):
+    from specaudit.serve.server import SpecServer
+    srv = SpecServer(trace_dir=tmp_path_factory.mktemp("serve-fault"), models=models, port=0, concurrency=2,
+                     max_new_tokens=64, inject="bonus-double-count", spec_metrics="detailed", flush_s=0.2)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.close()
+
+
+def test_injected_counter_fault_shows_in_the_per_request_block(fault_server):
+    """bonus-double-count: the block reads the runtime's counters, so every step's accepted
+    count is one too high, exactly as in the trace's reported column."""
+    r = post(fault_server, {"prompt": PROMPT, "max_tokens": 40}).json()
+    b = r["metrics"]["speculative_decoding"]
+    per_step = b["per_step_accepted"]
+    assert len(per_step) == len(b["per_step_drafted"]) == b["num_spec_steps"] >= 1       # detailed arrays
+    assert sum(per_step) == b["num_accepted_draft_tokens"] and min(per_step) >= 1        # the bonus counted
+    from specaudit.audit.client_vs_trace import trace_figures
+    fault_server.tracer.flush(10)
+    assert wait_until(lambda: r["id"] in trace_figures([fault_server.run_dir]))   # step files are written
+    true = trace_figures([fault_server.run_dir])[r["id"]]
+    assert b["num_accepted_draft_tokens"] == true.accepted + true.steps and b["num_spec_steps"] == true.steps
+    assert b["mean_acceptance_length"] == pytest.approx(true.accept_len + 1)
+
+
+def test_spec_block_none_leaves_it_out(models, tmp_path):
+    from specaudit.serve.server import SpecServer
+    with SpecServer(trace_dir=tmp_path, models=models, port=0, concurrency=1, max_new_tokens=16,
+                    spec_metrics="none") as srv:
+        r = post(srv, {"prompt": "x = ", "max_tokens": 4})
+        assert r.status_code == 200 and "metrics" not in r.json()
+    with pytest.raises(ValueError, match="per-request-spec-metrics"):
+        SpecServer(trace_dir=tmp_path, models=models, port=0, spec_metrics="full")
+
+
+def raw(srv, data: bytes, *, half_close=False, timeout=30) -> bytes:
+    """Send raw bytes; read until the server closes or a whole response arrived."""
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=timeout)
+    s.sendall(data)
+    if half_close:
+        s.shutdown(socket.SHUT_WR)
+    got = b""
+    while True:
+        try:
+            chunk = s.recv(65536)
+        except (ConnectionResetError, socket.timeout):
+            break
+        if not chunk:
+            break
+        got += chunk
+        head, _, body = got.partition(b"\r\n\r\n")
+        cl = [ln for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length:")]
+        if cl and len(body) >= int(cl[0].split(b":")[1]):
+            break
+    s.close()
+    return got
+
+
+def test_half_closed_client_gets_its_response(server):
+    body = json.dumps({"prompt": "def f(x):\n", "max_tokens": 8}).encode()
+    got = raw(server, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body), half_close=True)
+    head, _, payload = got.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and json.loads(payload)["usage"]["completion_tokens"] >= 1
+    # a half-closed client with a bad request gets its JSON error too
+    got = raw(server, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n{oops", half_close=True)
+    assert got.startswith(b"HTTP/1.1 400") and b'"invalid_json"' in got
+
+
+HOSTILE = [
+    ("lone surrogate in the prompt", b'{"prompt": "a\\ud800b", "max_tokens": 4}', 400, "invalid_unicode"),
+    ("lone surrogate in a message", b'{"messages": [{"role": "user", "content": "\\udfff"}]}', 400,
+     "invalid_unicode"),
+    ("5000-digit max_tokens", b'{"prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}", 400, "invalid_json"),
+    ("4000-digit max_tokens", b'{"prompt": "x", "max_tokens": ' + b"9" * 4000 + b"}", 422, "invalid_value"),
+    ("5000-digit float temperature", b'{"prompt": "x", "temperature": 1' + b"0" * 5000 + b".5}", 422,
+     "unsupported_value"),
+    ("deeply nested", b'{"prompt": "x", "logit_bias": ' + b"[" * 100000 + b"]" * 100000 + b"}", 400, "invalid_json"),
+    ("moderately nested", b'{"prompt": "x", "user": ' + b"[" * 500 + b"]" * 500 + b"}", 422, "invalid_type"),
+    ("not UTF-8", b'{"prompt": "\xff\xfe"}', 400, "invalid_json"),
+    ("NaN temperature", b'{"prompt": "x", "temperature": NaN}', 422, "unsupported_value"),
+    ("bool as int", b'{"prompt": "x", "max_tokens": true}', 422, "invalid_type"),
+    ("no messages", b'{"messages": []}', 422, "invalid_type"),
+    ("unknown role", b'{"messages": [{"role": "wizard", "content": "hi"}]}', 422, "invalid_type"),
+    ("ignore_eos", b'{"prompt": "x", "ignore_eos": true}', 422, "unsupported_value"),
+]
+
+
+@pytest.mark.parametrize("what,body,status,code", HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_hostile_bodies_get_a_json_error_and_are_counted(server, what, body, status, code, caplog):
+    path = "/v1/chat/completions" if b'"messages"' in body else "/v1/completions"
+    g = server.registry.get_sample_value
+    n0 = g("specaudit_http_errors_total", {"code": str(status)}) or 0
+    with caplog.at_level("WARNING"):
+        r = httpx.post(f"{server.url}{path}", content=body, headers={"Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == status, r.text[:300]
+    err = r.json()["error"]
+    assert err["code"] == code and err["message"] and len(err["message"]) < 400
+    assert g("specaudit_http_errors_total", {"code": str(status)}) == n0 + 1
+    assert "Traceback" not in caplog.text
+
+
+def test_every_method_and_path_gets_an_openai_json_error(server):
+    for method, path, status in (("PUT", "/v1/completions", 405), ("DELETE", "/v1/completions", 405),
+                                 ("PATCH", "/v1/chat/completions", 405), ("GET", "/v1/chat/completions", 405),
+                                 ("DELETE", "/health", 405), ("PUT", "/nope", 404), ("POST", "/v2/x", 404)):
+        r = httpx.request(method, f"{server.url}{path}", timeout=30)
+        assert r.status_code == status and r.headers["content-type"] == "application/json", (method, path)
+        assert r.json()["error"]["code"] in ("method_not_allowed", "not_found")
+    h = httpx.head(f"{server.url}/v1/completions", timeout=30)
+    assert h.status_code == 405 and h.content == b""
+    assert httpx.head(f"{server.url}/health", timeout=30).status_code == 200
+    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    assert 'http_requests_total{handler="/v1/completions",method="PUT",status="4xx"}' in text
+    assert 'http_requests_total{handler="none",method="PUT",status="4xx"}' in text
+    assert "http_request_duration_seconds_bucket{" in text and 'specaudit_http_errors_total{code="405"}' in text
+
+
+def test_full_queue_is_429_and_drain_finishes_running_requests(scripted):
+    import threading
+    srv = scripted([[67]] * 100, slots=1, step_s=0.03)    # 3 s per request
+    srv.loop.max_queue = 1
+    res = {}
+
+    def go(k):
+        res[k] = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "x", "max_tokens": 64}, timeout=30)
+    ts = [threading.Thread(target=go, args=(k,)) for k in range(2)]
+    ts[0].start()
+    assert wait_until(lambda: srv.loop.n_running == 1)
+    ts[1].start()
+    assert wait_until(lambda: srv.loop.n_queued == 1)
+    r = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "x", "max_tokens": 64}, timeout=30)
+    assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full"
+    srv.close(drain_s=20)       # drains: the running and the queued request both finish
+    for t in ts:
+        t.join(20)
+    assert [res[k].status_code for k in range(2)] == [200, 200]
+    assert [res[k].json()["choices"][0]["finish_reason"] for k in range(2)] == ["length", "length"]
+
+
+def test_health_turns_degraded_when_a_sink_fails(models, tmp_path, monkeypatch):
+    from specaudit.serve.server import SpecServer
+    srv = SpecServer(trace_dir=tmp_path, models=models, port=0, concurrency=1, max_new_tokens=16).start()
+    try:
+        assert httpx.get(f"{srv.url}/health", timeout=10).json()["status"] == "ok"
+
+        def full(*a, **k):
+            raise OSError("No space left on device")
+        monkeypatch.setattr(srv.parquet, "write_request", full)
+        assert post(srv, {"prompt": "x = ", "max_tokens": 4}).status_code == 200
+        srv.tracer.flush(10)
+        h = httpx.get(f"{srv.url}/health", timeout=10)
+        assert h.status_code == 503 and h.json()["status"] == "degraded"
+        assert "No space left" in h.json()["problem"]
+        monkeypatch.undo()
+    finally:
+        srv.close()
+
+
 def test_trace_of_the_served_run_passes_the_checker(server, tmp_path):
     """Last in this module: closes the server and checks what it wrote."""
     from specaudit.audit.check import check_paths

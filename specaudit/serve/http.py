@@ -260,17 +260,17 @@ def build_app(srv) -> FastAPI:
     async def chat_completions(request: Request):
         return await completion(request, chat=True)
 
-    @app.get("/v1/models")
+    @app.api_route("/v1/models", methods=["GET", "HEAD"])
     async def models():
         return {"object": "list", "data": [{"id": srv.model, "object": "model", "created": int(srv.started_at),
                                             "owned_by": "specaudit", "max_model_len": srv.context}]}
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         h = srv.health()
         return JSONResponse(h, status_code=200 if h["status"] == "ok" else 503)
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def metrics():
         from prometheus_client import CONTENT_TYPE_LATEST
         t0 = time.thread_time()

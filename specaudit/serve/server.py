@@ -187,15 +187,14 @@ class SpecServer:
             c.inc()
 
     def sink_problem(self) -> str | None:
-        """A sink's failure as one line, or None while every sink works."""
+        """A sink's failure as one line (Tracer.health()), or None while every sink works."""
         h = getattr(self.tracer, "health", None)
         if callable(h):
             st = h()
-            if isinstance(st, dict):
-                ok = st.get("status", st.get("ok", "ok"))
-                return None if ok in ("ok", True) else str(st.get("error") or st.get("message") or ok)
-            return None if st in ("ok", True, None) else str(st)
-        errs = getattr(self.tracer, "_errors", None) or []
+            if st.get("ok", True):
+                return None
+            return f"trace sink failing: {st.get('last_error') or 'see the server log'}"
+        errs = getattr(self.tracer, "_errors", None) or []   # a tracer without health()
         return f"trace sink failed: {errs[0]!r}" if errs else None
 
     def health(self) -> dict:

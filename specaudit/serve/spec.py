@@ -17,11 +17,10 @@ vLLM's block (`--per-request-spec-decode-metrics summary|detailed`), response fi
     draft_acceptance_rate     accepted / draft tokens
     acceptance_histogram      [k+1] steps that accepted exactly j drafts, j = 0..k
     num_spec_steps, num_accepted_draft_tokens, num_draft_tokens
-    detailed adds per-step arrays: num_draft_tokens_per_step, num_accepted_tokens_per_step
+    detailed adds per-step arrays: per_step_accepted, per_step_drafted
+(names as in vLLM PR 48915, which AIPerf 0.13's vLLM adapter reads; num_spec_tokens is
+left out: AIPerf then demands exactly k+1 buckets, and a faulty counter needs k+2)
 
-SGLang's `meta_info` spec fields (>= 0.5.12 names): spec_verify_ct,
-spec_num_correct_drafts, spec_num_proposed_drafts, spec_accept_length (completion tokens
-/ verify count), spec_accept_rate, spec_correct_drafts_histogram.
 """
 from __future__ import annotations
 
@@ -59,17 +58,9 @@ class RequestSpec:
             "num_draft_tokens": dr,
         }
         if detailed:
-            out["num_draft_tokens_per_step"] = list(self.drafted)
-            out["num_accepted_tokens_per_step"] = list(self.accepted)
+            out["per_step_accepted"] = list(self.accepted)
+            out["per_step_drafted"] = list(self.drafted)
         return out
-
-    def meta_info(self, completion_tokens: int, k: int) -> dict:
-        """SGLang's per-request spec fields (meta_info), current names."""
-        steps, acc, dr = len(self.accepted), sum(self.accepted), sum(self.drafted)
-        return {"spec_verify_ct": steps, "spec_num_correct_drafts": acc, "spec_num_proposed_drafts": dr,
-                "spec_accept_length": completion_tokens / steps if steps else 0.0,
-                "spec_accept_rate": acc / dr if dr else 0.0,
-                "spec_correct_drafts_histogram": self.block(k)["acceptance_histogram"]}
 
 
 class SpecTap:
