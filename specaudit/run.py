@@ -59,7 +59,8 @@ def reference_manifest(run_id: str, models_info: dict, cfg, *, dtype: str, devic
                    "block_size": cfg.budget + 1 if cfg.algo == "chain" else None,
                    "concurrency": cfg.concurrency, "max_new_tokens": cfg.max_new_tokens,
                    "dtype": dtype, "device": device, "seed": seed, "fault": cfg.fault,
-                   "eos_id": cfg.eos_id, "threads": torch.get_num_threads(), **config},
+                   "eos_id": cfg.eos_id, "threads": torch.get_num_threads(),
+                   "draft_noise": getattr(cfg, "draft_noise", 0.0), **config},
         "conventions": {"accept_length": "includes_bonus", "mean": "pooled"},
         "host": host_info(device), "started_at": time.time(),
     }

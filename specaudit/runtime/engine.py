@@ -40,6 +40,9 @@ class SpecConfig:
     eos_id: int = 0
     fault: str | None = None
     sampling: SamplingParams | None = None  # None or temperature 0: greedy
+    # sd of Gaussian noise added to the drafter's log-probs before proposing: a weaker
+    # drafter on purpose (lower acceptance, every record still true); 0 = off; in run.json
+    draft_noise: float = 0.0
 
     @property
     def sampled(self) -> bool:
@@ -52,6 +55,8 @@ class SpecConfig:
             raise ValueError(f"fault {self.fault!r} lives in speculative sampling: give --temperature > 0")
         if self.algo not in ("chain", "tree"):
             raise ValueError(f"--algo must be chain or tree, not {self.algo!r}")
+        if not (0 <= self.draft_noise < float("inf")):
+            raise ValueError(f"draft_noise must be 0 or a positive number, not {self.draft_noise!r}")
         if self.budget < 1:
             raise ValueError(f"--budget must be at least 1 (got {self.budget})")
         if self.topk < 1:
@@ -202,6 +207,9 @@ class SpecEngine:
         h_prev = torch.stack([r.h_prev for r in reqs])
         roots = np.array([r.root for r in reqs], dtype=np.int64)
         lp = self.drafter(h_prev, torch.from_numpy(roots).to(dev)).float().cpu().numpy()
+        if cfg.draft_noise > 0:   # [R, K, V] + noise: acceptance falls, nothing recorded lies
+            rng = self.__dict__.setdefault("_noise_rng", np.random.default_rng(12345))
+            lp = lp + rng.normal(0.0, cfg.draft_noise, lp.shape).astype(lp.dtype)
         if cfg.algo == "chain":
             drafts = propose_chain(roots, lp, cfg.budget)
         else:
