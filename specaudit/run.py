@@ -118,7 +118,8 @@ def run_traced(*, algo="chain", budget=7, topk=1, concurrency=1, num_prompts=8, 
 
     `out` is the dataset folder (the run adds its own partition); `trace=False` runs
     untraced (benchmarks). `models` = (target, drafter, info) skips loading.
-    `threads` sets torch's intra-op threads (process-wide) when given.
+    `threads` sets torch's intra-op threads (process-wide) when given. `draft_noise` > 0
+    weakens the drafter on purpose (SpecConfig.draft_noise; recorded in run.json).
     `temperature` > 0 runs speculative sampling (runtime/sampling.py) with `top_p`,
     `top_k` and `seed`, and writes contract v2; 0 (the default) is greedy.
     Raises InputError / ValueError for bad input, before anything is written.
@@ -145,7 +146,7 @@ def run_traced(*, algo="chain", budget=7, topk=1, concurrency=1, num_prompts=8, 
                                "use `specaudit lossless` (a two-sample test against plain sampling)")
     cfg = SpecConfig(algo=algo, budget=budget, topk=topk, max_new_tokens=max_new_tokens,
                      concurrency=concurrency, eos_id=EOS_ID if eos_id is None else eos_id, fault=inject,
-                     sampling=None if sp.greedy else sp)
+                     sampling=None if sp.greedy else sp, draft_noise=float(draft_noise))
     torch.manual_seed(seed)
     texts = prompts if prompts is not None else (load_prompts(prompts_file) if prompts_file else default_prompts())
     if not prompts and not prompts_file:
