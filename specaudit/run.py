@@ -113,7 +113,7 @@ def run_traced(*, algo="chain", budget=7, topk=1, concurrency=1, num_prompts=8, 
                prompts=None, prompts_file=None, oracle=False, inject=None, seed=0, device="cpu",
                dtype="float32", out=None, run_id=None, eos_id=None, progress=False,
                flush_steps=4096, flush_s=5.0, extra_sinks=(), trace=True, models=None,
-               threads=None, temperature=0.0, top_p=1.0, top_k=None) -> RunResult:
+               threads=None, temperature=0.0, top_p=1.0, top_k=None, draft_noise=0.0) -> RunResult:
     """Run chain or tree speculative decoding on the embedded models, traced.
 
     `out` is the dataset folder (the run adds its own partition); `trace=False` runs
