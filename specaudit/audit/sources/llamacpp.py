@@ -101,7 +101,7 @@ class Parser(LineParser):
         self.reading.windows.append(w)
 
     def feed(self, i: int, raw: str) -> None:
-        sm = SUMMARY_RE.match(raw)
+        sm = SUMMARY_RE.match(raw) if "=" in raw and raw.lstrip()[:2] in ("n_", "ac") else None
         if sm:
             if self.block_line is None:
                 self.block_line = i
@@ -122,6 +122,8 @@ class Parser(LineParser):
             self.skip(i, f"llama.cpp line with a value that is not a finite number ({str(e)[:40]})", raw)
 
     def _feed(self, i: int, raw: str) -> None:
+        if "accepted" not in raw and "#gen drafts" not in raw:
+            return  # most lines of a server log (fast path)
         m = SLOT_RE.search(raw)
         if m:
             w = Window(line=i, engine="llamacpp", text=raw.strip()[:300], kind="interval")

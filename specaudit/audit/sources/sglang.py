@@ -128,6 +128,8 @@ class Parser(LineParser):
         if "server_args=" in raw or "ServerArgs(" in raw:
             self.reading.config.update(_server_args(raw))
             return
+        if "Decode batch" not in raw:
+            return  # most lines of a server log (fast path)
         m = DECODE_RE.search(raw)
         if not m:
             return
