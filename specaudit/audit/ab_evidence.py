@@ -420,15 +420,15 @@ def read_side(spec, side: str, *, source: str | None = None, bins: str = "pow2",
                 ws += windows_from_reading(r, side, bins)[0]
             if not ws:
                 raise InputError(p, f"side {side}: no interval windows in the range (a longer range=)")
-            for w in ws:
-                engines.setdefault(w.strata.get("engine"), []).append(str(p))
+            for e in {w.strata.get("engine") for w in ws}:
+                engines.setdefault(e, set()).add(str(p))
             files.append({"path": str(p), "kind": "prometheus", "windows": len(ws)})
             windows += ws
             continue
         if source is None and p.exists() and is_trace_path(p):
             ws = windows_from_traces(p, side, bins, window_forwards)
             if not ws:
-                raise InputError(p, f"side {side}: no trace windows of {window_forwards // 4 or 1}+ "
+                raise InputError(p, f"side {side}: no trace windows of {max(2, window_forwards // 4)}+ "
                                     "verify forwards at one batch size in it (too few step rows)")
             kind = "trace"
         else:
@@ -443,12 +443,12 @@ def read_side(spec, side: str, *, source: str | None = None, bins: str = "pow2",
             if not ws:
                 raise InputError(p, f"side {side}: no interval windows in it (only cumulative figures since "
                                     "start-up; several scrapes or log intervals are needed)")
-        for w in ws:
-            engines.setdefault(w.strata.get("engine"), []).append(str(p))
+        for e in {w.strata.get("engine") for w in ws}:
+            engines.setdefault(e, set()).add(str(p))
         files.append({"path": str(p), "kind": kind, "windows": len(ws)})
         windows += ws
     if len(engines) > 1:
-        desc = "; ".join(f"{e or 'unknown'}: {', '.join(sorted(set(fs)))}" for e, fs in engines.items())
+        desc = "; ".join(f"{e or 'unknown'}: {', '.join(sorted(fs))}" for e, fs in engines.items())
         raise InputError(None, f"side {side} mixes engines ({desc}); put one engine on each side")
     return windows, {"files": files, "engine": next(iter(engines), None), "notes": notes}
 
