@@ -49,6 +49,7 @@ OUT/ab.json. Exit codes: 0 done, 2 usage or input error.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -76,10 +77,11 @@ def add_arguments(p) -> None:
     p.add_argument("--same-within", type=float, default=0.02, metavar="FRAC",
                    help="'same' when the 95%% interval of B - A lies within this fraction of A (default 0.02)")
     p.add_argument("--bootstrap", type=int, default=2000, metavar="N", help="bootstrap resamples (default 2000)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)   # old spelling of --output-format json
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     g = p.add_argument_group("evidence mode (specaudit ab A B)")
-    g.add_argument("--output-format", choices=["text", "json"], default="text", help="text (default) or json")
+    g.add_argument("--output-format", choices=["text", "json"], default="text",
+                   help="text (default) or json (both modes)")
     g.add_argument("-o", "--output", metavar="FILE", help="write the result to FILE (json: the input of "
                                                          "`specaudit report --ab`) instead of stdout")
     g.add_argument("--source", metavar="NAME",
@@ -151,7 +153,7 @@ def main(args) -> int:
     log = None if args.no_progress else stderr_log
     res = run_ab(a, b, prompts=texts, repeats=args.repeats, out=args.out, vary=vary,
                  same_within=args.same_within, n_boot=args.bootstrap, primary=args.primary, log=log)
-    if args.json:
+    if args.json or args.output_format == "json":
         print(json.dumps(res))
     else:
         print(format_text(res))

@@ -16,6 +16,7 @@ refuses an N or c outside it.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -47,7 +48,9 @@ def add_arguments(p) -> None:
     g.add_argument("--repeats", type=int, default=3, help="measurements per (N, c), on different prompts (default 3)")
     g.add_argument("--max-new-tokens", type=int, default=96, help="tokens decoded per measurement (default 96)")
     add_host_arguments(g, dtype=False)  # --threads defaults to 1, as in run and serve
-    p.add_argument("--json", action="store_true", help="also print the profile as JSON")
+    p.add_argument("--output-format", choices=["text", "json"], default="text",
+                   help="text (default) or json: also print the profile as JSON")
+    p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)   # old spelling of --output-format json
 
 
 def main(args) -> int:
@@ -77,7 +80,7 @@ def main(args) -> int:
         from specaudit.outfile import guard_output
         guard_output(args.out, [args.from_traces], flag="--out")   # never over a file it read
     prof.save(args.out)
-    if args.json:
+    if args.json or args.output_format == "json":
         print(json.dumps(prof.to_dict()))
     else:
         print(f"cost profile ({prof.source}, {prof.coverage()}) -> {args.out}")

@@ -14,6 +14,7 @@ shows the speedup over plain greedy.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -36,7 +37,9 @@ def add_arguments(p) -> None:
     p.add_argument("--flush-steps", type=int, default=4096, help="flush step rows every N rows (default 4096)")
     p.add_argument("--flush-seconds", type=float, default=5.0, help="... or every S seconds (default 5)")
     p.add_argument("--list-faults", action="store_true", help="list injectable faults and exit")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--output-format", choices=["text", "json"], default="text",
+                   help="text (default) or json: the summary as one JSON object")
+    p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)   # old spelling of --output-format json
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -78,7 +81,7 @@ def main(args) -> int:
                      out=args.out, run_id=args.run_id, eos_id=args.eos_id,
                      progress=not args.no_progress and sys.stderr.isatty(),
                      flush_steps=args.flush_steps, flush_s=args.flush_seconds, **sampling_kwargs(args))
-    if args.json:
+    if args.json or args.output_format == "json":
         print(json.dumps(res.summary))
     else:
         print_summary(res.summary)
