@@ -413,6 +413,7 @@ def test_report_plots_an_ab_result(seed_logs, tmp_path, capsys):
     assert main(["report", str(out), "--out", str(tmp_path / "rep")]) == 0
     page = (tmp_path / "rep" / "report.html").read_text()
     assert 'id="ab"' in page and "is concurrency" in page and "pooled accept length says A better" in page
+    assert "<td>concurrency 1</td><td>accept length</td>" in page and "<td>concurrency</td>" in page
     png = (tmp_path / "rep" / "ab.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     bad = tmp_path / "res" / "other.json"

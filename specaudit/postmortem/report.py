@@ -475,11 +475,28 @@ def ab_section(res: dict, out: Path) -> str:
     one = res.get("one_sided") or []
     sided = ("<p>On one side only (never compared): " + "; ".join(
         f"{_e(o['label'])} ({o['side']}, {o['windows']} windows)" for o in one) + "</p>") if one else ""
+    metrics, labels, data = _ab_groups(res)
+
+    def cell(v, sign=False):
+        f = "+.4g" if sign else ".4g"
+        return f"{v['mean']:{f}} [{v['ci95'][0]:{f}}, {v['ci95'][1]:{f}}]"
+    rows = [[lab, AB_LABEL[m], cell(data[m][lab]["a"]), cell(data[m][lab]["b"]),
+             cell(data[m][lab]["diff_b_minus_a"], True), data[m][lab]["verdict"]]
+            for lab in labels for m in metrics if lab in data[m]]
+    table = _table(["group", "metric", "A [95% CI]", "B [95% CI]", "B - A [95% CI]", "verdict"], rows)
+    conf = [c for c in res.get("confounders") or [] if c.get("key") != "all matched keys"]
+    if conf:
+        def dist(d):
+            return ", ".join(f"{v} {x:.0%}" for v, x in d.items())
+        table += _table(["differs", "A", "B", "share of the pooled gap it explains"],
+                        [[c["key"], dist(c["a"]), dist(c["b"]),
+                          f"{c['explains']:.0%}" if c.get("explains") is not None else c.get("note", "")]
+                         for c in conf])
     return (f'<h2 id="h-ab">A/B</h2>{"<ul>" + items + "</ul>" if items else ""}<p><b>{_e(concl)}</b></p>{sided}'
             f'<figure><img id="ab" class="plot" alt="A/B" src="data:image/png;base64,{b64}">'
             "<figcaption>A (blue) and B (orange) with bootstrap 95% intervals per compared stratum, then the "
             "matched strata pooled and every window pooled (strata ignored); the verdict above each pair. "
-            "image: <code>ab.png</code>.</figcaption></figure>")
+            f"image: <code>ab.png</code>.</figcaption></figure>{table}")
 
 
 def build_ab_report(res: dict, out_dir, *, title: str | None = None) -> Path:
