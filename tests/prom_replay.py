@@ -28,10 +28,37 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 FACTS = Path(__file__).resolve().parent / "fixtures" / "prometheus" / "replay_cases.json"
 
 
+CORPUS = Path(__file__).resolve().parent / "fixtures" / "engines" / "corpus"
+
+
+def from_corpus(case: dict) -> dict:
+    """A case whose phase takes its counts from a real-engines corpus entry
+    ({"corpus": {"id": ..., "scale": n}}): that output's counts, times n, per interval."""
+    ref = case.get("corpus")
+    if not ref:
+        return case
+    entries = json.loads((CORPUS / f"{case['engine']}.json").read_text())
+    entries = entries if isinstance(entries, list) else entries.get("cases", [])
+    e = next(x for x in entries if x["id"] == ref["id"])
+    f, n = e["facts"], ref.get("scale", 1)
+    ph = case["phases"][0]
+    if "series" in f:                                   # vLLM counters
+        sr = f["series"]
+        ph.update(drafts=sr["drafts"] * n, draft_tokens_per_step=sr["draft_tokens"] / sr["drafts"],
+                  accepted_per_pos=[c * n for c in sr["per_pos"]])
+    else:                                               # TensorRT-LLM per-position counters
+        dp, ap = f["per_pos_drafted"], f["per_pos_accepted"]
+        ph.update(drafts=dp[0] * n, drafted_per_pos=[c * n for c in dp], accepted_per_pos=[c * n for c in ap],
+                  draft_tokens_per_step=sum(dp) / dp[0])
+    case["source"] = f"{e['url']} ({e['id']}, {e.get('date', '')}): {e['reason']}" + (
+        f"; x{n} per replayed interval" if n != 1 else "") + (f"; {case['source']}" if case.get("source") else "")
+    return case
+
+
 def load():
     """-> (cases by name, jitter cycle)."""
     d = json.loads(FACTS.read_text())
-    return {c["name"]: c for c in d["cases"]}, d["jitter"]
+    return {c["name"]: from_corpus(c) for c in d["cases"]}, d["jitter"]
 
 
 CASES, JITTER = load()
@@ -224,8 +251,7 @@ ALERT_EXTRA = {("vllm_accepted_over_drafted", "SpecauditAcceptLengthAboveMax"): 
                ("trtllm_accept_length_above_max", "SpecauditAcceptLengthAboveMax"): {"figure": "gauge"},
                ("vllm_position_increasing", "SpecauditPositionRateIncreasing"): {"position": "1"},
                ("trtllm_position_accepted_over_drafted", "SpecauditAcceptedAboveDrafted"): {
-                   "position": "2", "denominator": "drafted_at_position"},
-               ("trtllm_position_accepted_over_drafted", "SpecauditPositionRateIncreasing"): {"position": "2"}}
+                   "position": "0", "denominator": "drafted_at_position"}}
 
 
 def expand(template: str, labels: dict) -> str:
