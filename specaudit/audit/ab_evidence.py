@@ -21,7 +21,10 @@ Per window, higher is better for every metric:
                      (+1 when the source excludes the bonus); for traces re-derived from
                      the rows (committed tokens / steps), never the commit_len counter
     accept_rate      accepted drafts / drafted tokens, from the window's counts, else
-                     (accept_len - 1) / k; traces: from accepted_path and node_tokens
+                     (accept_len - 1) / k; never the printed rate, whose formula changed
+                     between engine versions (SGLang counted the bonus until ~v0.5.11), so
+                     two versions' printed rates are not the same quantity; traces: from
+                     accepted_path and node_tokens
     tokens_per_s     generation throughput of all running requests; traces: committed
                      tokens / the forwards' step seconds (steady state)
     commit_len_tput  throughput-derived commit length (specaudit.audit.estimate), only
