@@ -32,8 +32,8 @@ from specaudit.audit.findings import Finding
 from specaudit.invariants import Hits, load_rules
 from specaudit.invariants.frame import (Carry, RequestFrame, RunFrame, StepFrame, list_lengths, list_parts, list_values,
                                token_mix)
-from specaudit.trace.schema import (REQUESTS_SCHEMA, SAMPLING_COLUMNS, STEPS_SCHEMA, InputError, RunFiles,
-                     check_table_schema, discover, manifest_conventions, note_input)
+from specaudit.trace.schema import (REQUESTS_SCHEMA, SAMPLING_COLUMNS, SAMPLING_FIELDS, STEPS_SCHEMA, InputError,
+                     RunFiles, check_table_schema, discover, manifest_conventions, note_input)
 
 BATCH_ROWS = 65536          # step rows per batch: ~200 MB of numpy work at N = 8
 REQUEST_BATCH_ROWS = 8192   # request rows per batch: each holds whole outputs
@@ -474,7 +474,7 @@ def _iter_step_batches(rf: RunFiles, batch_rows: int, columns):
     for path in rf.step_files:
         try:
             pf = pq.ParquetFile(path, read_dictionary=["run_id", "request_id", "algo"])
-            check_table_schema(path, _plain(pf.schema_arrow), STEPS_SCHEMA)
+            check_table_schema(path, _plain(pf.schema_arrow), STEPS_SCHEMA, SAMPLING_FIELDS)
         except InputError as e:
             yield _Bad(path, e.reason)
             continue

@@ -562,8 +562,9 @@ def discover(paths) -> list[RunFiles]:
     return list(runs.values())
 
 
-def check_table_schema(path, schema: pa.Schema, expected: pa.Schema) -> None:
+def check_table_schema(path, schema: pa.Schema, expected: pa.Schema, optional=()) -> None:
     """Raise InputError when a required column is missing, appears twice, or has the
+    wrong type, or when an `optional` field (e.g. SAMPLING_FIELDS) is present with the
     wrong type."""
     names = list(schema.names)
     if len(set(names)) != len(names):
@@ -575,6 +576,9 @@ def check_table_schema(path, schema: pa.Schema, expected: pa.Schema) -> None:
         got = schema.field(f.name).type
         if not _type_compatible(got, f.type):
             raise InputError(path, f"column {f.name!r} has type {got}, expected {f.type}")
+    for f in optional:
+        if f.name in schema.names and not _type_compatible(schema.field(f.name).type, f.type):
+            raise InputError(path, f"column {f.name!r} has type {schema.field(f.name).type}, expected {f.type}")
 
 
 def _type_compatible(got: pa.DataType, want: pa.DataType) -> bool:
