@@ -240,6 +240,12 @@ def test_match_selects_and_is_passed_to_prometheus(fake):
     assert all('job="other"' in q.get("match[]", q.get("query", [""]))[0] for p, q, _ in f.requests)
 
 
+def test_overlapping_matches_read_each_series_once(fake):
+    f = fake(vllm_series(n=4))
+    (r,) = read(f.url, match=['{job="vllm"}', '{instance="gpu0:8000"}'])
+    assert r.windows[0].drafts == 200 and not r.notes
+
+
 def test_header_is_sent(fake):
     f = fake(vllm_series(n=3))
     read(f.url, headers=["Authorization: Bearer s3cret", "X-Scope-OrgID: team-a"])

@@ -202,10 +202,20 @@ def read_prometheus(url, range_s=6 * 3600.0, step_s=30.0, match=(), headers=(), 
         raw: dict = {}   # field -> list of (labels, [(t, v)])
         for fld, spec in SERIES[engine].items():
             name = _name(spec)
+            seen: dict = {}   # a series matched by two --match selectors is read once
             for m in matchers:
                 q = name + "{" + m + "}" + f"[{rng}]"
-                for s in c.get("/api/v1/query", {"query": q, "time": f"{end:.3f}"}).get("result", []):
-                    raw.setdefault(fld, []).append((s["metric"], [(float(t), float(v)) for t, v in s["values"]]))
+                data = c.get("/api/v1/query", {"query": q, "time": f"{end:.3f}"})
+                for s in (data.get("result") if isinstance(data, dict) else None) or []:
+                    try:
+                        lab = {str(k): str(v) for k, v in s["metric"].items()}
+                        vals = [(float(t), float(v)) for t, v in s["values"]]
+                    except (KeyError, TypeError, ValueError, AttributeError):
+                        raise InputError(url, f"Prometheus answered {q} with something other than a matrix of "
+                                              "samples") from None
+                    seen[tuple(sorted(lab.items()))] = (lab, vals)
+            if seen:
+                raw[fld] = list(seen.values())
         readings += _readings(url, engine, raw, step_s)
     return readings
 
