@@ -113,11 +113,14 @@ def run_traced(*, algo="chain", budget=7, topk=1, concurrency=1, num_prompts=8, 
                prompts=None, prompts_file=None, oracle=False, inject=None, seed=0, device="cpu",
                dtype="float32", out=None, run_id=None, eos_id=None, progress=False,
                flush_steps=4096, flush_s=5.0, extra_sinks=(), trace=True, models=None,
-               threads=None, temperature=0.0, top_p=1.0, top_k=None, draft_noise=0.0) -> RunResult:
+               threads=None, temperature=0.0, top_p=1.0, top_k=None, draft_noise=0.0, target_spec=None, drafter_spec=None,
+               trust_remote_code=False) -> RunResult:
     """Run chain or tree speculative decoding on the embedded models, traced.
 
     `out` is the dataset folder (the run adds its own partition); `trace=False` runs
-    untraced (benchmarks). `models` = (target, drafter, info) skips loading.
+    untraced (benchmarks). `models` = (target, drafter, info) skips loading;
+    `target_spec`/`drafter_spec` ('hf:PATH_OR_ID', 'skip:N') load Hugging Face models
+    (runtime/hf.py) and their tokenizer instead of the embedded pair.
     `threads` sets torch's intra-op threads (process-wide) when given. `draft_noise` > 0
     weakens the drafter on purpose (SpecConfig.draft_noise; recorded in run.json).
     `temperature` > 0 runs speculative sampling (runtime/sampling.py) with `top_p`,
@@ -144,8 +147,15 @@ def run_traced(*, algo="chain", budget=7, topk=1, concurrency=1, num_prompts=8, 
     if oracle and not sp.greedy:
         raise InputError(None, "--oracle compares with plain greedy decoding; under --temperature > 0 "
                                "use `specaudit lossless` (a two-sample test against plain sampling)")
+    if models is None and target_spec:
+        from specaudit.runtime.hf import load_models
+        models = load_models(target_spec, drafter_spec, device=device, dtype=dtype, budget=budget, algo=algo,
+                             trust_remote_code=trust_remote_code)
+    elif drafter_spec:
+        raise InputError(None, "--drafter needs --target hf:PATH_OR_ID (the embedded target has its own drafter)")
+    model_eos = getattr(models[0], "eos_id", EOS_ID) if models is not None else EOS_ID
     cfg = SpecConfig(algo=algo, budget=budget, topk=topk, max_new_tokens=max_new_tokens,
-                     concurrency=concurrency, eos_id=EOS_ID if eos_id is None else eos_id, fault=inject,
+                     concurrency=concurrency, eos_id=model_eos if eos_id is None else eos_id, fault=inject,
                      sampling=None if sp.greedy else sp, draft_noise=float(draft_noise))
     torch.manual_seed(seed)
     texts = prompts if prompts is not None else (load_prompts(prompts_file) if prompts_file else default_prompts())
@@ -154,8 +164,8 @@ def run_traced(*, algo="chain", budget=7, topk=1, concurrency=1, num_prompts=8, 
         k = seed % len(texts)
         texts = texts[k:] + texts[:k]
     texts = (texts * (num_prompts // len(texts) + 1))[:num_prompts]
-    toks = [encode(t) for t in texts]
     target, drafter, info = models if models is not None else default_models(device, getattr(torch, dtype))
+    toks = [(getattr(target, "encode", None) or encode)(t) for t in texts]
     cfg.validate(drafter.depth)
     for i, t in enumerate(toks):
         if not t:

@@ -18,7 +18,8 @@ import argparse
 import json
 import sys
 
-from specaudit.runtime.options import (add_runtime_arguments, add_sampling_arguments, apply_host_options, resolve_topk,
+from specaudit.runtime.options import (add_runtime_arguments, add_sampling_arguments, apply_host_options, model_kwargs,
+                                      resolve_topk,
                                       sampling_kwargs)
 
 HELP = "run the reference runtime (chain or tree) and write a trace dataset"
@@ -80,7 +81,8 @@ def main(args) -> int:
                      inject=args.inject, seed=args.seed, device=args.device, dtype=args.dtype,
                      out=args.out, run_id=args.run_id, eos_id=args.eos_id,
                      progress=not args.no_progress and sys.stderr.isatty(),
-                     flush_steps=args.flush_steps, flush_s=args.flush_seconds, **sampling_kwargs(args))
+                     flush_steps=args.flush_steps, flush_s=args.flush_seconds, **sampling_kwargs(args),
+                     **model_kwargs(args))
     if args.json or args.output_format == "json":
         print(json.dumps(res.summary))
     else:

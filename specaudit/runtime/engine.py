@@ -192,6 +192,14 @@ class SpecEngine:
             self.tracer.end_request(req.request_id, output_tokens=req.output, finish_reason=reason,
                                     ttft_s=req.t_first - req.t_arrive, e2e_s=req.t_end - req.t_arrive)
 
+    def _draft(self, reqs, h_prev, roots):
+        """Drafter log-probs [R, K, V]. The embedded block drafter reads the target's hidden
+        state at the root and the root; a causal-LM drafter (runtime/hf.py) reads each
+        request's tokens, the root last."""
+        if getattr(self.drafter, "needs_context", False):
+            return self.drafter.draft([r.prompt + r.output for r in reqs])
+        return self.drafter(h_prev, torch.from_numpy(roots).to(self.device))
+
     # ---------------------------------------------------------------------- step
     @torch.inference_mode()
     def step(self) -> list[Request]:
@@ -206,7 +214,7 @@ class SpecEngine:
         # draft: one drafter forward for the whole batch -> [R, K, V]
         h_prev = torch.stack([r.h_prev for r in reqs])
         roots = np.array([r.root for r in reqs], dtype=np.int64)
-        lp = self.drafter(h_prev, torch.from_numpy(roots).to(dev)).float().cpu().numpy()
+        lp = self._draft(reqs, h_prev, roots).float().cpu().numpy()
         if cfg.draft_noise > 0:   # [R, K, V] + noise: acceptance falls, nothing recorded lies
             rng = self.__dict__.setdefault("_noise_rng", np.random.default_rng(12345))
             lp = lp + rng.normal(0.0, cfg.draft_noise, lp.shape).astype(lp.dtype)
@@ -314,7 +322,7 @@ class SpecEngine:
         t0 = time.time()
         h_prev = torch.stack([r.h_prev for r in reqs])
         roots = np.array([r.root for r in reqs], dtype=np.int64)
-        lp = self.drafter(h_prev, torch.from_numpy(roots).to(dev)).float().cpu().numpy()  # [R, K, V]
+        lp = self._draft(reqs, h_prev, roots).float().cpu().numpy()  # [R, K, V]
         q = transform(lp, sp)                                                             # [R, K, V]
         if cfg.algo == "chain":
             shapes = propose_chain(roots, lp, cfg.budget)

@@ -24,6 +24,24 @@ def add_runtime_arguments(p) -> None:
     add_host_arguments(g)
     g.add_argument("--eos-id", type=int, default=None,
                    help="token that ends a request (default: the model's EOS, byte 0)")
+    add_model_arguments(p.add_argument_group("models"))
+
+
+def add_model_arguments(g) -> None:
+    """--target/--drafter: Hugging Face checkpoints instead of the embedded pair (runtime/hf.py)."""
+    g.add_argument("--target", metavar="hf:PATH_OR_ID", default=None,
+                   help="a Hugging Face causal LM as the target (safetensors only; needs specaudit[hf])")
+    g.add_argument("--drafter", metavar="hf:PATH_OR_ID|skip:N", default=None,
+                   help="with --target: a smaller causal LM with the same tokenizer, or skip:N for "
+                        "self-speculation on the target's first N layers")
+    g.add_argument("--trust-remote-code", action="store_true",
+                   help="allow a checkpoint's own Python code (transformers' trust_remote_code); off by default")
+
+
+def model_kwargs(args) -> dict:
+    """run_traced's model keywords from parsed options."""
+    return dict(target_spec=getattr(args, "target", None), drafter_spec=getattr(args, "drafter", None),
+                trust_remote_code=getattr(args, "trust_remote_code", False))
 
 
 def add_sampling_arguments(g) -> None:
