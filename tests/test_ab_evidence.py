@@ -31,7 +31,7 @@ ENGINES = Path(__file__).parent / "fixtures" / "engines"
 
 # ------------------------------------------------------------------ renderers
 
-def sglang_log(path, windows, *, seed=0, algo="DFLASH", D=8, model="org/big-275b", rank=""):
+def sglang_log(path, windows, *, seed=0, algo="DFLASH", D=8, model="org/big-275b", rank="", bonus_rate=False):
     """Write an SGLang server log: a server_args line, then per (c, accept len, n, cuda
     graph) n `Decode batch` lines at that concurrency. The accept lens spread evenly
     around their mean (+-0.04, in a seeded order), so a stratum's mean is the one asked for."""
@@ -50,7 +50,7 @@ def sglang_log(path, windows, *, seed=0, algo="DFLASH", D=8, model="org/big-275b
             tps = c * acc / (0.012 + 0.0004 * c) * (1 + off / 4)
             lines.append(f"[2026-11-02 1{t // 3600}:{t // 60 % 60:02d}:{t % 60:02d}{rank}] Decode batch, "
                          f"#running-req: {c}, #token: {700 * c}, token usage: 0.01, accept len: {acc:.2f}, "
-                         f"accept rate: {(acc - 1) / (D - 1):.2f}, cuda graph: {graph}, "
+                         f"accept rate: {(acc / D if bonus_rate else (acc - 1) / (D - 1)):.2f}, cuda graph: {graph}, "
                          f"gen throughput (token/s): {tps:.2f}, #queue-req: 0, ")
     Path(path).write_text("\n".join(lines) + "\n")
     return str(path)
@@ -542,3 +542,15 @@ def test_real_corpus_sglang_16274_dp_attention_regression(capsys):
     assert (x["a"]["n"], x["b"]["n"]) == (4, 2) and x["verdict"] == "A better"
     assert abs(x["a"]["mean"] - (2.3377 + 2.3541 + 2.3676 + 2.3711) / 4) < 1e-9
     assert any("concurrency is not reported by A and B" in w for w in res["warnings"])
+
+
+def test_printed_accept_rate_formula_does_not_decide(tmp_path):
+    # B's engine version prints the accept rate with the bonus in the numerator and the root
+    # in the denominator (SGLang before PR 23530): the printed rates differ (0.26 vs 0.15),
+    # the acceptance does not. The A/B derives the rate from accept length and k on both.
+    a = sglang_log(tmp_path / "a.log", [(1, 2.05, 30, True)], seed=1)
+    b = sglang_log(tmp_path / "b.log", [(1, 2.05, 30, True)], seed=2, bonus_rate=True)
+    assert "accept rate: 0.26" in Path(b).read_text()
+    res = compare_sides(a, b)
+    x = res["strata"][0]["metrics"]["accept_rate"]
+    assert abs(x["a"]["mean"] - 0.15) < 0.005 and abs(x["b"]["mean"] - 0.15) < 0.005 and x["verdict"] == "same"
