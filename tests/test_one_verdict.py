@@ -372,3 +372,16 @@ def test_the_rule_guide_names_every_place_and_each_holds_the_catalog():
     assert contract <= in_oracle, sorted(contract - in_oracle)
     for r in live_rules("prom"):
         assert r.scope == "step", r.code     # the sink sees one batch of step rows
+
+
+def test_one_threads_default_for_every_command_that_runs_a_model():
+    from specaudit.audit.ab import parse_arm
+    from specaudit.cli import build_parser
+    ap = build_parser()
+    defaults = {}
+    for name in ("run", "serve", "calibrate", "demo"):
+        acts = {o: a for a in ap.subparsers[name]._actions for o in a.option_strings}
+        defaults[name] = acts["--threads"].default
+    arm = parse_arm("--algo chain", "a")
+    defaults["ab arm"] = arm.get("threads") if isinstance(arm, dict) else getattr(arm, "threads", None)
+    assert set(defaults.values()) == {1}, defaults

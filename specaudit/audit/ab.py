@@ -35,10 +35,10 @@ from specaudit.trace.schema import InputError, atomic_write_bytes
 
 # The settings of one arm (the `specaudit run` runtime options, topk resolved).
 SETTINGS = ("algo", "budget", "topk", "concurrency", "max_new_tokens", "inject", "seed", "device",
-            "dtype", "eos_id")
+            "dtype", "eos_id", "threads")
 # Settings that change speed or acceptance without being the algorithm under test: a
 # comparison that varies one of them unnamed is confounded (the seed case's trap).
-CONFOUNDERS = ("concurrency", "batch", "device", "dtype", "max_new_tokens", "eos_id", "seed", "inject")
+CONFOUNDERS = ("concurrency", "batch", "device", "dtype", "max_new_tokens", "eos_id", "seed", "inject", "threads")
 METRICS = ("accepted_depth", "commit_len", "tokens_per_s")
 METRIC_LABEL = {"accepted_depth": "mean accepted depth", "commit_len": "mean commit length",
                 "tokens_per_s": "tokens/s"}
@@ -238,7 +238,8 @@ def _run_args(arm: dict, prompts: list[str], load) -> dict:
     return dict(algo=arm["algo"], budget=arm["budget"], topk=arm["topk"], concurrency=arm["concurrency"],
                 num_prompts=len(prompts), max_new_tokens=arm["max_new_tokens"], prompts=list(prompts),
                 inject=arm["inject"], seed=arm["seed"], device=arm["device"], dtype=arm["dtype"],
-                eos_id=arm["eos_id"], models=load(arm["device"], arm["dtype"]))
+                eos_id=arm["eos_id"], models=load(arm["device"], arm["dtype"]),
+                threads=arm.get("threads", 1))   # the one --threads default (runtime/options.py): 1
 
 
 def run_ab(a: dict, b: dict, *, prompts: list[str], repeats: int = 2, out, vary: list[str] | None = None,
