@@ -35,7 +35,8 @@ def sglang_log(path: Path, windows, seed: int, algo: str) -> None:
                 tps = c * acc / (0.012 + 0.0004 * c) * r.gauss(1, 0.01)
                 f.write(f"[2026-11-02 10:{t // 60 % 60:02d}:{t % 60:02d}] Decode batch, #running-req: {c}, "
                         f"#token: {700 * c}, token usage: 0.01, accept len: {acc:.2f}, accept rate: "
-                        f"{(acc - 1) / 7:.2f}, cuda graph: True, gen throughput (token/s): {tps:.2f}, #queue-req: 0, \n")
+                        f"{(acc - 1) / 7:.2f}, cuda graph: True, gen throughput (token/s): {tps:.2f}, "
+                        "#queue-req: 0, \n")
 
 
 def main() -> int:
