@@ -255,3 +255,19 @@ def test_v2_values_out_of_range_are_findings(sampled_runs, tmp_path):
     pq.write_table(t, dst / src.name)
     res = check_paths([dst])
     assert res.counts.get("SA800") == 2 and "SA801" not in res.counts, dict(res.counts)
+
+
+def test_v2_column_of_wrong_type_is_sa000(sampled_runs, tmp_path):
+    import shutil
+
+    import pyarrow as pa
+    _, chain, _ = sampled_runs
+    dst = tmp_path / chain.run_dir.name
+    shutil.copytree(chain.run_dir, dst)
+    src = next(dst.glob("steps-*.parquet"))
+    t = pq.read_table(src)
+    u = [[str(x) for x in r] for r in t.column("accept_u").to_pylist()]
+    pq.write_table(t.set_column(t.schema.get_field_index("accept_u"), "accept_u", pa.array(u)), src)
+    res = check_paths([dst])
+    assert res.counts.get("SA000") == 1 and res.exit_code in (1, 2), dict(res.counts)
+    assert any("accept_u" in f.message and "type" in f.message for f in res.findings if f.code == "SA000")
