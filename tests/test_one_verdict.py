@@ -234,12 +234,15 @@ def test_sa708_with_a_baseline_names_the_supported_group(tmp_path):
     from specaudit.audit.sources import read_source
     from specaudit.invariants import get_rule, load_rules
     load_rules()
-    for lens, honest in (([2.0, 7.0, 2.0, 9.5, 7.0], "accept len 2.00"),
-                         ([2.0, 7.0, 2.0, 9.5, 2.0], "accept len 2.00")):
+    # the baseline, not the number of lines, decides; a baseline that makes ~8 tokens per
+    # step plausible backs the other group
+    for lens, base, honest in (([2.0, 7.0, 2.0, 9.5, 7.0], 98.0, "accept len 2.00"),
+                               ([2.0, 7.0, 2.0, 9.5, 2.0], 98.0, "accept len 2.00"),
+                               ([2.0, 7.0, 2.0, 7.5, 2.0], 21.0, "accept len 7.00-7.50")):
         reading = read_source(seed_log(tmp_path / "s.log", lens))
-        reading.config["baseline_tps"], reading.config["cost_factor"] = 98.0, 1.5
+        reading.config["baseline_tps"], reading.config["cost_factor"] = base, 1.5
         (f,) = get_rule("SA708").check(reading)
-        assert f"the throughput supports lines" in f.message
+        assert "the throughput supports lines" in f.message
         supported = f.message.split("the throughput supports ")[1]
         assert supported.split(")")[0].endswith(honest), f.message
 
@@ -335,7 +338,6 @@ def test_report_exit_code_follows_the_checker(table_ds, tmp_path, capsys):
 # ------------------------------------------------- one home per rule (item 7)
 
 def test_live_rules_come_from_the_catalog_and_do_not_drift():
-    import numpy as np  # noqa: F401
     from specaudit.invariants.registry import kernel_codes, live_rules
     from specaudit.kernels.audit import RULES, rule_codes
     from specaudit.trace import prom_sink
