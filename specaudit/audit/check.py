@@ -20,6 +20,7 @@ path does not exist or holds nothing that looks like a trace.
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -323,7 +324,8 @@ def check_group(batches, *, run_id: str, manifest: dict | None, rules, result: C
         facts = request_facts(requests, carry, eos_id)
         n_requests = len(facts.get("idx", ()))
         result.requests += n_requests
-        _release_memory()  # the table's decode buffers: give them back before the steps
+        if n_requests > REQUEST_BATCH_ROWS:
+            _release_memory()  # the table's decode buffers: give them back before the steps
     derived = _Derived()
     rows_seen = 0
     for item in batches:
@@ -489,7 +491,8 @@ def _iter_step_batches(rf: RunFiles, batch_rows: int, columns):
             cols.append("rank")
         n = 0
         try:
-            for b in pf.iter_batches(batch_size=batch_rows, columns=cols):
+            # a small file is decoded on this thread: Arrow's pool costs more than it saves
+            for b in pf.iter_batches(batch_size=batch_rows, columns=cols, use_threads=_big(path)):
                 if rank:
                     # one partition per rank: split the batch by rank value
                     rk = b.column(b.schema.get_field_index("rank")).to_numpy(zero_copy_only=False)
@@ -542,6 +545,20 @@ def _proven_diagnostics(md) -> set:
         return out
     except (ValueError, AttributeError, IndexError):
         return set()
+
+
+SMALL_RUN_BYTES = 8 << 20   # below this, a run's files are read without extra threads
+
+
+def _size(path) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def _big(path) -> bool:
+    return _size(path) >= SMALL_RUN_BYTES
 
 
 def _release_memory() -> None:
@@ -648,7 +665,8 @@ def _open_requests(rf: RunFiles, result: CheckResult, batch_rows: int):
         n = 0
         note_input(path)
         try:
-            for b in pf.iter_batches(batch_size=min(batch_rows, REQUEST_BATCH_ROWS), columns=cols):
+            for b in pf.iter_batches(batch_size=min(batch_rows, REQUEST_BATCH_ROWS), columns=cols,
+                                     use_threads=_big(path)):
                 n += b.num_rows
                 yield b
         except Exception as e:
@@ -702,11 +720,17 @@ def check_run(rf: RunFiles, rules, result: CheckResult, batch_rows: int = BATCH_
     # a step file that could not be read makes the run's totals partial: request and
     # aggregate rules that compare with the steps are skipped for this run
     steps_whole = lambda: len(result.bad_files) == bad_before  # noqa: E731
-    stream = _run_batches(_prefetch(_iter_step_batches(rf, batch_rows, STEP_READ_COLUMNS)), result, rf.run_id)
+    steps = _iter_step_batches(rf, batch_rows, STEP_READ_COLUMNS)
+    # the read-ahead thread pays off only when there is decoding to overlap: a small
+    # run is read inline (thread start and hand-offs were most of a tiny run's fixed cost)
+    big = sum(_size(p) for p in rf.step_files) >= SMALL_RUN_BYTES
+    stream = _run_batches(_prefetch(steps) if big else steps, result, rf.run_id)
     check_batches(stream, run_id=rf.run_id, manifest=manifest, rules=rules, result=result, requests=requests,
                   complete=lambda: complete and requests is not None and rq_state["ok"] and steps_whole(),
                   incomplete_reason="; ".join(reasons) or None)
-    if run_counts(len(result.files_checked) > n_before, requests is not None, manifest):
+    # a lone run.json counts (SA001); a run whose every data file is bad does not (exit 2)
+    lone = manifest if not (rf.step_files or rf.requests_file) else None
+    if run_counts(len(result.files_checked) > n_before, requests is not None, lone):
         result.runs.append(rf.run_id)
 
 

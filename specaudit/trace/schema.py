@@ -358,7 +358,10 @@ def parse_json_bounded(data: bytes, path=None, max_depth: int = MAX_JSON_DEPTH):
         raise InputError(path, f"not UTF-8 (byte {e.start})") from None
     cur = 0
     in_str = esc = False
-    for ch in text:  # a cheap scan: refuse deep nesting before the recursive decoder sees it
+    # refuse deep nesting before the recursive decoder sees it: a scan, run only when
+    # there are enough brackets for it to matter
+    scan = text.count("[") + text.count("{") > max_depth
+    for ch in (text if scan else ""):
         if in_str:
             if esc:
                 esc = False
