@@ -323,6 +323,9 @@ class SpecEngine:
         h_prev = torch.stack([r.h_prev for r in reqs])
         roots = np.array([r.root for r in reqs], dtype=np.int64)
         lp = self._draft(reqs, h_prev, roots).float().cpu().numpy()  # [R, K, V]
+        if cfg.draft_noise > 0:   # the same knob as greedy: q is the noisy drafter's, still lossless
+            rng = self.__dict__.setdefault("_noise_rng", np.random.default_rng(12345))
+            lp = lp + rng.normal(0.0, cfg.draft_noise, lp.shape).astype(lp.dtype)
         q = transform(lp, sp)                                                             # [R, K, V]
         if cfg.algo == "chain":
             shapes = propose_chain(roots, lp, cfg.budget)
