@@ -270,8 +270,8 @@ def _merge(path, rank, fld, by_rest: dict, notes: list, gauge: bool) -> dict:
     if len(by_rest) > 1:
         labels = sorted({k for rest in by_rest for k, _ in rest})
         notes.append(note(path, None, f"{len(by_rest)} {fld} series of {rank or 'the only rank'} differ only by "
-                                      f"{', '.join(labels)}: {'averaged' if gauge else 'summed'} (labels that "
-                                      f"collide; pass --match to pick one)"))
+                                      f"{', '.join(labels)}", f"{'averaged' if gauge else 'summed'} (labels that "
+                                      "collide; pass --match to pick one)"))
     acc: dict = {}
     for samples in by_rest.values():
         for t, v in samples:
@@ -321,7 +321,8 @@ def _windows(r: Reading, engine, rank, fields, step_s):
         for a, b in zip(times, times[1:]):
             if b - a > max(3 * typical, 2 * step_s):
                 notes.append(note(r.path, None, f"gap of {b - a:.0f}s without samples ({rank or 'the only rank'}, "
-                                                f"{_iso(a)} to {_iso(b)}): the window across it spans the gap"))
+                                                f"{_iso(a)} to {_iso(b)})",
+                                  "the window across it spans the gap (a scrape target down, or dropped scrapes)"))
     # gauges: one window per boundary sample; counters: one per pair of boundaries
     pairs = [(None, b) for b in bounds] if gauges_only else list(zip(bounds, bounds[1:]))
     for a, b in pairs:
