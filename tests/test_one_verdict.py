@@ -387,3 +387,14 @@ def test_one_threads_default_for_every_command_that_runs_a_model():
     arm = parse_arm("--algo chain", "a")
     defaults["ab arm"] = arm.get("threads") if isinstance(arm, dict) else getattr(arm, "threads", None)
     assert set(defaults.values()) == {1}, defaults
+
+
+def test_draft_noise_lowers_acceptance_and_is_recorded(tmp_path):
+    from specaudit.run import run_traced
+    clean = run_traced(num_prompts=2, max_new_tokens=40, out=tmp_path, run_id="clean", threads=1)
+    noisy = run_traced(num_prompts=2, max_new_tokens=40, out=tmp_path, run_id="noisy", threads=1, draft_noise=8.0)
+    assert noisy.manifest["config"]["draft_noise"] == 8.0 and clean.manifest["config"]["draft_noise"] == 0.0
+    assert noisy.summary["mean_commit_len"] < 0.6 * clean.summary["mean_commit_len"]
+    assert noisy.outputs == clean.outputs            # greedy verification: the output is the target's
+    with pytest.raises(ValueError, match="draft_noise"):
+        run_traced(num_prompts=1, max_new_tokens=8, trace=False, draft_noise=-1.0)
