@@ -3,7 +3,7 @@
 One replay exporter (tests/prom_replay.py: prometheus-client families serving every case
 of tests/fixtures/prometheus/replay_cases.json at /metrics/<case>, one frame per 1.5 s,
 the phases shortened to 30%) and one Prometheus (Debian's package; scripts/test.sh
-installs it) for the whole session, on loopback with a temporary data folder, scraping
+installs it) for this module, on loopback with a temporary data folder, scraping
 every second and evaluating dashboards/engines_rules.yml and engines_alerts.yml as
 rendered with second-scale windows (the same expressions; the committed files use 5m).
 
@@ -105,8 +105,10 @@ class Live:
         return code
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def live(tmp_path_factory):
+    """One exporter and one Prometheus for all the tests here, stopped after them (so it
+    never runs beside test_prometheus_live's)."""
     lv = Live(tmp_path_factory.mktemp("engines-live"))
     yield lv
     assert lv.close() == 0
