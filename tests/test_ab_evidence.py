@@ -554,3 +554,15 @@ def test_printed_accept_rate_formula_does_not_decide(tmp_path):
     res = compare_sides(a, b)
     x = res["strata"][0]["metrics"]["accept_rate"]
     assert abs(x["a"]["mean"] - 0.15) < 0.005 and abs(x["b"]["mean"] - 0.15) < 0.005 and x["verdict"] == "same"
+
+
+@pytest.mark.parametrize("name,needle", [
+    ("vllm-request-llama-swap-1032.json", "none of its 1 windows says how many requests were running"),
+    ("trtllm-pr5146-llama70b-eagle3.json", "none of its 1 windows says how many requests were running"),
+    ("llamacpp-pr24536-slot-eagle3.log", "none of its 1 windows says how many requests were running"),
+    ("vllm-7301-v0-cumulative-k5.log", "only cumulative figures since start-up"),
+])
+def test_real_corpus_without_comparable_windows_exit_2(name, needle, capsys):
+    # per-request records and per-slot lines carry no load; a V0 cumulative line has no interval
+    assert main(["ab", str(CORPUS / name), str(CORPUS / name)]) == 2
+    assert needle in _err(capsys)
