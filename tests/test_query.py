@@ -530,8 +530,8 @@ sys.exit(7)
     assert "CREATE VIEW steps" in got["setup"] and "CREATE VIEW nodes" in got["setup"]
     assert "SET allowed_paths" in got["setup"] and "autoinstall_known_extensions = false" in got["setup"]
     # a setup too large for one argument goes through a private init file, removed afterwards
-    import specaudit.commands.query as cq
-    monkeypatch.setattr(cq, "SETUP_ARG_MAX", 100)
+    import specaudit.postmortem.shell as shell
+    monkeypatch.setattr(shell, "SETUP_ARG_MAX", 100)
     rc, _, _ = run_cli(["query", str(synth_ds[0]), "--no-check"], capsys)
     got2 = json.loads(log.read_text())
     assert rc == 7 and got2["setup"] == got["setup"] and got2["argv"][-2:] == ["-cmd", ".safe_mode"]

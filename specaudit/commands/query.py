@@ -31,14 +31,14 @@ of objects) or parquet (needs -o). SQL errors: DuckDB's message on one line, exi
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
-import shutil
-import subprocess
 import sys
 from pathlib import Path
+
+from specaudit.postmortem.output import emit
+from specaudit.postmortem.shell import find_cli, open_shell
 
 HELP = "SQL over traces (DuckDB views steps/requests/runs/nodes/violations) and canned queries"
 ORDER = 60
@@ -145,196 +145,6 @@ def run_checker(paths):
 
 def needs_violations(sql: str) -> bool:
     return re.search(r"\bviolations\b", sql, re.IGNORECASE) is not None
-
-
-# ------------------------------------------------------------------------ output
-
-def _cell(v) -> str:
-    if v is None:
-        return "NULL"
-    if isinstance(v, float):
-        return "nan" if math.isnan(v) else f"{v:.6g}"
-    if isinstance(v, (list, dict, tuple)):
-        return json.dumps(_jsonable(v), separators=(",", ":"))
-    return str(v)
-
-
-def _jsonable(v):
-    """Python values from Arrow -> JSON-safe (NaN/inf -> null, bytes -> hex, times -> ISO)."""
-    if v is None or isinstance(v, (bool, int, str)):
-        return v
-    if isinstance(v, float):
-        return v if math.isfinite(v) else None
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, (bytes, bytearray)):
-        return v.hex()
-    if hasattr(v, "isoformat"):
-        return v.isoformat()
-    try:
-        return float(v)             # Decimal
-    except (TypeError, ValueError):
-        return str(v)
-
-
-def write_table(schema, batches, out, max_rows: int, max_width: int = 60) -> None:
-    """Aligned text table: numbers right, text left; cells cut at max_width."""
-    import pyarrow as pa
-    names = schema.names
-    rows, more = [], 0
-    for b in batches:
-        for r in pa.Table.from_batches([b]).to_pylist():
-            if max_rows and len(rows) >= max_rows:
-                more += 1
-                continue
-            rows.append([_cell(r[n]) for n in names])
-    cut = [[c if len(c) <= max_width else c[: max_width - 1] + "…" for c in r] for r in rows]
-    num = [pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_decimal(f.type)
-           for f in schema]
-    widths = [max([len(n)] + [len(r[i]) for r in cut]) for i, n in enumerate(names)]
-
-    def fmt(cells):
-        return "  ".join(c.rjust(w) if isn else c.ljust(w) for c, w, isn in zip(cells, widths, num)).rstrip()
-    out.write(fmt(names) + "\n")
-    out.write("  ".join("-" * w for w in widths) + "\n")
-    for r in cut:
-        out.write(fmt(r) + "\n")
-    n = len(rows) + more
-    tail = f"({n} row{'s' if n != 1 else ''}"
-    if more:
-        tail += f"; {more} not shown: --max-rows 0 for all, or --output-format csv -o FILE"
-    out.write(tail + ")\n")
-
-
-def write_csv(schema, batches, out) -> None:
-    import csv
-    w = csv.writer(out, lineterminator="\n")
-    w.writerow(schema.names)
-    for b in batches:
-        cols = [c.to_pylist() for c in b.columns]
-        for r in zip(*cols):
-            w.writerow(["" if v is None else (json.dumps(_jsonable(v)) if isinstance(v, (list, dict))
-                                               else _csv_scalar(v)) for v in r])
-
-
-def _csv_scalar(v):
-    if isinstance(v, float):
-        return repr(v) if math.isfinite(v) else ("nan" if math.isnan(v) else ("inf" if v > 0 else "-inf"))
-    return v
-
-
-def write_json(schema, batches, out) -> None:
-    """A JSON array of row objects, one per line (streams; NaN/inf become null)."""
-    out.write("[")
-    first = True
-    for b in batches:
-        for r in b.to_pylist():
-            out.write(("\n" if first else ",\n") + json.dumps(_jsonable(r), ensure_ascii=False))
-            first = False
-    out.write("\n]\n" if not first else "]\n")
-
-
-def _check_output_path(path: Path, ds) -> Path:
-    from specaudit.outfile import guard_output
-    return guard_output(path, [str(rf.run_dir) for rf in ds.runs])
-
-
-def emit(schema, batches, fmt: str, output: str | None, max_rows: int, ds) -> None:
-    """Write the result in fmt to output (atomic: temporary name then rename) or stdout."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    if fmt == "parquet" and not output:
-        raise ValueError("--output-format parquet needs -o FILE")
-    if schema is None:
-        schema, batches = pa.schema([]), iter(())
-    if not output:
-        {"table": lambda: write_table(schema, batches, sys.stdout, max_rows),
-         "csv": lambda: write_csv(schema, batches, sys.stdout),
-         "json": lambda: write_json(schema, batches, sys.stdout)}[fmt]()
-        return
-    path = _check_output_path(Path(output), ds)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        if fmt == "parquet":
-            with pq.ParquetWriter(tmp, schema, compression="zstd") as w:
-                for b in batches:
-                    w.write_batch(b)
-        else:
-            with open(tmp, "w", encoding="utf-8", newline="") as f:
-                {"table": lambda: write_table(schema, batches, f, 0),
-                 "csv": lambda: write_csv(schema, batches, f),
-                 "json": lambda: write_json(schema, batches, f)}[fmt]()
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    print(f"wrote {path}", file=sys.stderr)
-
-
-# ------------------------------------------------------------------------- shell
-
-def find_cli() -> str:
-    """The duckdb CLI on PATH, checked to lock itself in safe mode; ValueError otherwise."""
-    cli = shutil.which("duckdb")
-    if not cli:
-        raise ValueError("no SQL given and the duckdb CLI is not installed (pip install duckdb-cli); "
-                         "pass SQL or a canned query name instead (specaudit query --list)")
-    _probe_safe_mode(cli)
-    return cli
-
-
-def open_shell(cli: str, paths, findings, ds) -> int:
-    """The duckdb CLI with the same views and settings, then its safe mode (which switches
-    external access off and locks the configuration)."""
-    from specaudit.postmortem import views as Q
-    setup = Q.shell_setup_sql(paths, findings, dataset=ds, lock=False, duckdb_major=_cli_major(cli))
-    banner = ("specaudit query: views steps, requests, runs, nodes, violations; read-only, offline "
-              "(safe mode). .quit to leave.")
-    try:
-        if len(setup.encode()) <= SETUP_ARG_MAX:
-            # the usual case: the setup travels as an argument; nothing is written
-            print(banner, file=sys.stderr)
-            return subprocess.call([cli, "-no-init", "-cmd", setup, "-cmd", ".safe_mode"])
-        # many files or findings: past the argument-size limit, hand the setup over as the
-        # CLI's init file, private to this user and removed when the shell exits
-        import tempfile
-        with tempfile.TemporaryDirectory(prefix="specaudit-shell-") as tmp:
-            init = Path(tmp) / "setup.sql"
-            init.write_text(setup, encoding="utf-8")
-            print(banner, file=sys.stderr)
-            return subprocess.call([cli, "-init", str(init), "-cmd", ".safe_mode"])
-    except OSError as e:
-        raise ValueError(f"cannot start the duckdb CLI at {cli}: {e}") from None
-
-
-SETUP_ARG_MAX = 100_000   # Linux refuses a single argument over 128 KiB
-
-
-def _cli_major(cli: str) -> int:
-    """The CLI's major version ('v1.5.6 (Variegata) ...' -> 1); 1 when it cannot say."""
-    try:
-        r = subprocess.run([cli, "-version"], capture_output=True, text=True, timeout=30,
-                           stdin=subprocess.DEVNULL)
-        m = re.match(r"\s*v?(\d+)\.", r.stdout)
-        return int(m.group(1)) if m else 1
-    except (OSError, subprocess.TimeoutExpired):
-        return 1
-
-
-def _probe_safe_mode(cli: str) -> None:
-    """Refuse a CLI whose .safe_mode does not switch external access off and lock."""
-    try:
-        r = subprocess.run([cli, "-no-init", "-csv", "-noheader", "-cmd", ".safe_mode", "-c",
-                            "SELECT current_setting('enable_external_access'), "
-                            "current_setting('lock_configuration')"],
-                           capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise ValueError(f"cannot start the duckdb CLI at {cli}: {e}") from None
-    if r.stdout.strip().lower().replace(" ", "") != "false,true":
-        raise ValueError(f"the duckdb CLI at {cli} cannot lock itself (.safe_mode); "
-                         "upgrade it (pip install -U duckdb-cli) or pass SQL instead")
 
 
 # -------------------------------------------------------------------------- main
