@@ -21,4 +21,11 @@ fi
 # CPU torch first (a bare `torch` requirement would pull a multi-GB CUDA build).
 python3 -m pip install -q torch==2.13.0
 python3 -m pip install -q -e ".[test]"
+# AIPerf, the benchmark client tests/test_serve_aiperf.py drives, in its own venv: it pins
+# its own versions of packages we share (prometheus-client, orjson, pandas, ...) and must
+# not import our torch (it pulls no torch itself).
+if [ ! -x .venv-aiperf/bin/aiperf ]; then
+  python3 -m venv .venv-aiperf
+  .venv-aiperf/bin/pip install -q aiperf==0.13.0
+fi
 exec python3 -m pytest -q -p no:cacheprovider "$@"
