@@ -516,7 +516,7 @@ class StepFrame:
         """Rows whose path does not start at 0, leaves the tree, or is not parent->child."""
         k = self.path_k
         bad = ~self.path_in_range | ((k == 0) & (self.path != 0))
-        if len(self.path) > 1:
+        if len(self.path) > 1 and self.T:   # T = 0 (every node list empty): all out of range
             link = np.zeros(len(self.path), dtype=bool)
             link[1:] = (k[1:] > 0) & (self.pglob[self.path_glob[1:]] != self.path_glob[:-1])
             bad |= link

@@ -132,6 +132,11 @@ def test_fuzz_trace_values(good_run, data):
     ragged lists) through the whole catalog."""
     _, s, r, m = good_run
     rows = s.to_pylist()[:12]
+    if data.draw(st.booleans()):          # one edit on every row (a whole batch of empty lists)
+        col = data.draw(st.sampled_from(["node_tokens", "parents", "accepted_path", "committed_tokens"]))
+        val = data.draw(ROW_LIST)
+        for row in rows:
+            row[col] = val
     for row in rows:
         for c in data.draw(st.lists(st.sampled_from(["node_tokens", "parents", "positions", "target_argmax",
                                                      "accepted_path", "committed_tokens"]), max_size=3)):

@@ -498,3 +498,18 @@ def test_run_stops_early_when_the_disk_fills_and_keeps_files_readable(tmp_path, 
     res = check_paths([tmp_path / "ds"])
     assert not res.bad_files and res.counts["SA001"] == 1    # readable, incomplete
     assert res.steps > 0 and res.steps < 8 * 24
+
+
+@pytest.mark.parametrize("cols", [("node_tokens",), ("node_tokens", "parents", "positions", "target_argmax",
+                                                     "accepted_path", "committed_tokens")])
+def test_every_node_list_empty_is_findings_not_a_traceback(cols):
+    import pyarrow as pa
+
+    from specaudit.audit.check import check_tables
+    s, r, m = synth_run_rows(3, run_id="e", seed=0)
+    rows = s.to_pylist()
+    for row in rows:
+        for c in cols:
+            row[c] = []
+    res = check_tables(pa.Table.from_pylist(rows, schema=s.schema), r, m)
+    assert res.counts["SA102"] == len(rows) and res.exit_code == 1
