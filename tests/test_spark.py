@@ -175,3 +175,47 @@ def test_spark_local2_equals_local(spark, corpus, local, tmp_path):
     assert set(sp.FINDINGS_COLUMNS) <= set(t.schema.names)
     assert sorted((r["code"], r["run_id"], r["request_id"], r["step"], r["file"], r["message"])
                   for r in t.to_pylist()) == sorted(_key(f) for f in local.findings)
+
+
+def _small(tmp_path):
+    """One run with the seed bug (SA301) in two step files."""
+    from specaudit.invariants import get_rule
+    run = _rename(FixtureRun.make("chain"), "cli-run")
+    get_rule("SA301").fail(run)
+    d = tmp_path / "traces"
+    run.write(d, n_files=2)
+    return d
+
+
+def test_cli_engine_spark_reports_and_writes_findings(spark, tmp_path, capsys):
+    from specaudit.cli import main as cli
+    d = _small(tmp_path)
+    out = tmp_path / "findings"
+    code = cli(["check", "--engine", "spark", str(d), str(tmp_path / "missing"), "--spark-master", "local[2]",
+                "--out", str(out), "--output-format", "json"])
+    o, e = capsys.readouterr()
+    assert "Traceback" not in o + e
+    assert code == 1
+    rep = json.loads(o)
+    codes = {f["code"] for f in rep["findings"]}
+    assert {"SA301", "SA000"} <= codes                      # the bug, and the path that is not there
+    local = check_paths([d, tmp_path / "missing"])
+    assert sorted(_key(f) for f in local.findings) == sorted(
+        (f["code"], f.get("run_id"), f.get("request_id"), f.get("step"), f.get("file"), f["message"])
+        for f in rep["findings"])
+    assert pq.read_table(out).num_rows == sum(local.counts.values())
+
+
+def test_cli_engine_spark_nothing_readable_is_one_line_exit_2(spark, tmp_path, capsys):
+    from specaudit.cli import main as cli
+    code = cli(["check", "--engine", "spark", str(tmp_path / "nowhere"), "--spark-master", "local[2]"])
+    o, e = capsys.readouterr()
+    assert code == 2 and "Traceback" not in o + e
+    assert e.strip().splitlines() == [f"specaudit check: error: {tmp_path / 'nowhere'}: no such file or folder"]
+
+
+def test_out_inside_the_dataset_is_refused_before_any_job(spark, tmp_path):
+    d = _small(tmp_path)
+    with pytest.raises(sp.InputError, match="overwrite the dataset"):
+        sp.check_spark(spark, [d], out=str(d / "run_id=cli-run"))
+    assert (d / "run_id=cli-run" / "run.json").exists()

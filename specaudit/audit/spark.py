@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 import zlib
 from pathlib import Path, PurePosixPath
 
@@ -41,6 +42,9 @@ from specaudit.audit.check import (BATCH_ROWS, STEP_READ_COLUMNS, CheckResult, _
                                    run_start)
 from specaudit.audit.findings import Finding
 from specaudit.trace.schema import InputError, RunFiles, discover
+
+# PySpark 4.x warns about pandas 3 on every Arrow function; the Arrow path uses no pandas
+warnings.filterwarnings("ignore", message=r".*pandas >= 3\.0\.0.*", category=FutureWarning)
 
 # step bytes per request bucket: a group's steps are materialised in one task
 BUCKET_BYTES = 64 << 20
@@ -62,8 +66,9 @@ _GROUP_ARROW = pa.schema([("row_kind", pa.string()), ("run_key", pa.int32()), ("
 FINDINGS_COLUMNS = ("code", "name", "severity", "message", "run_id", "request_id", "step", "file", "line", "values")
 
 
-class SparkCheckError(Exception):
-    """Spark failed (not the data): one line for the user, the cause kept for logs."""
+class SparkCheckError(ValueError):
+    """Spark failed (not the data): one line for the user (the CLI exits 2), the cause
+    chained for logs."""
 
 
 # ------------------------------------------------------------------ discovery
@@ -389,6 +394,7 @@ def check_spark(spark, paths, select=(), ignore=(), *, out=None, invariants_dirs
              if r.scope != "source"]
     result = CheckResult(max_per_code=max_per_code, rules=[r.code for r in rules])
     driver = CheckResult(max_per_code=0, rules=result.rules)   # every finding the driver makes
+    _refuse_out_over_input(out, paths)
     runs = plan(paths, spark, driver)
     tasks = file_tasks(runs, bucket_bytes, buckets)
     run_info = {k: {"run_key": k, "run_id": rf.run_id, "manifest": rf.manifest} for k, rf in runs}
@@ -429,6 +435,19 @@ def check_spark(spark, paths, select=(), ignore=(), *, out=None, invariants_dirs
     except Exception as e:  # noqa: BLE001 - Py4J and Spark errors: one line, cause kept
         raise SparkCheckError(_one_line(e)) from e
     return result
+
+
+def _refuse_out_over_input(out, paths) -> None:
+    """--out is overwritten: never a folder that holds, or is inside, a dataset read."""
+    if out is None or is_uri(out):
+        return
+    o = Path(out).resolve()
+    for p in paths:
+        if is_uri(p):
+            continue
+        q = Path(p).resolve()
+        if o == q or o in q.parents or q in o.parents:
+            raise InputError(out, f"--out would overwrite the dataset it reads ({p}); give a separate folder")
 
 
 def _task_order(tasks, key, s):
@@ -482,13 +501,20 @@ def _one_line(e: Exception) -> str:
     return first[:300]
 
 
-def session(master: str = "local[2]", app: str = "specaudit-check", **conf):
+def session(master: str | None = "local[2]", app: str = "specaudit-check", **conf):
     """A SparkSession for the checker: workers run this interpreter (PYSPARK_PYTHON),
-    Arrow enabled, Spark's own logging at ERROR so a failure prints one line."""
+    Arrow enabled, Spark's own logging at ERROR so a failure prints one line. master
+    None: the one spark-submit (or an existing session) gives."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
-    b = (SparkSession.builder.master(master).appName(app)
+    b = SparkSession.builder
+    if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
+        master = "local[*]"   # not under spark-submit (which sets the master and starts the JVM)
+    if master:
+        b = b.master(master)
+    b = (b.appName(app)
+         .config("spark.ui.showConsoleProgress", "false")
          .config("spark.sql.execution.arrow.pyspark.enabled", "true")
          .config("spark.sql.shuffle.partitions", str(conf.pop("shuffle_partitions", 8)))
          .config("spark.ui.enabled", "false")

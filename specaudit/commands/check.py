@@ -68,6 +68,13 @@ def add_arguments(p) -> None:
                    help="text: findings shown per code (default 3; 0 = all kept)")
     p.add_argument("--max-per-code", type=int, default=1000, metavar="N",
                    help="findings kept per code for json/junit/github/sarif; all are counted (default 1000; 0 = all)")
+    f = p.add_argument_group("fleet scale (Apache Spark; pip install specaudit[spark], Java 17 or 21)")
+    f.add_argument("--engine", choices=["local", "spark"], default="local",
+                   help="local (default): this process; spark: the same rules as Spark jobs over PATHs or URIs "
+                        "(s3a://, gs://, hdfs://)")
+    f.add_argument("--spark-master", metavar="URL",
+                   help="Spark master (e.g. local[2], spark://host:7077); default: the one spark-submit gives")
+    f.add_argument("--out", metavar="DIR", help="--engine spark: write every finding as a Parquet dataset here")
     g = p.add_argument_group("live engines (Prometheus HTTP API)")
     g.add_argument("--prometheus", metavar="URL", help="read vLLM/SGLang/TensorRT-LLM/llama.cpp spec-decoding series "
                    "from this Prometheus server (e.g. http://127.0.0.1:9090) and run the same source rules")
@@ -141,6 +148,8 @@ def run_check(args):
     load_rules(dirs=args.invariants, entry_points=not args.no_entry_points)   # user rules count as known
     check_selectors("--select", select)
     check_selectors("--ignore", ignore)
+    if getattr(args, "engine", "local") == "spark":
+        return run_check_spark(args, select, ignore)
     paths = [Path(p) for p in args.paths]
     traces, logs = [], []
     for p in paths:
@@ -171,6 +180,21 @@ def run_check(args):
         audit_live(args, select, ignore, res)
     summary = res.summary()
     text = format_findings(res.findings, args.output_format, counts=res.counts, summary=summary,
+                           statistics=args.statistics, examples=args.examples, checked=res.rules)
+    return res, text
+
+
+def run_check_spark(args, select, ignore):
+    """--engine spark: every PATH (folder or URI) is a trace dataset, checked on Spark."""
+    from specaudit.audit.formats import format_findings
+    from specaudit.audit.spark import check_spark, session
+    if not args.paths:
+        raise ValueError("--engine spark needs PATHs or URIs of trace datasets")
+    spark = session(args.spark_master)
+    res = check_spark(spark, args.paths, select=select, ignore=ignore, out=args.out,
+                      invariants_dirs=args.invariants, entry_points=not args.no_entry_points,
+                      max_per_code=args.max_per_code)
+    text = format_findings(res.findings, args.output_format, counts=res.counts, summary=res.summary(),
                            statistics=args.statistics, examples=args.examples, checked=res.rules)
     return res, text
 

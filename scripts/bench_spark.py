@@ -1,0 +1,147 @@
+"""Benchmark `specaudit check --engine spark` against the single-process checker.
+
+    python3 scripts/bench_spark.py                      # 5M steps over 8 runs (N = 8 chains)
+    python3 scripts/bench_spark.py --steps 500000       # a quick look
+
+1. writes a contract-valid synthetic dataset of --steps steps split over --runs runs
+   (specaudit.trace.synth; a fleet is many runs);
+2. checks it, each in a fresh process, side by side in this one invocation: the local
+   checker (check_paths), then Spark local[1] and local[2] (check_spark, same rules);
+3. per phase: steps/s of the check alone, Spark's startup (SparkSession creation),
+   and the peak RSS of the whole process tree (Spark: JVM driver/executor plus the
+   Python workers), sampled every 0.2 s; the 1-minute load average before and after
+   (this machine is shared: a loaded machine slows every phase, not one).
+All three must report the same finding counts (asserted).
+Each phase prints one JSON line; the last line is the summary with local_steps_per_s,
+spark_steps_per_s_1, spark_steps_per_s_2, spark_startup_s, peak_rss_mb.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+CHILD_LOCAL = r"""
+import json, sys, time
+from specaudit.audit.check import check_paths
+t = time.perf_counter()
+r = check_paths([sys.argv[1]], max_per_code=100)
+print(json.dumps({"steps": r.steps, "requests": r.requests, "seconds": time.perf_counter() - t,
+                  "counts": dict(r.counts)}))
+"""
+
+CHILD_SPARK = r"""
+import json, sys, time
+from specaudit.audit.spark import check_spark, session
+t = time.perf_counter()
+s = session(sys.argv[2], shuffle_partitions=int(sys.argv[3]))
+s.range(1).count()                      # the JVM and a first task are up
+startup = time.perf_counter() - t
+t = time.perf_counter()
+r = check_spark(s, [sys.argv[1]], max_per_code=100)
+print(json.dumps({"steps": r.steps, "requests": r.requests, "seconds": time.perf_counter() - t,
+                  "startup_s": startup, "counts": dict(r.counts)}))
+s.stop()
+"""
+
+
+def tree_rss_mb(pid: int) -> float:
+    """RSS of a process and all its descendants (MB), from /proc."""
+    kids: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                parts = f.read().rsplit(")", 1)[1].split()
+            kids.setdefault(int(parts[1]), []).append(int(d))
+            rss[int(d)] = int(parts[21]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, IndexError, ValueError):
+            continue
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        total += rss.get(p, 0)
+        todo += kids.get(p, [])
+    return total / 2**20
+
+
+def child(code: str, *argv) -> dict:
+    """Run a phase in a fresh process; its last stdout line is JSON; peak tree RSS added."""
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    p = subprocess.Popen([sys.executable, "-c", code, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=env)
+    peak = [0.0]
+    done = threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], tree_rss_mb(p.pid))
+            done.wait(0.2)
+    th = threading.Thread(target=sample, daemon=True)
+    th.start()
+    out, err = p.communicate()
+    done.set()
+    th.join()
+    if p.returncode != 0:
+        sys.exit(f"bench_spark: phase {argv} failed (exit {p.returncode}): {err.strip().splitlines()[-1:]}")
+    res = json.loads(out.strip().splitlines()[-1])
+    res["peak_rss_mb"] = round(peak[0], 1)
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=5_000_000)
+    ap.add_argument("--runs", type=int, default=8)
+    ap.add_argument("--n-nodes", type=int, default=8)
+    ap.add_argument("--data", help="reuse (or keep) the dataset in this folder")
+    ap.add_argument("--shuffle-partitions", type=int, default=16)
+    args = ap.parse_args(argv)
+    from specaudit.trace.synth import write_synthetic_dataset
+    tmp = None
+    base = Path(args.data) if args.data else Path(tempfile.mkdtemp(prefix="bench-spark-"))
+    if not args.data:
+        tmp = base
+    try:
+        if not any(base.glob("run_id=*")):
+            t = time.perf_counter()
+            per = -(-args.steps // args.runs)
+            for i in range(args.runs):
+                write_synthetic_dataset(base, per, n_nodes=args.n_nodes, seed=i, run_id=f"bench-{i:03d}")
+            print(json.dumps({"phase": "write", "seconds": round(time.perf_counter() - t, 1)}), flush=True)
+        load0 = os.getloadavg()[0]
+        phases = {"local": child(CHILD_LOCAL, str(base))}
+        print(json.dumps({"phase": "local", **phases["local"]}), flush=True)
+        for n in (1, 2):
+            phases[n] = child(CHILD_SPARK, str(base), f"local[{n}]", str(args.shuffle_partitions))
+            print(json.dumps({"phase": f"spark local[{n}]", **phases[n]}), flush=True)
+        load1 = os.getloadavg()[0]
+        steps = phases["local"]["steps"]
+        for k in (1, 2):
+            assert phases[k]["steps"] == steps and phases[k]["counts"] == phases["local"]["counts"], (k, phases[k])
+        rate = {k: steps / phases[k]["seconds"] for k in phases}
+        print(json.dumps({
+            "steps": steps, "runs": args.runs, "n_nodes": args.n_nodes,
+            "local_steps_per_s": round(rate["local"]), "spark_steps_per_s_1": round(rate[1]),
+            "spark_steps_per_s_2": round(rate[2]), "spark_2_over_1": round(rate[2] / rate[1], 2),
+            "spark_startup_s_1": round(phases[1]["startup_s"], 1), "spark_startup_s_2": round(phases[2]["startup_s"], 1),
+            "peak_rss_mb_local": phases["local"]["peak_rss_mb"], "peak_rss_mb_spark_1": phases[1]["peak_rss_mb"],
+            "peak_rss_mb_spark_2": phases[2]["peak_rss_mb"], "cpus": os.cpu_count(),
+            "loadavg_1m_before": round(load0, 2), "loadavg_1m_after": round(load1, 2)}))
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
