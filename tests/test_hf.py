@@ -235,3 +235,20 @@ def test_sampled_assisted_generation_is_refused(tiny):
     m = transformers.AutoModelForCausalLM.from_pretrained(tiny["llama"])
     with pytest.raises(InputError, match="greedy only"):
         traced_generate(m, torch.tensor([[1, 2, 3]]), assistant_model=m, tracer=None, do_sample=True)
+
+
+def test_ab_arms_on_hf_checkpoints(tiny, tmp_path, capsys):
+    """`specaudit ab` runtime mode with arms on a Hugging Face target: layer-skip vs a small drafter."""
+    t = f"hf:{tiny['gpt2']}"
+    code = cli_main(["ab", f"--a=--target {t} --drafter skip:1 --budget 3 --max-new-tokens 16",
+                     f"--b=--target {t} --drafter hf:{tiny['gpt2-small']} --budget 3 --max-new-tokens 16",
+                     "--vary", "drafter",
+                     "--num-prompts", "2", "--repeats", "1", "--no-progress", "--out", str(tmp_path / "ab"),
+                     "--output-format", "json"])
+    out = capsys.readouterr()
+    assert code in (0, 1), out.err
+    res = json.loads((tmp_path / "ab" / "ab.json").read_text())
+    assert res["a"]["settings"]["drafter"] == "skip:1" and res["b"]["settings"]["drafter"].startswith("hf:")
+    assert set(res["settings_differ"]) == {"drafter"} and res["outputs_identical"]
+    for sub in ("a", "b"):
+        assert check_paths([tmp_path / "ab" / sub]).exit_code == 0

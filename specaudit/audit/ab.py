@@ -35,10 +35,11 @@ from specaudit.trace.schema import InputError, atomic_write_bytes
 
 # The settings of one arm (the `specaudit run` runtime options, topk resolved).
 SETTINGS = ("algo", "budget", "topk", "concurrency", "max_new_tokens", "inject", "seed", "device",
-            "dtype", "eos_id", "threads")
+            "dtype", "eos_id", "threads", "target", "drafter")
 # Settings that change speed or acceptance without being the algorithm under test: a
 # comparison that varies one of them unnamed is confounded (the seed case's trap).
-CONFOUNDERS = ("concurrency", "batch", "device", "dtype", "max_new_tokens", "eos_id", "seed", "inject", "threads")
+CONFOUNDERS = ("concurrency", "batch", "device", "dtype", "max_new_tokens", "eos_id", "seed", "inject", "threads",
+               "target")
 METRICS = ("accepted_depth", "commit_len", "tokens_per_s")
 METRIC_LABEL = {"accepted_depth": "mean accepted depth", "commit_len": "mean commit length",
                 "tokens_per_s": "tokens/s"}
@@ -68,8 +69,10 @@ def parse_arm(text: str, label: str = "a") -> dict:
     ns = p.parse_args(argv)
     cfg = {k: getattr(ns, k) for k in SETTINGS if k != "topk"}
     cfg["topk"] = resolve_topk(ns)
-    if cfg["eos_id"] is None:
+    if cfg["eos_id"] is None and not cfg.get("target"):
         cfg["eos_id"] = 0  # the embedded model's EOS (specaudit.model.EOS_ID), without importing torch
+    if cfg.get("drafter") and not cfg.get("target"):
+        raise ValueError(f"--{label}: --drafter needs --target hf:PATH_OR_ID")
     cfg["args"] = text or ""
     return cfg
 
@@ -205,26 +208,33 @@ def summarize(cells: dict[str, np.ndarray], same_within: float, n_boot: int, see
 def _default_loader():
     cache = {}
 
-    def load(device, dtype):
-        if (device, dtype) not in cache:
-            import torch
+    def load(device, dtype, target=None, drafter=None, budget=7, algo="chain"):
+        key = (device, dtype, target, drafter, budget if target else None, algo if target else None)
+        if key not in cache:
+            if target:  # Hugging Face checkpoints (runtime/hf.py)
+                from specaudit.runtime.hf import load_models
+                cache[key] = load_models(target, drafter, device=device, dtype=dtype, budget=budget, algo=algo)
+            else:
+                import torch
 
-            from specaudit.model import default_models
-            cache[(device, dtype)] = default_models(device, getattr(torch, dtype))
-        return cache[(device, dtype)]
+                from specaudit.model import default_models
+                cache[key] = default_models(device, getattr(torch, dtype))
+        return cache[key]
     return load
 
 
 def _validate(arm: dict, label: str, models, prompts: list[str]) -> None:
     """Refuse a bad arm before anything runs (so no half-written experiment)."""
-    from specaudit.tokenizer import encode
     from specaudit.runtime.engine import SpecConfig
+    from specaudit.tokenizer import encode
 
     target, drafter, _ = models
+    encode = getattr(target, "encode", None) or encode  # a Hugging Face target brings its tokenizer
     try:
         SpecConfig(algo=arm["algo"], budget=arm["budget"], topk=arm["topk"],
                    max_new_tokens=arm["max_new_tokens"], concurrency=arm["concurrency"],
-                   eos_id=arm["eos_id"], fault=arm["inject"]).validate(drafter.depth)
+                   eos_id=arm["eos_id"] if arm["eos_id"] is not None else getattr(target, "eos_id", 0),
+                   fault=arm["inject"]).validate(drafter.depth)
     except ValueError as e:
         raise ValueError(f"--{label}: {e}") from None
     longest = max(len(encode(t)) for t in prompts)
@@ -233,12 +243,19 @@ def _validate(arm: dict, label: str, models, prompts: list[str]) -> None:
                          f"exceeds the context of {target.max_seq_len}")
 
 
+def _model_keys(arm: dict) -> dict:
+    """The loader's model keywords for an arm on Hugging Face checkpoints ({} for the embedded pair)."""
+    if not arm.get("target"):
+        return {}
+    return {"target": arm["target"], "drafter": arm.get("drafter"), "budget": arm["budget"], "algo": arm["algo"]}
+
+
 def _run_args(arm: dict, prompts: list[str], load) -> dict:
     """run_traced's arguments for one arm (the warm-up and every repeat run the same)."""
     return dict(algo=arm["algo"], budget=arm["budget"], topk=arm["topk"], concurrency=arm["concurrency"],
                 num_prompts=len(prompts), max_new_tokens=arm["max_new_tokens"], prompts=list(prompts),
                 inject=arm["inject"], seed=arm["seed"], device=arm["device"], dtype=arm["dtype"],
-                eos_id=arm["eos_id"], models=load(arm["device"], arm["dtype"]),
+                eos_id=arm["eos_id"], models=load(arm["device"], arm["dtype"], **_model_keys(arm)),
                 threads=arm.get("threads", 1))   # the one --threads default (runtime/options.py): 1
 
 
@@ -271,7 +288,7 @@ def run_ab(a: dict, b: dict, *, prompts: list[str], repeats: int = 2, out, vary:
             check_device(arm["device"], arm["dtype"])
         except InputError as e:
             raise InputError(None, f"--{lab.lower()}: {e.reason}") from None
-        _validate(arm, lab.lower(), load(arm["device"], arm["dtype"]), prompts)
+        _validate(arm, lab.lower(), load(arm["device"], arm["dtype"], **_model_keys(arm)), prompts)
     differ = settings_differ(a, b)
     warnings = confounding_warnings(differ, vary)
     if len(prompts) < 5:
