@@ -231,6 +231,9 @@ class StepFrame:
             off, v, lens = list_parts(col[name])
             raw[name] = (off, v, lens)
             self.lens[name] = lens[order]
+        # diagnostic values (SA109), when the column was decoded: column -> (bad [R], value [R])
+        self.diag_bad = {c: _diag_bad(col[c], *DIAGNOSTIC_RANGES[c], R, inv)
+                         for c in DIAGNOSTIC_RANGES if c in col}
         off, v, lens0 = raw["node_tokens"]
         n0 = np.maximum(lens0, 0)
         self.n_raw = self.lens["node_tokens"]
@@ -653,6 +656,34 @@ class StepFrame:
         c.last_step[cr] = self.step[last]
         c.seq_end[cr] = self.seq_len[last] + self.commit_n[last]
         c.last_tok[cr] = self.commit_last[last]
+
+
+# per-node diagnostic lists and the values they can hold: target_margin is top-1 minus
+# top-2 logit (finite, >= 0), draft_logprob a log-probability (finite, <= 0)
+DIAGNOSTIC_RANGES = {"target_margin": (0.0, np.inf), "draft_logprob": (-np.inf, 1e-6)}
+
+
+def _diag_bad(arr, lo: float, hi: float, R: int, inv: np.ndarray):
+    """(bad [R] over sorted rows, first offending value [R]) of a diagnostic list column:
+    a value that is null inside a list, NaN, infinite, or outside [lo, hi]."""
+    import pyarrow.compute as pc
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    bad = np.zeros(R, dtype=bool)
+    val = np.full(R, np.nan)
+    flat = arr.flatten()                                  # values of the non-null lists
+    if len(flat) == 0:
+        return bad, val
+    v = flat.to_numpy(zero_copy_only=False).astype(np.float64)   # null -> NaN
+    with np.errstate(invalid="ignore"):
+        b = ~np.isfinite(v) | (v < lo) | (v > hi)
+    if not b.any():
+        return bad, val
+    rows = inv[pc.list_parent_indices(arr).to_numpy(zero_copy_only=False)]
+    idx = np.flatnonzero(b)[::-1]                         # reversed: the first wins
+    bad[rows[idx]] = True
+    val[rows[idx]] = v[idx]
+    return bad, val
 
 
 def _local_index(row: np.ndarray, start: np.ndarray, size: int) -> np.ndarray:

@@ -234,3 +234,43 @@ class RunIdPartition(Rule):
 
     def fail(self, run):
         run.steps[0]["run_id"] = "someone-else"
+
+
+class DiagnosticValues(Rule):
+    """What: target_margin values are finite and >= 0 (top-1 minus top-2 logit) and
+    draft_logprob values are finite and <= 0 (log-probabilities); no null inside a list.
+
+    Why: no counter depends on them, so a writer that corrupts them (a wrong cast, an
+    uninitialised buffer, logits where log-probabilities belong) goes unnoticed by every
+    other rule, and every calibration plot drawn from them lies. A row group whose
+    Parquet statistics already prove the range (min/max) is not decoded; NaN, which
+    Parquet statistics leave out, is seen only in the row groups that are decoded.
+
+    Example: target_margin [3.1, -7.2, ...] (a negative margin) or draft_logprob 2.3.
+    """
+
+    code = "SA109"
+    name = "diagnostic-values"
+    severity = "warning"
+    message = "{column} holds {value}, outside its range ({want})"
+
+    WANT = {"target_margin": "finite, >= 0: top-1 minus top-2 logit",
+            "draft_logprob": "finite, <= 0: a log-probability"}
+
+    def check(self, f):
+        bad = np.zeros(f.R, dtype=bool)
+        column = np.full(f.R, "", dtype=object)
+        value = np.full(f.R, np.nan)
+        for c, (b, v) in getattr(f, "diag_bad", {}).items():
+            new = b & ~bad
+            column[new] = c
+            value[new] = v[new]
+            bad |= b
+        if not bad.any():
+            return None
+        shown = lambda i: "null or NaN" if np.isnan(value[i]) else f"{value[i]:g}"  # noqa: E731
+        return Hits(bad, column=column, value=shown, want=lambda i: self.WANT[column[i]])
+
+    def fail(self, run):
+        s = run.steps_where(lambda s: s.get("target_margin") and len(s["target_margin"]) >= 2)[0]
+        s["target_margin"][1] = -7.25

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,8 +32,8 @@ import pyarrow.parquet as pq
 
 from specaudit.audit.findings import Finding
 from specaudit.invariants import Hits, load_rules
-from specaudit.invariants.frame import (Carry, RequestFrame, RunFrame, StepFrame, list_lengths, list_parts, list_values,
-                               token_mix)
+from specaudit.invariants.frame import (DIAGNOSTIC_RANGES, Carry, RequestFrame, RunFrame, StepFrame, list_lengths,
+                               list_parts, list_values, token_mix)
 from specaudit.trace.schema import (REQUESTS_SCHEMA, SAMPLING_COLUMNS, SAMPLING_FIELDS, STEPS_SCHEMA, InputError,
                      RunFiles, check_table_schema, discover, manifest_conventions, note_input)
 
@@ -325,6 +326,7 @@ def check_group(batches, *, run_id: str, manifest: dict | None, rules, result: C
         n_requests = len(facts.get("idx", ()))
         result.requests += n_requests
         if n_requests > REQUEST_BATCH_ROWS:
+            if n_requests > REQUEST_BATCH_ROWS:
             _release_memory()  # the table's decode buffers: give them back before the steps
     derived = _Derived()
     rows_seen = 0
@@ -540,11 +542,29 @@ def _proven_diagnostics(md) -> set:
                 nulls = col.statistics.null_count
                 same = nulls == 0 and col.num_values == ref.num_values
                 all_null = nulls == col.num_values == rg.num_rows
+                if same:   # values present: the statistics must also prove their range (SA109)
+                    lo, hi = DIAGNOSTIC_RANGES[c]
+                    s = col.statistics
+                    same = bool(s.has_min_max) and s.min >= lo and s.max <= hi
                 if not (same or all_null):
                     out.discard(c)
         return out
     except (ValueError, AttributeError, IndexError):
         return set()
+
+
+SMALL_RUN_BYTES = 8 << 20   # below this, a run's files are read without extra threads
+
+
+def _size(path) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def _big(path) -> bool:
+    return _size(path) >= SMALL_RUN_BYTES
 
 
 SMALL_RUN_BYTES = 8 << 20   # below this, a run's files are read without extra threads
