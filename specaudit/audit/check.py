@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import os
-import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -326,7 +325,6 @@ def check_group(batches, *, run_id: str, manifest: dict | None, rules, result: C
         n_requests = len(facts.get("idx", ()))
         result.requests += n_requests
         if n_requests > REQUEST_BATCH_ROWS:
-            if n_requests > REQUEST_BATCH_ROWS:
             _release_memory()  # the table's decode buffers: give them back before the steps
     derived = _Derived()
     rows_seen = 0
@@ -551,20 +549,6 @@ def _proven_diagnostics(md) -> set:
         return out
     except (ValueError, AttributeError, IndexError):
         return set()
-
-
-SMALL_RUN_BYTES = 8 << 20   # below this, a run's files are read without extra threads
-
-
-def _size(path) -> int:
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return 0
-
-
-def _big(path) -> bool:
-    return _size(path) >= SMALL_RUN_BYTES
 
 
 SMALL_RUN_BYTES = 8 << 20   # below this, a run's files are read without extra threads
