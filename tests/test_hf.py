@@ -252,3 +252,13 @@ def test_ab_arms_on_hf_checkpoints(tiny, tmp_path, capsys):
     assert set(res["settings_differ"]) == {"drafter"} and res["outputs_identical"]
     for sub in ("a", "b"):
         assert check_paths([tmp_path / "ab" / sub]).exit_code == 0
+
+
+def test_calibrate_on_an_hf_target(tiny, tmp_path, capsys):
+    code = cli_main(["calibrate", "--target", f"hf:{tiny['llama']}", "--drafter", "skip:1", "--n-nodes", "2,4",
+                     "--concurrency", "1", "--repeats", "1", "--max-new-tokens", "12", "--out", str(tmp_path / "c.json"),
+                     "--json"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    prof = json.loads((tmp_path / "c.json").read_text())
+    assert {e["n_nodes"] for e in prof["entries"]} == {2, 4} and all(e["r"] > 0 for e in prof["entries"])

@@ -158,7 +158,7 @@ def measure_profile(models=None, n_grid=DEFAULT_N, c_grid=DEFAULT_C, repeats: in
         raise ValueError(f"--repeats must be at least 1 (got {repeats})")
     target, drafter, info = models if models is not None else default_models(device)
     texts = prompts or default_prompts()
-    toks = [encode(t) for t in texts]
+    toks = [(getattr(target, "encode", None) or encode)(t) for t in texts]  # a Hugging Face target's tokenizer
     toks = [t for t in toks if t and len(t) + max_new_tokens <= target.max_seq_len]
     if not toks:
         raise InputError(None, f"no prompt fits the context of {target.max_seq_len} with "

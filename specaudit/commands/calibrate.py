@@ -35,7 +35,7 @@ def _ints(s: str) -> tuple[int, ...]:
 
 
 def add_arguments(p) -> None:
-    from specaudit.runtime.options import add_host_arguments
+    from specaudit.runtime.options import add_host_arguments, add_model_arguments
     p.add_argument("--out", metavar="FILE", required=True, help="profile JSON to write")
     g = p.add_argument_group("how (default: measure on the reference runtime)")
     g.add_argument("--cost-factor", type=float, help="write a hand-given r for every (N, c)")
@@ -48,6 +48,7 @@ def add_arguments(p) -> None:
     g.add_argument("--repeats", type=int, default=3, help="measurements per (N, c), on different prompts (default 3)")
     g.add_argument("--max-new-tokens", type=int, default=96, help="tokens decoded per measurement (default 96)")
     add_host_arguments(g, dtype=False)  # --threads defaults to 1, as in run and serve
+    add_model_arguments(p.add_argument_group("models (default: the embedded pair)"))
     p.add_argument("--output-format", choices=["text", "json"], default="text",
                    help="text (default) or json: also print the profile as JSON")
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)   # old spelling of --output-format json
@@ -74,7 +75,14 @@ def main(args) -> int:
         def progress(c, n, rep, r):
             if show:
                 print(f"  c={c} N={n} repeat {rep + 1}: r = {r:.3f}", file=sys.stderr)
-        prof = measure_profile(n_grid=n_grid, c_grid=c_grid, repeats=args.repeats,
+        models = None
+        if args.target:  # Hugging Face checkpoints: the drafter drafts up to the largest N - 1
+            from specaudit.runtime.hf import load_models
+            models = load_models(args.target, args.drafter, device=args.device, budget=max(n_grid) - 1,
+                                 trust_remote_code=args.trust_remote_code)
+        elif args.drafter:
+            raise ValueError("--drafter needs --target hf:PATH_OR_ID")
+        prof = measure_profile(models=models, n_grid=n_grid, c_grid=c_grid, repeats=args.repeats,
                                max_new_tokens=args.max_new_tokens, device=args.device, progress=progress)
     if args.from_traces:
         from specaudit.outfile import guard_output
