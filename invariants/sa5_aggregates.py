@@ -110,10 +110,6 @@ class VerifySteps(_Agg):
         # a finished run with 0 step rows is checked too: reported steps, none written
         return run.complete and self.key in run.reported
 
-    def applies(self, run) -> bool:
-        # a finished run with 0 step rows is checked too: reported steps, none written
-        return run.complete and self.key in run.reported
-
     def derive(self, run):
         return run.derived["steps"]
 

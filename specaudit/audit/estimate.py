@@ -465,8 +465,6 @@ def observations_from_traces(path) -> list[Observation]:
             e[2] += 1
         if not fw:
             raise InputError(rf.run_dir, "no step row has t_start and step_s: nothing to time")
-        if not fw:
-            raise InputError(rf.run_dir, "no step row has t_start and step_s: nothing to time")
         full = [e for e in fw.values() if e[2] >= conc]
         used = full if len(full) >= 3 else list(fw.values())
         # stalls: a forward over STALL_FACTOR x the median step (a preemption, the
