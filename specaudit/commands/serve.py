@@ -10,16 +10,21 @@ Examples:
 Then:
   curl -s localhost:8000/v1/completions -H 'Content-Type: application/json' \\
        -d '{"model": "specaudit-bytegpt", "prompt": "def add(a, b):", "max_tokens": 64}'
+  curl -s localhost:8000/v1/chat/completions -H 'Content-Type: application/json' \\
+       -d '{"messages": [{"role": "user", "content": "def add(a, b):"}], "max_tokens": 64}'
   curl -s localhost:8000/metrics | grep specaudit_
   python scripts/load.py --url http://127.0.0.1:8000 --concurrency 32 --requests 128
 
-Endpoints: POST /v1/completions (stream or not, with usage), GET /v1/models, /health,
-/metrics (Prometheus) on one port, bound to 127.0.0.1 unless --host says otherwise.
+Endpoints: POST /v1/completions and /v1/chat/completions (stream or not, with usage and
+vLLM's per-request `metrics.speculative_decoding` block), GET /v1/models, /health,
+/metrics (Prometheus) on one port (FastAPI on uvicorn), bound to 127.0.0.1 unless --host
+says otherwise. Errors are OpenAI-shaped JSON for every status.
 Requests join and leave the running batch between verify steps (continuous batching;
 --concurrency slots, the rest wait in a queue of --max-queue). Every request is traced
 into --trace-dir like `specaudit run` (its own run_id=<id>/ partition); the manifest's
-`reported` counters are written when the server stops (Ctrl-C or SIGTERM), and the
-running requests end with finish_reason abort.
+`reported` counters are written when the server stops (Ctrl-C or SIGTERM): new requests
+get 503, running and queued ones may finish for --drain-seconds, the rest end with
+finish_reason abort.
 
 OpenTelemetry: --otel (or any OTEL_TRACES_EXPORTER / OTEL_EXPORTER_OTLP_ENDPOINT in the
 environment) exports a span per request and per verify step, configured by the
@@ -34,7 +39,7 @@ import threading
 
 from specaudit.runtime.options import add_runtime_arguments, apply_host_options, resolve_topk
 
-HELP = "serve the runtime over an OpenAI-compatible API with /metrics (Prometheus) and OTel spans"
+HELP = "serve the runtime over an OpenAI-compatible API (completions, chat) with /metrics and OTel spans"
 ORDER = 30
 
 
@@ -54,6 +59,11 @@ def add_arguments(p) -> None:
     g.add_argument("--max-queue", type=int, default=256, help="requests that may wait for a slot (default 256)")
     g.add_argument("--flush-seconds", type=float, default=5.0, help="flush step rows every S seconds (default 5)")
     g.add_argument("--log-requests", action="store_true", help="log every HTTP request on stderr")
+    g.add_argument("--drain-seconds", type=float, default=30.0,
+                   help="on SIGTERM / Ctrl-C, let running requests finish for up to S seconds (default 30)")
+    g.add_argument("--per-request-spec-metrics", choices=("none", "summary", "detailed"), default="summary",
+                   help="vLLM's per-request `metrics.speculative_decoding` block in every response, from the "
+                        "runtime's own counters; detailed adds per-step arrays (default summary)")
     o = p.add_argument_group("OpenTelemetry")
     o.add_argument("--otel", action="store_true",
                    help="export spans (also on when OTEL_TRACES_EXPORTER or OTEL_EXPORTER_OTLP_ENDPOINT is set)")
@@ -87,7 +97,8 @@ def main(args) -> int:
                      otel_ratio=args.otel_sample_ratio, baseline_tps=args.baseline_tps,
                      cost_factor=args.cost_factor, cost_factor_std=args.cost_factor_std,
                      calibration=args.calibration, estimate_window_s=args.estimate_window,
-                     max_queue=args.max_queue, log_requests=args.log_requests, flush_s=args.flush_seconds)
+                     max_queue=args.max_queue, log_requests=args.log_requests, flush_s=args.flush_seconds,
+                     spec_metrics=args.per_request_spec_metrics)
     stop = threading.Event()
 
     def on_signal(signum, frame):
@@ -100,7 +111,8 @@ def main(args) -> int:
           file=sys.stderr, flush=True)
     while not stop.wait(0.5):
         pass
-    m = srv.close()
+    print(f"specaudit serve: stopping; draining for up to {args.drain_seconds:g} s", file=sys.stderr, flush=True)
+    m = srv.close(drain_s=args.drain_seconds)
     rep = m.get("reported") or {}
     print(f"specaudit serve: stopped; {rep.get('verify_steps', 0)} steps, {rep.get('generated_tokens', 0)} tokens, "
           f"mean commit length {rep.get('mean_commit_len', 0.0):.2f}; trace {srv.run_dir}", file=sys.stderr, flush=True)

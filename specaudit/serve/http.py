@@ -37,8 +37,19 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specaudit.serve.errors import HTTPError
 from specaudit.serve.loop import Job
-from specaudit.serve.models import (ChatChoice, ChatChunk, ChatChunkChoice, ChatMessageOut, ChatResponse,
-                                    CompletionChoice, CompletionResponse, Delta, Parsed, Usage, parse_request)
+from specaudit.serve.models import (
+    ChatChoice,
+    ChatChunk,
+    ChatChunkChoice,
+    ChatMessageOut,
+    ChatResponse,
+    CompletionChoice,
+    CompletionResponse,
+    Delta,
+    Parsed,
+    Usage,
+    parse_request,
+)
 
 log = logging.getLogger("specaudit.serve")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Literal, Optional, Union
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -29,35 +29,35 @@ class _Strict(BaseModel):
 
 
 class StreamOptions(_Strict):
-    include_usage: Optional[bool] = None
-    continuous_usage_stats: Optional[bool] = None   # vLLM's; accepted only as false
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None   # vLLM's; accepted only as false
 
 
 class _Common(_Strict):
-    model: Optional[str] = None
-    max_tokens: Optional[int] = None
-    stream: Optional[bool] = None
-    stream_options: Optional[StreamOptions] = None
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    n: Optional[int] = None
-    stop: Optional[Union[str, list[str]]] = None
-    presence_penalty: Optional[float] = None
-    frequency_penalty: Optional[float] = None
-    logit_bias: Optional[dict[str, float]] = None
-    seed: Optional[int] = None
-    user: Optional[str] = None
+    model: str | None = None
+    max_tokens: int | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = None
+    user: str | None = None
     # vLLM's extensions that benchmark clients send (AIPerf's --extra-inputs ignore_eos)
-    ignore_eos: Optional[bool] = None
-    min_tokens: Optional[int] = None
+    ignore_eos: bool | None = None
+    min_tokens: int | None = None
 
 
 class CompletionRequest(_Common):
-    prompt: Union[str, list[str], list[int]]
-    best_of: Optional[int] = None
-    echo: Optional[bool] = None
-    logprobs: Optional[int] = None
-    suffix: Optional[str] = None
+    prompt: str | list[str] | list[int]
+    best_of: int | None = None
+    echo: bool | None = None
+    logprobs: int | None = None
+    suffix: str | None = None
 
 
 class TextPart(_Strict):
@@ -68,14 +68,14 @@ class TextPart(_Strict):
 class Message(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)   # name, tool_call_id ...: harmless
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Union[str, list[dict]]
+    content: str | list[dict]
 
 
 class ChatRequest(_Common):
     messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: Optional[int] = None
-    logprobs: Optional[bool] = None
-    top_logprobs: Optional[int] = None
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
 
 
 # ------------------------------------------------------------------ responses
@@ -90,7 +90,7 @@ class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     logprobs: None = None
-    finish_reason: Optional[str]
+    finish_reason: str | None
 
 
 class ChatMessageOut(BaseModel):
@@ -102,19 +102,19 @@ class ChatChoice(BaseModel):
     index: int = 0
     message: ChatMessageOut
     logprobs: None = None
-    finish_reason: Optional[str]
+    finish_reason: str | None
 
 
 class Delta(BaseModel):
-    role: Optional[str] = None
-    content: Optional[str] = None
+    role: str | None = None
+    content: str | None = None
 
 
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: Delta
     logprobs: None = None
-    finish_reason: Optional[str] = None
+    finish_reason: str | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -122,10 +122,10 @@ class CompletionResponse(BaseModel):
     object: str = "text_completion"
     created: int
     model: str
-    system_fingerprint: Optional[str] = None
+    system_fingerprint: str | None = None
     choices: list[CompletionChoice]
-    usage: Optional[Usage] = None
-    metrics: Optional[dict] = None           # {"speculative_decoding": {...}} (spec.py)
+    usage: Usage | None = None
+    metrics: dict | None = None           # {"speculative_decoding": {...}} (spec.py)
 
 
 class ChatResponse(BaseModel):
@@ -133,10 +133,10 @@ class ChatResponse(BaseModel):
     object: str = "chat.completion"
     created: int
     model: str
-    system_fingerprint: Optional[str] = None
+    system_fingerprint: str | None = None
     choices: list[ChatChoice]
-    usage: Optional[Usage] = None
-    metrics: Optional[dict] = None
+    usage: Usage | None = None
+    metrics: dict | None = None
 
 
 class ChatChunk(BaseModel):
@@ -144,10 +144,10 @@ class ChatChunk(BaseModel):
     object: str = "chat.completion.chunk"
     created: int
     model: str
-    system_fingerprint: Optional[str] = None
+    system_fingerprint: str | None = None
     choices: list[ChatChunkChoice]
-    usage: Optional[Usage] = None
-    metrics: Optional[dict] = None
+    usage: Usage | None = None
+    metrics: dict | None = None
 
 
 # -------------------------------------------------------------------- parsing

@@ -34,7 +34,7 @@ MODES = ("none", "summary", "detailed")
 class RequestSpec:
     """One request's per-step counters, appended on the engine thread."""
 
-    __slots__ = ("drafted", "accepted")
+    __slots__ = ("accepted", "drafted")
 
     def __init__(self):
         self.drafted: list[int] = []    # [steps] draft tokens verified per step
