@@ -166,7 +166,6 @@ def compare_paths(exports, traces) -> list[Finding]:
 def cross_check(traces, files, select, ignore, result) -> None:
     """`specaudit check`: the AIPerf exports among `files` against the runs under `traces`,
     into the checker's result (select / ignore are code prefixes, as everywhere)."""
-    from specaudit.audit.check import result_bad
     exports = [f for f in files if is_aiperf_export(f)]
     if not exports:
         return
@@ -179,8 +178,11 @@ def cross_check(traces, files, select, ignore, result) -> None:
     for e in exports:
         try:
             found = compare(aiperf_records(e), derived, file=str(e))
-        except InputError as err:
-            result_bad(result, err.path or e, err.reason)
+        except InputError as err:   # as the checker records a bad input: SA000, one line
+            from specaudit.invariants import get_rule
+            where = str(err.path or e)
+            result.bad_files.append((where, err.reason))
+            result.add(get_rule("SA000").finding(file=where, where=where, reason=err.reason))
             continue
         for f in found:
             if keep(f.code):

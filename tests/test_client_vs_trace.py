@@ -1,0 +1,60 @@
+"""audit/client_vs_trace: a benchmark client's per-request figures against the trace.
+
+The end-to-end run with the real AIPerf is tests/test_serve_aiperf.py; here the pieces,
+on records written as AIPerf 0.13 writes profile_export.jsonl and on a real trace."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specaudit.audit.client_vs_trace import (Figures, aiperf_records, compare, is_aiperf_export,
+                                             trace_figures)
+
+
+def record(xid, steps, drafted, accepted, phase="profiling"):
+    m = {"spec_decode_steps": steps, "spec_decode_draft_tokens": drafted,
+         "spec_decode_accepted_draft_tokens": accepted,
+         "spec_decode_acceptance_length": 1 + accepted / steps,
+         "spec_decode_draft_acceptance_rate": 100 * accepted / drafted}
+    return {"metadata": {"x_request_id": xid, "benchmark_phase": phase},
+            "metrics": {k: {"value": v, "unit": "x"} for k, v in m.items()}}
+
+
+def test_agreeing_figures_pass_and_a_bonus_counted_as_draft_is_named(tmp_path):
+    f = tmp_path / "profile_export.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in (
+        record("a", 4, 28, 12), record("b", 3, 21, 9 + 3), record("w", 1, 7, 1, phase="warmup"),
+        record("ghost", 2, 14, 2))) + "\n")
+    assert is_aiperf_export(f) and not is_aiperf_export(tmp_path / "none.jsonl")
+    recs = aiperf_records(f)
+    assert set(recs) == {"a", "b", "ghost"} and recs["a"]["accept_rate"] == pytest.approx(12 / 28)   # % -> fraction
+    derived = {"cmpl-a": Figures.of(4, 28, 12), "chatcmpl-b": Figures.of(3, 21, 9)}
+    found = compare(recs, derived, file=str(f))
+    bad = {(x.request_id, x.values["figure"]) for x in found if x.code == "SA590"}
+    assert bad == {("chatcmpl-b", "accepted"), ("chatcmpl-b", "accept_len"), ("chatcmpl-b", "accept_rate")}
+    b = next(x for x in found if x.values.get("figure") == "accept_len")
+    assert b.values["reported"] == 5.0 and b.values["derived"] == 4.0 and "5" in b.message and "4" in b.message
+    [un] = [x for x in found if x.code == "SA591"]
+    assert un.severity == "warning" and un.values == {"unmatched": 1, "records": 3}
+
+
+def test_trace_figures_come_from_the_accepted_paths(make_run):
+    run = make_run(inject="bonus-double-count")
+    figs = trace_figures([run.run_dir])
+    assert figs and all(f.steps >= 1 and f.accepted <= f.drafted for f in figs.values())
+    rep = run.manifest["reported"]
+    assert sum(f.steps for f in figs.values()) == rep["verify_steps"]
+    # the reported counter has one more per step than the paths hold
+    assert sum(f.accepted for f in figs.values()) + rep["verify_steps"] == rep["accepted_tokens"]
+
+
+def test_check_cli_names_an_unreadable_export_in_one_line(make_run, tmp_path, capsys):
+    from specaudit.cli import main
+    run = make_run()
+    f = tmp_path / "profile_export.jsonl"
+    f.write_text(json.dumps(record("a", 1, 7, 1)) + "\n{broken\n")
+    code = main(["check", str(f), str(run.run_dir)])
+    out = capsys.readouterr()
+    assert "line 2 is not JSON" in out.out + out.err and "Traceback" not in out.err
+    assert code in (1, 2)
