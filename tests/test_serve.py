@@ -629,6 +629,11 @@ def test_live_estimator_feeds_the_commit_length_gauges():
     want = estimate_commit_length(12 / (0.02 * 4), 50.0, 1.5)     # 150 tokens/s per request
     assert g("specaudit_estimated_commit_length") == pytest.approx(want.value) == pytest.approx(4.5)
     assert g("specaudit_estimated_commit_length_lower") <= 4.5 <= g("specaudit_estimated_commit_length_upper")
+    # one verdict: the server's is what `specaudit estimate`'s pipeline says for the same window
+    from specaudit.audit.estimate import CostProfile, live_judgement
+    same = live_judgement(150.0, 0.0, concurrency=4, n_nodes=8, profile=CostProfile.manual(1.5, 0.0),
+                          baseline_tps=50.0, reported_commit_len=2.0)
+    assert est.verdict() == same["verdict"] and est.verdict() is not None
     # without a baseline there is no estimate: the gauge stays 0, the reported one moves
     reg2 = CollectorRegistry()
     prom2 = PromSink(reg2, max_depth=8)

@@ -3,8 +3,8 @@
 Two gauges (PromSink.set_commit_lengths) updated from the engine thread: the mean
 commit length the runtime's own counters report over a sliding window, and the
 estimate specaudit.audit.estimate derives from the tokens really handed to clients.
-Their verdict (`estimate.verdict`, the same one `specaudit estimate` prints) is kept
-for /health.
+Both come from `estimate.live_judgement`, the pipeline `specaudit estimate` runs (its
+comparison is specaudit.audit.compare's); the verdict is kept for /health.
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ class LiveEstimator:
         self._last = time.monotonic()
         self._warned = False
         self.last = None                 # the last Estimate (tests and /health read it)
-        self.last_reported = None        # the reported mean commit length over the same window
+        self.last_verdict = None         # live_judgement's verdict on the reported figure
 
     def _profile_has_t_ar(self) -> bool:
         return self.profile is not None and any(e.t_ar_s and e.concurrency is not None
@@ -86,15 +86,19 @@ class LiveEstimator:
         reqsec = sum(s[2] for s in body)
         if self.enabled and tokens > 0 and reqsec > 0:
             try:
-                from specaudit.audit.estimate import estimate_commit_length, mean_and_se
+                from types import SimpleNamespace
+
+                from specaudit.audit.estimate import live_judgement, mean_and_se
                 rates = [s[1] / s[2] for s in body if s[2] > 0]
                 _, se, _ = mean_and_se(rates)
                 tps = tokens / reqsec
                 c = max(1, round(sum(s[3] for s in body) / max(sum(s[4] for s in body), 1)))  # mean batch
-                r, r_std = self.profile.lookup(self.n_nodes, c)
-                est = estimate_commit_length(tps, self._base_at(c), r, cost_factor_std=r_std,
-                                             tps_std=se if math.isfinite(se) else 0.0)
-                self.last = est
+                # the same pipeline (and verdict) as `specaudit estimate`
+                res = live_judgement(tps, se if math.isfinite(se) else 0.0, concurrency=c, n_nodes=self.n_nodes,
+                                     profile=self.profile, baseline_tps=self._base_at(c),
+                                     reported_commit_len=reported)
+                est = SimpleNamespace(**res["estimate"])
+                self.last, self.last_verdict = est, res["verdict"]
             except ImportError:
                 if not self._warned:
                     log.warning("specaudit.estimate is not available: the estimated commit length gauge stays 0")
@@ -103,15 +107,10 @@ class LiveEstimator:
                 if not self._warned:
                     log.warning("commit length estimate skipped: %s", e)
                     self._warned = True
-        self.last_reported = reported
         if prom is not None:
             prom.set_commit_lengths(reported, est)
 
     def verdict(self) -> str | None:
-        """The estimate's verdict on the reported commit length (estimate.verdict), or None
-        while there is no estimate."""
-        if self.last is None:
-            return None
-        from specaudit.audit.estimate import verdict
-        return verdict(self.last, self.last_reported)
-
+        """The last window's verdict (estimate.live_judgement: consistent, mismatch, ...), or
+        None while there is no estimate."""
+        return self.last_verdict
