@@ -271,3 +271,15 @@ def test_v2_column_of_wrong_type_is_sa000(sampled_runs, tmp_path):
     res = check_paths([dst])
     assert res.counts.get("SA000") == 1 and res.exit_code in (1, 2), dict(res.counts)
     assert any("accept_u" in f.message and "type" in f.message for f in res.findings if f.code == "SA000")
+
+
+def test_live_inline_rules_skip_argmax_rules_on_sampled_rows(sampled_runs):
+    """The Prometheus sink's inline rules: no SA304/SA305/SA307 false alarm on a sampled
+    batch (they fire when the v2 column is dropped, so the batch does exercise them)."""
+    from specaudit.trace.prom_sink import inline_violations
+    _, _, tree = sampled_runs
+    b = pq.read_table(next(tree.run_dir.glob("steps-*.parquet"))).combine_chunks().to_batches()[0]
+    assert not any(v.any() for v in inline_violations(b, eos_id=10).values())
+    plain = b.drop_columns(["accept_u"])
+    fired = inline_violations(plain, eos_id=10)
+    assert fired["SA304"].any() or fired["SA305"].any() or fired["SA307"].any()

@@ -231,6 +231,12 @@ def inline_violations(batch: pa.RecordBatch, budget: int | None = None,
     else:
         out["SA308"] = np.zeros(B, dtype=bool)
         out["SA309"] = np.zeros(B, dtype=bool)
+    if "accept_u" in batch.schema.names:
+        # speculative sampling (contract v2): acceptance is not argmax matching and the
+        # commit ends with the drawn token; `specaudit check` (SA8xx) audits these rows
+        sampled = col("accept_u").is_valid().to_numpy(zero_copy_only=False)
+        for c in ("SA304", "SA305", "SA307"):
+            out[c] = out[c] & ~sampled
     return {c: out[c] for c in INLINE_CODES}
 
 
