@@ -219,3 +219,16 @@ def test_out_inside_the_dataset_is_refused_before_any_job(spark, tmp_path):
     with pytest.raises(sp.InputError, match="overwrite the dataset"):
         sp.check_spark(spark, [d], out=str(d / "run_id=cli-run"))
     assert (d / "run_id=cli-run" / "run.json").exists()
+
+
+def test_uri_listed_by_spark_gives_the_same_findings(spark, tmp_path):
+    """A URI (here file://; s3a:// and gs:// go the same way) is listed and its run.json
+    read with Spark's binaryFile source, each file opened by URI in the tasks."""
+    d = _small(tmp_path)
+    (d / "run_id=cli-run" / "steps-000001.parquet").write_bytes(b"not parquet")
+    local = check_paths([d], max_per_code=0)
+    res = sp.check_spark(spark, [d.as_uri()], max_per_code=0)
+    strip = lambda f: (f.code, f.run_id, f.request_id, f.step, f.message.split(": ", 1)[-1])  # noqa: E731
+    assert sorted(map(strip, res.findings)) == sorted(map(strip, local.findings))
+    assert (res.steps, res.requests, res.runs) == (local.steps, local.requests, local.runs)
+    assert any(f.code == "SA000" and f.file.endswith("steps-000001.parquet") for f in res.findings)

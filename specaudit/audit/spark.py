@@ -86,8 +86,9 @@ class UriPath:
     """A file in an object store or HDFS: what the checker's readers need of a Path
     (name, str) plus the URI pyarrow opens (pyarrow.fs picks the file system)."""
 
-    def __init__(self, uri: str):
+    def __init__(self, uri: str, size: int = 0):
         self.uri = uri
+        self.size = size            # bytes, as listed (sizes the request buckets)
         self.name = _uri_name(uri)
         self.stem = self.name.rsplit(".", 1)[0]
 
@@ -112,6 +113,7 @@ def discover_uri(spark, uri: str) -> list[RunFiles]:
     except Exception as e:  # noqa: BLE001 - Spark raises Py4J/Analysis errors for a path it cannot list
         raise InputError(uri, f"cannot list with Spark: {_one_line(e)}") from None
     by_dir: dict[str, dict] = {}
+    sizes = {row["path"]: int(row["length"] or 0) for row in listing}
     for row in listing:
         path = row["path"]
         d, name = path.rsplit("/", 1)
@@ -139,7 +141,7 @@ def discover_uri(spark, uri: str) -> list[RunFiles]:
                 rf.problems.append(e)
         else:
             rf.problems.append(InputError(d + "/run.json", "missing run.json (manifest)"))
-        steps = [UriPath(files[n]) for n in files if n.startswith("steps-")]
+        steps = [UriPath(files[n], sizes.get(files[n], 0)) for n in files if n.startswith("steps-")]
         rf.step_files = sorted(steps, key=lambda p: step_file_key(PurePosixPath(p.name)))
         if "requests.parquet" in files:
             rf.requests_file = UriPath(files["requests.parquet"])
@@ -152,7 +154,7 @@ def discover_uri(spark, uri: str) -> list[RunFiles]:
 
 def _file_size(p) -> int:
     try:
-        return os.stat(p).st_size if not isinstance(p, UriPath) else 0
+        return p.size if isinstance(p, UriPath) else os.stat(p).st_size
     except OSError:
         return 0
 
@@ -418,8 +420,9 @@ def check_spark(spark, paths, select=(), ignore=(), *, out=None, invariants_dirs
                 else:
                     partials[row["run_key"]].append(json.loads(row["payload"]))
         complete = {}
+        order = {(t["run_key"], t["path"]): t["file_idx"] for t in tasks}
         for key, rf in runs:
-            st = sorted(statuses[key], key=lambda s: (s["kind"] != "requests", _task_order(tasks, key, s)))
+            st = sorted(statuses[key], key=lambda s: (s["kind"] != "requests", order.get((key, s["file"]), 1 << 30)))
             complete[key] = combine_run(rf, key, st, partials[key], rules, driver)
         for name in ("files_checked", "bad_files", "incomplete_runs", "runs"):
             getattr(result, name).extend(getattr(driver, name))
@@ -448,13 +451,6 @@ def _refuse_out_over_input(out, paths) -> None:
         q = Path(p).resolve()
         if o == q or o in q.parents or q in o.parents:
             raise InputError(out, f"--out would overwrite the dataset it reads ({p}); give a separate folder")
-
-
-def _task_order(tasks, key, s):
-    for t in tasks:
-        if t["run_key"] == key and t["path"] == s["file"]:
-            return t["file_idx"]
-    return 1 << 30
 
 
 def _findings_frame(spark, grouped, complete: dict, driver_findings):
