@@ -28,6 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchutil import load_fields, quiet_machine  # noqa: E402  (scripts/ on the path)
+
 # (algo, nodes, topk, concurrency): each run gets a quarter of the steps
 RUNS = [("chain", 8, 1, 1), ("chain", 8, 1, 8), ("chain", 16, 1, 4), ("tree", 13, 3, 4)]
 
@@ -100,6 +103,7 @@ def main(argv=None) -> int:
         return 0
     paths = [str(ds)]
 
+    quiet_machine()
     t0 = time.time()
     con = Q.connect(paths, threads=args.threads)
     connect_s = time.time() - t0
@@ -144,7 +148,7 @@ def main(argv=None) -> int:
         # that many dedicated cores with perfect scaling: a machine shared with other work
         # (a loaded CI box) inflates wall time but not this
         "max_query_cpu_s": max(cpus.values()), "report_cpu_s": round(report_cpu, 2),
-        "queries_cpu_s": cpus, "load_avg_1m": round(os.getloadavg()[0], 2),
+        "queries_cpu_s": cpus, **load_fields(),
     }
     if check_s is not None:
         res["check_s"] = round(check_s, 1)

@@ -35,7 +35,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from load import percentiles
+from benchutil import guard_ratios, load_fields, quiet_machine  # noqa: E402  (scripts/ on the path)
+from load import percentiles  # noqa: E402
 
 TOKENS_RE = re.compile(r"^specaudit_derived_committed_tokens_total\s+(\S+)", re.MULTILINE)
 SCRAPE_CPU_RE = re.compile(r"^specaudit_metrics_scrape_cpu_seconds_total\s+(\S+)", re.MULTILINE)
@@ -173,6 +174,7 @@ def main(argv=None) -> int:
     proc = None
     url = args.url
     try:
+        quiet_machine()
         if url is None:
             proc, url, _ = start_server(args)
         out = asyncio.run(bench(url.rstrip("/"), concurrency=args.concurrency, max_tokens=args.max_tokens,
@@ -193,6 +195,8 @@ def main(argv=None) -> int:
           f"({out['tokens_per_s_scrape']:.1f} vs "
           f"{out['tokens_per_s_no_scrape']:.1f} tokens/s, {out['scrapes']} scrapes at {args.hz:g} Hz, "
           f"{out['metrics_bytes']} bytes each)", file=sys.stderr)
+    out.update(load_fields())
+    guard_ratios(out, ["scrape_overhead", "scrape_cpu_share"])
     print(json.dumps(out), flush=True)
     return 0
 
