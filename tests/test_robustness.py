@@ -51,7 +51,6 @@ def _edit_manifest(d, run="r0", fn=None, raw=None):
 HOSTILE = {
     "eos_id abc": lambda m: m["config"].__setitem__("eos_id", "abc"),
     "conventions a string": lambda m: m.__setitem__("conventions", "pooled"),
-    "conventions unknown value": lambda m: m.__setitem__("conventions", {"mean": 5}),
     "config a list": lambda m: m.__setitem__("config", [1]),
     "reported a list": lambda m: m.__setitem__("reported", [1]),
     "reported 10**400": lambda m: m["reported"].__setitem__("verify_steps", 10**400),
@@ -513,3 +512,12 @@ def test_every_node_list_empty_is_findings_not_a_traceback(cols):
             row[c] = []
     res = check_tables(pa.Table.from_pylist(rows, schema=s.schema), r, m)
     assert res.counts["SA102"] == len(rows) and res.exit_code == 1
+
+
+def test_unknown_convention_value_is_sa601_not_a_crash(clean, tmp_path, capsys):
+    d = _copy(clean, tmp_path)
+    _edit_manifest(d, fn=lambda m: m.__setitem__("conventions", {"mean": 5}))
+    res = check_paths([d])
+    assert res.counts["SA601"] == 1 and "SA000" not in res.counts
+    assert cli_main(["query", "--no-check", str(d), "SELECT count(*) FROM runs"]) in (0, 2)
+    assert "Traceback" not in capsys.readouterr().err

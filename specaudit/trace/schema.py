@@ -423,9 +423,8 @@ def validate_manifest(m: dict) -> str | None:
     for k in ("algo",):
         if cfg.get(k) is not None and not isinstance(cfg[k], str):
             return f"config.{k} is not a string"
-    for k, v in (m.get("conventions") or {}).items():
-        if k in CONVENTIONS and v not in CONVENTIONS[k]:
-            return f"conventions.{k} = {str(v)[:40]!r}: expected one of {', '.join(CONVENTIONS[k])}"
+    # unknown convention names or values are SA601's (a finding about the run, not a
+    # file that cannot be read); only their type is settled here
     for k, v in (m.get("reported") or {}).items():
         if v is None:
             continue
