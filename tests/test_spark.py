@@ -235,3 +235,18 @@ def test_uri_listed_by_spark_gives_the_same_findings(spark, tmp_path):
     assert sorted(map(strip, res.findings)) == sorted(map(strip, local.findings))
     assert (res.steps, res.requests, res.runs) == (local.steps, local.requests, local.runs)
     assert any(f.code == "SA000" and f.file.endswith("steps-000001.parquet") for f in res.findings)
+
+
+def test_no_java_is_one_line_exit_2(tmp_path):
+    """Spark that cannot start (here: JAVA_HOME names no Java) is one line and exit 2,
+    never a Python or Java traceback."""
+    import os
+    import subprocess
+    import sys
+    d = _small(tmp_path)
+    p = subprocess.run([sys.executable, "-m", "specaudit", "check", "--engine", "spark", str(d)], capture_output=True,
+                       text=True, env=dict(os.environ, JAVA_HOME=str(tmp_path / "no-java")), timeout=300)
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stdout + p.stderr and "at org.apache" not in p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("specaudit check: error: cannot start Spark") and "Java 17 or 21" in last

@@ -518,6 +518,10 @@ def session(master: str | None = "local[2]", app: str = "specaudit-check", **con
          .config("spark.driver.host", "127.0.0.1"))
     for k, v in conf.items():
         b = b.config(k, v)
-    s = b.getOrCreate()
+    try:
+        s = b.getOrCreate()
+    except Exception as e:  # noqa: BLE001 - no Java, a bad master URL: one line, exit 2
+        raise SparkCheckError(f"cannot start Spark ({master or 'from spark-submit'}): {_one_line(e)}; "
+                              "PySpark 4.x needs Java 17 or 21 (java on PATH or JAVA_HOME)") from e
     s.sparkContext.setLogLevel("ERROR")
     return s
