@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 
-from .sa7xx_common import fmt, mean, median, usable, where
+from specaudit.audit.estimate import MIN_WINDOWS, STEP_RATE_FACTOR, lines, split_by_step_rate  # noqa: F401
+
+from .sa7xx_common import fmt, mean, usable, where
 from .sa7xx_identities import SourceRule
 
-STEP_RATE_FACTOR = 1.5   # a window whose step rate is off the group's median by more than this
 SHIFT = 0.20             # acceptance moving by more than 20% between compared windows
 CONC_SHIFT = 0.25        # concurrency moving by more than 25% confounds the comparison
 TOLERANCE = 0.1          # the estimator's default verdict tolerance
@@ -35,36 +36,8 @@ def groups(reading):
     return g
 
 
-MIN_WINDOWS = 4          # windows of one (rank, concurrency, graph mode) group before a split is judged
-
-
-def split_by_step_rate(ws):
-    """Two groups of windows whose implied step rates (gen tps / (c * accept len)) sit apart
-    by more than STEP_RATE_FACTOR at their widest gap, out of at least MIN_WINDOWS windows:
-    (low_rate, high_rate, factor) in file order, or None. low_rate are the windows whose
-    accept len claims more tokens per step at the same throughput. Neither side is
-    presumed right, however many windows it has."""
-    rs = sorted(ws, key=lambda w: w.step_rate)
-    if len(rs) < MIN_WINDOWS:
-        return None
-    best, at = 1.0, None
-    for i in range(1, len(rs)):
-        g = rs[i].step_rate / rs[i - 1].step_rate if rs[i - 1].step_rate > 0 else math.inf
-        if g > best:
-            best, at = g, i
-    if at is None or best <= STEP_RATE_FACTOR:
-        return None
-    lo, hi = rs[:at], rs[at:]
-    factor = median([w.step_rate for w in hi]) / median([w.step_rate for w in lo])
-    return (sorted(lo, key=lambda w: w.line or 0), sorted(hi, key=lambda w: w.line or 0), factor)
-
-
-def lines(ws) -> str:
-    ls = [str(w.line) for w in ws if w.line is not None]
-    return ("line " if len(ls) == 1 else "lines ") + (", ".join(ls) if len(ls) <= 6 else
-                                                     f"{', '.join(ls[:5])}, ... ({len(ls)} windows)")
-
-
+# the split and the line lists live with the estimator (specaudit.audit.estimate), which
+# judges each group of a log on its own; this rule and it split windows the same way
 def accept_range(ws) -> str:
     a = [w.accept_len for w in ws]
     return f"accept len {fmt(min(a))}" + ("" if fmt(min(a)) == fmt(max(a)) else f"-{fmt(max(a))}")

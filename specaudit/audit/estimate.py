@@ -538,6 +538,43 @@ def reported_figure(name: str, x) -> float | None:
     return v
 
 
+STEP_RATE_FACTOR = 1.5   # implied step rates further apart than this: two groups of windows
+MIN_WINDOWS = 4          # windows of one (rank, concurrency, graph mode) group before a split is judged
+
+
+def _median(xs):
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def split_by_step_rate(ws):
+    """Two groups of windows whose implied step rates (gen tps / (c * accept len)) sit apart
+    by more than STEP_RATE_FACTOR at their widest gap, out of at least MIN_WINDOWS windows:
+    (low_rate, high_rate, factor) in file order, or None. low_rate are the windows whose
+    accept len claims more tokens per step at the same throughput. Neither side is
+    presumed right, however many windows it has."""
+    rs = sorted(ws, key=lambda w: w.step_rate)
+    if len(rs) < MIN_WINDOWS:
+        return None
+    best, at = 1.0, None
+    for i in range(1, len(rs)):
+        g = rs[i].step_rate / rs[i - 1].step_rate if rs[i - 1].step_rate > 0 else math.inf
+        if g > best:
+            best, at = g, i
+    if at is None or best <= STEP_RATE_FACTOR:
+        return None
+    lo, hi = rs[:at], rs[at:]
+    factor = _median([w.step_rate for w in hi]) / _median([w.step_rate for w in lo])
+    return (sorted(lo, key=lambda w: w.line or 0), sorted(hi, key=lambda w: w.line or 0), factor)
+
+
+def lines(ws) -> str:
+    ls = [str(w.line) for w in ws if w.line is not None]
+    return ("line " if len(ls) == 1 else "lines ") + (", ".join(ls) if len(ls) <= 6 else
+                                                     f"{', '.join(ls[:5])}, ... ({len(ls)} windows)")
+
+
 def observations_from_reading(reading, concurrency=None) -> list[Observation]:
     """Observations from an engine log or scrape: mean throughput over its windows.
 
@@ -551,7 +588,6 @@ def observations_from_reading(reading, concurrency=None) -> list[Observation]:
         why = f" at concurrency {concurrency}" if concurrency is not None else ""
         raise InputError(reading.path, f"no window with a positive generation throughput{why} (a single "
                                        "Prometheus scrape has no rate: append a second one)")
-    from specaudit.invariants.sa7xx_throughput import lines, split_by_step_rate
     rated = [w for w in ws if w.step_rate is not None]
     sp = split_by_step_rate(rated) if len(rated) == len(ws) else None
     if sp is None:
