@@ -26,6 +26,7 @@ import time
 import numpy as np
 
 from specaudit.audit.estimate import CostEntry, CostProfile
+from specaudit.stats import mean_se
 from specaudit.trace.schema import InputError
 
 DEFAULT_N = (2, 4, 8, 9, 13, 16)
@@ -194,7 +195,8 @@ def measure_profile(models=None, n_grid=DEFAULT_N, c_grid=DEFAULT_C, repeats: in
             if not rows:
                 continue
             rs = np.array([r[0] for r in rows])
-            se = float(rs.std(ddof=1) / math.sqrt(len(rs))) if len(rs) > 1 else 0.05 * float(rs.mean())
+            m_r, se, n_r = mean_se(rs)
+            se = se if n_r > 1 else 0.05 * m_r  # one repeat: take the spread as 5%
             entries.append(CostEntry(
                 r=round(float(rs.mean()), 5), r_std=round(se, 5), n_nodes=int(n), concurrency=int(c),
                 t_ar_s=round(float(np.mean([r[1] for r in rows])), 7),
@@ -241,9 +243,8 @@ def profile_from_traces(path, models=None, device="cpu", steps: int = 24) -> Cos
         prompts = [[(i * 7 + j) % 250 + 1 for j in range(ctx)] for i in range(c)]
         ar = plain_steps(target, prompts, steps, device)[1:]
         t_ar = float(np.mean(ar))
-        m = float(np.mean(full))
-        se = float(np.std(full, ddof=1) / math.sqrt(len(full))) if len(full) > 1 else 0.0
-        se_ar = float(np.std(ar, ddof=1) / math.sqrt(len(ar))) if len(ar) > 1 else 0.0
+        m, se, _ = mean_se(full)
+        _, se_ar, _ = mean_se(ar)
         r = m / t_ar
         r_std = r * math.hypot(se / m if m else 0.0, se_ar / t_ar)
         entries.append(CostEntry(r=round(r, 5), r_std=round(r_std, 5), n_nodes=int(d["budget"][0]) + 1,

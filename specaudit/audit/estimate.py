@@ -60,6 +60,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from specaudit.stats import mean_se
 from specaudit.trace.schema import InputError
 
 Z95 = 1.959963984540054   # two-sided 95% normal quantile
@@ -187,17 +188,6 @@ def verdict(estimate: Estimate, reported_commit_len, tolerance: float = DEFAULT_
     return CONSISTENT if within(reported_commit_len, lo, hi) else INCONSISTENT
 
 
-def mean_and_se(samples) -> tuple[float, float, int]:
-    """Mean, standard error of the mean, and count of finite samples (se 0 for one)."""
-    xs = [float(x) for x in samples if x is not None and math.isfinite(float(x))]
-    n = len(xs)
-    if n == 0:
-        return math.nan, math.nan, 0
-    m = sum(xs) / n
-    if n == 1:
-        return m, 0.0, 1
-    var = sum((x - m) ** 2 for x in xs) / (n - 1)
-    return m, math.sqrt(var / n), n
 
 
 # --------------------------------------------------------------------------- profiles
@@ -401,7 +391,7 @@ def observation_from_load_json(path) -> Observation:
     se = 0.0
     n = int(obj.get("requests") or 1)
     if isinstance(per, list) and len(per) > 1:
-        m, s, k = mean_and_se(per)
+        m, s, k = mean_se(per)
         if k > 1 and m > 0:
             se = tps * s / m
             n = k
@@ -514,7 +504,7 @@ def timing_cost_factor(draft_s, verify_s, t_ar_s: float) -> tuple[float, float]:
     """r from a trace's own per-step timings against a plain decode step time:
     r = mean(draft_s + verify_s) / t_ar, with the standard error of that mean."""
     t_ar = _finite_positive("plain decode step time", t_ar_s)
-    m, se, n = mean_and_se([a + b for a, b in zip(draft_s, verify_s)])
+    m, se, n = mean_se([a + b for a, b in zip(draft_s, verify_s)])
     if n == 0:
         raise ValueError("no step timings to derive a cost factor from")
     return m / t_ar, se / t_ar
@@ -598,10 +588,7 @@ def observations_from_reading(reading, concurrency=None) -> list[Observation]:
 
 
 def _observation(reading, ws, label: str) -> Observation:
-    tps = [w.gen_tps for w in ws]
-    n = len(tps)
-    m = sum(tps) / n
-    se = math.sqrt(sum((x - m) ** 2 for x in tps) / (n - 1) / n) if n > 1 else 0.0
+    m, se, n = mean_se([w.gen_tps for w in ws])
     cs = [w.concurrency for w in ws if w.concurrency is not None]
     ls = [w.accept_len for w in ws if w.accept_len is not None]
     cfg = reading.config

@@ -88,9 +88,10 @@ class LiveEstimator:
             try:
                 from types import SimpleNamespace
 
-                from specaudit.audit.estimate import live_judgement, mean_and_se
+                from specaudit.audit.estimate import live_judgement
+                from specaudit.stats import mean_se
                 rates = [s[1] / s[2] for s in body if s[2] > 0]
-                _, se, _ = mean_and_se(rates)
+                _, se, _ = mean_se(rates)
                 tps = tokens / reqsec
                 c = max(1, round(sum(s[3] for s in body) / max(sum(s[4] for s in body), 1)))  # mean batch
                 # the same pipeline (and verdict) as `specaudit estimate`

@@ -69,6 +69,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specaudit.audit.findings import Finding
+from specaudit.stats import mean_se
 from specaudit.trace.schema import InputError
 
 # --source name -> (module, kind, one-line description, example). Kept in one place so
@@ -184,10 +185,7 @@ class Reading:
               and (concurrency is None or w.concurrency == concurrency)]
         if not ws:
             return None
-        xs = [w.gen_tps for w in ws]
-        n = len(xs)
-        m = sum(xs) / n
-        se = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1) / n) if n > 1 else 0.0
+        m, se, n = mean_se([w.gen_tps for w in ws])
         cs = [w.concurrency for w in ws if w.concurrency is not None]
         ls = [w.accept_len for w in ws if w.accept_len is not None]
         return (m, se, n, (sum(cs) / len(cs)) if cs else None, (sum(ls) / len(ls)) if ls else None)

@@ -1,0 +1,18 @@
+"""Small statistics every reader shares: one definition of a mean and its standard error."""
+from __future__ import annotations
+
+import math
+
+
+def mean_se(samples) -> tuple[float, float, int]:
+    """(mean, standard error of the mean, n) over the finite samples; se is 0 for one
+    sample, and (nan, nan, 0) for none. Sample standard deviation (n - 1) / sqrt(n)."""
+    xs = [float(x) for x in samples if x is not None and math.isfinite(float(x))]
+    n = len(xs)
+    if n == 0:
+        return math.nan, math.nan, 0
+    m = math.fsum(xs) / n
+    if n == 1:
+        return m, 0.0, 1
+    var = math.fsum((x - m) ** 2 for x in xs) / (n - 1)
+    return m, math.sqrt(var / n), n
