@@ -23,6 +23,13 @@ REQUIRED_SCALARS = ("step", "request_id", "budget", "topk", "batch_size", "seq_l
                     "commit_len", "mask_hash", "finished")
 
 
+def _diag_bad(values, in_range) -> bool:
+    """SA109: a null, NaN, infinite or out-of-range value inside a diagnostic list."""
+    if values is None:
+        return False
+    return any(x is None or x != x or x in (float("inf"), float("-inf")) or not in_range(x) for x in values)
+
+
 def _depths(p):
     d = [0] * len(p)
     for i in range(1, len(p)):
@@ -96,6 +103,8 @@ def check_step_rows(rows, *, run_id: str, eos_id: int = 0, max_new_tokens=None, 
             hit("SA107")
         if r.get("run_id") != run_id:
             hit("SA108")
+        if _diag_bad(r.get("target_margin"), lambda x: x >= 0) or _diag_bad(r.get("draft_logprob"), lambda x: x <= 0):
+            hit("SA109")
         ok = shapes_ok and not root_bad and not order_bad and not nulls
         commit = list(r["committed_tokens"] or [])
         path = list(r["accepted_path"] or [])
