@@ -21,6 +21,10 @@ import pyarrow as pa
 from specaudit.trace.schema import (MAX_NODES, NODE_LIST_COLUMNS, NULLABLE_NODE_LIST_COLUMNS, ancestor_mask, mask_hash,
                                     tree_depths_flat)
 
+# the Arrow decoding (invariants/arrow.py) is re-exported: the checker imports it from here
+from .arrow import _lengths, _scalar, _strings, list_lengths, list_parts, list_values  # noqa: F401
+from .frame_sampling import SAMPLING_SUM_KEYS
+
 I64 = np.int64
 _MIX1 = np.uint64(0x9E3779B97F4A7C15)
 _MIX2 = np.uint64(0xC2B2AE3D27D4EB4F)
@@ -37,69 +41,6 @@ def token_mix(tokens: np.ndarray, pos: np.ndarray) -> np.ndarray:
         x *= _MIX3
         x ^= x >> np.uint64(29)
     return x
-
-
-# ---------------------------------------------------------------- Arrow helpers
-
-
-def list_parts(arr):
-    """A list array -> (offsets int64 [R+1], values numpy, lengths [R] with -1 for null).
-
-    Values keep their Arrow buffer (offsets index into them); nulls inside values -> -1."""
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    off = np.asarray(arr.offsets.to_numpy(zero_copy_only=False), dtype=I64)
-    vals = arr.values
-    if vals.null_count:
-        vals = vals.fill_null(-1)
-    v = vals.to_numpy(zero_copy_only=False)
-    return off, v, _lengths(arr, off)
-
-
-def list_lengths(arr) -> np.ndarray:
-    """Lengths [R] of a list array's rows, -1 for a null list (values not decoded)."""
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    return _lengths(arr, np.asarray(arr.offsets.to_numpy(zero_copy_only=False), dtype=I64))
-
-
-def _lengths(arr, off):
-    lens = np.diff(off)
-    if arr.null_count:
-        lens = np.where(arr.is_null().to_numpy(zero_copy_only=False), -1, lens)
-    return lens
-
-
-def list_values(off, v, lens) -> np.ndarray:
-    """The values of a list array's non-null rows, contiguous (from list_parts' output):
-    a null list may still span values in the buffer, those are dropped."""
-    flat = v[off[0]: off[-1]] if len(v) else np.zeros(0, dtype=I64)
-    if (lens < 0).any():
-        flat = flat[np.repeat(lens >= 0, np.diff(off))]
-    return flat
-
-
-def _scalar(arr, fill=-1, dtype=I64):
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    nulls = None
-    if arr.null_count:
-        nulls = arr.is_null().to_numpy(zero_copy_only=False)
-        arr = arr.fill_null(fill)
-    return arr.to_numpy(zero_copy_only=False).astype(dtype, copy=False), nulls
-
-
-def _strings(arr):
-    """String column -> (codes int64 [R], unique values list)."""
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    if not pa.types.is_dictionary(arr.type):
-        arr = arr.dictionary_encode()  # (files are read with read_dictionary: already encoded)
-    ind = arr.indices
-    if ind.null_count:
-        ind = ind.fill_null(-1)
-    codes = ind.to_numpy(zero_copy_only=False).astype(I64)
-    return codes, arr.dictionary.to_pylist()
 
 
 # ---------------------------------------------------------------------- carry
@@ -551,7 +492,7 @@ class StepFrame:
     def sampling(self):
         """Contract v2 sampling columns of this batch, re-derived (invariants/frame_sampling.py),
         or None when the batch has none (a greedy or v1 trace)."""
-        from .frame_sampling import SamplingView
+        from .frame_sampling import SamplingView  # noqa: PLC0415  (only sampled batches)
         return SamplingView.of(self)
 
     @property
@@ -691,7 +632,6 @@ def _local_index(row: np.ndarray, start: np.ndarray, size: int) -> np.ndarray:
 
 
 _HASH_CACHE: dict = {}
-SAMPLING_SUM_KEYS = ("sampling_tests", "sampling_accepts", "sampling_expected", "sampling_var")
 _POSW = np.random.default_rng(20261130).integers(1, 2**63 - 1, size=MAX_NODES + 1,
                                                    dtype=np.int64).astype(np.uint64) | np.uint64(1)
 

@@ -15,7 +15,9 @@ import numpy as np
 
 from specaudit.trace.schema import SAMPLING_NODE_LIST_COLUMNS
 
-from .frame import SAMPLING_SUM_KEYS, _scalar, list_parts
+from .arrow import _scalar, list_parts
+
+SAMPLING_SUM_KEYS = ("sampling_tests", "sampling_accepts", "sampling_expected", "sampling_var")
 
 I64 = np.int64
 # A decision is wrong only when u lies on the wrong side of p/q by more than float32

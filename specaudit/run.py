@@ -6,6 +6,7 @@ do the tests, the demo, the A/B tool and the benchmarks.
 from __future__ import annotations
 
 import secrets
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
