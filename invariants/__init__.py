@@ -123,5 +123,5 @@ Fixtures: `fail(run)` and `passing(run)` receive a FixtureRun (invariants/fixtur
 tests/test_invariants.py checks every registered rule: the passing run reports no
 error at all, the failing run reports this rule's code.
 """
-from .base import DEFINED, SCOPES, Hits, Rule, RuleError, location  # noqa: F401
-from .registry import ENTRY_POINT_GROUP, all_rules, get_rule, load_dir, load_rules  # noqa: F401
+from .base import DEFINED, SCOPES, Hits, Rule, RuleError, location  # noqa: F401  (the public rule API)
+from .registry import ENTRY_POINT_GROUP, all_rules, get_rule, load_dir, load_rules  # noqa: F401  (public API)

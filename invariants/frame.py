@@ -18,11 +18,17 @@ from functools import cached_property
 import numpy as np
 import pyarrow as pa
 
-from specaudit.trace.schema import (MAX_NODES, NODE_LIST_COLUMNS, NULLABLE_NODE_LIST_COLUMNS, ancestor_mask, mask_hash,
-                                    tree_depths_flat)
+from specaudit.trace.schema import (
+    MAX_NODES,
+    NODE_LIST_COLUMNS,
+    NULLABLE_NODE_LIST_COLUMNS,
+    ancestor_mask,
+    mask_hash,
+    tree_depths_flat,
+)
 
 # the Arrow decoding (invariants/arrow.py) is re-exported: the checker imports it from here
-from .arrow import _lengths, _scalar, _strings, list_lengths, list_parts, list_values  # noqa: F401
+from .arrow import _lengths, _scalar, _strings, list_lengths, list_parts, list_values  # noqa: F401  (re-exported)
 from .frame_sampling import SAMPLING_SUM_KEYS
 
 I64 = np.int64
@@ -492,7 +498,7 @@ class StepFrame:
     def sampling(self):
         """Contract v2 sampling columns of this batch, re-derived (invariants/frame_sampling.py),
         or None when the batch has none (a greedy or v1 trace)."""
-        from .frame_sampling import SamplingView  # noqa: PLC0415  (only sampled batches)
+        from .frame_sampling import SamplingView
         return SamplingView.of(self)
 
     @property
@@ -564,7 +570,7 @@ class StepFrame:
             return
         G = len(gstart)
         last = np.concatenate((gstart[1:], [self.R])) - 1
-        sums = lambda v: np.bincount(gid, weights=v, minlength=G).astype(I64)  # noqa: E731
+        sums = lambda v: np.bincount(gid, weights=v, minlength=G).astype(I64)
         new = ~c.seen[cr]
         fr = gstart[new]
         c.first_seq_len[cr[new]] = self.seq_len[fr]
@@ -673,7 +679,7 @@ class RequestFrame:
         self.last_finished = carry.view("last_finished")
         self.contiguous = carry.view("contiguous")
         t = table_facts or {}
-        def arr(k, fill, dt):  # noqa: E306
+        def arr(k, fill, dt):
             a = np.full(Q, fill, dtype=dt)
             if k in t:
                 a[t["idx"]] = t[k]   # a duplicated request keeps its last row

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from specaudit.trace.schema import InputError
+
 from .base import DEFINED, Rule, RuleError
 
 ENTRY_POINT_GROUP = "specaudit.invariants"

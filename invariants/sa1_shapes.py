@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from specaudit.trace.schema import MAX_NODES
+
 from .base import Hits, Rule
 
 _LISTS = ("parents", "positions", "target_argmax", "draft_logprob", "target_margin")
@@ -67,7 +68,7 @@ class NodeCount(Rule):
 
     def check(self, f):
         bad = (f.n_raw < 1) | (f.n > f.budget + 1) | f.too_many_nodes
-        refused = lambda i: f" (above {MAX_NODES}: row refused)" if f.too_many_nodes[i] else ""  # noqa: E731
+        refused = lambda i: f" (above {MAX_NODES}: row refused)" if f.too_many_nodes[i] else ""
         return Hits(bad, n=f.n_raw, budget=f.budget, limit=f.budget + 1, refused=refused)
 
     def fail(self, run):
@@ -116,7 +117,7 @@ class ParentPrecedes(Rule):
         par = np.full(f.R, -1, dtype=np.int64)
         hit = node >= 0
         par[hit] = p[f.start[hit] + node[hit]]
-        what = lambda i: " (a self-loop)" if par[i] == node[i] else (" (forward: a cycle)" if par[i] > node[i] else "")  # noqa: E731
+        what = lambda i: " (a self-loop)" if par[i] == node[i] else (" (forward: a cycle)" if par[i] > node[i] else "")
         return Hits(hit & f.shapes_ok, node=node, parent=par, what=what)
 
     def fail(self, run):
@@ -268,7 +269,7 @@ class DiagnosticValues(Rule):
             bad |= b
         if not bad.any():
             return None
-        shown = lambda i: "null or NaN" if np.isnan(value[i]) else f"{value[i]:g}"  # noqa: E731
+        shown = lambda i: "null or NaN" if np.isnan(value[i]) else f"{value[i]:g}"
         return Hits(bad, column=column, value=shown, want=lambda i: self.WANT[column[i]])
 
     def fail(self, run):

@@ -78,7 +78,7 @@ class MaskHash(Rule):
         if not bad.any():
             return None
         causal = f.causal_mask_hash
-        explain = lambda i: ": it is a plain causal mask over node index" if f.mask_hash[i] == causal[i] else ""  # noqa: E731
+        explain = lambda i: ": it is a plain causal mask over node index" if f.mask_hash[i] == causal[i] else ""
         got = np.array([f"{int(x):#018x}" for x in f.mask_hash[bad]], dtype=object)
         wanted = np.array([f"{int(x):#018x}" for x in want[bad]], dtype=object)
         g = np.full(f.R, "", dtype=object)
@@ -87,8 +87,9 @@ class MaskHash(Rule):
         return Hits(bad, got=g, want=w, explain=explain)
 
     def fail(self, run):
-        from specaudit.trace.schema import mask_hash
         import numpy as _np
+
+        from specaudit.trace.schema import mask_hash
         s = run.steps_where(lambda s: any(p != i - 1 for i, p in enumerate(s["parents"]) if i))[0]
         n = len(s["parents"])
         s["mask_hash"] = int(mask_hash(_np.tril(_np.ones((n, n), dtype=bool))))

@@ -42,9 +42,9 @@ class CommitLenVsDepth(Rule):
         bad = unf | fin
         if not bad.any():
             return None
-        rule = lambda i: (f"an unfinished step commits depth + 1 = {want[i]}" if unf[i]  # noqa: E731
+        rule = lambda i: (f"an unfinished step commits depth + 1 = {want[i]}" if unf[i]
                           else f"a finished step commits at most depth + 1 = {want[i]}")
-        tokens = lambda i: "token" if f.commit_len[i] == 1 else "tokens"  # noqa: E731
+        tokens = lambda i: "token" if f.commit_len[i] == 1 else "tokens"
         return Hits(bad, algo=f.algo, commit_len=f.commit_len, tokens=tokens,
                     accepted_depth=f.accepted_depth, rule=rule)
 
@@ -248,7 +248,7 @@ class CommittedTokens(Rule):
         if not bad.any():
             return None
         rows = np.flatnonzero(bad)
-        what = lambda i: ("the commit is shorter but the step is not finished" if short[i]  # noqa: E731
+        what = lambda i: ("the commit is shorter but the step is not finished" if short[i]
                           else f"first difference at index {mis[i]}")
         return Hits(bad, got=_lists(f, rows, f.commit, f.commit_start, f.commit_n),
                     want=_lists(f, rows, f.expected_commit, f.path_start, f.path_len), what=what)

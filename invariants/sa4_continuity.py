@@ -43,7 +43,7 @@ class StepSequence(Rule):
             if f.step[i] > want[i]:
                 return _STEP_DESC["gap"]
             return _STEP_DESC["repeat"] if f.step[i] == f.prev_step[i] else _STEP_DESC["late"]
-        prev = lambda i: str(f.prev_step[i]) if f.has_prev[i] else "none"  # noqa: E731
+        prev = lambda i: str(f.prev_step[i]) if f.has_prev[i] else "none"
         return Hits(bad, step=f.step, prev=prev, want=want, what=what)
 
     def fail(self, run):
@@ -178,7 +178,7 @@ class OutputReassembles(Rule):
         use = q.has_row & q.has_steps & q.contiguous & ~q.null_slot & (q.output_len >= 0)
         first_bad = q.output_first != q.first_token
         bad = use & ((q.commits_len != q.output_len) | (q.commits_hash != q.output_hash) | first_bad)
-        what = lambda i: ("" if q.commits_len[i] != q.output_len[i] else  # noqa: E731
+        what = lambda i: ("" if q.commits_len[i] != q.output_len[i] else
                           ": output_tokens[0] is not first_token" if first_bad[i] else ": the tokens differ")
         return Hits(bad, olen=q.output_len, clen=q.commits_len, what=what)
 
@@ -284,7 +284,7 @@ class RequestCoverage(Rule):
             return None
         nrow = q.has_steps & ~q.has_row & ~q.null_slot
         dup = q.row_count > 1
-        what = lambda i: ("step rows but no row in the requests table" if nrow[i]  # noqa: E731
+        what = lambda i: ("step rows but no row in the requests table" if nrow[i]
                           else f"the requests table holds {q.row_count[i]} rows for this request")
         return Hits(nrow | dup, what=what)
 

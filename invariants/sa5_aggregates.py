@@ -4,7 +4,8 @@ Every figure is re-derived over all step files (partitions) and ranks of the run
 when a reported figure disagrees, the message names what it does match, if
 anything: one partition alone, the bonus counted, steps x configured width, ...
 Agreement is decided by specaudit.audit.compare (the one rule every surface uses):
-a float at its own printed precision (2.35 matches 2.3478), an integer exactly. Mean conventions (pooled / per_request) and accept-length conventions are
+a float at its own printed precision (2.35 matches 2.3478), an integer exactly. Mean conventions
+(pooled / per_request) and accept-length conventions are
 SA6xx's: a figure that matches another convention is reported there, not here.
 """
 from __future__ import annotations
@@ -422,7 +423,7 @@ class AcceptanceByDepth(Rule):
         if bad:
             k = bad[0]
             ranks = len([p for p in (d.get("partitions") or {}) if p.startswith("rank")]) or \
-                int(((run.manifest.get("config") or {}).get("data_parallel_size") or 1))
+                int((run.manifest.get("config") or {}).get("data_parallel_size") or 1)
             why = ""
             if ranks > 1 and all(close(a * ranks, b) for a, b in zip(acc, ge, strict=False)):
                 why = f"; every entry matches the rows' divided by the rank count {ranks}"

@@ -13,6 +13,7 @@ convention and says which one the reported number matches.
 from __future__ import annotations
 
 from specaudit.trace.schema import CONVENTIONS
+
 from .base import Rule
 from .sa5_aggregates import close, fmt, mean_of
 

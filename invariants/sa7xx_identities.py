@@ -182,7 +182,8 @@ class AcceptRateRecomputed(SourceRule):
                         if w.drafts and abs(100.0 * (w.accepted_tokens + w.drafts) / w.draft_tokens
                                             - w.printed_rate_pct) <= 0.2:
                             hint = "; it equals (accepted + drafts) / drafted: the bonus token is in the numerator"
-                        yield w, dict(what=f"Avg Draft acceptance rate{where(w)}", reported=f"{w.printed_rate_pct:.1f}%",
+                        yield w, dict(what=f"Avg Draft acceptance rate{where(w)}",
+                                      reported=f"{w.printed_rate_pct:.1f}%",
                                       recomputed=f"{rec:.1f}%",
                                       how=f"Accepted {count(w.accepted_tokens)} / Drafted {count(w.draft_tokens)}",
                                       hint=hint)
@@ -254,7 +255,8 @@ class AcceptLengthBonus(SourceRule):
                     if abs(L - (1 + s)) > tol and abs(L - s) <= tol and s > 0:
                         yield w, dict(what=f"Mean acceptance length{where(w)}",
                                       detail=f"{fmt(L)} equals the sum of the per-position rates ({fmt(s, 3)}); "
-                                             f"with the bonus token it is 1 + {fmt(s, 3)} = {fmt(1 + s, 3)}: one figure "
+                                             f"with the bonus token it is 1 + {fmt(s, 3)} = {fmt(1 + s, 3)}: "
+                                             "one figure "
                                              "counts the bonus token, the other does not")
                         continue
                 rep = w.extra.get("reported_commit_len")
@@ -382,7 +384,8 @@ class NegativeCounter(SourceRule):
                                  ("drafts", w.drafts), ("accept length", w.accept_len),
                                  ("accept rate", w.accept_rate)):
                     if v is not None and v < 0:
-                        yield w, dict(what=f"{label}{where(w)}", detail=f"{count(v) if label != 'accept length' else fmt(v)}"
+                        shown = count(v) if label != 'accept length' else fmt(v)
+                        yield w, dict(what=f"{label}{where(w)}", detail=f"{shown}"
                                                                         " is negative: a step that committed nothing "
                                                                         "was counted as -1")
                         break
@@ -434,7 +437,8 @@ class RankPartial(SourceRule):
                     R = _rank_multiple(w.accepted_tokens, s, 0.5)
                     if R:
                         yield w, dict(what=f"accepted tokens per position{where(w)}",
-                                      detail=f"sum to {count(s)} = 1/{R} of the accepted tokens ({count(w.accepted_tokens)}):"
+                                      detail=f"sum to {count(s)} = 1/{R} of the accepted tokens "
+                                             f"({count(w.accepted_tokens)}):"
                                              f" divided by a rank count of {R}?")
         out = self.emit(reading, items())
         if reading.source == "prom-text" and reading.series:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from specaudit.audit.estimate import MIN_WINDOWS, STEP_RATE_FACTOR, lines, split_by_step_rate  # noqa: F401
+from specaudit.audit.estimate import MIN_WINDOWS, STEP_RATE_FACTOR, lines, split_by_step_rate  # noqa: F401  (re-exported for the tests)
 
 from .sa7xx_common import fmt, mean, usable, where
 from .sa7xx_identities import SourceRule
@@ -100,7 +100,7 @@ class AcceptLenVsThroughput(SourceRule):
     def check(self, reading):
         from specaudit.audit.compare import within
         items = []
-        for (rank, _, graph), ws in groups(reading).items():
+        for (_rank, _, graph), ws in groups(reading).items():
             sp = split_by_step_rate(ws)
             if sp is None:
                 continue
@@ -144,7 +144,7 @@ def _compare(reading):
     for w in reading.windows:
         if w.accept_len is not None and w.accept_len > 0 and usable(w):
             by_rank.setdefault(w.rank, []).append(w)
-    for rank, ws in by_rank.items():
+    for _rank, ws in by_rank.items():
         modes = {w.cuda_graph for w in ws if w.cuda_graph is not None}
         if len(modes) == 2:
             a = [w for w in ws if w.cuda_graph is False]
@@ -190,7 +190,7 @@ class AcceptanceShift(SourceRule):
 
     def check(self, reading):
         out = []
-        for la, A, lb, B, La, Lb, ca, cb, sa, sb in _shifts(reading):
+        for la, _A, lb, B, La, Lb, ca, cb, sa, sb in _shifts(reading):
             if ca and cb and abs(cb - ca) / max(ca, cb) > CONC_SHIFT:
                 continue  # SA710 reports it
             steady = sa and sb and abs(sb - sa) / sa <= 0.15
@@ -225,7 +225,7 @@ class ConcurrencyConfounder(SourceRule):
 
     def check(self, reading):
         out = []
-        for la, A, lb, B, La, Lb, ca, cb, sa, sb in _shifts(reading):
+        for la, _A, lb, B, La, Lb, ca, cb, _sa, _sb in _shifts(reading):
             if ca and cb and abs(cb - ca) / max(ca, cb) > CONC_SHIFT:
                 out.append(self.finding(file=reading.path, line=B[0].line, direction="fell" if Lb < La else "rose",
                                         La=fmt(La), la=la, ca=f"{ca:.1f}", Lb=fmt(Lb), lb=lb, cb=f"{cb:.1f}"))

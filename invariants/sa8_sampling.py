@@ -141,7 +141,7 @@ class ResidualMass(Rule):
         rr = s.residual_rows
         with np.errstate(invalid="ignore"):
             none = rr & (np.isnan(q) | (p <= q * (1 - 1e-6)) | (p <= 0) | (s.token_prob <= 0))
-        what = lambda i: ("sampled_draft_prob is missing after a rejection" if np.isnan(q[i])  # noqa: E731
+        what = lambda i: ("sampled_draft_prob is missing after a rejection" if np.isnan(q[i])
                           else "no residual mass (drawn from p, not from max(0, p - q))")
         return Hits(none, token=s.token, p=p, q=np.nan_to_num(q, nan=-1.0),
                     node=f.last_node - f.start, what=what)
@@ -183,7 +183,7 @@ class SampledSupport(Rule):
         zero = use & (s.token_target_prob <= 0)
         over = use & (s.rank >= k) if isinstance(k, int) and k >= 1 else np.zeros(f.R, dtype=bool)
         bad = zero | over
-        what = lambda i: (f"has target probability 0 after the transform: outside the support of p"  # noqa: E731
+        what = lambda i: ("has target probability 0 after the transform: outside the support of p"
                           if zero[i] else f"has rank {s.rank[i]} among the target's logits but top_k is {k}")
         return Hits(bad, token=s.token, what=what)
 

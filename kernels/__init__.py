@@ -10,8 +10,16 @@ The Triton versions need CUDA tensors (or TRITON_INTERPRET=1 set before this pac
 imported); the references run anywhere. Triton itself is optional (`specaudit[triton]`).
 """
 from ._common import AUDIT_MAX_N, CHAIN_MAX_N, HAS_TRITON, MASK_HASH_MAX_N, TREE_MAX_N
-from .audit import (COUNTER_NAMES, NUM_COUNTERS, RULES, AuditResult, audit_step, audit_step_ref,
-                    decode_flags, new_counters)
+from .audit import (
+                    COUNTER_NAMES,
+                    NUM_COUNTERS,
+                    RULES,
+                    AuditResult,
+                    audit_step,
+                    audit_step_ref,
+                    decode_flags,
+                    new_counters,
+)
 from .chain_accept import chain_accept, chain_accept_ref
 from .inline import AuditCollector, InlineAuditor
 from .mask_hash import as_uint64, mask_hash, mask_hash_ref

@@ -38,9 +38,24 @@ from typing import NamedTuple
 
 import torch
 
-from ._common import (ADDITIVE_VISIBLE_ABOVE, AUDIT_MAX_N, FNV_OFFSET_I64, FNV_PRIME_I64,
-                      INT_DTYPES, MASK_DTYPES, block_rows, check_n, check_same_device,
-                      check_tensor, next_pow2, require_triton, rows_per_load, tl, triton, warps)
+from ._common import (
+    ADDITIVE_VISIBLE_ABOVE,
+    AUDIT_MAX_N,
+    FNV_OFFSET_I64,
+    FNV_PRIME_I64,
+    INT_DTYPES,
+    MASK_DTYPES,
+    block_rows,
+    check_n,
+    check_same_device,
+    check_tensor,
+    next_pow2,
+    require_triton,
+    rows_per_load,
+    tl,
+    triton,
+    warps,
+)
 from .mask_hash import mask_hash_ref, visible
 from .tree_walk import tree_walk_ref
 

@@ -24,8 +24,17 @@ import numpy as np
 import torch
 
 from ._common import HAS_TRITON
-from .audit import (COUNTER_NAMES, NUM_COUNTERS, NUM_RULES, RULES, AuditResult, audit_step,
-                    audit_step_ref, new_counters, rule_codes)
+from .audit import (
+    COUNTER_NAMES,
+    NUM_COUNTERS,
+    NUM_RULES,
+    RULES,
+    AuditResult,
+    audit_step,
+    audit_step_ref,
+    new_counters,
+    rule_codes,
+)
 
 RULE_HELP = {
     "tree": "parents malformed, or a chain whose parents are not i - 1",

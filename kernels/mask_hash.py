@@ -16,9 +16,24 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ._common import (ADDITIVE_VISIBLE_ABOVE, FNV_OFFSET_I64, FNV_PRIME_I64, MASK_DTYPES,
-                      MASK_HASH_MAX_N, block_rows, check_n, check_same_device, check_tensor,
-                      default_n_nodes, next_pow2, require_triton, rows_per_load, tl, triton, warps)
+from ._common import (
+    ADDITIVE_VISIBLE_ABOVE,
+    FNV_OFFSET_I64,
+    FNV_PRIME_I64,
+    MASK_DTYPES,
+    MASK_HASH_MAX_N,
+    block_rows,
+    check_n,
+    check_same_device,
+    check_tensor,
+    default_n_nodes,
+    next_pow2,
+    require_triton,
+    rows_per_load,
+    tl,
+    triton,
+    warps,
+)
 
 
 def as_uint64(h) -> np.ndarray:

@@ -15,8 +15,20 @@ from __future__ import annotations
 
 import torch
 
-from ._common import (INT_DTYPES, TREE_MAX_N, block_rows, check_n, check_same_device, check_tensor,
-                      default_n_nodes, next_pow2, require_triton, tl, triton, warps)
+from ._common import (
+    INT_DTYPES,
+    TREE_MAX_N,
+    block_rows,
+    check_n,
+    check_same_device,
+    check_tensor,
+    default_n_nodes,
+    next_pow2,
+    require_triton,
+    tl,
+    triton,
+    warps,
+)
 
 
 def _check(tokens, parents, target_argmax, n_nodes):

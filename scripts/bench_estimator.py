@@ -39,8 +39,8 @@ import torch
 from specaudit.audit.calibrate import PlainStepper, measure_profile
 from specaudit.audit.estimate import CostProfile, estimate_commit_length
 from specaudit.model import default_models
-from specaudit.tokenizer import default_prompts, encode
 from specaudit.runtime.engine import Request, SpecConfig, SpecEngine
+from specaudit.tokenizer import default_prompts, encode
 
 CONFIGS = [dict(algo=a, budget=b, topk=k, concurrency=c, draft_noise=0.0)
            for a, b, k in (("chain", 7, 1), ("tree", 12, 4)) for c in (1, 4, 8)]
@@ -146,7 +146,7 @@ def main(argv=None) -> int:
         else:
             prof = fixed
         spec_tps, base_tps, truth = [], [], []
-        for t in range(trials):
+        for _t in range(trials):
             prompts = [toks[(k + j) % len(toks)] for j in range(args.waves * c)]
             k += args.waves * c
             s_tps, g_tps, C = side_by_side(target, drafter, prompts, cfg, M)

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchutil import load_fields, quiet_machine  # noqa: E402  (scripts/ on the path)
+from benchutil import load_fields, quiet_machine
 
 # (algo, nodes, topk, concurrency): each run gets a quarter of the steps
 RUNS = [("chain", 8, 1, 1), ("chain", 8, 1, 8), ("chain", 16, 1, 4), ("tree", 13, 3, 4)]

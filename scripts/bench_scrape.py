@@ -35,8 +35,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchutil import guard_ratios, load_fields, quiet_machine  # noqa: E402  (scripts/ on the path)
-from load import percentiles  # noqa: E402
+from benchutil import guard_ratios, load_fields, quiet_machine
+from load import percentiles
 
 TOKENS_RE = re.compile(r"^specaudit_derived_committed_tokens_total\s+(\S+)", re.MULTILINE)
 SCRAPE_CPU_RE = re.compile(r"^specaudit_metrics_scrape_cpu_seconds_total\s+(\S+)", re.MULTILINE)
@@ -180,7 +180,7 @@ def main(argv=None) -> int:
         out = asyncio.run(bench(url.rstrip("/"), concurrency=args.concurrency, max_tokens=args.max_tokens,
                                 pairs=args.pairs, phase_s=args.phase_seconds, hz=args.hz, warmup_s=args.warmup,
                                 prompts=default_prompts()))
-    except Exception as e:  # noqa: BLE001  one line, not a traceback
+    except Exception as e:
         print(f"bench_scrape.py: error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     finally:

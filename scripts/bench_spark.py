@@ -133,7 +133,8 @@ def main(argv=None) -> int:
             "steps": steps, "runs": args.runs, "n_nodes": args.n_nodes,
             "local_steps_per_s": round(rate["local"]), "spark_steps_per_s_1": round(rate[1]),
             "spark_steps_per_s_2": round(rate[2]), "spark_2_over_1": round(rate[2] / rate[1], 2),
-            "spark_startup_s_1": round(phases[1]["startup_s"], 1), "spark_startup_s_2": round(phases[2]["startup_s"], 1),
+            "spark_startup_s_1": round(phases[1]["startup_s"], 1),
+            "spark_startup_s_2": round(phases[2]["startup_s"], 1),
             "peak_rss_mb_local": phases["local"]["peak_rss_mb"], "peak_rss_mb_spark_1": phases[1]["peak_rss_mb"],
             "peak_rss_mb_spark_2": phases[2]["peak_rss_mb"], "cpus": os.cpu_count(),
             "loadavg_1m_before": round(load0, 2), "loadavg_1m_after": round(load1, 2)}))

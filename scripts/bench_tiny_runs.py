@@ -60,7 +60,7 @@ def main() -> None:
         for _ in range(args.rounds):
             inline.append(timed([out], 8 << 20))
             threaded.append(timed([out], 0))
-    best = lambda xs, k: min(x[k] for x in xs)  # noqa: E731
+    best = lambda xs, k: min(x[k] for x in xs)
     res = {"runs": args.runs, "cores": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2),
            "inline_wall_s": round(best(inline, "wall_s"), 3), "inline_cpu_s": round(best(inline, "cpu_s"), 3),
            "threaded_wall_s": round(best(threaded, "wall_s"), 3),

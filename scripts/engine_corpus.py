@@ -27,7 +27,7 @@ NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM", "llamacpp
 
 def _render():
     sys.path.insert(0, str(CORPUS))
-    import render  # noqa: E402  (the corpus renderer lives beside its facts)
+    import render
     return render
 
 

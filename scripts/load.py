@@ -128,7 +128,7 @@ async def run_load(url: str, *, concurrency: int, requests: int, duration: float
         if model is None:
             try:
                 model = (await client.get(f"{url}/v1/models")).json()["data"][0]["id"]
-            except Exception:  # noqa: BLE001  a server without /v1/models: send no model
+            except Exception:
                 model = None
         t_start = time.perf_counter()
         deadline = t_start + duration
@@ -195,7 +195,7 @@ def main(argv=None) -> int:
         return 2
     try:
         prompts = load_prompt_texts(args.prompts)
-    except Exception as e:  # noqa: BLE001  InputError from specaudit: one line
+    except Exception as e:
         print(f"load.py: error: {e}", file=sys.stderr)
         return 2
     try:
@@ -203,7 +203,7 @@ def main(argv=None) -> int:
                                    duration=args.duration, max_tokens=args.max_tokens, prompts=prompts,
                                    model=args.model, stream=not args.no_stream, grace=args.grace,
                                    metrics=not args.no_metrics, timeout=args.timeout))
-    except Exception as e:  # noqa: BLE001  e.g. connection refused before the first request
+    except Exception as e:
         print(f"load.py: error: cannot load {args.url}: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     print(f"load: {out['ok']}/{out['requests']} ok at concurrency {out['concurrency']}, "

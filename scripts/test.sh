@@ -28,4 +28,6 @@ if [ ! -x .venv-aiperf/bin/aiperf ]; then
   python3 -m venv .venv-aiperf
   .venv-aiperf/bin/pip install -q aiperf==0.13.0
 fi
+# Lint first (ruff, configured in pyproject.toml): a style slip fails in seconds, not after the suite.
+python3 -m ruff check .
 exec python3 -m pytest -q -p no:cacheprovider "$@"

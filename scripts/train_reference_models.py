@@ -33,8 +33,7 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from specaudit.model import (EOS_ID, GPT, BlockDrafter, DrafterConfig, GPTConfig,  # noqa: E402
-                             bits_per_byte, load_model, save_model)
+from specaudit.model import EOS_ID, GPT, BlockDrafter, DrafterConfig, GPTConfig, bits_per_byte, load_model, save_model  # noqa: E402  (after the sys.path / importorskip set-up above)
 
 SKIP_DIRS = ("site-packages", "/test/", "/tests/", "/idlelib/", "/lib2to3/tests", "/__pycache__/")
 
@@ -212,7 +211,7 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     if args.quick:
         args.target_steps, args.drafter_samples, args.drafter_steps = 20, 256, 50
-    log = lambda m: print(f"[{time.strftime('%H:%M:%S')}] {m}", flush=True)  # noqa: E731
+    log = lambda m: print(f"[{time.strftime('%H:%M:%S')}] {m}", flush=True)
     rng = np.random.default_rng(0)
     files = corpus_files()
     train_files = [f for f in files if not is_held_out(f[0])]

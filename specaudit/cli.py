@@ -126,7 +126,7 @@ def main(argv=None) -> int:
         return 130
     except BrokenPipeError:
         return 0
-    except Exception as e:  # noqa: BLE001 - a bug: never a traceback, never exit 1 (findings)
+    except Exception as e:
         return internal_error(args.command, e)
 
 
@@ -138,6 +138,7 @@ def internal_error(command: str, e: BaseException) -> int:
 
     SPECAUDIT_DEBUG=1 prints the traceback as well (for the bug report)."""
     import os
+
     from specaudit.trace.schema import last_input
     if os.environ.get("SPECAUDIT_DEBUG"):
         import traceback

@@ -16,7 +16,6 @@ from specaudit.runtime.host import check_device, host_info, set_torch_threads
 from specaudit.tokenizer import default_prompts, encode, load_prompts
 from specaudit.trace.schema import SAMPLING_SCHEMA_VERSION, SCHEMA_VERSION, InputError
 
-
 MIN_FREE_BYTES = 16 << 20
 
 
@@ -114,7 +113,8 @@ def run_traced(*, algo="chain", budget=7, topk=1, concurrency=1, num_prompts=8, 
                prompts=None, prompts_file=None, oracle=False, inject=None, seed=0, device="cpu",
                dtype="float32", out=None, run_id=None, eos_id=None, progress=False,
                flush_steps=4096, flush_s=5.0, extra_sinks=(), trace=True, models=None,
-               threads=None, temperature=0.0, top_p=1.0, top_k=None, draft_noise=0.0, target_spec=None, drafter_spec=None,
+               threads=None, temperature=0.0, top_p=1.0, top_k=None, draft_noise=0.0, target_spec=None,
+               drafter_spec=None,
                trust_remote_code=False) -> RunResult:
     """Run chain or tree speculative decoding on the embedded models, traced.
 

@@ -3,17 +3,17 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # noqa: E402  (before kernels import)
+os.environ.setdefault("TRITON_INTERPRET", "1")
 # One intra-op thread in tests and in the subprocesses they start (servers, CLI runs):
 # decode-sized ops on a tiny model gain nothing from more, and oversubscribed OpenMP
 # threads spin and slow every process on a 2-core machine by an order of magnitude.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import json  # noqa: E402
-from pathlib import Path  # noqa: E402
+import json
+from pathlib import Path
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 

@@ -15,8 +15,8 @@ from specaudit.audit.ab import (
     summarize,
     verdict,
 )
-from specaudit.cli import main
 from specaudit.audit.diff import diff_runs
+from specaudit.cli import main
 from specaudit.tokenizer import default_prompts
 from specaudit.trace.schema import discover
 

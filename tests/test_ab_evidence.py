@@ -442,8 +442,7 @@ def test_prometheus_scrape_files(tmp_path):
 
 
 def test_prometheus_url_side(tmp_path, monkeypatch):
-    from specaudit.audit.sources import read_source
-    from specaudit.audit.sources import prom_http
+    from specaudit.audit.sources import prom_http, read_source
     s = _scrapes(tmp_path)
     calls = []
 

@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import benchutil  # noqa: E402
+import benchutil
 
 
 def test_busy_machine_withholds_ratios(monkeypatch):

@@ -9,10 +9,10 @@ import xml.etree.ElementTree as ET
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from specaudit.invariants.fixtures import FixtureRun
 
 from specaudit.audit.check import check_paths
 from specaudit.cli import main as cli
-from specaudit.invariants.fixtures import FixtureRun
 from specaudit.runtime.faults import FAULTS
 from specaudit.trace.schema import STEPS_SCHEMA
 from specaudit.trace.synth import synth_run_rows, write_run
@@ -90,7 +90,7 @@ def test_tiny_batches_give_the_same_answer(clean_dataset, fault_run):
     big = check_paths([fout], max_per_code=0)
     small = check_paths([fout], batch_rows=5, max_per_code=0)
     assert big.counts == small.counts
-    key = lambda f: (f.code, f.request_id, f.step)  # noqa: E731
+    key = lambda f: (f.code, f.request_id, f.step)
     assert sorted(map(key, big.findings), key=str) == sorted(map(key, small.findings), key=str)
 
 

@@ -8,10 +8,10 @@ import os
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from specaudit.invariants.fixtures import FixtureRun, _table
 
 from specaudit.audit.check import check_tables
 from specaudit.audit.reference import check_rows
-from specaudit.invariants.fixtures import FixtureRun, _table
 from specaudit.trace.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
 from specaudit.trace.synth import synth_run_rows
 

@@ -8,8 +8,7 @@ import json
 
 import pytest
 
-from specaudit.audit.client_vs_trace import (Figures, aiperf_records, compare, is_aiperf_export,
-                                             trace_figures)
+from specaudit.audit.client_vs_trace import Figures, aiperf_records, compare, is_aiperf_export, trace_figures
 
 
 def record(xid, steps, drafted, accepted, phase="profiling"):

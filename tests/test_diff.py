@@ -8,8 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from specaudit.cli import main
 from specaudit.audit.diff import CLASSES, EXPLAIN, diff_runs
+from specaudit.cli import main
 from specaudit.trace.schema import (
     REQUESTS_SCHEMA,
     STEPS_SCHEMA,

@@ -17,8 +17,8 @@ import json
 
 import pytest
 
-from specaudit.cli import main
 from specaudit.audit.diff import diff_runs
+from specaudit.cli import main
 
 
 @pytest.fixture(scope="module")

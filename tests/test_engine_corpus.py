@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "fixtures" / "engines" / "corpus"
 sys.path.insert(0, str(CORPUS))
 sys.path.insert(0, str(ROOT / "scripts"))
-import render  # noqa: E402
-import engine_corpus  # noqa: E402
+import engine_corpus  # noqa: E402  (after the sys.path / importorskip set-up above)
+import render  # noqa: E402  (after the sys.path / importorskip set-up above)
 
 CASES = render.load_cases()
 IDS = [c["id"] for c in CASES]

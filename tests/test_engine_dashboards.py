@@ -23,8 +23,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 DASH = REPO / "dashboards"
 sys.path.insert(0, str(REPO / "tests"))
-import prom_replay  # noqa: E402
-from dashboards import engines as E  # noqa: E402
+import prom_replay  # noqa: E402  (tests/ put on sys.path first)
+
+from dashboards import engines as E  # noqa: E402  (after the sys.path / importorskip set-up above)
 
 PROMTOOL = shutil.which("promtool")
 need_promtool = pytest.mark.skipif(PROMTOOL is None and not os.environ.get("CI"),

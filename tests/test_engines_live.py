@@ -29,9 +29,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
-import prom_replay  # noqa: E402
-from dashboards import engines as E  # noqa: E402
-from test_prometheus_live import Proc, free_port  # noqa: E402
+import prom_replay  # noqa: E402  (tests/ put on sys.path first)
+from test_prometheus_live import Proc, free_port  # noqa: E402  (after the sys.path / importorskip set-up above)
+
+from dashboards import engines as E  # noqa: E402  (after the sys.path / importorskip set-up above)
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(PROMETHEUS is None and not os.environ.get("CI"),

@@ -10,8 +10,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specaudit import cli
-from specaudit.audit.estimate import (CONSISTENT, INCONSISTENT, NOT_ENOUGH_DATA, CostEntry, CostProfile,
-                                estimate_commit_length, observation_from_load_json, verdict)
+from specaudit.audit.estimate import (
+    CONSISTENT,
+    INCONSISTENT,
+    NOT_ENOUGH_DATA,
+    CostEntry,
+    CostProfile,
+    estimate_commit_length,
+    observation_from_load_json,
+    verdict,
+)
 from specaudit.trace.schema import InputError
 
 FIX = __import__("pathlib").Path(__file__).parent / "fixtures" / "engines"

@@ -13,10 +13,10 @@ import pytest
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
-from specaudit.audit.check import check_paths  # noqa: E402
-from specaudit.cli import main as cli_main  # noqa: E402
-from specaudit.run import run_traced  # noqa: E402
-from specaudit.trace.schema import InputError  # noqa: E402
+from specaudit.audit.check import check_paths  # noqa: E402  (after the sys.path / importorskip set-up above)
+from specaudit.cli import main as cli_main  # noqa: E402  (after the sys.path / importorskip set-up above)
+from specaudit.run import run_traced  # noqa: E402  (after the sys.path / importorskip set-up above)
+from specaudit.trace.schema import InputError  # noqa: E402  (after the sys.path / importorskip set-up above)
 
 EOS = 256
 PROMPTS = ["def foo(x):\n    return", "import os\n", "hello world", "for i in range(3):"]
@@ -256,7 +256,8 @@ def test_ab_arms_on_hf_checkpoints(tiny, tmp_path, capsys):
 
 def test_calibrate_on_an_hf_target(tiny, tmp_path, capsys):
     code = cli_main(["calibrate", "--target", f"hf:{tiny['llama']}", "--drafter", "skip:1", "--n-nodes", "2,4",
-                     "--concurrency", "1", "--repeats", "1", "--max-new-tokens", "12", "--out", str(tmp_path / "c.json"),
+                     "--concurrency", "1", "--repeats", "1", "--max-new-tokens", "12",
+                     "--out", str(tmp_path / "c.json"),
                      "--json"])
     out = capsys.readouterr().out
     assert code == 0, out

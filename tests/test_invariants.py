@@ -5,10 +5,10 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-
-from specaudit.audit.check import check_paths
 from specaudit.invariants import DEFINED, Rule, RuleError, all_rules, get_rule, load_rules
 from specaudit.invariants.fixtures import FixtureRun
+
+from specaudit.audit.check import check_paths
 from specaudit.trace.schema import InputError
 
 TRACE_RULES = [r for r in all_rules() if r.scope != "source"]
@@ -68,7 +68,7 @@ def test_rule_fixtures(rule, tmp_path):
 
 def test_duplicate_code_is_refused():
     with pytest.raises(RuleError, match="defined twice"):
-        class Again(Rule):  # noqa: F841
+        class Again(Rule):
             """What: x. Why: y. Example: z."""
             code = "SA301"
             name = "again"
@@ -77,7 +77,7 @@ def test_duplicate_code_is_refused():
 
 def test_bad_rule_attributes_are_refused():
     with pytest.raises(RuleError, match="scope"):
-        class BadScope(Rule):  # noqa: F841
+        class BadScope(Rule):
             code = "SA998"
             name = "bad-scope"
             scope = "galaxy"

@@ -10,15 +10,28 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import mask_hash_vectors
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-
-from conftest import mask_hash_vectors
-from specaudit.kernels import (AUDIT_MAX_N, CHAIN_MAX_N, NUM_COUNTERS, RULES, as_uint64,
-                               audit_step, audit_step_ref, chain_accept, chain_accept_ref,
-                               decode_flags, mask_hash, mask_hash_ref, new_counters, tree_walk,
-                               tree_walk_ref)
+from specaudit.kernels import (
+    AUDIT_MAX_N,
+    CHAIN_MAX_N,
+    NUM_COUNTERS,
+    RULES,
+    as_uint64,
+    audit_step,
+    audit_step_ref,
+    chain_accept,
+    chain_accept_ref,
+    decode_flags,
+    mask_hash,
+    mask_hash_ref,
+    new_counters,
+    tree_walk,
+    tree_walk_ref,
+)
 from specaudit.kernels._common import require_triton
+
 from specaudit.runtime.engine import cut_commit
 from specaudit.runtime.metrics import SpecMetrics
 from specaudit.runtime.proposer import Draft
@@ -74,7 +87,7 @@ def oracle_row(tok, par, am, n, *, chain, eos, rd, rc, fin, vis=None, pos=None, 
     """One request's broken rules, by loops over the contract's words."""
     N = len(tok)
     nn = min(max(int(n), 1), N)
-    edge = lambda c: 0 <= par[c] < c  # noqa: E731
+    edge = lambda c: 0 <= par[c] < c
     tree_bad = par[0] != -1 or any(not edge(c) for c in range(1, nn)) or not 1 <= n <= N
     if chain:
         tree_bad |= any(par[c] != c - 1 for c in range(1, nn))
@@ -380,7 +393,7 @@ def test_seed_case_depth_seven_commit_two():
     tok = torch.arange(N)[None]                  # drafts 1..7
     am = torch.arange(1, N + 1)[None]            # the target agrees with every draft
     par = torch.arange(-1, N - 1)[None]
-    one = lambda v: torch.tensor([v])  # noqa: E731
+    one = lambda v: torch.tensor([v])
     for fn in (audit_step, audit_step_ref):
         c = new_counters("cpu")
         res = fn(tok, par, one(N), am, one(7), one(2), one(False), c, chain=True)

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 from prometheus_client import CollectorRegistry, generate_latest
-
 from specaudit.kernels import RULES, InlineAuditor, as_uint64
 from specaudit.kernels.audit import NUM_COUNTERS
-from specaudit.trace.tracer import node_mask_hashes
 from test_kernels import engine_step, make_batch
+
+from specaudit.trace.tracer import node_mask_hashes
 
 
 def hook_steps(fault=None, seeds=range(4)):
@@ -101,7 +101,7 @@ def test_counter_ring_never_blocks_and_never_reads_a_pending_copy():
     one = {k: (torch.as_tensor(np.asarray(v)) if isinstance(v, (list, np.ndarray)) else v)
            for k, v in one.items()}  # tensors: staging would pin memory, which needs CUDA
     B = len(one["commit_len"])
-    steps = lambda: aud.read()["steps"] // B  # noqa: E731
+    steps = lambda: aud.read()["steps"] // B
     aud.audit(**one)                       # step 1 -> slot 0, in flight
     assert steps() == 0                    # nothing completed yet: zeros, no wait
     aud._events[0].done = True
@@ -148,8 +148,8 @@ ENGINE_CASES = [
 def test_engine_inline_audit_catches_each_fault(models, fault, algo, rule, backend):
     """SpecEngine with engine.auditor set: a clean run never flags; each fault's rule
     counts violations; the on-device mask hash equals the tracer's for every step."""
-    from specaudit.tokenizer import default_prompts, encode
     from specaudit.runtime.engine import Request, SpecConfig, SpecEngine
+    from specaudit.tokenizer import default_prompts, encode
     target, drafter, _ = models
     # EOS = newline; eos-overcount needs an EOS inside an accepted commit: 4 x 40 tokens
     # of the embedded prompts hold one, the other faults show on every step

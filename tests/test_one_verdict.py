@@ -136,8 +136,8 @@ def fault_runs(tmp_path_factory):
 
 
 def _truth(run_dir):
-    import pyarrow.parquet as pq
     import pyarrow as pa
+    import pyarrow.parquet as pq
     t = pa.concat_tables([pq.read_table(f, columns=["accepted_path", "committed_tokens", "node_tokens"])
                           for f in sorted(run_dir.glob("steps-*.parquet"))])
     d = t.to_pydict()
@@ -231,8 +231,9 @@ def test_sa708_names_both_groups_without_a_majority_vote(tmp_path, lens):
 
 
 def test_sa708_with_a_baseline_names_the_supported_group(tmp_path):
-    from specaudit.audit.sources import read_source
     from specaudit.invariants import get_rule, load_rules
+
+    from specaudit.audit.sources import read_source
     load_rules()
     # the baseline, not the number of lines, decides; a baseline that makes ~8 tokens per
     # step plausible backs the other group
@@ -340,6 +341,7 @@ def test_report_exit_code_follows_the_checker(table_ds, tmp_path, capsys):
 def test_live_rules_come_from_the_catalog_and_do_not_drift():
     from specaudit.invariants.registry import kernel_codes, live_rules
     from specaudit.kernels.audit import RULES, rule_codes
+
     from specaudit.trace import prom_sink
     from specaudit.trace.synth import synth_run_rows
     prom = live_rules("prom")

@@ -227,7 +227,7 @@ def test_every_panel_has_data_and_the_violation_alert_fires(tmp_path):
                     assert {clean_addr, fault_addr} <= set(r["data"])
         # the live numbers make sense: the clean server's reported and derived counters
         # agree; the faulty one reports its drafted count (7 per step) as accepted depth
-        val = lambda e: float(query(url, e)[0]["value"][1])  # noqa: E731
+        val = lambda e: float(query(url, e)[0]["value"][1])
         per_step = ('sum(rate(specaudit_%s_total{instance="%s"}[1m]))'
                     ' / sum(rate(specaudit_verify_steps_total{instance="%s"}[1m]))')
         for what in ("accepted_tokens", "committed_tokens"):

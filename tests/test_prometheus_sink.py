@@ -302,9 +302,10 @@ def test_runtime_faults_light_up_live(small_run, fault, algo, codes):
 def test_inline_rules_agree_with_the_checker_on_its_own_fixtures(code):
     """Each catalog rule's own failing fixture: the live rules flag exactly the (request,
     step, code) triples that `specaudit check` reports, for every inline code."""
-    from specaudit.audit.check import check_tables
     from specaudit.invariants.fixtures import FixtureRun
     from specaudit.invariants.registry import get_rule
+
+    from specaudit.audit.check import check_tables
 
     rule = get_rule(code)
     assert rule is not None and rule.name == {c: n for c, n, _ in INLINE_RULES}[code]
@@ -333,8 +334,8 @@ def test_fast_exposition_equals_generate_latest():
     fx = FastExposition(reg)
     def text(data: bytes) -> str:
         return "\n".join(ln for ln in data.decode().splitlines() if "_created" not in ln)
-    want = lambda: text(generate_latest(reg))  # noqa: E731
-    got = lambda: text(fx.render())  # noqa: E731
+    want = lambda: text(generate_latest(reg))
+    got = lambda: text(fx.render())
     assert got() == want()
     sink.open_run(manifest)                      # a labelled child appears (run_info)
     for b in steps.to_batches(max_chunksize=5):

@@ -19,9 +19,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from specaudit.postmortem import views as Q
-from specaudit.cli import main as cli_main
 from specaudit.audit.findings import Finding
+from specaudit.cli import main as cli_main
+from specaudit.postmortem import views as Q
 from specaudit.trace.schema import tree_depths
 
 pytest.importorskip("duckdb")

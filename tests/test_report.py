@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specaudit.postmortem import views as Q
-from specaudit.cli import main as cli_main
 from specaudit.audit.findings import Finding
+from specaudit.cli import main as cli_main
+from specaudit.postmortem import views as Q
 from specaudit.postmortem.report import PLOTS, PX_H, PX_W, build_report
 
 STEMS = [p[0] for p in PLOTS]

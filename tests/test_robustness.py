@@ -149,8 +149,9 @@ def test_lone_run_json_of_a_killed_run_is_sa001_not_nothing(clean, tmp_path, cap
 def test_one_corrupt_row_does_not_blame_the_engine_counters():
     """A row refused by SA1xx (here N > MAX_NODES) is reported once; SA502 and the
     other aggregate rules do not blame run.json's counters for it."""
-    from specaudit.audit.check import check_tables
     import pyarrow as pa
+
+    from specaudit.audit.check import check_tables
     s, r, m = synth_run_rows(3, run_id="c", seed=1)
     rows = s.to_pylist()
     n = 5000
@@ -197,7 +198,8 @@ rows = s.to_pylist(); row = rows[0]; N = {n}
 row["node_tokens"] = [1] * N
 if "{kind}" != "tokens":
     random.seed(0)
-    row["parents"] = list(range(-1, N - 1)) if "{kind}" == "chain" else [-1] + [random.randrange(i) for i in range(1, N)]
+    row["parents"] = (list(range(-1, N - 1)) if "{kind}" == "chain"
+                      else [-1] + [random.randrange(i) for i in range(1, N)])
     row["positions"] = list(range(N)); row["target_argmax"] = [1] * N
 row["draft_logprob"] = None; row["target_margin"] = None
 write_run({str(tmp_path)!r}, pa.Table.from_pylist(rows, schema=s.schema), r, m)
@@ -363,6 +365,7 @@ def test_readers_on_nulls_and_duplicate_columns(tmp_path, argv, mk, codes, capsy
 
 def _tracer(tmp_path, monkeypatch, retry_s=0.05):
     import errno
+
     from prometheus_client import CollectorRegistry
 
     from specaudit.trace import parquet as P

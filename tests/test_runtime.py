@@ -5,8 +5,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-
 from conftest import CLEAN_CONFIGS
+
 from specaudit.runtime.engine import SpecConfig, cut_commit
 from specaudit.runtime.proposer import propose_chain, propose_tree
 from specaudit.runtime.verifier import accept_greedy, build_batch
@@ -61,7 +61,7 @@ def test_tree_topk1_equals_chain(make_run):
     a = make_run(algo="chain", budget=7, topk=1)
     b = make_run(algo="tree", budget=7, topk=1)
     sa, sb = steps_of(a), steps_of(b)
-    key = lambda s: (s["request_id"], s["step"])  # noqa: E731
+    key = lambda s: (s["request_id"], s["step"])
     sa.sort(key=key)
     sb.sort(key=key)
     assert len(sa) == len(sb)
@@ -204,8 +204,8 @@ def test_cached_forward_equals_full_forward(models):
 
 def test_continuous_batching_and_abort(models, tmp_path):
     """Requests join a running batch between steps; an aborted one is closed as abort."""
-    from specaudit.tokenizer import default_prompts, encode
     from specaudit.runtime.engine import Request, SpecEngine
+    from specaudit.tokenizer import default_prompts, encode
     from specaudit.trace.parquet import ParquetSink
     from specaudit.trace.tracer import Tracer
 

@@ -143,7 +143,7 @@ def test_seed_reproduces(make_run, tmp_path):
 @pytest.mark.parametrize("fault,code", [("greedy-accept", "SA801"), ("ratio-inverted", "SA801"),
                                         ("residual-from-p", "SA802")])
 def test_check_catches_sampling_fault(make_run, tmp_path, fault, code):
-    r = make_run(out=tmp_path, temperature=0.8, inject=fault, max_new_tokens=64)
+    make_run(out=tmp_path, temperature=0.8, inject=fault, max_new_tokens=64)
     res = check_paths([tmp_path])
     assert res.exit_code == 1 and code in res.counts, dict(res.counts)
 

@@ -39,8 +39,8 @@ def otel_memory():
 
 @pytest.fixture(scope="module")
 def server(models, tmp_path_factory, otel_memory):
-    from specaudit.trace.otel_sink import OtelSink
     from specaudit.serve.server import SpecServer
+    from specaudit.trace.otel_sink import OtelSink
     out = tmp_path_factory.mktemp("serve-traces")
     srv = SpecServer(trace_dir=out, models=models, port=0, concurrency=8, max_new_tokens=200,
                      otel=OtelSink(otel_memory[0], ratio=1.0), flush_s=0.5)
@@ -217,7 +217,7 @@ def test_otel_spans_per_request_with_traceparent(server, otel_memory):
 
 
 def test_load_and_scrape_scripts_end_with_one_json_line(server):
-    run = lambda *a: subprocess.run([sys.executable, *a], capture_output=True, text=True, timeout=180)  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, *a], capture_output=True, text=True, timeout=180)
     r = run(str(REPO / "scripts" / "load.py"), "--url", server.url, "--concurrency", "4", "--requests", "6",
             "--max-tokens", "8")
     assert r.returncode == 0, r.stderr
@@ -347,7 +347,7 @@ def raw(srv, data: bytes, *, half_close=False, timeout=30) -> bytes:
     while True:
         try:
             chunk = s.recv(65536)
-        except (ConnectionResetError, socket.timeout):
+        except (TimeoutError, ConnectionResetError):
             break
         if not chunk:
             break
@@ -608,8 +608,8 @@ def test_live_estimator_feeds_the_commit_length_gauges():
     from prometheus_client import CollectorRegistry
 
     from specaudit.audit.estimate import estimate_commit_length
-    from specaudit.trace.prom_sink import PromSink
     from specaudit.serve.server import LiveEstimator
+    from specaudit.trace.prom_sink import PromSink
 
     class Counters:                      # the engine's SpecMetrics, as far as the estimator reads it
         verify_steps = 0

@@ -15,11 +15,11 @@ from collections import defaultdict
 
 import pyarrow.parquet as pq
 import pytest
+from specaudit.invariants import all_rules, load_rules
+from specaudit.invariants.fixtures import FixtureRun
 
 from specaudit.audit import spark as sp
 from specaudit.audit.check import CheckResult, check_paths
-from specaudit.invariants import all_rules, load_rules
-from specaudit.invariants.fixtures import FixtureRun
 from specaudit.runtime.faults import FAULTS
 
 # PySpark 4.x warns about pandas 3 on Arrow functions, which use no pandas
@@ -68,7 +68,7 @@ def corpus(tmp_path_factory, fault_run, clean_dataset, make_run):
             continue
         run.write(out, n_files=3)
     # bad input
-    ok = lambda rid: _rename(FixtureRun.make("tree"), rid).write(out, n_files=2)  # noqa: E731
+    ok = lambda rid: _rename(FixtureRun.make("tree"), rid).write(out, n_files=2)
     (ok("bad-step-file") / "steps-000001.parquet").write_bytes(b"PAR1 not really")
     (ok("no-manifest") / "run.json").unlink()
     killed = ok("killed")
@@ -231,7 +231,7 @@ def test_uri_listed_by_spark_gives_the_same_findings(spark, tmp_path):
     (d / "run_id=cli-run" / "steps-000001.parquet").write_bytes(b"not parquet")
     local = check_paths([d], max_per_code=0)
     res = sp.check_spark(spark, [d.as_uri()], max_per_code=0)
-    strip = lambda f: (f.code, f.run_id, f.request_id, f.step, f.message.split(": ", 1)[-1])  # noqa: E731
+    strip = lambda f: (f.code, f.run_id, f.request_id, f.step, f.message.split(": ", 1)[-1])
     assert sorted(map(strip, res.findings)) == sorted(map(strip, local.findings))
     assert (res.steps, res.requests, res.runs) == (local.steps, local.requests, local.runs)
     assert any(f.code == "SA000" and f.file.endswith("steps-000001.parquet") for f in res.findings)

@@ -14,12 +14,20 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 import torch
-
 from conftest import mask_hash_vectors
+
 from specaudit.model import sha256_file, weights_dir
-from specaudit.trace.schema import (REPORTED_KEYS, REQUESTS_SCHEMA, STEPS_SCHEMA, InputError, discover,
-                              mask_hash, mask_hash_from_parents, read_manifest)
 from specaudit.trace.parquet import ParquetSink
+from specaudit.trace.schema import (
+    REPORTED_KEYS,
+    REQUESTS_SCHEMA,
+    STEPS_SCHEMA,
+    InputError,
+    discover,
+    mask_hash,
+    mask_hash_from_parents,
+    read_manifest,
+)
 from specaudit.trace.tracer import Tracer
 
 

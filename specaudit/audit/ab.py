@@ -295,7 +295,7 @@ def run_ab(a: dict, b: dict, *, prompts: list[str], repeats: int = 2, out, vary:
         warnings.append(f"only {len(prompts)} prompts: the intervals over requests are rough")
 
     if warmup:  # first-call costs (allocator, thread pools, every prefill shape) must not land on arm A
-        for lab, arm in arms.items():
+        for arm in arms.values():
             kw = _run_args(arm, prompts, load)
             kw["max_new_tokens"] = min(16, kw["max_new_tokens"])
             run_traced(**kw, trace=False)

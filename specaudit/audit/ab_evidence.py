@@ -351,7 +351,7 @@ def windows_from_traces(path, side: str, bins: str = "pow2", window_forwards: in
                     acc["algo"].append(rb.column("algo").to_numpy(zero_copy_only=False))
                     acc["budget"].append(rb.column("budget").to_numpy(zero_copy_only=False))
                     acc["topk"].append(rb.column("topk").to_numpy(zero_copy_only=False))
-        except Exception as e:  # noqa: BLE001 - a corrupt or foreign Parquet file is bad input
+        except Exception as e:
             raise InputError(rf.run_dir, f"cannot read the step rows: {str(e).splitlines()[0][:200]}") from None
         if not acc["ts"] or sum(len(x) for x in acc["ts"]) == 0:
             continue
@@ -1096,7 +1096,7 @@ def format_text(res: dict) -> str:
             if e["key"] == "all matched keys":
                 L.append(f"  all matched keys together: explains {e['explains']:.0%}")
                 continue
-            dist = lambda d: ", ".join(f"{v} {s:.0%}" for v, s in d.items())  # noqa: E731
+            dist = lambda d: ", ".join(f"{v} {s:.0%}" for v, s in d.items())
             ex = f"explains {e['explains']:.0%}" if e["explains"] is not None else e.get("note", "")
             mv = (f"; moved together with {', '.join(KEY_LABEL[k] for k in e['moves_with'])}"
                   if e.get("moves_with") else "")

@@ -31,10 +31,29 @@ import pyarrow.parquet as pq
 
 from specaudit.audit.findings import Finding
 from specaudit.invariants import Hits, load_rules
-from specaudit.invariants.frame import (DIAGNOSTIC_RANGES, Carry, RequestFrame, RunFrame, StepFrame, list_lengths,
-                               list_parts, list_values, token_mix)
-from specaudit.trace.schema import (REQUESTS_SCHEMA, SAMPLING_COLUMNS, SAMPLING_FIELDS, STEPS_SCHEMA, InputError,
-                     RunFiles, check_table_schema, discover, manifest_conventions, note_input)
+from specaudit.invariants.frame import (
+    DIAGNOSTIC_RANGES,
+    Carry,
+    RequestFrame,
+    RunFrame,
+    StepFrame,
+    list_lengths,
+    list_parts,
+    list_values,
+    token_mix,
+)
+from specaudit.trace.schema import (
+    REQUESTS_SCHEMA,
+    SAMPLING_COLUMNS,
+    SAMPLING_FIELDS,
+    STEPS_SCHEMA,
+    InputError,
+    RunFiles,
+    check_table_schema,
+    discover,
+    manifest_conventions,
+    note_input,
+)
 
 BATCH_ROWS = 65536          # step rows per batch: ~200 MB of numpy work at N = 8
 REQUEST_BATCH_ROWS = 8192   # request rows per batch: each holds whole outputs
@@ -723,7 +742,7 @@ def check_run(rf: RunFiles, rules, result: CheckResult, batch_rows: int = BATCH_
     bad_before = len(result.bad_files)
     # a step file that could not be read makes the run's totals partial: request and
     # aggregate rules that compare with the steps are skipped for this run
-    steps_whole = lambda: len(result.bad_files) == bad_before  # noqa: E731
+    steps_whole = lambda: len(result.bad_files) == bad_before
     steps = _iter_step_batches(rf, batch_rows, STEP_READ_COLUMNS)
     # the read-ahead thread pays off only when there is decoding to overlap: a small
     # run is read inline (thread start and hand-offs were most of a tiny run's fixed cost)

@@ -169,7 +169,7 @@ def cross_check(traces, files, select, ignore, result) -> None:
     exports = [f for f in files if is_aiperf_export(f)]
     if not exports:
         return
-    keep = lambda code: ((not select or any(code.startswith(s) for s in select))  # noqa: E731
+    keep = lambda code: ((not select or any(code.startswith(s) for s in select))
                          and not any(code.startswith(s) for s in ignore))
     try:
         derived = trace_figures([t for t in traces if Path(t).exists()])

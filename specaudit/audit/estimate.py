@@ -274,7 +274,7 @@ class CostProfile:
     def coverage(self) -> str:
         ns = sorted({e.n_nodes for e in self.entries if e.n_nodes is not None})
         cs = sorted({e.concurrency for e in self.entries if e.concurrency is not None})
-        part = lambda xs: "any" if not xs else (f"{xs[0]}..{xs[-1]}" if len(xs) > 1 else str(xs[0]))  # noqa: E731
+        part = lambda xs: "any" if not xs else (f"{xs[0]}..{xs[-1]}" if len(xs) > 1 else str(xs[0]))
         return f"N {part(ns)}, c {part(cs)}"
 
     def lookup(self, n_nodes: int | None = None, concurrency: int | None = None) -> tuple[float, float]:

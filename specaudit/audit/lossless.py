@@ -141,7 +141,7 @@ def n_needed(lam1: float, dof: int, alpha: float, power: float = POWER) -> int |
         return None
     from scipy.stats import chi2, ncx2
     crit = chi2.isf(alpha, dof)
-    ok = lambda n: ncx2.sf(crit, dof, n * lam1) >= power  # noqa: E731
+    ok = lambda n: ncx2.sf(crit, dof, n * lam1) >= power
     hi = 1
     while not ok(hi):
         hi *= 2
@@ -304,5 +304,6 @@ def run_reference(*, temperature: float, top_p: float = 1.0, top_k=None, algo="c
     res = compare(dict(a), dict(b), positions, alpha=alpha, distortion=distortion,
                   labels=("plain sampling", label))
     res.notes.insert(0, f"T = {temperature:g}, top_p = {top_p:g}, top_k = {top_k if top_k else 'off'}; "
-                        f"mean accepted depth of the speculative arm {engine.metrics.reported(1.0)['mean_accepted_depth']:.2f}")
+                        "mean accepted depth of the speculative arm "
+                        f"{engine.metrics.reported(1.0)['mean_accepted_depth']:.2f}")
     return res

@@ -37,9 +37,20 @@ from pathlib import Path, PurePosixPath
 
 import pyarrow as pa
 
-from specaudit.audit.check import (BATCH_ROWS, STEP_READ_COLUMNS, CheckResult, _iter_step_batches, _open_requests,
-                                   check_group, check_run_rules, combine_partials, iter_runs, result_bad, run_counts,
-                                   run_start)
+from specaudit.audit.check import (
+    BATCH_ROWS,
+    STEP_READ_COLUMNS,
+    CheckResult,
+    _iter_step_batches,
+    _open_requests,
+    check_group,
+    check_run_rules,
+    combine_partials,
+    iter_runs,
+    result_bad,
+    run_counts,
+    run_start,
+)
 from specaudit.audit.findings import Finding
 from specaudit.trace.schema import InputError, RunFiles, discover
 
@@ -110,14 +121,14 @@ def discover_uri(spark, uri: str) -> list[RunFiles]:
     try:
         listing = (spark.read.format("binaryFile").option("recursiveFileLookup", "true")
                    .load(uri).select("path", "length").collect())
-    except Exception as e:  # noqa: BLE001 - Spark raises Py4J/Analysis errors for a path it cannot list
+    except Exception as e:
         raise InputError(uri, f"cannot list with Spark: {_one_line(e)}") from None
     by_dir: dict[str, dict] = {}
     sizes = {row["path"]: int(row["length"] or 0) for row in listing}
     for row in listing:
         path = row["path"]
         d, name = path.rsplit("/", 1)
-        if name == "run.json" or name == "requests.parquet" or (name.startswith("steps-") and name.endswith(".parquet")):
+        if name in ("run.json", "requests.parquet") or (name.startswith("steps-") and name.endswith(".parquet")):
             by_dir.setdefault(d, {})[name] = path
     if not by_dir:
         raise InputError(uri, f"no trace runs found ({len(listing)} files, none a trace; expected "
@@ -435,7 +446,7 @@ def check_spark(spark, paths, select=(), ignore=(), *, out=None, invariants_dirs
             grouped.unpersist()
     except InputError:
         raise
-    except Exception as e:  # noqa: BLE001 - Py4J and Spark errors: one line, cause kept
+    except Exception as e:
         raise SparkCheckError(_one_line(e)) from e
     return result
 
@@ -520,7 +531,7 @@ def session(master: str | None = "local[2]", app: str = "specaudit-check", **con
         b = b.config(k, v)
     try:
         s = b.getOrCreate()
-    except Exception as e:  # noqa: BLE001 - no Java, a bad master URL: one line, exit 2
+    except Exception as e:
         raise SparkCheckError(f"cannot start Spark ({master or 'from spark-submit'}): {_one_line(e)}; "
                               "PySpark 4.x needs Java 17 or 21 (java on PATH or JAVA_HOME)") from e
     s.sparkContext.setLogLevel("ERROR")

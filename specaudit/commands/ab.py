@@ -115,8 +115,8 @@ def main_evidence(args) -> int:
                         min_windows=args.min_windows, baseline_tps=args.baseline_tps, cost_factor=args.cost_factor)
     text = to_json(res) if (args.output_format == "json" or args.json) else format_text(res) + "\n"
     if args.output:
-        from specaudit.outfile import write_output
         from specaudit.audit.ab_evidence import expand_side
+        from specaudit.outfile import write_output
         inputs = [str(p) for side in args.sides for p in expand_side(side)]  # each file of each side
         write_output(args.output, text, inputs=inputs)   # never over a file it read
     else:

@@ -55,8 +55,8 @@ def add_arguments(p) -> None:
 
 
 def main(args) -> int:
-    from specaudit.runtime.options import apply_host_options
     from specaudit.audit.estimate import CostProfile
+    from specaudit.runtime.options import apply_host_options
     if sum(x is not None for x in (args.cost_factor, args.from_traces)) > 1:
         raise ValueError("give at most one of --cost-factor and --from-traces")
     if args.cost_factor is not None:
@@ -65,7 +65,6 @@ def main(args) -> int:
         from specaudit.audit.calibrate import profile_from_traces
         prof = profile_from_traces(args.from_traces, device=args.device)
     else:
-        import torch
 
         from specaudit.audit.calibrate import measure_profile
         apply_host_options(args)

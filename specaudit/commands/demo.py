@@ -40,11 +40,10 @@ def main(args) -> int:
 
     from specaudit.audit.check import check_paths
     from specaudit.audit.formats import format_findings
+    from specaudit.commands.run import print_summary
     from specaudit.model import default_models
     from specaudit.postmortem.report import build_report
     from specaudit.run import run_traced
-    from specaudit.commands.run import print_summary
-
     from specaudit.runtime.options import apply_host_options
     apply_host_options(args)
     out = Path(args.out)

@@ -58,10 +58,9 @@ def load_ab_result(path):
 
 
 def main(args) -> int:
+    from specaudit.outfile import guard_output_dir
     from specaudit.postmortem.report import build_ab_report, build_report
     from specaudit.trace.schema import discover
-
-    from specaudit.outfile import guard_output_dir
     guard_output_dir(args.out, args.paths)   # never into a run folder it reads
     abs_ = [(p, load_ab_result(p)) for p in args.paths]
     ab = next((d for _, d in abs_ if d is not None), None)

@@ -18,9 +18,14 @@ import argparse
 import json
 import sys
 
-from specaudit.runtime.options import (add_runtime_arguments, add_sampling_arguments, apply_host_options, model_kwargs,
-                                      resolve_topk,
-                                      sampling_kwargs)
+from specaudit.runtime.options import (
+    add_runtime_arguments,
+    add_sampling_arguments,
+    apply_host_options,
+    model_kwargs,
+    resolve_topk,
+    sampling_kwargs,
+)
 
 HELP = "run the reference runtime (chain or tree) and write a trace dataset"
 ORDER = 10

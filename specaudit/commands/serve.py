@@ -80,8 +80,8 @@ def add_arguments(p) -> None:
 
 
 def main(args) -> int:
-    from specaudit.trace.otel_sink import env_requests_otel
     from specaudit.serve.server import SpecServer
+    from specaudit.trace.otel_sink import env_requests_otel
 
     logging.basicConfig(level=logging.INFO, format="specaudit serve: %(message)s", stream=sys.stderr)
     if args.host not in ("127.0.0.1", "localhost", "::1"):

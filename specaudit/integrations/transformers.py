@@ -75,7 +75,6 @@ class _StepLog:
                         "n_forwards": len(self.positions)}
 
     def on_verified(self, input_ids, scores, n_matches) -> None:
-        import torch
         p = self.pending
         self.pending = None
         if p is None:

@@ -48,8 +48,15 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from specaudit.trace.schema import (REPORTED_KEYS, REQUESTS_SCHEMA, STEPS_SCHEMA, InputError, check_table_schema,
-                     discover, tree_depths)
+from specaudit.trace.schema import (
+    REPORTED_KEYS,
+    REQUESTS_SCHEMA,
+    STEPS_SCHEMA,
+    InputError,
+    check_table_schema,
+    discover,
+    tree_depths,
+)
 
 VIEWS = ("steps", "requests", "runs", "nodes", "violations", "figures")
 
@@ -509,7 +516,7 @@ def _usable(rf, path: Path, expected: pa.Schema, ds: Dataset) -> bool:
         return True
     except InputError as e:
         err = e
-    except Exception as e:  # noqa: BLE001 - any reader error means "not usable Parquet"
+    except Exception as e:
         err = InputError(path, f"not readable Parquet ({type(e).__name__}: {one_line(e)})")
     rf.problems.append(err)
     ds.skipped.append(err)

@@ -25,8 +25,15 @@ import torch
 from specaudit.runtime.faults import get_fault
 from specaudit.runtime.metrics import SpecMetrics
 from specaudit.runtime.proposer import Draft, propose_chain, propose_tree
-from specaudit.runtime.sampling import (SAMPLING_FAULTS, SamplingParams, categorical, sample_drafts,
-                                        sampling_record, transform, verify_sampled)
+from specaudit.runtime.sampling import (
+    SAMPLING_FAULTS,
+    SamplingParams,
+    categorical,
+    sample_drafts,
+    sampling_record,
+    transform,
+    verify_sampled,
+)
 from specaudit.runtime.verifier import accept_greedy, build_batch
 
 
@@ -270,7 +277,7 @@ class SpecEngine:
             r.seq_len += len(path)
             r.steps += 1
         if mv_rows:
-            t = lambda x: torch.tensor(x, device=dev)  # noqa: E731
+            t = lambda x: torch.tensor(x, device=dev)
             self.cache.move_rows(t(mv_rows), t(mv_src), t(mv_dst))
         t3 = time.time()
         fin_flags = [reason is not None for reason in reasons]
@@ -383,7 +390,7 @@ class SpecEngine:
             r.seq_len += len(path)
             r.steps += 1
         if mv_rows:
-            t = lambda x: torch.tensor(x, device=dev)  # noqa: E731
+            t = lambda x: torch.tensor(x, device=dev)
             self.cache.move_rows(t(mv_rows), t(mv_src), t(mv_dst))
         t3 = time.time()
         fin_flags = [reason is not None for reason in reasons]
@@ -507,7 +514,7 @@ def sample_generate(target, prompts: list[list[int]], max_new_tokens: int, eos_i
     """
     dev = torch.device(device)
     rng = np.random.default_rng(sampling.seed)
-    pick = lambda lg: int(categorical(rng, transform(lg.float().cpu().numpy(), sampling, temperature)))  # noqa: E731
+    pick = lambda lg: int(categorical(rng, transform(lg.float().cpu().numpy(), sampling, temperature)))
     outs: list[list[int]] = [None] * len(prompts)  # type: ignore[list-item]
     t0 = time.time()
     for lo in range(0, len(prompts), concurrency):

@@ -330,7 +330,7 @@ def load_causal_lm(spec: str, device="cpu", dtype="float32", trust_remote_code: 
         tok = transformers.AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code)
     except InputError:
         raise
-    except (OSError, ValueError, KeyError, EnvironmentError) as e:
+    except (OSError, ValueError, KeyError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise InputError(path or name, f"cannot load as a causal LM: {first}") from None
     model.to(device)

@@ -37,6 +37,6 @@ def short(v, n: int = 60) -> str:
     number or a megabyte string must not come back whole)."""
     try:
         s = repr(v)
-    except Exception:  # noqa: BLE001  (a value whose repr fails: say what it is)
+    except Exception:
         s = f"<{type(v).__name__}>"
     return s if len(s) <= n else s[: n - 3] + "..."

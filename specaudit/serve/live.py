@@ -104,7 +104,7 @@ class LiveEstimator:
                 if not self._warned:
                     log.warning("specaudit.estimate is not available: the estimated commit length gauge stays 0")
                     self._warned = True
-            except Exception as e:  # noqa: BLE001  an estimate is advisory: log once, keep serving
+            except Exception as e:
                 if not self._warned:
                     log.warning("commit length estimate skipped: %s", e)
                     self._warned = True

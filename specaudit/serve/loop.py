@@ -191,7 +191,7 @@ class EngineLoop:
         except ValueError as e:  # the engine's own fit check (validated before, kept as a guard)
             job.events.put(("error", HTTPError(400, str(e), "context_length_exceeded")))
             return
-        except Exception as e:  # noqa: BLE001  a failed prefill must not kill the loop
+        except Exception as e:
             log.error("prefill of %s failed: %s", job.rid, traceback.format_exc())
             self.errors += 1
             job.events.put(("error", HTTPError(500, f"prefill failed: {e!r}", "engine_error")))
@@ -207,7 +207,7 @@ class EngineLoop:
         t0 = time.perf_counter()
         try:
             finished = self.engine.step()
-        except Exception as e:  # noqa: BLE001  abort the batch, keep serving
+        except Exception as e:
             log.error("verify step failed; aborting %d requests: %s", rows, traceback.format_exc())
             self.errors += 1
             for job in list(self._running.values()):

@@ -203,7 +203,7 @@ def _check(name: str, value, ok: bool, why: str) -> None:
 
 def _greedy_only(r: _Common) -> None:
     """Sampling and output options at their greedy / single-choice values, else 422."""
-    fin = lambda v: math.isfinite(v)  # noqa: E731
+    fin = lambda v: math.isfinite(v)
     _check("temperature", r.temperature, r.temperature is None or (fin(r.temperature) and r.temperature == 0),
            "this server decodes greedily; use 0 or omit it")
     _check("top_p", r.top_p, r.top_p is None or r.top_p == 1, "this server decodes greedily; use 1 or omit it")

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from specaudit.serve.live import LiveEstimator  # noqa: F401  (re-exported: specaudit.serve.server.LiveEstimator)
+from specaudit.serve.live import LiveEstimator
 from specaudit.serve.spec import MODES
 
 log = logging.getLogger("specaudit.serve")

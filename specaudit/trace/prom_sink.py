@@ -512,7 +512,7 @@ class FastExposition:
         pairs = sorted([(n, v) for n, v in zip(names, values)] + list(extra))   # as generate_latest
         if not pairs:
             return ""
-        esc = lambda v: str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')  # noqa: E731
+        esc = lambda v: str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
         return "{" + ",".join(f'{n}="{esc(v)}"' for n, v in pairs) + "}"
 
     def _wrappers(self):

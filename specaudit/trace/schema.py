@@ -460,7 +460,8 @@ def manifest_from_bytes(data: bytes, path) -> dict:
     v = m.get("schema_version")
     if v not in READABLE_SCHEMA_VERSIONS:
         raise InputError(path, f"unknown schema_version {repr(v)[:40]}: this specaudit reads versions "
-                               f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))}; upgrade specaudit or convert the trace")
+                               f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))}; "
+                               "upgrade specaudit or convert the trace")
     why = validate_manifest(m)
     if why:
         raise InputError(path, f"bad manifest: {why}")

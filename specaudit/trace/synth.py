@@ -31,8 +31,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from specaudit.trace.schema import (DEFAULT_CONVENTIONS, REQUESTS_SCHEMA, SCHEMA_VERSION, STEPS_SCHEMA, ancestor_mask, mask_hash,
-                     tree_depths)
+from specaudit.trace.schema import (
+    DEFAULT_CONVENTIONS,
+    REQUESTS_SCHEMA,
+    SCHEMA_VERSION,
+    STEPS_SCHEMA,
+    ancestor_mask,
+    mask_hash,
+    tree_depths,
+)
 
 # ------------------------------------------------------------------- templates
 

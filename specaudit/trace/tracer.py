@@ -239,7 +239,7 @@ class Tracer:
             if hasattr(s, "sink_error"):
                 try:
                     s.sink_error(name)
-                except Exception:  # noqa: BLE001 - counting must not fail the worker
+                except Exception:
                     pass
 
     def health(self) -> dict:
@@ -295,7 +295,7 @@ def _name(sink) -> str:
 def _sink_ok(sink) -> bool:
     try:
         return bool(sink.health().get("ok", True)) if hasattr(sink, "health") else True
-    except Exception:  # noqa: BLE001
+    except Exception:
         return False
 
 

@@ -344,7 +344,7 @@ def _windows(r: Reading, engine, rank, fields, step_s):
                 if any(y < x for x, y in zip(vals, vals[1:])):
                     reset = True
 
-        def delta(fld):
+        def delta(fld, a=a, b=b):
             x, y = at(fld, a), at(fld, b)
             return None if x is None or y is None else y - x
 

@@ -33,8 +33,8 @@ import re
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from specaudit.trace.schema import InputError
 from specaudit.audit.sources import Reading, Window
+from specaudit.trace.schema import InputError
 
 SCRAPED_AT_RE = re.compile(r"^#\s*scraped_at:\s*(?P<t>[0-9.]+)")
 KNOWN_RE = re.compile(r"^(vllm:spec_decode_|sglang:spec_accept_|sglang:gen_throughput|trtllm_spec_decode_|"
@@ -284,7 +284,7 @@ def build(scrapes, notes, path, types=None, info=None) -> Reading:
                              f"accepted {d.get('accepted_tokens_gauge')}"))
                 continue
             p = prev.get(rank, {})
-            delta = lambda k: (d[k] - p.get(k, 0.0)) if k in d else None  # noqa: E731
+            delta = lambda k, d=d, p=p: (d[k] - p.get(k, 0.0)) if k in d else None
             w = Window(line=d["_line"], t=sc.t, rank=rank, engine=engine,
                        kind="cumulative" if prev_s is None else "interval")
             w.drafts, w.draft_tokens = delta("drafts"), delta("draft_tokens")
