@@ -16,10 +16,9 @@ A refused path raises InputError (one line, exit 2) before anything is written.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from specaudit.trace.schema import InputError, discover
+from specaudit.trace.schema import InputError, atomic_write_bytes, discover
 
 
 def evidence(inputs) -> tuple[set[Path], set[Path]]:
@@ -84,18 +83,10 @@ def atomic_write(path, data: bytes | str) -> None:
     path = Path(path)
     if isinstance(data, str):
         data = data.encode()
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        atomic_write_bytes(path, data)  # the contract's one atomic writer (trace/schema.py)
     except OSError as e:
         raise InputError(path, f"cannot write: {e.strerror or e}") from None
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def write_output(path, data: bytes | str, inputs=(), flag: str = "-o") -> Path:
