@@ -27,7 +27,8 @@ def test_wheel_contents(wheel):
                  "specaudit/data/prompts.jsonl", "specaudit/invariants/__init__.py",
                  "specaudit/kernels/__init__.py", "specaudit/dashboards/__init__.py",
                  "specaudit/runtime/engine.py", "specaudit/commands/run.py",
-                 "specaudit/sources/__init__.py", "specaudit/sources/sglang.py"]:
+                 "specaudit/audit/sources/__init__.py", "specaudit/audit/sources/sglang.py",
+                 "specaudit/integrations/transformers.py", "specaudit/postmortem/queries/a_vs_b.sql"]:
         assert need in names, need
     for d in ("invariants", "kernels", "dashboards"):
         kinds = (".py", ".json", ".yml", ".yaml", ".sql")
@@ -40,8 +41,8 @@ def test_wheel_contents(wheel):
     pkg = {p.relative_to(REPO).as_posix() for p in (REPO / "specaudit").rglob("*.py")
            if "__pycache__" not in p.parts}
     assert pkg <= names, f"missing from the wheel: {sorted(pkg - names)}"
-    sql = {p.name for p in (REPO / "specaudit" / "queries").glob("*.sql")}
-    assert {n.rsplit("/", 1)[1] for n in names if n.startswith("specaudit/queries/")} >= sql
+    sql = {p.name for p in (REPO / "specaudit" / "postmortem" / "queries").glob("*.sql")}
+    assert {n.rsplit("/", 1)[1] for n in names if n.startswith("specaudit/postmortem/queries/")} >= sql
     assert not any(n.endswith((".pt", ".pth", ".bin", ".pkl")) for n in names), "pickle weights shipped"
 
 

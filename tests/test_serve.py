@@ -154,6 +154,7 @@ def test_disconnect_mid_stream_aborts_only_that_request(server, models):
     request running beside it is untouched (still lossless)."""
     before = server.engine.metrics.verify_steps
     s = socket.create_connection(("127.0.0.1", server.port))
+    s.settimeout(60)  # an error reply instead of a stream must fail the test, not hang it
     body = json.dumps({"prompt": "import os\n", "max_tokens": 200, "stream": True}).encode()
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
               b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
@@ -180,10 +181,14 @@ def test_disconnect_mid_stream_aborts_only_that_request(server, models):
     server.tracer.flush(10)
     mine = {decode(r["prompt_tokens"]): r for r in server.parquet._requests
             if decode(r["prompt_tokens"]) in ("import os\n", "class A:\n")}
-    assert {p: r["finish_reason"] for p, r in mine.items()} == {"import os\n": "abort", "class A:\n": "abort"}
-    aborted = list(mine.values())
-    for r in aborted:
-        assert 1 <= len(r["output_tokens"]) < 200
+    reasons = {p: r["finish_reason"] for p, r in mine.items()}
+    assert reasons["import os\n"] == "abort" and 1 <= len(mine["import os\n"]["output_tokens"]) < 200
+    # the non-streaming one is aborted, unless (idle machine) all 200 tokens were decoded
+    # before its reset reached the server: then it ended by its limit, never half-way
+    a = mine["class A:\n"]
+    assert (a["finish_reason"] == "abort" and 1 <= len(a["output_tokens"]) < 200) or \
+        (a["finish_reason"] == "length" and len(a["output_tokens"]) == 200), \
+        (a["finish_reason"], len(a["output_tokens"]))
 
 
 def test_32_concurrent_streams_without_error(server):
