@@ -7,7 +7,9 @@ Words:
     evidence   every file a command reads: the input paths themselves, and for an
                input that is (or holds) a trace dataset, every file of every run
                folder in it (run.json, steps-*.parquet, requests.parquet, anything else
-               there) and the run folders themselves
+               there) and the run folders themselves. A file that is not a trace file
+               (an engine log, a Prometheus scrape, JSON records) is evidence alone:
+               its folder is not a run folder, so `-o` may write beside it
     atomic     written under a hidden temporary name in the same folder, fsync'ed,
                then renamed over the target: a reader sees the old file or the whole
                new one, never half (a failed write leaves no temporary behind)
@@ -16,9 +18,17 @@ A refused path raises InputError (one line, exit 2) before anything is written.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from specaudit.trace.schema import InputError, atomic_write_bytes, discover
+
+TRACE_FILE_RE = r"^(run\.json|(steps|requests)(-.*)?\.parquet)$"
+
+
+def _is_trace_file(p: Path) -> bool:
+    """run.json or a steps/requests Parquet part: reading it reads its run folder."""
+    return re.match(TRACE_FILE_RE, p.name) is not None
 
 
 def evidence(inputs) -> tuple[set[Path], set[Path]]:
@@ -34,6 +44,8 @@ def evidence(inputs) -> tuple[set[Path], set[Path]]:
             continue
         if p.is_file():
             files.add(p.resolve())
+            if not _is_trace_file(p):
+                continue  # a log / scrape / records file: only itself is read
         try:
             runs = discover([p])
         except (InputError, OSError, ValueError):
