@@ -207,32 +207,30 @@ class SpecEngine:
             return self.drafter.draft([r.prompt + r.output for r in reqs])
         return self.drafter(h_prev, torch.from_numpy(roots).to(self.device))
 
-    # ---------------------------------------------------------------------- step
-    @torch.inference_mode()
-    def step(self) -> list[Request]:
-        """One batched verify over the running requests. Returns those that finished."""
-        reqs = self.running
-        if not reqs:
-            return []
-        if self.sp is not None:
-            return self._step_sampled(reqs)
-        cfg, dev = self.cfg, self.device
-        t0 = time.time()
-        # draft: one drafter forward for the whole batch -> [R, K, V]
+    # ------------------------------------------- what greedy and sampled steps share
+    def _draft_logprobs(self, reqs):
+        """-> roots [R] int64, drafter log-probs [R, K, V] (numpy). draft_noise adds
+        seeded Gaussian noise: acceptance falls, nothing recorded lies (and under
+        sampling q is the noisy drafter's, so the output stays lossless)."""
         h_prev = torch.stack([r.h_prev for r in reqs])
         roots = np.array([r.root for r in reqs], dtype=np.int64)
         lp = self._draft(reqs, h_prev, roots).float().cpu().numpy()
-        if cfg.draft_noise > 0:   # [R, K, V] + noise: acceptance falls, nothing recorded lies
+        if self.cfg.draft_noise > 0:
             rng = self.__dict__.setdefault("_noise_rng", np.random.default_rng(12345))
-            lp = lp + rng.normal(0.0, cfg.draft_noise, lp.shape).astype(lp.dtype)
+            lp = lp + rng.normal(0.0, self.cfg.draft_noise, lp.shape).astype(lp.dtype)
+        return roots, lp
+
+    def _propose(self, roots, lp) -> list[Draft]:
+        """Greedy proposals from the log-probs: a chain of budget drafts, or a best-first tree."""
+        cfg = self.cfg
         if cfg.algo == "chain":
-            drafts = propose_chain(roots, lp, cfg.budget)
-        else:
-            drafts = propose_tree(roots, lp, cfg.budget, cfg.topk)
-        if self.fault == "stale-draft":
-            drafts = [self._stale(r, d) for r, d in zip(reqs, drafts)]
-        t1 = time.time()
-        # verify: one target forward over all requests' nodes
+            return propose_chain(roots, lp, cfg.budget)
+        return propose_tree(roots, lp, cfg.budget, cfg.topk)
+
+    def _verify(self, reqs, drafts):
+        """One target forward over every request's nodes -> (seq_lens [R], VerifyBatch,
+        logits [R, N, V], hidden [R, N, H])."""
+        dev = self.device
         seq_lens = np.array([r.seq_len for r in reqs], dtype=np.int64)
         vb = build_batch(drafts, seq_lens, dev, causal=self.fault == "causal-mask-on-tree",
                          position_shift=1 if self.fault == "position-off-by-one" else 0)
@@ -241,21 +239,20 @@ class SpecEngine:
         rows = None if slot_ids == list(range(len(reqs))) else torch.tensor(slot_ids, device=dev)
         logits, hidden = self.target(vb.tokens, vb.positions, self.cache,
                                      torch.from_numpy(seq_lens).to(dev), vb.node_mask, rows=rows)
-        top2 = logits.float().topk(2, dim=-1)
-        argmax_t = top2.indices[..., 0]  # [R, N]
-        margin_t = top2.values[..., 0] - top2.values[..., 1]
-        argmax = argmax_t.cpu().numpy()
-        t2 = time.time()
-        # accept, commit, compact
-        tokens_np = vb.tokens_np
-        paths = accept_greedy(tokens_np, vb.parents, vb.n_nodes, argmax)
-        finished, commits, depths, commit_lens, reasons = [], [], [], [], []
+        return seq_lens, vb, logits, hidden
+
+    def _commit(self, reqs, drafts, vb, paths, next_tokens, hidden):
+        """Commit each request's accepted path plus its next token (greedy: the bonus
+        argmax; sampled: the residual or bonus draw), cut at EOS / max_new_tokens, count,
+        move the accepted path's KV rows, advance the request.
+        -> (committed tokens, accepted depths, commit lengths, finish reasons), one per request."""
+        cfg = self.cfg
+        commits, depths, commit_lens, reasons = [], [], [], []
         mv_rows, mv_src, mv_dst = [], [], []
-        for i, (r, path) in enumerate(zip(reqs, paths)):
-            accepted = tokens_np[i, path[1:]].tolist()
-            bonus = int(argmax[i, path[-1]])
+        for i, (r, path, nxt) in enumerate(zip(reqs, paths, next_tokens)):
+            accepted = vb.tokens_np[i, path[1:]].tolist()
             remaining = r.max_new_tokens - len(r.output)
-            committed, reason = cut_commit(accepted, bonus, remaining, cfg.eos_id,
+            committed, reason = cut_commit(accepted, nxt, remaining, cfg.eos_id,
                                            cut_at_eos=self.fault != "eos-overcount")
             d, c = self.metrics.step_counters(path, int(vb.n_nodes[i]), committed)
             depths.append(d)
@@ -272,13 +269,69 @@ class SpecEngine:
                     mv_src += (r.seq_len + path[moved]).tolist()
                     mv_dst += (r.seq_len + moved).tolist()
             r.h_prev = hidden[i, int(path[-1])]
-            r.root = bonus
+            r.root = nxt
             r.prev_draft = drafts[i]
             r.seq_len += len(path)
             r.steps += 1
         if mv_rows:
-            t = lambda x: torch.tensor(x, device=dev)
+            t = lambda x: torch.tensor(x, device=self.device)
             self.cache.move_rows(t(mv_rows), t(mv_src), t(mv_dst))
+        return commits, depths, commit_lens, reasons
+
+    def _record(self, reqs, seq_lens, vb, argmax_t, margin_t, paths, depths, commit_lens, commits,
+                fin_flags, times, **extra) -> None:
+        """One tracer record for the step; times = (start, drafted, verified, committed);
+        extra: sampling= (contract v2) for a sampled step."""
+        cfg = self.cfg
+        t0, t1, t2, t3 = times
+        self.tracer.record_step(
+            request_ids=[r.request_id for r in reqs], steps=[r.steps - 1 for r in reqs],
+            algo=cfg.algo, budget=cfg.budget, topk=cfg.topk, seq_len=seq_lens,
+            node_tokens=vb.tokens, n_nodes=vb.n_nodes, parents=vb.parents,
+            positions=vb.positions, node_mask=vb.node_mask,
+            draft_logprob=vb.logprob, target_argmax=argmax_t, target_margin=margin_t,
+            accepted_path=paths, accepted_depth=depths, commit_len=commit_lens,
+            committed_tokens=commits, finished=fin_flags,
+            t_start=t0, draft_s=t1 - t0, verify_s=t2 - t1, step_s=t3 - t0, **extra)
+
+    def _finish_done(self, reqs, reasons) -> list[Request]:
+        """Finish the requests whose commit ended them; return those."""
+        finished = []
+        for r, reason in zip(reqs, reasons):
+            if reason is not None:
+                self._finish(r, reason)
+                finished.append(r)
+        return finished
+
+    # ---------------------------------------------------------------------- step
+    @torch.inference_mode()
+    def step(self) -> list[Request]:
+        """One batched verify over the running requests. Returns those that finished."""
+        reqs = self.running
+        if not reqs:
+            return []
+        if self.sp is not None:
+            return self._step_sampled(reqs)
+        cfg = self.cfg
+        t0 = time.time()
+        # draft: one drafter forward for the whole batch -> [R, K, V]
+        roots, lp = self._draft_logprobs(reqs)   # [R], [R, K, V]
+        drafts = self._propose(roots, lp)
+        if self.fault == "stale-draft":
+            drafts = [self._stale(r, d) for r, d in zip(reqs, drafts)]
+        t1 = time.time()
+        # verify: one target forward over all requests' nodes
+        seq_lens, vb, logits, hidden = self._verify(reqs, drafts)
+        top2 = logits.float().topk(2, dim=-1)
+        argmax_t = top2.indices[..., 0]  # [R, N]
+        margin_t = top2.values[..., 0] - top2.values[..., 1]
+        argmax = argmax_t.cpu().numpy()
+        t2 = time.time()
+        # accept, commit, compact
+        tokens_np = vb.tokens_np
+        paths = accept_greedy(tokens_np, vb.parents, vb.n_nodes, argmax)
+        commits, depths, commit_lens, reasons = self._commit(
+            reqs, drafts, vb, paths, [int(argmax[i, p[-1]]) for i, p in enumerate(paths)], hidden)
         t3 = time.time()
         fin_flags = [reason is not None for reason in reasons]
         if self.auditor is not None:
@@ -288,22 +341,9 @@ class SpecEngine:
                                node_mask=vb.node_mask, positions=vb.positions, seq_len=seq_lens,
                                eos_id=cfg.eos_id)
         if self.tracer is not None:
-            self.tracer.record_step(
-                request_ids=[r.request_id for r in reqs],
-                steps=[r.steps - 1 for r in reqs],
-                algo=cfg.algo, budget=cfg.budget, topk=cfg.topk,
-                seq_len=seq_lens,
-                node_tokens=vb.tokens, n_nodes=vb.n_nodes, parents=vb.parents,
-                positions=vb.positions, node_mask=vb.node_mask,
-                draft_logprob=vb.logprob, target_argmax=argmax_t, target_margin=margin_t,
-                accepted_path=paths, accepted_depth=depths, commit_len=commit_lens,
-                committed_tokens=commits, finished=fin_flags,
-                t_start=t0, draft_s=t1 - t0, verify_s=t2 - t1, step_s=t3 - t0)
-        for r, reason in zip(reqs, reasons):
-            if reason is not None:
-                self._finish(r, reason)
-                finished.append(r)
-        return finished
+            self._record(reqs, seq_lens, vb, argmax_t, margin_t, paths, depths, commit_lens, commits,
+                         fin_flags, (t0, t1, t2, t3))
+        return self._finish_done(reqs, reasons)
 
     # ------------------------------------------------------- speculative sampling
     def _target_t(self) -> float:
@@ -325,19 +365,11 @@ class SpecEngine:
         the token after the last accepted node is drawn (residual or bonus), and the
         tracer gets the contract v2 record.
         """
-        cfg, dev, sp = self.cfg, self.device, self.sp
+        sp = self.sp
         t0 = time.time()
-        h_prev = torch.stack([r.h_prev for r in reqs])
-        roots = np.array([r.root for r in reqs], dtype=np.int64)
-        lp = self._draft(reqs, h_prev, roots).float().cpu().numpy()  # [R, K, V]
-        if cfg.draft_noise > 0:   # the same knob as greedy: q is the noisy drafter's, still lossless
-            rng = self.__dict__.setdefault("_noise_rng", np.random.default_rng(12345))
-            lp = lp + rng.normal(0.0, cfg.draft_noise, lp.shape).astype(lp.dtype)
+        roots, lp = self._draft_logprobs(reqs)   # [R], [R, K, V]
         q = transform(lp, sp)                                                             # [R, K, V]
-        if cfg.algo == "chain":
-            shapes = propose_chain(roots, lp, cfg.budget)
-        else:
-            shapes = propose_tree(roots, lp, cfg.budget, cfg.topk)
+        shapes = self._propose(roots, lp)   # the greedy shapes; tokens drawn below
         drafts = []
         for i, d in enumerate(shapes):
             toks = sample_drafts(self.rng, q[i], d.parents)
@@ -346,13 +378,7 @@ class SpecEngine:
             depth_lp[0] = 0.0
             drafts.append(Draft(toks, d.parents, depth_lp.astype(np.float32)))
         t1 = time.time()
-        seq_lens = np.array([r.seq_len for r in reqs], dtype=np.int64)
-        vb = build_batch(drafts, seq_lens, dev, causal=self.fault == "causal-mask-on-tree",
-                         position_shift=1 if self.fault == "position-off-by-one" else 0)
-        slot_ids = [r.slot for r in reqs]
-        rows = None if slot_ids == list(range(len(reqs))) else torch.tensor(slot_ids, device=dev)
-        logits, hidden = self.target(vb.tokens, vb.positions, self.cache,
-                                     torch.from_numpy(seq_lens).to(dev), vb.node_mask, rows=rows)
+        seq_lens, vb, logits, hidden = self._verify(reqs, drafts)
         lf = logits.float()
         top2 = lf.topk(2, dim=-1)
         argmax_t = top2.indices[..., 0]  # [R, N]
@@ -364,52 +390,14 @@ class SpecEngine:
                                p_all[i, : vb.n_nodes[i]], q[i], lg[i, : vb.n_nodes[i]], self.fault)
                 for i in range(len(reqs))]
         paths = [o.path for o in outs]
-        finished, commits, depths, commit_lens, reasons = [], [], [], [], []
-        mv_rows, mv_src, mv_dst = [], [], []
-        for i, (r, o) in enumerate(zip(reqs, outs)):
-            path = o.path
-            accepted = vb.tokens_np[i, path[1:]].tolist()
-            remaining = r.max_new_tokens - len(r.output)
-            committed, reason = cut_commit(accepted, o.token, remaining, cfg.eos_id,
-                                           cut_at_eos=self.fault != "eos-overcount")
-            d, c = self.metrics.step_counters(path, int(vb.n_nodes[i]), committed)
-            depths.append(d)
-            commit_lens.append(c)
-            commits.append(committed)
-            reasons.append(reason)
-            r.output.extend(committed)
-            if self.fault != "kv-compaction":
-                moved = np.flatnonzero(path != np.arange(len(path)))
-                if moved.size:
-                    mv_rows += [r.slot] * moved.size
-                    mv_src += (r.seq_len + path[moved]).tolist()
-                    mv_dst += (r.seq_len + moved).tolist()
-            r.h_prev = hidden[i, int(path[-1])]
-            r.root = o.token
-            r.prev_draft = drafts[i]
-            r.seq_len += len(path)
-            r.steps += 1
-        if mv_rows:
-            t = lambda x: torch.tensor(x, device=dev)
-            self.cache.move_rows(t(mv_rows), t(mv_src), t(mv_dst))
+        commits, depths, commit_lens, reasons = self._commit(
+            reqs, drafts, vb, paths, [o.token for o in outs], hidden)
         t3 = time.time()
         fin_flags = [reason is not None for reason in reasons]
         if self.tracer is not None:
-            self.tracer.record_step(
-                request_ids=[r.request_id for r in reqs], steps=[r.steps - 1 for r in reqs],
-                algo=cfg.algo, budget=cfg.budget, topk=cfg.topk, seq_len=seq_lens,
-                node_tokens=vb.tokens, n_nodes=vb.n_nodes, parents=vb.parents,
-                positions=vb.positions, node_mask=vb.node_mask,
-                draft_logprob=vb.logprob, target_argmax=argmax_t, target_margin=margin_t,
-                accepted_path=paths, accepted_depth=depths, commit_len=commit_lens,
-                committed_tokens=commits, finished=fin_flags,
-                t_start=t0, draft_s=t1 - t0, verify_s=t2 - t1, step_s=t3 - t0,
-                sampling=sampling_record(outs, int(vb.tokens_np.shape[1])))
-        for r, reason in zip(reqs, reasons):
-            if reason is not None:
-                self._finish(r, reason)
-                finished.append(r)
-        return finished
+            self._record(reqs, seq_lens, vb, argmax_t, margin_t, paths, depths, commit_lens, commits,
+                         fin_flags, (t0, t1, t2, t3), sampling=sampling_record(outs, int(vb.tokens_np.shape[1])))
+        return self._finish_done(reqs, reasons)
 
     def _stale(self, req: Request, fresh: Draft) -> Draft:
         """Fault: reuse the previous proposal's drafts under the new root."""
