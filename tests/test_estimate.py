@@ -336,7 +336,7 @@ def test_seed_question_cannot_tell_when_the_interval_admits_both(capsys):
 
 def test_both_consistent_and_both_contradicted(capsys):
     assert cli.main(SEED + ["--reported-commit-len", "1.7", "--reported-accept-depth", "0.7"]) == 0
-    assert "supports both counters" in capsys.readouterr().out
+    assert "admits both counters" in capsys.readouterr().out
     assert cli.main(SEED + ["--reported-commit-len", "5", "--reported-accept-depth", "7"]) == 1
     assert "contradicts both counters" in capsys.readouterr().out
 
@@ -388,3 +388,52 @@ def test_live_judgement_is_the_cli_pipeline():
                            reported_commit_len=8).results[0]
     assert live["verdict"] == cli_res["verdict"] == INCONSISTENT
     assert live["estimate"] == cli_res["estimate"] and live["conclusion"] == cli_res["conclusion"]
+
+
+# ------------------------------------- "admits" is not "supports" (the demo's sentence)
+
+
+def test_one_admitted_figure_is_admitted_not_supported(capsys):
+    # the seed band (about [1.2, 2.2]) holds 1.7 and every figure near it: it admits, it does not support
+    assert cli.main(SEED + ["--reported-commit-len", "1.7"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1].strip()
+    assert last.startswith("The evidence admits the commit length counter (1.70)") and "supports" not in last
+
+
+def test_band_holding_the_counter_and_the_derived_figure_cannot_tell_them_apart(tmp_path, capsys):
+    """The demo's injected run: the commit counter (2.00) is out of the band, the depth
+    counter (as commit length) and the commit length re-derived from the trace's committed
+    tokens both sit in it: throughput cannot tell those two apart, and the sentence says
+    what decides, instead of saying the evidence supports the depth counter."""
+    import pyarrow.compute as pc
+
+    from specaudit.audit.estimate import observations_from_traces
+    from specaudit.trace.synth import synth_run_rows, write_run
+    s, r, m = synth_run_rows(6, algo="chain", budget=7, seed=3, run_id="demo", max_new_tokens=40)
+    truth = pc.sum(pc.list_value_length(s.column("committed_tokens"))).as_py() / s.num_rows
+    depth = round(truth - 1 + 0.6, 2)          # a depth counter 0.6 tokens per step above the truth
+    m["reported"].update(mean_commit_len=2.0, mean_accepted_depth=depth)
+    write_run(tmp_path, s, r, m)
+    (o,) = observations_from_traces(tmp_path)
+    assert o.extra["derived_commit_len"] == pytest.approx(truth)
+    base = o.tps / (truth + 0.3)               # an estimate between the two, its band holding both
+    argv = ["estimate", str(tmp_path), "--baseline-tps", f"{base:.6f}", "--cost-factor", "1",
+            "--cost-factor-std", "0.02"]
+    assert cli.main(argv + ["--output-format", "json"]) == 1     # the commit counter is contradicted
+    res = json.loads(capsys.readouterr().out)["results"][0]
+    assert res["derived_commit_len"] == pytest.approx(truth, abs=1e-4)
+    assert {f["counter"]: f["verdict"] for f in res["figures"]} == {"commit length": INCONSISTENT,
+                                                                      "accepted depth": CONSISTENT}
+    c = res["conclusion"]
+    assert "supports" not in c and "contradicts the commit length counter (2.00)" in c
+    assert f"admits the accepted depth counter ({depth:.2f}" in c and f"derived {truth:.2f}" in c
+    assert "cannot tell the two apart" in c and "decides" in c
+    assert cli.main(argv) == 1
+    out = capsys.readouterr().out
+    assert f"derived commit length {truth:.2f}" in out and out.strip().splitlines()[-1].strip() == c
+    # a depth counter that agrees with the derived figure: nothing to tell apart, it is supported
+    m["reported"].update(mean_accepted_depth=truth - 1)
+    write_run(tmp_path / "agree", s, r, m)
+    assert cli.main(["estimate", str(tmp_path / "agree")] + argv[2:]) == 1
+    last = capsys.readouterr().out.strip().splitlines()[-1].strip()
+    assert last.startswith("The evidence supports the accepted depth counter") and "cannot tell" not in last

@@ -44,7 +44,11 @@ mean accepted depth, each is judged on its own (the depth as depth + 1 tokens pe
 the identity commit = depth + 1 (per unfinished step, chain or tree; over a run's means the
 commit sits at most IDENTITY_CUT_SLACK below, as the steps that end requests are cut at EOS
 or the token limit) is checked between them, and `judge` ends with one sentence: which
-counter the throughput supports, which it contradicts, or that it cannot tell and why.
+counter the throughput supports, which it contradicts, or that it cannot tell and why (a
+band *admits* every figure inside it: a counter is *supported* only when the band tells it
+from the alternative; from a trace, the commit length re-derived from the committed tokens
+is one, and when the band holds it beside a counter it disagrees with, the sentence says
+throughput cannot tell them apart and that the per-step check decides).
 `run_estimate` is the whole pipeline (inputs -> observations -> estimate -> judgement)
 for the CLI; `live_judgement` the same estimate-then-verdict for a live server's window.
 
@@ -479,6 +483,9 @@ def observations_from_traces(path) -> list[Observation]:
             se = math.sqrt(sum((a - tps * b) ** 2 for a, b in zip(tok, dt)) / (n * (n - 1))) / mdt
         span = max(a + b for a, b in zip(d["t_start"], d["step_s"])) - min(d["t_start"])
         tokens = sum(len(x or ()) for x in d["committed_tokens"])
+        # the pooled mean commit length re-derived from the raw tensors (committed tokens
+        # per (request, step) row), never the counter under audit: the judge's alternative
+        rows = sum(x is not None for x in d["committed_tokens"])
         # mean_commit_len always counts the bonus (the contract's word); an engine's own
         # "accept length" figure follows its declared convention, as the checker reads it
         reported = man.get("reported") or {}
@@ -496,6 +503,7 @@ def observations_from_traces(path) -> list[Observation]:
                                extra={"forwards": len(fw), "full_forwards": len(full), "stalls": len(stalls),
                                       "steady": len(full) >= 3, "tokens": tokens,
                                       "run_tps": tokens / span if span > 0 else None,
+                                      "derived_commit_len": tokens / rows if rows else None,
                                       "algo": cfg.get("algo")}))
     return out
 
@@ -689,14 +697,31 @@ def _f(x) -> str:
     return f"{x:.2f}"
 
 
+def _rivals(est: Estimate, ok: list, derived, tolerance: float, n_nodes) -> list:
+    """The admitted figures that a derived commit length inside the band disagrees with."""
+    if derived is None or not ok:
+        return []
+    from specaudit.audit.compare import agrees
+    if verdict(est, derived, tolerance, n_nodes) != CONSISTENT:
+        return []
+    return [f for f in ok if not agrees(f["as_commit_len"], derived)]
+
+
 def judge(est: Estimate, *, reported_commit_len=None, reported_accept_depth=None,
           tolerance: float = DEFAULT_TOLERANCE, n_nodes: int | None = None, algo: str | None = None,
-          commit_from: str = "reported", depth_from: str = "reported") -> dict:
+          commit_from: str = "reported", depth_from: str = "reported", derived_commit_len=None) -> dict:
     """Judge one or both counters against one estimate; the answer ends in one sentence.
 
     Returns {"verdict", "figures": [{counter, reported, as_commit_len, from, verdict}],
     "identity": sentence or None, "conclusion": sentence}. The overall verdict is the
-    worst figure's (inconsistent > calibration mismatch > not enough data > consistent)."""
+    worst figure's (inconsistent > calibration mismatch > not enough data > consistent).
+
+    Wording: a band that holds a figure *admits* it; the evidence *supports* a counter only
+    when it tells it apart from the alternative (the other counter falls outside the band,
+    and no other figure in the band disagrees with it). `derived_commit_len` (a trace's
+    committed tokens per step, re-derived from the raw tensors) is such an alternative:
+    when the band holds it beside an admitted counter that it disagrees with, throughput
+    cannot tell the two apart, and the conclusion says so and what decides."""
     figs = []
     if reported_commit_len is not None:
         figs.append({"counter": "commit length", "reported": reported_commit_len,
@@ -743,7 +768,19 @@ def judge(est: Estimate, *, reported_commit_len=None, reported_accept_depth=None
                     + (f", i.e. {_f(f['as_commit_len'])} tokens per step)" if f["counter"] == "accepted depth"
                        else ")"))
         est_s = f"the throughput estimate {_f(est.value)} tokens per step (band {band})"
-        if len(figs) == 2 and len(ok) == 1:
+        # the re-derived figure, when the band holds it and it disagrees with an admitted counter:
+        # throughput cannot tell that counter from the truth the trace's raw tensors give
+        rivals = _rivals(est, ok, derived_commit_len, tolerance, n_nodes)
+        if rivals:
+            d = _f(derived_commit_len)
+            head = (f"The evidence contradicts {name(bad[0])}; " if bad else "")
+            conclusion = (head + f"{est_s} admits {' and '.join(name(f) for f in rivals)} but also holds the "
+                          f"derived {d} tokens per step (the trace's committed tokens), so throughput cannot tell "
+                          f"{'them' if len(rivals) > 1 else 'the two'} apart; the per-step trace decides: "
+                          "`specaudit check` compares each counter with the committed tokens (SA5xx), or a "
+                          "narrower band (a measured profile, more windows).")
+            conclusion = conclusion[0].upper() + conclusion[1:]
+        elif len(figs) == 2 and len(ok) == 1:
             conclusion = (f"The evidence supports {name(ok[0])} and contradicts {name(bad[0])}: "
                           f"{est_s} says the {bad[0]['counter']} counter is the wrong one.")
         elif len(figs) == 2 and len(bad) == 2:
@@ -753,11 +790,12 @@ def judge(est: Estimate, *, reported_commit_len=None, reported_accept_depth=None
             conclusion = (f"Cannot tell which counter is wrong: {est_s} admits both, although they break the "
                           "identity; a narrower estimate (a measured profile, more windows) would decide.")
         elif len(figs) == 2:
-            conclusion = f"The evidence supports both counters: {est_s} admits them, and they agree."
+            conclusion = f"The evidence admits both counters: {est_s} holds them, and they agree."
         elif bad:
             conclusion = f"The evidence contradicts {name(bad[0])}: {est_s}."
         else:
-            conclusion = f"The evidence supports {name(ok[0])}: {est_s}."
+            conclusion = (f"The evidence admits {name(ok[0])}: {est_s} holds it (a band admits every figure "
+                          "inside it; it tells this counter from none other).")
     return {"verdict": overall, "figures": figs, "identity": identity, "conclusion": conclusion}
 
 
@@ -776,7 +814,8 @@ def estimate_and_judge(obs: Observation, base: tuple, cost: tuple, *, reported_c
         rep, rep_from = reported_commit_len, "--reported-commit-len"
         dep, dep_from = reported_accept_depth, "--reported-accept-depth"
     j = judge(est, reported_commit_len=rep, reported_accept_depth=dep, tolerance=tolerance, n_nodes=obs.n_nodes,
-              algo=algo or obs.extra.get("algo"), commit_from=rep_from, depth_from=dep_from)
+              algo=algo or obs.extra.get("algo"), commit_from=rep_from, depth_from=dep_from,
+              derived_commit_len=obs.extra.get("derived_commit_len"))
     main = j["figures"][0] if j["figures"] else None
     res = {"label": obs.label, "source": obs.source, "concurrency": obs.concurrency, "n_nodes": obs.n_nodes,
            "samples": obs.samples, "cost_factor_from": r_label, "baseline_from": b_label,
@@ -788,6 +827,8 @@ def estimate_and_judge(obs: Observation, base: tuple, cost: tuple, *, reported_c
         f["predicted_tps"] = {"value": round(pv, 3), "low": round(plo, 3), "high": round(phi, 3)}
     if main:
         res["predicted_tps"] = main["predicted_tps"]
+    if obs.extra.get("derived_commit_len") is not None:
+        res["derived_commit_len"] = round(obs.extra["derived_commit_len"], 4)
     if range_problem(est, obs.n_nodes):
         res["note"] = range_problem(est, obs.n_nodes)
     if obs.extra.get("confounder"):
@@ -870,6 +911,9 @@ def format_text(res: dict) -> str:
         as_c = f" (= {f['as_commit_len']:.2f} tokens per step)" if f["counter"] == "accepted depth" else ""
         out.append(f"  reported {f['counter']} {f['reported']:.2f}{as_c} ({f['from']}) would give {p['value']:.1f} "
                    f"tokens/s [{p['low']:.1f}, {p['high']:.1f}]: {f['verdict']}")
+    if res.get("derived_commit_len") is not None:
+        out.append(f"  derived commit length {res['derived_commit_len']:.2f} (committed tokens per step, from the "
+                   "trace's raw tensors)")
     if res.get("identity"):
         out.append(f"  identity: {res['identity']}")
     for k in ("note", "confounder"):
