@@ -47,6 +47,11 @@ LEN_CONV = "1 + accepted draft tokens / drafts verified: counts the bonus token 
 POS_CONV = "accepted at position i / drafts verified (unconditional, non-increasing in i at a fixed draft length)"
 
 
+# substrings every line this reader uses holds (Lines' prefilter: other lines are never decoded);
+# "accept" covers the slot, round and summary accept lines, "n_draft" / "n_predict" the summary
+MARKERS = (b"accept", b"#gen drafts", b"n_draft", b"n_predict")
+
+
 def looks_like_line(line: str) -> bool:
     return (("draft acceptance" in line and "accepted /" in line) or "#gen drafts" in line
             or ("draft tokens" in line and bool(ROUND_RE.search(line)))

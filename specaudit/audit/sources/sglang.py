@@ -60,6 +60,10 @@ RATE_OLD = "before PR 11572 the accept rate could exceed 1 (its formula is not r
 LEN_CONV = "(accepted drafts + 1 per request) / request-verify steps: counts the bonus token"
 
 
+# substrings every line this reader uses holds (Lines' prefilter: other lines are never decoded)
+MARKERS = (b"Decode batch", b"server_args=", b"ServerArgs(")
+
+
 def looks_like_line(line: str) -> bool:
     return "Decode batch" in line and "accept len:" in line
 
