@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 from specaudit.audit.compare import agrees
+from specaudit.numfmt import figure as fmt
 
 from .base import Rule
 
@@ -20,14 +21,6 @@ from .base import Rule
 def close(reported, derived) -> bool:
     """reported agrees with derived under the one comparison rule (specaudit.audit.compare)."""
     return agrees(reported, derived) is True
-
-
-def fmt(v) -> str:
-    if isinstance(v, float) and not float(v).is_integer():
-        return f"{v:.4g}" if abs(v) < 1000 else f"{v:.1f}"
-    if isinstance(v, float):
-        return str(int(v))
-    return str(v)
 
 
 def explain(reported, candidates: dict) -> str:

@@ -6,7 +6,8 @@ Findings that point at the file and line.
 """
 from __future__ import annotations
 
-import math
+from specaudit.numfmt import count  # noqa: F401  (the SA7xx rules import it from here)
+from specaudit.numfmt import fixed as fmt  # noqa: F401  (figures shown to the decimals engines print)
 
 # Printed precision of the engines' figures: a check tolerates half a unit of the last
 # printed digit of every figure it combines.
@@ -14,18 +15,6 @@ LEN_TOL = 0.005       # accept len / mean acceptance length: two decimals
 RATE_TOL = 0.005      # SGLang accept rate: two decimals
 POS_TOL = 0.0005      # vLLM per-position rate: three decimals
 PCT_TOL = 0.05        # vLLM "Avg Draft acceptance rate": one decimal, in percent
-
-
-def fmt(x, nd=2) -> str:
-    if x is None:
-        return "?"
-    if not math.isfinite(float(x)):
-        return str(x)
-    return f"{float(x):.{nd}f}"
-
-
-def count(x) -> str:
-    return "?" if x is None else (str(int(x)) if float(x) == int(x) else f"{x:g}")
 
 
 def where(w) -> str:

@@ -12,8 +12,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Modules every layer may use: the package root, the models, the tokenizer, the output guard.
-GROUND = ("specaudit", "specaudit.model", "specaudit.tokenizer", "specaudit.outfile")
+# Modules every layer may use: the package root, the models, the tokenizer, the output guard,
+# number formatting and the shared statistics.
+GROUND = ("specaudit", "specaudit.model", "specaudit.tokenizer", "specaudit.outfile", "specaudit.numfmt",
+          "specaudit.stats")
 # What readers share: the contract, the finding type, the one comparison, the output
 # formats and the rule catalog. Importing these is not "a reader importing a reader".
 SHARED = ("specaudit.trace.schema", "specaudit.audit.findings", "specaudit.audit.compare",
@@ -167,3 +169,18 @@ def test_no_import_circles_between_packages():
 
 def test_model_is_the_ground_floor():
     assert not (_graph()["specaudit.model"] - {"specaudit"}), "model.py imports the rest of specaudit"
+
+
+def test_numfmt_and_stats_import_nothing_of_specaudit():
+    g = _graph()
+    for m in ("specaudit.numfmt", "specaudit.stats"):
+        assert not (g[m] - {"specaudit"}), f"{m} is ground floor and imports {g[m]}"
+
+
+def test_number_formatting_has_one_home():
+    """No module but specaudit/numfmt.py defines a number-formatting helper of its own."""
+    import re
+    pat = re.compile(r"^def _?fmt\w*\(", re.M)   # (the readers' _num helpers parse, not print)
+    owners = [str(p.relative_to(REPO)) for d in ("specaudit", "invariants") for p in (REPO / d).rglob("*.py")
+              if "__pycache__" not in p.parts and pat.search(p.read_text(encoding="utf-8"))]
+    assert not owners, owners

@@ -61,6 +61,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specaudit.numfmt import signed as _num
 from specaudit.trace.schema import InputError
 
 KIND = "specaudit-ab-evidence"
@@ -927,20 +928,6 @@ def confounder_report(wa, wb, primary, matched, varied, pooled, matched_res) -> 
         out.append({"key": "all matched keys", "explains": (G - gm) / G, "gap_within": gm,
                     "role": "matched", "a": {}, "b": {}, "distance": None})
     return out
-
-
-def _num(v: float, sign: bool = False) -> str:
-    if v is None or not math.isfinite(v):
-        return "nan"
-    a = abs(v)
-    if a < 1e-9:
-        return "+0" if sign else "0"
-    p = "+" if sign else ""
-    if a >= 1000:
-        return f"{v:{p},.0f}"
-    if a >= 100:
-        return f"{v:{p}.1f}"
-    return f"{v:{p}.3g}"
 
 
 def _cell(v: dict | None, sign: bool = False) -> str:

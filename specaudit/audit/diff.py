@@ -38,6 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from specaudit.audit.compare import agrees
+from specaudit.numfmt import fixed
 from specaudit.tokenizer import decode
 from specaudit.trace.schema import (
     CONVENTIONS,
@@ -671,10 +672,6 @@ def diff_runs(a_path, b_path, margin_tol: float = DEFAULT_MARGIN_TOL) -> DiffRes
 # ------------------------------------------------------------------------- output
 
 
-def _fmt(x) -> str:
-    return "-" if x is None else f"{x:.2f}" if isinstance(x, float) else str(x)
-
-
 def format_text(res: DiffResult, examples: int = 5) -> str:
     out = []
     for lab, d in (("A", res.a), ("B", res.b)):
@@ -688,11 +685,14 @@ def format_text(res: DiffResult, examples: int = 5) -> str:
     A, B = res.acceptance["A"], res.acceptance["B"]
     ra, rb = A["matched_rows"], B["matched_rows"]
     pa_, pb_ = A["reported"], B["reported"]
-    out.append(f"acceptance of the compared requests (rows, pooled): depth {_fmt(ra['mean_accepted_depth'])} vs "
-               f"{_fmt(rb['mean_accepted_depth'])}, commit {_fmt(ra['mean_commit_len'])} vs "
-               f"{_fmt(rb['mean_commit_len'])}; reported by the runs: depth {_fmt(pa_.get('mean_accepted_depth'))} "
-               f"vs {_fmt(pb_.get('mean_accepted_depth'))}, commit {_fmt(pa_.get('mean_commit_len'))} vs "
-               f"{_fmt(pb_.get('mean_commit_len'))}"
+    # reported counts (ints) print as they are; a missing figure as '-'
+    ra_d, rb_d, ra_c, rb_c, pa_d, pb_d, pa_c, pb_c = (
+        fixed(x, missing="-", exact_ints=True) for x in (
+            ra["mean_accepted_depth"], rb["mean_accepted_depth"], ra["mean_commit_len"], rb["mean_commit_len"],
+            pa_.get("mean_accepted_depth"), pb_.get("mean_accepted_depth"), pa_.get("mean_commit_len"),
+            pb_.get("mean_commit_len")))
+    out.append(f"acceptance of the compared requests (rows, pooled): depth {ra_d} vs {rb_d}, commit {ra_c} vs "
+               f"{rb_c}; reported by the runs: depth {pa_d} vs {pb_d}, commit {pa_c} vs {pb_c}"
                + (" (each in its declared conventions)" if A["conventions"] != B["conventions"] else ""))
     for n in res.notes:
         out.append(f"note: {n}")

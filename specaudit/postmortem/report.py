@@ -22,10 +22,10 @@ from __future__ import annotations
 import base64
 import html
 import io
-import math
 import time
 from pathlib import Path
 
+from specaudit.numfmt import cell
 from specaudit.trace.schema import atomic_write_bytes
 
 PLOTS = [
@@ -241,18 +241,6 @@ def _e(x) -> str:
     return html.escape("" if x is None else str(x))
 
 
-def _fmt(v, digits: int = 4) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            return str(v)
-        return f"{v:.{digits}g}" if abs(v) < 1e6 else f"{v:,.0f}"
-    if isinstance(v, int):
-        return f"{v:,}"
-    return str(v)
-
-
 def _table(headers, rows, numeric=()) -> str:
     h = "".join(f"<th>{_e(x)}</th>" for x in headers)
     body = []
@@ -276,10 +264,10 @@ def _pair(fig: dict | None):
     verdict of specaudit.audit.compare (computed once, in the view)."""
     if not fig or fig.get("derived") is None:
         return ("", "")
-    der = _fmt(fig["derived"])
+    der = cell(fig["derived"])
     if fig.get("reported") is None:
         return (f"{der} (nothing reported)", "")
-    text = f"{der} / {_fmt(fig['reported'])}"
+    text = f"{der} / {cell(fig['reported'])}"
     return (text + (" ✓" if fig["verdict"] == "agrees" else " ✗"), "" if fig["verdict"] == "agrees" else "bad")
 
 
@@ -294,7 +282,7 @@ def _runs_section(runs: list[dict], figures: list[dict] | None = None) -> str:
             r["config"] or "", r["run_id"], f"{r['engine'] or ''} {r['engine_version'] or ''}".strip(),
             f"{r['target_model'] or ''} / {r['drafter_model'] or ''}",
             time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r["started_at"])) if r["started_at"] else "",
-            _fmt(r["steps"]), _fmt(r["requests"]),
+            cell(r["steps"]), cell(r["requests"]),
             *[_pair(figs.get(k)) for k, _ in FIGURE_COLUMNS],
             "yes" if r["complete"] else "no",
         ])
@@ -323,11 +311,11 @@ def _checker_section(findings_rows, summary, checked: bool) -> str:
     parts.append(f"<p>Verdict: {verdict}</p>")
     if summary:
         items = summary.items() if isinstance(summary, dict) else [("summary", summary)]
-        parts.append(_table(["", ""], [[k, _fmt(v)] for k, v in items]))
+        parts.append(_table(["", ""], [[k, cell(v)] for k, v in items]))
     if findings_rows:
         parts.append(_table(["code", "name", "severity", "findings", "runs", "requests", "example"],
-                            [[r["code"], r["name"], r["severity"], _fmt(r["findings"]), _fmt(r["runs"]),
-                              _fmt(r["requests"]), r["example"]] for r in findings_rows[:40]],
+                            [[r["code"], r["name"], r["severity"], cell(r["findings"]), cell(r["runs"]),
+                              cell(r["requests"]), r["example"]] for r in findings_rows[:40]],
                             numeric={3, 4, 5}))
     return "".join(parts)
 
