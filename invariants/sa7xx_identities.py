@@ -42,6 +42,8 @@ class SourceRule(Rule):
         return out
 
     def windows(self, reading):
+        if hasattr(reading, "usable_windows"):  # sources.Reading: computed once for all rules
+            return reading.usable_windows()
         return [w for w in reading.windows if usable(w)]
 
 

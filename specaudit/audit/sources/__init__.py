@@ -68,7 +68,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specaudit.audit.findings import Finding
+from specaudit.audit.findings import Finding, rule_findings
 from specaudit.stats import mean_se
 from specaudit.trace.schema import InputError
 
@@ -175,6 +175,17 @@ class Reading:
     includes_bonus: bool = True
     version: str | None = None       # format version recognised (None = not inferable)
     conventions: dict = field(default_factory=dict)  # figure -> definition, file-wide
+
+    def usable_windows(self) -> list:
+        """The windows that are not counter resets (SA700 reports those), computed once per
+        list of windows: every SA7xx rule asks for them."""
+        ws = self.windows
+        cached = self.__dict__.get("_usable")
+        if cached is not None and cached[0] is ws and cached[1] == len(ws):
+            return cached[2]
+        out = [w for w in ws if not w.extra.get("counter_reset")]
+        self.__dict__["_usable"] = (ws, len(ws), out)
+        return out
 
     def ranks(self) -> list:
         return sorted({w.rank for w in self.windows}, key=lambda r: (r is None, str(r)))
@@ -486,16 +497,7 @@ def audit_reading(reading: Reading, select=(), ignore=()) -> list[Finding]:
     for rule in load_rules(select=select, ignore=ignore, entry_points=False):
         if rule.scope != "source":
             continue
-        out = rule.check(reading)
-        if out is None:
-            continue
-        for f in out:
-            if isinstance(f, Finding):
-                findings.append(f)
-            elif isinstance(f, dict):
-                kw = {k: f.pop(k) for k in ("run_id", "request_id", "step", "file", "line") if k in f}
-                kw.setdefault("file", reading.path)
-                findings.append(rule.finding(**kw, **f))
+        findings += rule_findings(rule, rule.check(reading), file=reading.path)
     by_line = {w.line: w for w in reading.windows if w.line is not None}
     for f in findings:
         w = by_line.get(f.line)

@@ -26,6 +26,7 @@ a rejected one: a rate numerator only).
 """
 from __future__ import annotations
 
+import math
 import re
 
 from specaudit.audit.sources import LineParser, Reading, Window
@@ -131,33 +132,10 @@ def _fields(body: str):
     return kv, per_pos
 
 
-# The V1 line as vLLM >= PR 17908 prints it (with or without throughputs, depth and
-# per-position rates): one match instead of the split below. At most 15 digits a part, so
-# every value is finite. Any other variant falls back to _fields.
-FAST_RE = re.compile(
-    r"Mean acceptance length: (?P<mean>\d{1,15}\.\d{1,15}), (?:Current speculative depth: (?P<depth>\d{1,9}), )?"
-    r"(?:Accepted throughput: (?P<atps>\d{1,15}\.\d{1,15}) tokens/s, "
-    r"Drafted throughput: (?P<dtps>\d{1,15}\.\d{1,15}) tokens/s, )?"
-    r"Accepted: (?P<acc>\d{1,15}) tokens, Drafted: (?P<dr>\d{1,15}) tokens"
-    r"(?:, Per-position acceptance rate: (?P<pos>\d{1,15}\.\d{1,15}(?:, \d{1,15}\.\d{1,15})*))?"
-    r", Avg Draft acceptance rate: (?P<rate>\d{1,15}\.\d{1,15})%\s*$")
-
-
-def _fast_fields(body: str):
-    """(kv, per_pos) as _fields returns them for the common V1 line, or None."""
-    m = FAST_RE.match(body)
-    if m is None:
-        return None
-    g = m.group
-    kv = {"Mean acceptance length": float(g("mean")), "Accepted": float(g("acc")), "Drafted": float(g("dr")),
-          "Avg Draft acceptance rate%": float(g("rate"))}
-    if g("depth") is not None:
-        kv["Current speculative depth"] = float(g("depth"))
-    if g("atps") is not None:
-        kv["Accepted throughput"] = float(g("atps"))
-        kv["Drafted throughput"] = float(g("dtps"))
-    pos = g("pos")
-    return kv, ([float(x) for x in pos.split(", ")] if pos is not None else None)
+def _all_finite(kv: dict, per_pos) -> bool:
+    """Every value of a parsed body is a finite number: two C-level sums (nan and inf
+    propagate; a sum that overflows only sends the line to the exact check)."""
+    return math.isfinite(sum(kv.values())) and (not per_pos or math.isfinite(sum(per_pos)))
 
 
 def _finite(*xs) -> bool:
@@ -190,13 +168,12 @@ class Parser(LineParser):
         vm = V0_RE.search(raw) if not sm else None
         if not sm and not vm:
             return
-        tm = TS_RE.search(raw)
+        tm = TS_RE.search(raw, 0, 120)  # the timestamp is near the start
         w = Window(line=i, time=tm.group("ts") if tm else None, text=raw.strip()[:300], engine="vllm")
         if sm:
             body = sm.group("body")
-            fast = _fast_fields(body)
             try:
-                kv, per_pos = fast if fast is not None else _fields(body)
+                kv, per_pos = _fields(body)
             except ValueError:
                 self.skip(i, "vLLM SpecDecoding line with a value that is not a number", raw)
                 return
@@ -208,8 +185,8 @@ class Parser(LineParser):
             frac = kv.get("Draft acceptance rate") if w.printed_rate_pct is None and first_pct is None else None
             depth = kv.get("Current speculative depth")
             w.per_pos = per_pos
-            if fast is None and not _finite(w.accept_len, w.accepted_tokens, w.draft_tokens, w.printed_rate_pct,
-                                            first_pct, frac, *(w.per_pos or [])):
+            if not _all_finite(kv, per_pos) and not _finite(w.accept_len, w.accepted_tokens, w.draft_tokens,
+                                                            w.printed_rate_pct, first_pct, frac, *(w.per_pos or [])):
                 self.skip(i, "vLLM SpecDecoding line with a value that is not a finite number", raw)
                 return
             if w.printed_rate_pct is None and first_pct is None and frac is None:
