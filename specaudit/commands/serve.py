@@ -5,6 +5,7 @@ Examples:
   specaudit serve --algo tree --budget 15 --concurrency 16 --trace-dir traces/
   specaudit serve --inject commit-counter --trace-dir traces/      # watch the alert fire
   specaudit serve --trace-dir traces/ --baseline-tps 240 --cost-factor 1.4   # estimate gauge
+  specaudit serve --target hf:./Qwen2.5-0.5B --drafter skip:12 --trace-dir traces/  # a local checkpoint
   OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 specaudit serve --trace-dir traces/
 
 Then:
@@ -37,7 +38,7 @@ import signal
 import sys
 import threading
 
-from specaudit.runtime.options import add_runtime_arguments, apply_host_options, resolve_topk
+from specaudit.runtime.options import add_runtime_arguments, apply_host_options, model_kwargs, resolve_topk
 
 HELP = "serve the runtime over an OpenAI-compatible API (completions, chat) with /metrics and OTel spans"
 ORDER = 30
@@ -98,7 +99,7 @@ def main(args) -> int:
                      cost_factor=args.cost_factor, cost_factor_std=args.cost_factor_std,
                      calibration=args.calibration, estimate_window_s=args.estimate_window,
                      max_queue=args.max_queue, log_requests=args.log_requests, flush_s=args.flush_seconds,
-                     spec_metrics=args.per_request_spec_metrics)
+                     spec_metrics=args.per_request_spec_metrics, **model_kwargs(args))
     stop = threading.Event()
 
     def on_signal(signum, frame):

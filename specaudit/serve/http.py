@@ -26,7 +26,6 @@ HTTP metrics follow the names vLLM's server exposes (prometheus-fastapi-instrume
 from __future__ import annotations
 
 import asyncio
-import codecs
 import json
 import logging
 import time
@@ -154,7 +153,7 @@ def build_app(srv) -> FastAPI:
     async def completion(request: Request, chat: bool):
         body = await read_body(request)
         p = parse_request(body, chat=chat, model=srv.model, max_tokens_limit=srv.max_tokens_limit,
-                          context=srv.context)
+                          context=srv.context, codec=srv.codec)
         rid = srv.request_id("chatcmpl" if chat else "cmpl", request.headers.get("x-request-id"))
         carrier = {k: v for k, v in request.headers.items() if k in ("traceparent", "tracestate")}
         job = Job(rid, p.prompt, p.max_tokens,
@@ -169,7 +168,7 @@ def build_app(srv) -> FastAPI:
         return resp
 
     async def whole(request: Request, job: Job, p: Parsed):
-        from specaudit.tokenizer import decode
+        decode = srv.codec.decode
         out: list[int] = []
         try:
             while True:
@@ -206,7 +205,7 @@ def build_app(srv) -> FastAPI:
 
     async def stream(job: Job, p: Parsed):
         created = int(job.req.t_arrive)
-        dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        dec = srv.codec.stream_decoder()   # text deltas across steps (serve/codec.py)
         n_out = 0
         finished = False
 
@@ -237,8 +236,7 @@ def build_app(srv) -> FastAPI:
                 kind, data = await job.events.get()
                 if kind == "tokens":
                     n_out += len(data)
-                    # bytes -> text across step boundaries: a UTF-8 character may span two steps
-                    text = dec.decode(bytes(t for t in data if 0 < t < 256))
+                    text = dec.push(data)
                     if text:
                         yield sse(text_chunk(text))
                     continue
@@ -249,7 +247,7 @@ def build_app(srv) -> FastAPI:
                     yield "data: " + json.dumps(data.body()) + "\n\n"
                     yield "data: [DONE]\n\n"
                     return
-                tail = dec.decode(b"", final=True)
+                tail = dec.flush()
                 u, m = usage(job, n_out), spec_block(job)
                 if p.include_usage:
                     yield sse(text_chunk(tail, reason=_reason(data)))

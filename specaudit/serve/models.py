@@ -227,17 +227,23 @@ def _greedy_only(r: _Common) -> None:
                not r.stream_options.continuous_usage_stats, "continuous_usage_stats is not supported")
 
 
-def _utf8(text: str, param: str) -> list[int]:
+def _utf8(encode, param: str) -> list[int]:
+    """encode() -> tokens, or HTTPError 400 when the text is not valid Unicode."""
     try:
-        return list(text.encode("utf-8"))
+        return encode()
     except UnicodeEncodeError as e:   # a lone surrogate such as "\ud800"
         raise HTTPError(400, f"{param}: not valid Unicode ({e.reason} at character {e.start})",
                         "invalid_unicode", param) from None
 
 
-def parse_request(body: bytes, *, chat: bool, model: str, max_tokens_limit: int, context: int) -> Parsed:
+def parse_request(body: bytes, *, chat: bool, model: str, max_tokens_limit: int, context: int,
+                  codec=None) -> Parsed:
     """Validate a /v1/completions (chat=False) or /v1/chat/completions body. Raises
-    HTTPError with the status errors.py lists."""
+    HTTPError with the status errors.py lists. `codec` turns text into tokens
+    (serve/codec.py; default: the embedded byte tokenizer)."""
+    if codec is None:
+        from specaudit.serve.codec import ByteCodec
+        codec = ByteCodec()
     obj = load_json(body)
     if not isinstance(obj, dict):
         raise HTTPError(400, "the body must be a JSON object", "invalid_json")
@@ -252,21 +258,20 @@ def parse_request(body: bytes, *, chat: bool, model: str, max_tokens_limit: int,
         raise HTTPError(404, f"model {short(r.model)} is not served here; GET /v1/models lists {model!r}",
                         "model_not_found", "model")
     if chat:
-        from specaudit.serve.chat import render
         try:
-            text = render([m.model_dump() for m in r.messages])
+            tokens = _utf8(lambda: codec.chat([m.model_dump() for m in r.messages]), "messages")
         except ValueError as e:
             raise HTTPError(422, f"messages: {e}", "unsupported_value", "messages") from None
-        tokens = _utf8(text, "messages")
     else:
         p = r.prompt
         if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
             p = p[0]                                  # ["text"]: one prompt in a list
         if isinstance(p, str):
-            tokens = _utf8(p, "prompt")
+            tokens = _utf8(lambda: codec.encode(p), "prompt")
         elif p and all(_is_int(t) for t in p):
-            if not all(0 <= t < 256 for t in p):
-                raise HTTPError(422, "prompt: token ids are bytes, 0..255", "invalid_value", "prompt")
+            if not all(0 <= t < codec.vocab_size for t in p):
+                what = "bytes, 0..255" if codec.vocab_size == 256 else f"within 0..{codec.vocab_size - 1}"
+                raise HTTPError(422, f"prompt: token ids are {what}", "invalid_value", "prompt")
             tokens = list(p)
         elif not p:
             tokens = []

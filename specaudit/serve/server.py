@@ -30,6 +30,7 @@ from pathlib import Path
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from specaudit.serve.codec import ByteCodec, HFCodec
 from specaudit.serve.live import LiveEstimator
 from specaudit.serve.spec import MODES
 
@@ -53,6 +54,9 @@ class SpecServer:
     """The reference runtime behind HTTP, traced into `trace_dir` and metered.
 
     models: (target, drafter, info) to skip loading the embedded pair (tests).
+    target_spec, drafter_spec: 'hf:PATH_OR_ID' and 'hf:PATH_OR_ID' | 'skip:N' load a
+    Hugging Face pair (runtime/hf.py) instead; its tokenizer serves the text endpoints
+    (codec.py) and run.json's `models` names both checkpoints with their sha256.
     otel: an OtelSink, or True to build one from the OTEL_* variables, or None.
     spec_metrics: none | summary | detailed: the per-request block (spec.py).
     estimator options: baseline_tps, cost_factor[, cost_factor_std] or a calibration
@@ -64,7 +68,7 @@ class SpecServer:
                  host="127.0.0.1", port=8000, models=None, otel=None, otel_ratio=1.0,
                  baseline_tps=None, cost_factor=None, cost_factor_std=None, calibration=None,
                  estimate_window_s=30.0, max_queue=256, log_requests=False, flush_s=5.0,
-                 spec_metrics="summary"):
+                 spec_metrics="summary", target_spec=None, drafter_spec=None, trust_remote_code=False):
         import torch
         from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -95,10 +99,22 @@ class SpecServer:
             raise ValueError(f"--baseline-tps must be a positive number (got {baseline_tps})")
         if cost_factor is not None and not (cost_factor > 0 and math.isfinite(cost_factor)):
             raise ValueError(f"--cost-factor must be a positive number (got {cost_factor})")
-        cfg = SpecConfig(algo=algo, budget=budget, topk=topk, max_new_tokens=max_new_tokens,
-                         concurrency=concurrency, eos_id=EOS_ID if eos_id is None else eos_id, fault=inject)
+        if target_spec is not None:
+            SpecConfig(algo=algo, budget=budget, topk=topk, max_new_tokens=max_new_tokens,
+                       concurrency=concurrency, eos_id=0, fault=inject).validate(budget)  # before loading
+            if models is None:
+                from specaudit.runtime.hf import load_models
+                models = load_models(target_spec, drafter_spec, device=device, dtype=dtype, budget=budget,
+                                     algo=algo, trust_remote_code=trust_remote_code)
+        elif drafter_spec:
+            raise ValueError("--drafter needs --target hf:PATH_OR_ID (the embedded target has its own drafter)")
         target, drafter, info = models if models is not None else default_models(device, getattr(torch, dtype))
+        model_eos = getattr(target, "eos_id", EOS_ID)
+        cfg = SpecConfig(algo=algo, budget=budget, topk=topk, max_new_tokens=max_new_tokens,
+                         concurrency=concurrency, eos_id=model_eos if eos_id is None else eos_id, fault=inject)
         cfg.validate(drafter.depth)
+        tok = getattr(target, "tokenizer", None)
+        self.codec = HFCodec(tok, target.vocab_size) if tok is not None else ByteCodec()
         self.context = target.max_seq_len
         if max_new_tokens >= self.context:
             raise ValueError(f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in the context of "
