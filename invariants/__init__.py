@@ -10,6 +10,7 @@ Families (the first three characters of a code):
     SA3xx  accepted path and per-step counters (scope step)
     SA4xx  continuity within a request, requests table, lossless (step, request)
     SA5xx  aggregates against run.json `reported`                  (run)
+    SA59x  a benchmark client's per-request figures vs the trace   (source: a ClientComparison)
     SA6xx  conventions declared by other engines                   (run)
     SA7xx  engine logs and Prometheus text (specaudit.sources)     (source)
     SA9xx  reserved for users' own rules (any scope); pick your own prefix if you like

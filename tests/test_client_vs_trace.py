@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from specaudit.invariants import get_rule
+from specaudit.invariants.sa59_client import ClientComparison
 
 from specaudit.audit.client_vs_trace import Figures, aiperf_records, compare, is_aiperf_export, trace_figures
 
@@ -35,7 +37,27 @@ def test_agreeing_figures_pass_and_a_bonus_counted_as_draft_is_named(tmp_path):
     b = next(x for x in found if x.values.get("figure") == "accept_len")
     assert b.values["reported"] == 5.0 and b.values["derived"] == 4.0 and "5" in b.message and "4" in b.message
     [un] = [x for x in found if x.code == "SA591"]
-    assert un.severity == "warning" and un.values == {"unmatched": 1, "records": 3}
+    assert un.severity == "warning" and un.values == {"unmatched": 1, "records": 3, "first": "ghost"}
+    assert un.message == "1 of 3 AIPerf records have no request in the trace (first: ghost); they are not compared"
+    assert b.message == ("AIPerf accept_len 5 for request chatcmpl-b, the trace re-derives 4 (from the accepted "
+                         "paths: 9 accepted of 21 drafted in 3 verify steps)")
+
+
+@pytest.mark.parametrize("code", ["SA590", "SA591"])
+def test_client_rules_are_catalog_units_with_their_fixtures(code):
+    """SA59x live in the catalog (invariants/sa59_client.py): documented, and each proves
+    itself: its passing fixture leaves both rules clean, its failing one raises its code."""
+    rule = get_rule(code)
+    assert rule.scope == "source" and all(f"{p}:" in rule.doc() for p in ("What", "Why", "Example"))
+    ok = ClientComparison.example()
+    rule.passing(ok)
+    assert compare(ok.records, ok.derived, file=ok.file) == []
+    bad = ClientComparison.example()
+    rule.fail(bad)
+    found = compare(bad.records, bad.derived, file=bad.file)
+    assert code in {f.code for f in found}
+    assert all(f.file == bad.file and "{" not in f.message for f in found)
+    assert rule.check(object()) is None   # an engine log's Reading is not this rule's input
 
 
 def test_trace_figures_come_from_the_accepted_paths(make_run):

@@ -15,11 +15,11 @@ target really accepted, never the reported accepted_depth). Each pair gets one v
 from specaudit.audit.compare (AIPerf writes computed floats: full precision, so they
 agree within summation order; counts compare exactly).
 
-Finding SA590 client-vs-trace (error): a client's per-request figure disagrees with the
-figure re-derived from the trace; its message shows both. A record without a matching
-trace request, or a trace without any AIPerf record, is said once (warning SA591),
-never guessed at. This is a cross-source comparison that lives outside the rule catalog
-(the catalog's rules see one source at a time); `specaudit check EXPORT TRACE_DIR` runs it.
+The findings are the catalog's (invariants/sa59_client.py): SA590 client-vs-trace
+(error), a client's per-request figure disagrees with the figure re-derived from the
+trace, its message shows both; SA591 (warning), the records without a matching trace
+request, said once, never compared with a guessed partner. This module reads both
+sides and hands them to those rules; `specaudit check EXPORT TRACE_DIR` runs it.
 
 Words:
     Figures   steps, drafted, accepted (counts) and accept_len, accept_rate (fractions)
@@ -27,30 +27,16 @@ Words:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
-from specaudit.audit.compare import agrees
-from specaudit.audit.findings import Finding
+from specaudit.audit.findings import Finding, rule_findings
+from specaudit.invariants import get_rule
+from specaudit.invariants.sa59_client import ClientComparison, Figures
 from specaudit.trace.schema import InputError
 
-CODE, NAME = "SA590", "client-vs-trace"
-CODE_UNMATCHED, NAME_UNMATCHED = "SA591", "client-vs-trace-unmatched"
-PREFIXES = ("cmpl-", "chatcmpl-")
-
-
-@dataclass
-class Figures:
-    steps: int
-    drafted: int
-    accepted: int
-    accept_len: float | None = None     # 1 + accepted / steps (bonus included)
-    accept_rate: float | None = None    # accepted / drafted (a fraction)
-
-    @classmethod
-    def of(cls, steps: int, drafted: int, accepted: int) -> Figures:
-        return cls(steps, drafted, accepted, 1.0 + accepted / steps if steps else None,
-                   accepted / drafted if drafted else None)
+CODES = ("SA590", "SA591")   # the catalog's client-vs-trace rules, in the order they report
+__all__ = ["Figures", "aiperf_records", "compare", "compare_paths", "cross_check", "is_aiperf_export",
+           "trace_figures"]
 
 
 def is_aiperf_export(path) -> bool:
@@ -122,35 +108,13 @@ def trace_figures(paths) -> dict[str, Figures]:
 
 
 def compare(records: dict[str, dict], derived: dict[str, Figures], file: str | None = None) -> list[Finding]:
-    """SA590 for every disagreeing figure of a matched request; SA591 once for unmatched records."""
+    """SA590 for every disagreeing figure of a matched request; SA591 once for unmatched records
+    (the catalog's rules, on one ClientComparison)."""
+    ctx = ClientComparison(records, derived, file)
     out: list[Finding] = []
-    by_client = {}
-    for rid in derived:
-        for pre in PREFIXES:
-            if rid.startswith(pre):
-                by_client[rid[len(pre):]] = rid
-    unmatched = []
-    for xid, rec in records.items():
-        rid = by_client.get(xid)
-        if rid is None:
-            unmatched.append(xid)
-            continue
-        d = derived[rid]
-        for fig, counter in (("steps", True), ("drafted", True), ("accepted", True),
-                             ("accept_len", False), ("accept_rate", False)):
-            rep, der = rec[fig], getattr(d, fig)
-            if agrees(rep, der, counter=counter) is False:
-                out.append(Finding(CODE, NAME, "error",
-                                   f"AIPerf {fig} {rep:g} for request {rid}, the trace re-derives {der:g} "
-                                   f"(from the accepted paths: {d.accepted} accepted of {d.drafted} drafted "
-                                   f"in {d.steps} verify steps)",
-                                   request_id=rid, file=file,
-                                   values={"figure": fig, "reported": rep, "derived": der}))
-    if unmatched:
-        out.append(Finding(CODE_UNMATCHED, NAME_UNMATCHED, "warning",
-                           f"{len(unmatched)} of {len(records)} AIPerf records have no request in the trace "
-                           f"(first: {unmatched[0]}); they are not compared", file=file,
-                           values={"unmatched": len(unmatched), "records": len(records)}))
+    for code in CODES:
+        rule = get_rule(code)
+        out += rule_findings(rule, rule.check(ctx), file=file)
     return out
 
 
@@ -179,7 +143,6 @@ def cross_check(traces, files, select, ignore, result) -> None:
         try:
             found = compare(aiperf_records(e), derived, file=str(e))
         except InputError as err:   # as the checker records a bad input: SA000, one line
-            from specaudit.invariants import get_rule
             where = str(err.path or e)
             result.bad_files.append((where, err.reason))
             result.add(get_rule("SA000").finding(file=where, where=where, reason=err.reason))

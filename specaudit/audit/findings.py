@@ -26,3 +26,30 @@ class Finding:
 
     def to_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+LOCATION = ("run_id", "request_id", "step", "file", "line")
+
+
+def rule_findings(rule, out, **where) -> list[Finding]:
+    """A catalog rule's check() result as Findings: the one conversion for the readers
+    that call rules on inputs of their own (engine outputs, a client's export).
+
+    out: None (nothing applies), or an iterable of Finding (kept as they are) or of dicts
+    of the message's values, optionally with location keys (run_id, request_id, step,
+    file, line). where: the location a dict gets when it names none (e.g. file=...).
+    Each dict goes through rule.finding(), so a rule family's own finding() (the SA7xx
+    rules print no location in front of the message) is honoured."""
+    if out is None:
+        return []
+    found = []
+    for item in out:
+        if isinstance(item, Finding):
+            found.append(item)
+            continue
+        d = dict(item)
+        loc = {k: d.pop(k) for k in LOCATION if k in d}
+        for k, v in where.items():
+            loc.setdefault(k, v)
+        found.append(rule.finding(**loc, **d))
+    return found

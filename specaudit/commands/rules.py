@@ -9,8 +9,8 @@ Examples:
 
 Families: SA0 input, SA1 shapes and tree, SA2 positions and mask, SA3 accepted path
 and per-step counters, SA4 continuity, requests table and lossless, SA5 aggregates
-against run.json `reported`, SA6 conventions of other engines, SA7 engine logs and
-Prometheus text.
+against run.json `reported` (SA59x: a benchmark client's export against the trace),
+SA6 conventions of other engines, SA7 engine logs and Prometheus text.
 """
 from __future__ import annotations
 
