@@ -18,7 +18,8 @@ GROUND = ("specaudit", "specaudit.model", "specaudit.tokenizer", "specaudit.outf
           "specaudit.stats")
 # What readers share: the contract, the finding type, the one comparison, the output
 # formats and the rule catalog. Importing these is not "a reader importing a reader".
-SHARED = ("specaudit.trace.schema", "specaudit.audit.findings", "specaudit.audit.compare",
+# trace.rollup: the one definition of a rollup's rows, run by the writers and by the views.
+SHARED = ("specaudit.trace.schema", "specaudit.trace.rollup", "specaudit.audit.findings", "specaudit.audit.compare",
           "specaudit.audit.formats", "specaudit.invariants")
 # Each reader, by module prefix. A reader may import its own modules, SHARED and GROUND.
 READERS = {

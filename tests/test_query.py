@@ -388,7 +388,7 @@ def test_list_and_show(capsys):
         assert re.search(rf"^{name}\s+{re.escape(q.title)}$", out, re.MULTILINE)
     assert "--param bins=" in out and "--param a=" in out
     rc, out, _ = run_cli(["query", "--show", "acceptance-by-depth"], capsys)
-    assert rc == 0 and out.startswith("-- Acceptance rate by depth") and "FROM steps" in out
+    assert rc == 0 and out.startswith("-- Acceptance rate by depth") and "FROM rollup_hist" in out
 
 
 def test_bad_input_is_one_line_exit_2(synth_ds, capsys, tmp_path):

@@ -183,10 +183,10 @@ def load_side(run: RunFiles, label: str) -> Side:
     tables = [_read_table(f, need_steps, OPTIONAL_STEP) for f in run.step_files]
     table, ranges, dup, skipped = _sorted_steps(tables, run.step_files)
     requests = None
-    if run.requests_file is not None:
+    if run.request_files:   # requests.parquet, or a running run's parts
         need_req = pa.schema([REQUESTS_SCHEMA.field(c) for c in NEEDED_REQ])
-        rt = _read_table(run.requests_file, need_req, OPTIONAL_REQ)
-        requests = {str(r["request_id"]): r for r in rt.to_pylist()}
+        requests = {str(r["request_id"]): r for f in run.request_files
+                    for r in _read_table(f, need_req, OPTIONAL_REQ).to_pylist()}
     side = Side(label, run.run_dir, run.run_id, run.manifest, manifest_conventions(run.manifest),
                 table, ranges, requests)
     depth = pc.fill_null(pc.list_value_length(table["accepted_path"]), 1).to_numpy().astype(np.int64) - 1

@@ -223,15 +223,16 @@ def samples_from_dataset(path) -> tuple[dict, dict]:
         if params is not None and key != params:
             raise InputError(rf.run_dir, f"runs of one dataset sample differently: {params} and {key}")
         params = key
-        if rf.requests_file is None:
+        if not rf.request_files:
             raise InputError(rf.run_dir, "no requests table (the run did not finish)")
-        try:
-            t = pq.read_table(rf.requests_file, columns=["prompt_tokens", "output_tokens"])
-        except Exception as e:  # not Parquet, a column missing
-            raise InputError(rf.requests_file, f"cannot read: {str(e).splitlines()[0]}") from None
-        for pr, o in zip(t.column("prompt_tokens").to_pylist(), t.column("output_tokens").to_pylist()):
-            if o is not None:
-                out[json.dumps(pr)].append(list(o))
+        for rq in rf.request_files:   # requests.parquet, or a running run's parts
+            try:
+                t = pq.read_table(rq, columns=["prompt_tokens", "output_tokens"])
+            except Exception as e:  # not Parquet, a column missing
+                raise InputError(rq, f"cannot read: {str(e).splitlines()[0]}") from None
+            for pr, o in zip(t.column("prompt_tokens").to_pylist(), t.column("output_tokens").to_pylist()):
+                if o is not None:
+                    out[json.dumps(pr)].append(list(o))
     return dict(out), params
 
 

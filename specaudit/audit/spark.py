@@ -128,7 +128,8 @@ def discover_uri(spark, uri: str) -> list[RunFiles]:
     for row in listing:
         path = row["path"]
         d, name = path.rsplit("/", 1)
-        if name in ("run.json", "requests.parquet") or (name.startswith("steps-") and name.endswith(".parquet")):
+        if name in ("run.json", "requests.parquet") or (name.startswith(("steps-", "requests-"))
+                                                        and name.endswith(".parquet")):
             by_dir.setdefault(d, {})[name] = path
     if not by_dir:
         raise InputError(uri, f"no trace runs found ({len(listing)} files, none a trace; expected "
@@ -156,6 +157,9 @@ def discover_uri(spark, uri: str) -> list[RunFiles]:
         rf.step_files = sorted(steps, key=lambda p: step_file_key(PurePosixPath(p.name)))
         if "requests.parquet" in files:
             rf.requests_file = UriPath(files["requests.parquet"])
+        rf.request_parts = sorted((UriPath(files[n], sizes.get(files[n], 0)) for n in files
+                                   if n.startswith("requests-")),
+                                  key=lambda p: step_file_key(PurePosixPath(p.name)))
         first = by_id.setdefault(rf.run_id, d)
         if first != d:
             rf.duplicate_of = first
@@ -343,13 +347,14 @@ def combine_run(rf: RunFiles, run_key: int, statuses: list[dict], partials: list
     if reasons is None:
         return False
     manifest = rf.manifest
-    req_opened = req_ok = False
+    req_opened = req_ok = req_seen = False
     steps_ok, n_checked = True, 0
     for s in statuses:
         if not s["ok"]:
             result_bad(result, s["file"], s["reason"], rf.run_id)
-        if s["kind"] == "requests":
-            req_opened, req_ok = s["opened"], s["ok"]
+        if s["kind"] == "requests":   # requests.parquet, or each of a running run's parts
+            req_ok = (req_ok or not req_seen) and s["ok"]
+            req_opened, req_seen = req_opened or s["opened"], True
         else:
             steps_ok &= s["ok"]
         if s["ok"]:
@@ -386,8 +391,9 @@ def file_tasks(runs, bucket_bytes: int = BUCKET_BYTES, buckets: int | None = Non
     tasks = []
     for key, rf in runs:
         b = buckets or _buckets(rf, bucket_bytes)
-        if rf.requests_file is not None:
-            tasks.append(dict(run_key=key, kind="requests", file_idx=0, path=str(rf.requests_file), buckets=b))
+        parts = rf.request_files    # requests.parquet, or a running run's parts: indices < 1, in order
+        for j, f in enumerate(parts):
+            tasks.append(dict(run_key=key, kind="requests", file_idx=j + 1 - len(parts), path=str(f), buckets=b))
         for i, f in enumerate(rf.step_files):
             tasks.append(dict(run_key=key, kind="steps", file_idx=i + 1, path=str(f), buckets=b))
     return tasks

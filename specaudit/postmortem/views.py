@@ -19,9 +19,17 @@ Views (one DuckDB connection, in memory):
                 figure under audit) and `verdict` from specaudit_agrees(reported,
                 derived), the one comparison rule (specaudit.audit.compare)
 
+    rollup_*    request, hist, time, calib, outputs: the aggregates of trace/rollup.py
+                (one row per request / (commit length, depth) / step start / draft-
+                probability bin / run's requests), from each data file's rollup where its
+                fingerprint matches the file, else computed by the same SQL from the raw
+                rows (runs.rollups says which); connect(rollups=False) never reads them
+
 Derived beside reported, never instead: every canned query reads commit lengths from
 len(committed_tokens) and depths from len(accepted_path) - 1, never from the counters
-commit_len / accepted_depth, which appear only in columns named reported_*.
+commit_len / accepted_depth, which appear only in columns named reported_*. The canned
+queries, `figures` and the report read the rollup_* views (kept small by the writers'
+rollups), so they answer in a fraction of a second on tens of millions of steps.
 
 Read-only and offline, also when the SQL asks otherwise. Two layers:
   1. statements that touch files or extensions are refused before DuckDB sees them:
@@ -48,6 +56,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from specaudit.trace.rollup import CALIB_BINS, KIND_COLUMNS, REQUEST_KINDS, STEP_KINDS, kind_sql, rollup_problem
+from specaudit.trace.rollup import ROLLUP_SCHEMA as _ROLLUP_SCHEMA
+from specaudit.trace.rollup import rollup_path as _rollup_path
 from specaudit.trace.schema import (
     REPORTED_KEYS,
     REQUESTS_SCHEMA,
@@ -58,7 +69,8 @@ from specaudit.trace.schema import (
     tree_depths,
 )
 
-VIEWS = ("steps", "requests", "runs", "nodes", "violations", "figures")
+VIEWS = ("steps", "requests", "runs", "nodes", "violations", "figures", "rollup_request", "rollup_hist",
+         "rollup_time", "rollup_calib", "rollup_outputs")
 
 # ------------------------------------------------------------------------ refusals
 
@@ -215,7 +227,7 @@ RUN_COLUMNS = [
     ("mean_convention", pa.string()),
 ] + [(f"reported_{k}", pa.float64()) for k in REPORTED_KEYS] + [
     ("step_files", pa.int64()), ("run_dir", pa.string()), ("problems", pa.string()),
-    ("manifest", pa.string()),
+    ("manifest", pa.string()), ("rollups", pa.string()),
 ]
 RUNS_SCHEMA = pa.schema(RUN_COLUMNS)
 
@@ -240,8 +252,9 @@ def _num(v, typ=float):
         return None
 
 
-def runs_table(runs) -> pa.Table:
-    """RunFiles (from schema.discover) -> the `runs` table: one row per run, manifest flattened."""
+def runs_table(runs, rollups: dict | None = None) -> pa.Table:
+    """RunFiles (from schema.discover) -> the `runs` table: one row per run, manifest flattened.
+    rollups: run_dir -> what the views made of the run's rollups, in words (Dataset.rollup_notes)."""
     cols = {name: [] for name, _ in RUN_COLUMNS}
     strings = {name for name, t in RUN_COLUMNS if t == pa.string()}
     for rf in runs:
@@ -273,6 +286,7 @@ def runs_table(runs) -> pa.Table:
             "step_files": len(rf.step_files), "run_dir": str(rf.run_dir),
             "problems": "; ".join(str(p) for p in rf.problems) or None,
             "manifest": json.dumps(m, sort_keys=True, default=str) if m else None,
+            "rollups": (rollups or {}).get(str(rf.run_dir)),
         }
         for k in REPORTED_KEYS:
             row[f"reported_{k}"] = _num(rep.get(k))
@@ -351,18 +365,16 @@ FROM (
 FIGURES_VIEW_SQL = """
 CREATE VIEW figures AS
 WITH per_req AS (
-    SELECT run_id, request_id, count(*) AS n,
-           sum(len(accepted_path) - 1) AS depth, sum(len(committed_tokens)) AS commit,
-           sum(len(node_tokens) - 1) AS drafted, sum(accepted_depth) AS rep_depth,
-           min(t_start) AS t0, max(t_start + step_s) AS t1
-    FROM steps GROUP BY ALL
+    SELECT run_id, request_id, sum(n) AS n, sum(depth_sum) AS depth, sum(committed) AS commit,
+           sum(drafted) AS drafted, min(t0) AS t0, max(t1) AS t1
+    FROM rollup_request GROUP BY ALL
 ), per_run AS (
     SELECT run_id, sum(n) AS steps, sum(depth) AS depth, sum(commit) AS commit,
            sum(drafted) AS drafted, count(*) AS n_req,
            avg(depth / n) AS pr_depth, avg(commit / n) AS pr_commit, max(t1) - min(t0) AS span
     FROM per_req GROUP BY ALL
 ), outs AS (
-    SELECT run_id, sum(len(output_tokens)) AS generated FROM requests GROUP BY ALL
+    SELECT run_id, sum(generated) AS generated FROM rollup_outputs GROUP BY ALL
 ), d AS (
     SELECT r.run_id, r.config, r.mean_convention,
            CASE WHEN r.mean_convention = 'per_request' THEN p.pr_depth ELSE p.depth / p.steps END
@@ -469,19 +481,24 @@ class Dataset:
     step_files: list[Path] = field(default_factory=list)
     request_files: list[Path] = field(default_factory=list)
     skipped: list = field(default_factory=list)      # InputError per file left out
+    # data file -> its rollup, for the rollups whose fingerprint matches (trace/rollup.py)
+    rollups: dict = field(default_factory=dict)
+    rollup_notes: dict = field(default_factory=dict)  # run_dir -> what was used, in words
 
     @property
     def files(self) -> list[Path]:
-        return self.step_files + self.request_files
+        return self.step_files + self.request_files + list(self.rollups.values())
 
 
-def find_dataset(paths) -> Dataset:
+def find_dataset(paths, rollups: bool = True) -> Dataset:
     """discover() the runs under paths (InputError when there are none).
 
     A file that is not readable Parquet, or lacks a required column or has it with the
     wrong type, is left out of the views and named in its run's `problems` (and in
     Dataset.skipped): the rest of the trace stays queryable; `specaudit check` reports
-    such files as SA000.
+    such files as SA000. rollups=False reads every figure from the raw rows; otherwise
+    a data file's rollup stands in for it when its fingerprint (name, rows, bytes)
+    matches, and the run's `rollups` column says which were used and why others were not.
     """
     runs = discover([str(p) for p in paths])
     if not runs:
@@ -493,12 +510,29 @@ def find_dataset(paths) -> Dataset:
     ds.skipped += [InputError(rf.run_dir, f"run {rf.run_id} is also in {rf.duplicate_of}: left out "
                                           "(a copy; specaudit check warns SA002)") for rf in dups]
     for rf in runs:
-        for f in rf.step_files:
-            if _usable(rf, f, STEPS_SCHEMA, ds):
-                ds.step_files.append(f.resolve())
-        if rf.requests_file is not None and _usable(rf, rf.requests_file, REQUESTS_SCHEMA, ds):
-            ds.request_files.append(rf.requests_file.resolve())
-    if not ds.files and all(rf.manifest is None for rf in runs):
+        used, files, why = 0, 0, []
+        for f, expected, out in [(f, STEPS_SCHEMA, ds.step_files) for f in rf.step_files] + \
+                                [(f, REQUESTS_SCHEMA, ds.request_files) for f in rf.request_files]:
+            rows = _usable(rf, f, expected, ds)
+            if rows is None:
+                continue
+            out.append(f.resolve())
+            files += 1
+            if not rollups:
+                continue
+            problem = rollup_problem(f, rows)
+            if problem is None:
+                ds.rollups[f.resolve()] = _rollup_path(f).resolve()
+                used += 1
+            elif problem != "absent":
+                why.append(f"{f.name}: {problem}")
+        if files:
+            note = ("raw rows (rollups not used)" if not rollups else "no rollups: raw rows" if not used
+                    else f"rollups for {used} of {files} files" + (", the rest from raw rows" if used < files else ""))
+            if why:
+                note += "; ignored: " + "; ".join(why[:5]) + (f" (and {len(why) - 5} more)" if len(why) > 5 else "")
+            ds.rollup_notes[str(rf.run_dir)] = note
+    if not ds.step_files and not ds.request_files and all(rf.manifest is None for rf in runs):
         # no readable step or request file and no manifest: nothing here is a trace, and
         # empty views would read as "all clean"
         errs = ds.skipped + [p for rf in runs for p in rf.problems]
@@ -508,19 +542,64 @@ def find_dataset(paths) -> Dataset:
     return ds
 
 
-def _usable(rf, path: Path, expected: pa.Schema, ds: Dataset) -> bool:
+def _usable(rf, path: Path, expected: pa.Schema, ds: Dataset) -> int | None:
+    """The file's row count when it can be read with the expected columns, else None
+    (the problem recorded on the run and in ds.skipped)."""
     import pyarrow.parquet as pq
     try:
-        schema = pq.read_schema(path)
-        check_table_schema(path, schema, expected)
-        return True
+        md = pq.read_metadata(path)
+        check_table_schema(path, md.schema.to_arrow_schema(), expected)
+        return md.num_rows
     except InputError as e:
         err = e
     except Exception as e:
         err = InputError(path, f"not readable Parquet ({type(e).__name__}: {one_line(e)})")
     rf.problems.append(err)
     ds.skipped.append(err)
-    return False
+    return None
+
+
+# ------------------------------------------------------------------ rollup views
+
+# the bins acceptance_vs_draft_logprob asks for (--param bins, default 10)
+CALIB_NB = "SELECT coalesce(getvariable('bins'), 10)::INTEGER AS bins"
+
+
+def _read(files) -> str:
+    lst = ", ".join(sql_str(f) for f in files)
+    return f"read_parquet([{lst}], union_by_name = true, hive_partitioning = false)"
+
+
+def rollup_views_sql(ds: Dataset) -> list[str]:
+    """CREATE VIEW rollup_<kind> for every rollup kind: the rows of the rollup files that
+    stand in for their data files, UNION ALL the same rows computed by the same SQL
+    (trace/rollup.py KIND_SQL) from the raw files that have no usable rollup. The canned
+    queries, the figures view and the report read these views; `steps` and `requests`
+    stay the raw rows."""
+    out = []
+    for kinds, data in ((STEP_KINDS, ds.step_files), (REQUEST_KINDS, ds.request_files)):
+        have = [ds.rollups[f] for f in data if f in ds.rollups]
+        raw = [f for f in data if f not in ds.rollups]
+        for kind in kinds:
+            cols = ", ".join(KIND_COLUMNS[kind])
+            parts = []
+            if have:
+                cond = f"kind = '{kind}'"
+                if kind == "calib":
+                    cond += f" AND bins = ({CALIB_NB})"
+                parts.append(f"SELECT {cols} FROM {_read(have)} WHERE {cond}")
+            if raw:
+                parts.append(kind_sql(kind, _read(raw), nb=CALIB_NB))
+            if have and kind == "calib":
+                # bins the writers did not store: those files' nodes come from the raw rows
+                stored = ", ".join(str(b) for b in CALIB_BINS)
+                parts.append(kind_sql(kind, _read([f for f in data if f in ds.rollups]),
+                                      nb=f"SELECT bins FROM ({CALIB_NB}) WHERE bins NOT IN ({stored})"))
+            if not parts:
+                parts.append("SELECT " + ", ".join(f"NULL::{duck_type(_ROLLUP_SCHEMA.field(c).type)} AS {c}"
+                                                   for c in KIND_COLUMNS[kind]) + " WHERE false")
+            out.append(f"CREATE VIEW rollup_{kind} AS " + " UNION ALL ".join(parts))
+    return out
 
 
 # settings applied before the views exist (order matters: allowed_paths, then the switch)
@@ -548,12 +627,13 @@ def _set(con, name: str, value: str, required: bool) -> None:
 
 
 def connect(paths, findings=None, *, threads: int | None = None, variables: dict | None = None,
-            dataset: Dataset | None = None):
+            dataset: Dataset | None = None, rollups: bool = True):
     """A locked, in-memory DuckDB connection with the five views over the trace at paths.
 
     findings: the checker's findings (Finding objects, dicts or an Arrow table) for the
     `violations` view; None leaves it empty. variables: {name: value} for getvariable()
     in canned queries (set before the lock). threads: DuckDB worker threads (default: all).
+    rollups=False: every figure from the raw rows (rollup files ignored).
     """
     import duckdb
 
@@ -562,7 +642,7 @@ def connect(paths, findings=None, *, threads: int | None = None, variables: dict
                                 or not 1 <= threads <= most):
         # 100000 spawned 31k threads and hung; -1 was a traceback
         raise InputError(None, f"--threads must be between 1 and {most} (4 x this machine's cores), got {threads}")
-    ds = dataset or find_dataset(paths)
+    ds = dataset or find_dataset(paths, rollups=rollups)
     config = {"autoinstall_known_extensions": "false", "autoload_known_extensions": "false"}
     if threads:
         config["threads"] = str(int(threads))
@@ -578,9 +658,11 @@ def connect(paths, findings=None, *, threads: int | None = None, variables: dict
         try:
             con.execute(_parquet_view("steps", ds.step_files, STEPS_SCHEMA))
             con.execute(_parquet_view("requests", ds.request_files, REQUESTS_SCHEMA))
+            for sql in rollup_views_sql(ds):
+                con.execute(sql)
         except duckdb.Error as e:
             raise InputError(None, f"cannot read the trace's Parquet files: {one_line(e)}") from None
-        _load_table(con, "runs", runs_table(ds.runs))
+        _load_table(con, "runs", runs_table(ds.runs, ds.rollup_notes))
         _load_table(con, "violations", findings_table(findings))
         _register_depths(con)
         _register_agrees(con)
@@ -795,7 +877,8 @@ def shell_setup_sql(paths, findings=None, dataset: Dataset | None = None, lock: 
         parts.append("SET enable_external_access = false;")
     parts.append(_parquet_view("steps", ds.step_files, STEPS_SCHEMA) + ";")
     parts.append(_parquet_view("requests", ds.request_files, REQUESTS_SCHEMA) + ";")
-    parts.append(_values_sql("runs", runs_table(ds.runs)))
+    parts += [sql + ";" for sql in rollup_views_sql(ds)]
+    parts.append(_values_sql("runs", runs_table(ds.runs, ds.rollup_notes)))
     parts.append(_values_sql("violations", findings_table(findings)))
     if duckdb_major >= 2:
         view = nodes_view_sql(DEPTHS_REDUCE)

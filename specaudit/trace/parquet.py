@@ -1,13 +1,19 @@
 """Parquet sink: the trace record, one hive partition per run.
 
-    traces/run_id=<id>/run.json           manifest (rewritten at the end with finished_at)
-    traces/run_id=<id>/steps-<seq>.parquet   zstd, row groups; one file per flush
-    traces/run_id=<id>/requests.parquet   rewritten with each flush: requests finished so far
+    traces/run_id=<id>/run.json                   manifest (rewritten at the end with finished_at)
+    traces/run_id=<id>/steps-<seq>.parquet        zstd, row groups; one file per flush
+    traces/run_id=<id>/requests-<seq>.parquet     the requests finished since the last flush
+    traces/run_id=<id>/requests.parquet           at close: every request (the parts merged)
+    traces/run_id=<id>/rollup-<file>.parquet      optional summary of each file (trace/rollup.py)
 
 Every file is written under a hidden temporary name and renamed when complete, so a
 reader (pyarrow and DuckDB skip dot-files) sees whole files only. Steps are flushed
 every `flush_steps` rows or `flush_s` seconds, whichever comes first, with the requests
-finished so far; a run killed at any moment loses at most the rows not yet flushed.
+finished since the last flush (appended as a new part, never rewritten: a flush costs
+its own rows, not the run's); a run killed at any moment loses at most the rows not yet
+flushed. At close the parts are merged into requests.parquet and then removed; readers
+take requests.parquet as the whole table when it exists (a crash between the merge and
+the removal leaves both, counted once) and the parts otherwise.
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from specaudit.trace.rollup import rollup_bytes, rollup_path
 from specaudit.trace.schema import REQUESTS_SCHEMA, InputError, atomic_write_bytes
 
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -47,10 +54,37 @@ def prepare_run_dir(dataset: Path, run_id: str) -> Path:
     return run_dir
 
 
-def write_parquet_atomic(path: Path, table: pa.Table, row_group_size: int = 65536) -> None:
+def write_parquet_atomic(path: Path, table: pa.Table, row_group_size: int = 65536) -> int:
+    """Write table to path atomically; returns the file's size in bytes."""
     buf = io.BytesIO()
     pq.write_table(table, buf, compression="zstd", row_group_size=row_group_size)
-    atomic_write_bytes(path, buf.getvalue())
+    data = buf.getvalue()
+    atomic_write_bytes(path, data)
+    return len(data)
+
+
+def write_with_rollup(path: Path, table: pa.Table, row_group_size: int = 65536, what: str = "steps",
+                      rollups: bool = True) -> bool:
+    """Write a data file (steps or requests) and then its rollup (trace/rollup.py), both
+    atomically. The data file is the record: it is written first, and a rollup that cannot
+    be computed or written is left out (readers then read the raw rows), never an error.
+    Returns whether the rollup was written. The sink and synth both write through here."""
+    from specaudit.trace.rollup import compute_rollup
+    size = write_parquet_atomic(path, table, row_group_size)
+    if not rollups:
+        return False
+    rp = rollup_path(path)
+    try:
+        data = rollup_bytes(compute_rollup(table, what), path.name, table.num_rows, size)
+        atomic_write_bytes(rp, data)
+    except Exception:   # an optional summary: any failure means "absent" (readers fall back)
+        try:
+            if rp.exists():
+                rp.unlink()    # an older rollup for a rewritten file would only be ignored as stale
+        except OSError:
+            pass
+        return False
+    return True
 
 
 class SinkError(InputError):
@@ -61,16 +95,18 @@ class ParquetSink:
     """Writes a run's steps, requests and manifest into a dataset folder.
 
     Crash-safe: steps are flushed every `flush_steps` rows or `flush_s` seconds, and
-    the requests that finished since the last flush are written with them (the whole
-    requests.parquet rewritten atomically), so a killed process loses at most one
-    flush interval of either. A failed write (disk full, permission) keeps the rows
+    the requests that finished since the last flush are written with them as a new part
+    (requests-<seq>.parquet; nothing already on disk is rewritten), so a killed process
+    loses at most one flush interval of either. close_run merges the parts into
+    requests.parquet. Each data file gets its rollup (trace/rollup.py) unless
+    `rollups=False`. A failed write (disk full, permission) keeps the rows
     pending, raises once to the tracer (which counts and logs it), and is retried after
     a backoff that doubles from `retry_s` up to `retry_max_s`; above `max_pending_rows`
     pending step rows the oldest are dropped and counted (health()["dropped_rows"])."""
 
     def __init__(self, dataset, run_id: str, flush_steps: int = 4096, flush_s: float = 5.0,
                  row_group_size: int = 65536, retry_s: float = 1.0, retry_max_s: float = 60.0,
-                 max_pending_rows: int = 1_000_000):
+                 max_pending_rows: int = 1_000_000, rollups: bool = True):
         self.run_dir = prepare_run_dir(Path(dataset), run_id)
         self.run_id = run_id
         self.flush_steps, self.flush_s = flush_steps, flush_s
@@ -79,8 +115,9 @@ class ParquetSink:
         self._pending_rows = 0
         self._last_flush = time.monotonic()
         self._seq = 0
-        self._requests: list[dict] = []
-        self._requests_written = 0          # rows of self._requests already on disk
+        self.rollups = rollups
+        self._requests: list[dict] = []     # finished, not yet in a part on disk
+        self._request_parts: list[Path] = []
         self._requests_at = time.monotonic()
         self.retry_s, self.retry_max_s = retry_s, retry_max_s
         self.max_pending_rows = max_pending_rows
@@ -130,13 +167,13 @@ class ParquetSink:
             if self._pending:
                 # a sampled run's batches carry the contract v2 columns (STEPS_SCHEMA_V2)
                 table = pa.Table.from_batches(self._pending, schema=self._pending[0].schema)
-                write_parquet_atomic(self.run_dir / f"steps-{self._seq:06d}.parquet", table, self.row_group_size)
+                write_with_rollup(self.run_dir / f"steps-{self._seq:06d}.parquet", table, self.row_group_size,
+                                  rollups=self.rollups)
                 self._seq += 1
                 self._pending, self._pending_rows = [], 0
-            # the whole table is rewritten: at most once per flush_s (and at the end)
-            if len(self._requests) > self._requests_written and (
-                    force or time.monotonic() - self._requests_at >= self.flush_s):
-                self._write_requests()
+            # a new part with the requests finished since the last one: at most once per flush_s
+            if self._requests and (force or time.monotonic() - self._requests_at >= self.flush_s):
+                self._write_request_part()
         except OSError as e:
             self.errors += 1
             self.last_error = f"{type(e).__name__}: {e.strerror or e}"
@@ -145,11 +182,31 @@ class ParquetSink:
             raise
         self._backoff, self._retry_at = 0.0, 0.0
 
-    def _write_requests(self) -> None:
-        cols = {f.name: [r.get(f.name) for r in self._requests] for f in REQUESTS_SCHEMA_EXT}
-        write_parquet_atomic(self.run_dir / "requests.parquet", pa.table(cols, schema=REQUESTS_SCHEMA_EXT))
-        self._requests_written = len(self._requests)
+    def _requests_table(self, rows: list[dict]) -> pa.Table:
+        cols = {f.name: [r.get(f.name) for r in rows] for f in REQUESTS_SCHEMA_EXT}
+        return pa.table(cols, schema=REQUESTS_SCHEMA_EXT)
+
+    def _write_request_part(self) -> None:
+        path = self.run_dir / f"requests-{len(self._request_parts):06d}.parquet"
+        write_with_rollup(path, self._requests_table(self._requests), what="requests", rollups=self.rollups)
+        self._request_parts.append(path)
+        self._requests = []
         self._requests_at = time.monotonic()
+
+    def _merge_requests(self) -> None:
+        """requests.parquet = every part (or an empty table), then the parts are removed.
+        Readers take requests.parquet as the whole table when it exists, so a crash
+        between the write and the removals counts no request twice."""
+        tables = [pq.read_table(p, schema=REQUESTS_SCHEMA_EXT) for p in self._request_parts]
+        table = pa.concat_tables(tables) if tables else self._requests_table([])
+        write_with_rollup(self.run_dir / "requests.parquet", table, what="requests", rollups=self.rollups)
+        for p in self._request_parts:
+            for f in (rollup_path(p), p):
+                try:
+                    f.unlink()
+                except FileNotFoundError:
+                    pass
+        self._request_parts = []
 
     def write_request(self, row: dict) -> None:
         self._requests.append(row)
@@ -161,8 +218,7 @@ class ParquetSink:
         manifest; SinkError (one line) when the disk still refuses."""
         try:
             self.flush(force=True)
-            if self._requests_written == 0:
-                self._write_requests()
+            self._merge_requests()
             self._write_manifest(manifest)
         except OSError as e:
             raise SinkError(self.run_dir, f"could not finish the trace ({e.strerror or e}); "

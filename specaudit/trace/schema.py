@@ -280,11 +280,18 @@ class RunFiles:
     requests_file: Path | None = None
     problems: list[InputError] = field(default_factory=list)
     duplicate_of: Path | None = None   # an earlier folder holding the same run id
+    request_parts: list[Path] = field(default_factory=list)   # requests-<seq>.parquet (a run not closed)
+
+    @property
+    def request_files(self) -> list[Path]:
+        """The requests table's files: requests.parquet when present (the whole table,
+        written at close), else the parts a run appends while it runs (docs/trace-contract.md)."""
+        return [self.requests_file] if self.requests_file is not None else list(self.request_parts)
 
     @property
     def complete(self) -> bool:
         """A run that ended normally: finished_at written and requests table present."""
-        return bool(self.manifest and self.manifest.get("finished_at")) and self.requests_file is not None
+        return bool(self.manifest and self.manifest.get("finished_at")) and bool(self.request_files)
 
 
 MAX_MANIFEST_BYTES = 4 << 20   # a run.json is a few KB; more is not a manifest
@@ -491,7 +498,7 @@ def _trace_dirs(root: Path):
         seen.add(key)
         dirnames.sort()
         names = [f for f in filenames if f in ("run.json", "requests.parquet")
-                 or fnmatch.fnmatchcase(f, "steps-*.parquet")]
+                 or fnmatch.fnmatchcase(f, "steps-*.parquet") or fnmatch.fnmatchcase(f, "requests-*.parquet")]
         yield Path(dirpath), names, filenames
 
 
@@ -558,6 +565,12 @@ def discover(paths) -> list[RunFiles]:
                     rf.problems.append(InputError(rq, why))
                 else:
                     rf.requests_file = rq
+            for f in sorted(d.glob("requests-*.parquet"), key=step_file_key):
+                why = regular_file_problem(f)
+                if why:
+                    rf.problems.append(InputError(f, why))
+                else:
+                    rf.request_parts.append(f)
             first = by_id.setdefault(rf.run_id, d)
             if first != d:
                 rf.duplicate_of = first

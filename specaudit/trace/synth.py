@@ -439,17 +439,18 @@ def synth_run_rows(n_requests: int = 8, *, algo: str = "chain", budget: int = 7,
 
 
 def write_run(out, steps: pa.Table, requests: pa.Table | None, manifest: dict,
-              row_group_size: int = 65536, n_files: int = 1) -> Path:
-    """Write one run's partition (dataset/run_id=<id>/) from in-memory tables."""
+              row_group_size: int = 65536, n_files: int = 1, rollups: bool = False) -> Path:
+    """Write one run's partition (dataset/run_id=<id>/) from in-memory tables; rollups:
+    also each file's rollup, written as the Parquet sink writes them."""
+    from specaudit.trace.parquet import write_with_rollup
     run_dir = Path(out) / f"run_id={manifest['run_id']}"
     run_dir.mkdir(parents=True, exist_ok=True)
     per = -(-steps.num_rows // max(n_files, 1)) if steps.num_rows else 0
     for i in range(max(n_files, 1)):
         part = steps.slice(i * per, per) if per else steps
-        pq.write_table(part, run_dir / f"steps-{i:06d}.parquet", compression="zstd",
-                       row_group_size=row_group_size)
+        write_with_rollup(run_dir / f"steps-{i:06d}.parquet", part, row_group_size, rollups=rollups)
     if requests is not None:
-        pq.write_table(requests, run_dir / "requests.parquet", compression="zstd")
+        write_with_rollup(run_dir / "requests.parquet", requests, what="requests", rollups=rollups)
     (run_dir / "run.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return run_dir
 
@@ -458,12 +459,16 @@ def write_synthetic_dataset(out, n_steps: int, n_nodes: int = 8, algo: str = "ch
                             topk: int | None = None, ragged: bool = False, max_new_tokens: int = 64,
                             concurrency: int = 8, eos_id: int = 0, run_id: str | None = None,
                             conventions: dict | None = None, chunk_steps: int = 500_000,
-                            row_group_size: int = 65536, compression: str = "zstd") -> Path:
+                            row_group_size: int = 65536, compression: str = "zstd",
+                            rollups: bool = True) -> Path:
     """Write a large valid run of about n_steps steps, in chunks (bounded memory).
 
     One steps-<seq>.parquet file per chunk, requests.parquet and run.json with a
-    `reported` that matches. Returns the run folder.
+    `reported` that matches; rollups: each file's rollup too, by the Parquet sink's code
+    (trace/rollup.py). Returns the run folder.
     """
+    from specaudit.trace.parquet import write_with_rollup
+    from specaudit.trace.rollup import write_rollup
     budget, topk = _norm(algo, n_nodes - 1, topk, None)
     conventions = {**DEFAULT_CONVENTIONS, **(conventions or {})}
     run_id = run_id or f"synth-{algo}-n{n_nodes}-{n_steps}"
@@ -486,8 +491,14 @@ def write_synthetic_dataset(out, n_steps: int, n_nodes: int = 8, algo: str = "ch
         per_req = max(len(s["step"]) / R, 1e-9)
         acc.add(s, ns, int(len(q["outputs"])))
         tbl = _steps_table(s, run_id, algo, budget, topk, rid)
-        pq.write_table(tbl, run_dir / f"steps-{seq:06d}.parquet", compression=compression,
-                       row_group_size=row_group_size)
+        if compression == "zstd":
+            write_with_rollup(run_dir / f"steps-{seq:06d}.parquet", tbl, row_group_size, rollups=rollups)
+        else:
+            pq.write_table(tbl, run_dir / f"steps-{seq:06d}.parquet", compression=compression,
+                           row_group_size=row_group_size)
+            if rollups:
+                path = run_dir / f"steps-{seq:06d}.parquet"
+                write_rollup(path, tbl, path.stat().st_size)
         rt = _requests_table(q, run_id, True)
         if rq_writer is None:
             rq_writer = pq.ParquetWriter(run_dir / "requests.parquet", REQUESTS_SCHEMA, compression="zstd")
@@ -500,6 +511,10 @@ def write_synthetic_dataset(out, n_steps: int, n_nodes: int = 8, algo: str = "ch
         del s, q, tbl, rt
     if rq_writer is not None:
         rq_writer.close()
+        if rollups:   # the requests table was streamed: its rollup reads back the two columns it needs
+            path = run_dir / "requests.parquet"
+            write_rollup(path, pq.read_table(path, columns=["run_id", "output_tokens"]), path.stat().st_size,
+                         what="requests")
     wall = t_cur - t0
     manifest = _manifest(run_id, algo, budget, topk, concurrency, max_new_tokens, eos_id, seed,
                          conventions, t0, t_cur, acc.reported(conventions, wall))

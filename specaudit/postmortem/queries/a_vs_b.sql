@@ -40,22 +40,23 @@ checked AS (
         ELSE true END AS ok
 ),
 per_run AS (
+    -- rollup_request: drafted = sum(len(node_tokens) - 1), depth_sum = sum(len(accepted_path) - 1)
     SELECT
         run_id,
-        count(*) AS steps,
-        sum(len(node_tokens) - 1) AS drafted,
-        sum(len(accepted_path) - 1) AS accepted,
-        sum(len(committed_tokens)) AS committed,
+        sum(n) AS steps,
+        sum(drafted) AS drafted,
+        sum(depth_sum) AS accepted,
+        sum(committed) AS committed,
         sum(step_s) AS step_s,
         sum(draft_s) AS draft_s,
         sum(verify_s) AS verify_s,
-        max(t_start + step_s) - min(t_start) AS wall_s
-    FROM steps
+        max(t1) - min(t0) AS wall_s
+    FROM rollup_request
     WHERE run_id IN (SELECT run_id FROM members)
     GROUP BY run_id
 ),
 req AS (
-    SELECT run_id, count(*) AS requests, sum(len(output_tokens)) AS generated FROM requests
+    SELECT run_id, sum(n) AS requests, sum(generated) AS generated FROM rollup_outputs
     WHERE run_id IN (SELECT run_id FROM members)
     GROUP BY run_id
 ),

@@ -11,8 +11,9 @@
 -- Example: specaudit query traces/ acceptance_by_depth
 -- Columns: config, depth, steps, steps_reaching, reach_rate, conditional_rate, mean_accepted_depth
 WITH per_run AS (
-    SELECT run_id, len(accepted_path) - 1 AS d, count(*) AS n
-    FROM steps
+    -- rollup_hist: step counts per (run, len(committed_tokens), len(accepted_path) - 1)
+    SELECT run_id, depth AS d, sum(n) AS n
+    FROM rollup_hist
     GROUP BY ALL
 ),
 per_cfg AS (

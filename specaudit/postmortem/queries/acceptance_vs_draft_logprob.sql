@@ -14,67 +14,15 @@
 -- Example: specaudit query traces/ acceptance_vs_draft_logprob --param bins=20
 -- Columns: config, bin, p_lo, p_hi, reached, accepted, accept_rate, mean_draft_p
 WITH nb AS (
+    -- reached nodes are counted by rollup_calib (trace/rollup.py: the writers' rollups for
+    -- the bins they store, else the same SQL over the raw rows)
     SELECT coalesce(getvariable('bins'), 10)::INTEGER AS bins
 ),
-chain_rows AS (
-    -- (node streams carry hash(run_id), an integer, not the run_id string: grouping
-    -- millions of nodes on an integer is cheaper; the run comes back by the same hash)
-    -- a chain's accepted nodes are 1 .. d and its only other reached node is d+1 (the
-    -- first rejected draft, absent when the whole block was accepted)
-    SELECT hash(run_id) AS run_id, len(accepted_path) - 1 AS d, draft_logprob
-    FROM steps
-    WHERE topk = 1 AND draft_logprob IS NOT NULL
-),
-chain_nodes AS (
-    SELECT run_id, unnest(draft_logprob[2 : d + 1]) AS lp, true AS accepted
-    FROM chain_rows
-    UNION ALL
-    SELECT run_id, draft_logprob[d + 2] AS lp, false AS accepted
-    FROM chain_rows
-    WHERE d + 2 <= len(draft_logprob)
-),
-tree_rows AS (
-    -- the accepted path as a bit set (trees up to 64 nodes) or a '0'/'1' string (larger
-    -- ones), computed once per row, so "is my parent on the path" is a shift per node
-    SELECT hash(run_id) AS run_id, draft_logprob, parents, len(parents) AS n,
-           CASE WHEN len(parents) <= 64 THEN
-               list_aggregate(list_transform(accepted_path, lambda i: CASE WHEN i BETWEEN 0 AND 63
-                   THEN (1::UBIGINT << i) ELSE 0::UBIGINT END), 'bit_or') END AS bits,
-           CASE WHEN len(parents) > 64 THEN
-               list_aggregate(list_transform(range(len(parents)), lambda i:
-                   CASE WHEN list_contains(accepted_path, i) THEN '1' ELSE '0' END), 'string_agg', '')
-               END AS mask
-    FROM steps
-    WHERE (topk <> 1 OR topk IS NULL) AND draft_logprob IS NOT NULL
-),
-tree_unnested AS (
-    SELECT run_id, n, bits, mask, unnest(draft_logprob) AS lp, unnest(parents) AS parent,
-           unnest(range(n)) AS node
-    FROM tree_rows
-),
-tree_nodes AS (
-    SELECT run_id, lp,
-           CASE WHEN n <= 64 THEN ((bits >> node) & 1) = 1
-                ELSE substring(mask, node + 1, 1) = '1' END AS accepted
-    FROM tree_unnested
-    WHERE node > 0 AND parent >= 0 AND parent < n
-      AND CASE WHEN n <= 64 THEN ((bits >> parent) & 1) = 1
-               ELSE substring(mask, parent + 1, 1) = '1' END
-),
-reached AS (
-    SELECT run_id, lp, accepted FROM chain_nodes
-    UNION ALL
-    SELECT run_id, lp, accepted FROM tree_nodes
-),
 binned AS (
-    SELECT run_id, least(floor(exp(lp) * nb.bins), nb.bins - 1)::INTEGER AS bin,
-           count(*) AS n, count(*) FILTER (WHERE accepted) AS a, sum(exp(lp)) AS p
-    FROM reached, nb
-    WHERE lp IS NOT NULL AND NOT isnan(lp)
-    GROUP BY ALL
+    SELECT run_id, bin, n, accepted AS a, p_sum AS p FROM rollup_calib, nb WHERE rollup_calib.bins = nb.bins
 )
 SELECT
-    coalesce(r.config, r.rid) AS config,
+    coalesce(r.config, b.run_id) AS config,
     b.bin,
     b.bin / nb.bins AS p_lo,
     (b.bin + 1) / nb.bins AS p_hi,
@@ -82,6 +30,6 @@ SELECT
     sum(b.a)::BIGINT AS accepted,
     sum(b.a) / sum(b.n) AS accept_rate,
     sum(b.p) / sum(b.n) AS mean_draft_p
-FROM binned AS b LEFT JOIN (SELECT hash(run_id) AS h, run_id AS rid, config FROM runs) AS r ON r.h = b.run_id, nb
-GROUP BY coalesce(r.config, r.rid), b.bin, nb.bins
+FROM binned AS b LEFT JOIN runs AS r USING (run_id), nb
+GROUP BY coalesce(r.config, b.run_id), b.bin, nb.bins
 ORDER BY config, bin

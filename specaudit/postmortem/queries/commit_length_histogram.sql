@@ -11,14 +11,15 @@
 -- Columns: config, commit_len, steps, share, finished_steps, reported_mean_commit_len,
 --          counter_disagrees
 WITH per_run AS (
+    -- rollup_hist: commit_len is len(committed_tokens); rep_commit sums the counter
     SELECT
         run_id,
-        len(committed_tokens) AS commit_len,
-        count(*) AS n,
-        count(*) FILTER (WHERE finished) AS n_finished,
-        sum(commit_len) AS reported_sum,
-        count(*) FILTER (WHERE commit_len IS DISTINCT FROM len(committed_tokens)) AS n_disagree
-    FROM steps
+        commit_len,
+        sum(n) AS n,
+        sum(n_finished) AS n_finished,
+        sum(rep_commit) AS reported_sum,
+        sum(n_disagree) AS n_disagree
+    FROM rollup_hist
     GROUP BY ALL
 ),
 per_cfg AS (

@@ -11,9 +11,10 @@
 -- Columns: config, steps, mean_step_s, mean_draft_s, mean_verify_s, mean_other_s,
 --          draft_share, verify_share, other_share, tokens_per_step_s
 WITH per_run AS (
-    SELECT run_id, count(*) AS n, sum(step_s) AS step_s, sum(draft_s) AS draft_s,
-           sum(verify_s) AS verify_s, sum(len(committed_tokens)) AS committed
-    FROM steps
+    -- rollup_request: per request sums; committed is sum(len(committed_tokens))
+    SELECT run_id, sum(n) AS n, sum(step_s) AS step_s, sum(draft_s) AS draft_s,
+           sum(verify_s) AS verify_s, sum(committed) AS committed
+    FROM rollup_request
     GROUP BY run_id
 )
 SELECT

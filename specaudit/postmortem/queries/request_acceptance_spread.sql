@@ -13,16 +13,17 @@
 --          stddev_commit_len, pooled_mean_accepted_depth, per_request_mean_accepted_depth,
 --          reported_pooled_mean_commit_len
 WITH per_req AS (
+    -- rollup_request: one row per (request, file); a request's mean is its sum over its steps
     SELECT
         run_id,
         request_id,
-        count(*) AS steps,
-        sum(len(committed_tokens)) AS committed,
-        sum(len(accepted_path) - 1) AS depth_sum,
-        sum(commit_len) AS reported_committed,
-        avg(len(committed_tokens)) AS mean_commit_len,
-        avg(len(accepted_path) - 1) AS mean_accepted_depth
-    FROM steps
+        sum(n) AS steps,
+        sum(committed) AS committed,
+        sum(depth_sum) AS depth_sum,
+        sum(rep_commit) AS reported_committed,
+        sum(committed) / sum(n) AS mean_commit_len,
+        sum(depth_sum) / sum(n) AS mean_accepted_depth
+    FROM rollup_request
     GROUP BY ALL
 )
 SELECT

@@ -17,21 +17,23 @@ WITH nb AS (
     SELECT greatest(coalesce(getvariable('buckets'), 60)::INTEGER, 1) AS buckets
 ),
 bounds AS (
-    SELECT run_id, min(t_start) AS t0,
-           greatest(max(t_start + step_s) - min(t_start), 1e-9) AS span
-    FROM steps
+    -- rollup_request: t0 = min(t_start), t1 = max(t_start + step_s) per request
+    SELECT run_id, min(t0) AS t0,
+           greatest(max(t1) - min(t0), 1e-9) AS span
+    FROM rollup_request
     GROUP BY run_id
 ),
 b AS (
+    -- rollup_time: the steps that started at each t_start (a batched forward's rows share it)
     SELECT
         s.run_id,
         least(floor((s.t_start - bd.t0) / bd.span * nb.buckets), nb.buckets - 1)::INTEGER AS bucket,
-        count(*) AS steps,
-        sum(len(s.committed_tokens)) AS committed,
-        sum(len(s.accepted_path) - 1) AS depth_sum,
-        sum(s.commit_len) AS reported_committed,
-        sum(s.accepted_depth) AS reported_depth_sum
-    FROM steps AS s JOIN bounds AS bd USING (run_id), nb
+        sum(s.n) AS steps,
+        sum(s.committed) AS committed,
+        sum(s.depth_sum) AS depth_sum,
+        sum(s.rep_commit) AS reported_committed,
+        sum(s.rep_depth) AS reported_depth_sum
+    FROM rollup_time AS s JOIN bounds AS bd USING (run_id), nb
     GROUP BY ALL
 )
 SELECT
