@@ -238,3 +238,26 @@ def test_another_engine_past_the_head_is_noted(tmp_path, monkeypatch):
     fs = audit_file(f)
     assert [x.line for x in fs if x.code == "SA700" and "mixed engines" in x.message] == [4]
     assert codes(fs, "error") == set()
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 4 << 20])
+def test_lines_in_blocks_number_and_filter_like_a_plain_split(tmp_path, monkeypatch, chunk):
+    """Lines reads blocks of READ_CHUNK bytes: whatever the block size, every line keeps
+    its number, a marker prefilter only drops lines without a marker, an over-long line
+    (spanning blocks) is one note, a noise line's bad UTF-8 is still noted once, and a
+    last line without a newline is yielded and flagged."""
+    import re
+    monkeypatch.setattr(sources, "READ_CHUNK", chunk)
+    monkeypatch.setattr(sources, "MAX_LINE", 40)
+    rows = [b"noise one", b"SpecDecoding metrics: a", b"x" * 100, b"bad \xff noise", b"",
+            b"Decode batch, accept len: 2", b"more noise", b"metrics: last"]
+    f = tmp_path / "l.log"
+    f.write_bytes(b"\n".join(rows))                      # no newline after the last line
+    want = [(n, r.decode("utf-8", "replace")) for n, r in enumerate(rows, 1) if len(r) <= 40]
+    lines = sources.Lines(f, progress=False)
+    assert list(lines) == want
+    assert [(x["line"], "skipped" in x["reason"]) for x in lines.notes] == [(3, True), (4, False)]
+    assert lines.unterminated == 8
+    marked = sources.Lines(f, progress=False, markers=re.compile(b"metrics:|Decode batch"))
+    assert list(marked) == [(2, "SpecDecoding metrics: a"), (6, "Decode batch, accept len: 2"), (8, "metrics: last")]
+    assert [x["line"] for x in marked.notes] == [3, 4]   # the long line and the bad bytes, both noise

@@ -57,8 +57,12 @@ from specaudit.trace.schema import InputError, RunFiles, discover
 # PySpark 4.x warns about pandas 3 on every Arrow function; the Arrow path uses no pandas
 warnings.filterwarnings("ignore", message=r".*pandas >= 3\.0\.0.*", category=FutureWarning)
 
-# step bytes per request bucket: a group's steps are materialised in one task
+# step bytes per request bucket at most: a group's steps are materialised in one task
 BUCKET_BYTES = 64 << 20
+# request groups per executor core at least (smaller runs split further): the group stage
+# has enough tasks for every core, and hash collisions of (run, bucket) onto partitions
+# even out (with one group per core, a collision leaves a core idle for a whole group)
+GROUPS_PER_CORE = 4
 
 READ_SCHEMA = ("run_key INT, bucket INT, kind STRING, file_idx INT, seq INT, part STRING, file STRING, "
                "blob BINARY, info STRING")
@@ -399,6 +403,23 @@ def file_tasks(runs, bucket_bytes: int = BUCKET_BYTES, buckets: int | None = Non
     return tasks
 
 
+def spread_buckets(tasks: list[dict], min_groups: int) -> int:
+    """Give each run at least its share (its step bytes / all step bytes) of min_groups
+    buckets, so a dataset of few runs still gives every core several groups; sets each
+    task's `size` (bytes) for scheduling. Returns the number of (run, bucket) groups."""
+    size: dict = {}
+    for t in tasks:
+        t["size"] = _file_size(UriPath(t["path"]) if is_uri(t["path"]) else Path(t["path"]))
+        if t["kind"] == "steps":
+            size[t["run_key"]] = size.get(t["run_key"], 0) + t["size"]
+    total = sum(size.values())
+    per = {}
+    for t in tasks:
+        want = round(min_groups * size.get(t["run_key"], 0) / total) if total and min_groups else 1
+        t["buckets"] = per.setdefault(t["run_key"], max(t["buckets"], want, 1))
+    return sum(per.values())
+
+
 def check_spark(spark, paths, select=(), ignore=(), *, out=None, invariants_dirs=(), entry_points: bool = True,
                 max_per_code: int = 1000, batch_rows: int = BATCH_ROWS, buckets: int | None = None,
                 bucket_bytes: int = BUCKET_BYTES) -> CheckResult:
@@ -416,16 +437,26 @@ def check_spark(spark, paths, select=(), ignore=(), *, out=None, invariants_dirs
     _refuse_out_over_input(out, paths)
     runs = plan(paths, spark, driver)
     tasks = file_tasks(runs, bucket_bytes, buckets)
+    cores = max(1, spark.sparkContext.defaultParallelism)
+    n_groups = spread_buckets(tasks, 0 if buckets else GROUPS_PER_CORE * cores)
     run_info = {k: {"run_key": k, "run_id": rf.run_id, "manifest": rf.manifest} for k, rf in runs}
     statuses = {k: [] for k, _ in runs}
     partials = {k: [] for k, _ in runs}
     try:
         grouped = None
         if tasks:
-            task_df = spark.createDataFrame(tasks, "run_key INT, kind STRING, file_idx INT, path STRING, buckets INT")
-            task_df = task_df.repartition(min(len(tasks), max(1, spark.sparkContext.defaultParallelism * 4)),
-                                          "path")
+            # read stage: one partition per file, largest first (Spark starts partitions in
+            # order, so the big files spread over the cores and the small ones fill in)
+            cols = ("run_key", "kind", "file_idx", "path", "buckets")
+            order = sorted(tasks, key=lambda t: -t["size"])
+            rdd = spark.sparkContext.parallelize([tuple(t[c] for c in cols) for t in order], len(order))
+            task_df = spark.createDataFrame(rdd, "run_key INT, kind STRING, file_idx INT, path STRING, buckets INT")
             read = task_df.mapInArrow(_read_task(batch_rows), READ_SCHEMA)
+            # group stage: the (run, bucket) groups (and each run's status group) hashed onto a
+            # fixed number of partitions, not spark.sql.shuffle.partitions, which adaptive
+            # execution coalesces into fewer tasks than cores when the data is small; the
+            # groupBy on the same keys reuses this partitioning (no second shuffle)
+            read = read.repartition(max(1, min(n_groups + len(runs), GROUPS_PER_CORE * cores)), "run_key", "bucket")
             grouped = (read.groupBy("run_key", "bucket").applyInArrow(_group_task(run_info, spec), GROUP_SCHEMA)
                        .persist())
             for row in grouped.filter("row_kind != 'finding'").select("row_kind", "run_key", "file", "payload") \
@@ -494,16 +525,20 @@ def _collect(df, result: CheckResult, max_per_code: int) -> None:
     """Counts per code over every finding; up to max_per_code findings per code kept."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
-    for row in df.groupBy("code", "name", "severity").count().collect():
-        result.counts[row["code"]] += row["count"]
-        result.severities.setdefault(row["code"], row["severity"])
-        result.names.setdefault(row["code"], row["name"])
-    keep = df
+    # one job, not two: every kept row carries its code's count (a window count), and the
+    # first row of each code is always kept (max_per_code 0: no cap)
+    w = Window.partitionBy("code").orderBy("run_id", "request_id", "step", "file", "message")
+    keep = (df.withColumn("_n", F.row_number().over(w))
+            .withColumn("_count", F.count(F.lit(1)).over(Window.partitionBy("code"))))
     if max_per_code > 0:
-        w = Window.partitionBy("code").orderBy("run_id", "request_id", "step", "file", "message")
-        keep = df.withColumn("_n", F.row_number().over(w)).filter(F.col("_n") <= max_per_code).drop("_n")
+        keep = keep.filter(F.col("_n") <= max_per_code)
     for row in keep.orderBy("code", "run_id", "request_id", "step", "file", "message").collect():
         d = row.asDict()
+        n, count = d.pop("_n"), d.pop("_count")
+        if n == 1:
+            result.counts[d["code"]] += count
+            result.severities.setdefault(d["code"], d["severity"])
+            result.names.setdefault(d["code"], d["name"])
         vals = json.loads(d.pop("values") or "{}")
         result.findings.append(Finding(values=vals, **d))
 

@@ -321,8 +321,8 @@ def _checker_section(findings_rows, summary, checked: bool) -> str:
 
 
 RUNS_SQL = """
-WITH s AS (SELECT run_id, sum(n) AS steps FROM rollup_request GROUP BY run_id),
-q AS (SELECT run_id, sum(n) AS requests FROM rollup_outputs GROUP BY run_id)
+WITH s AS (SELECT run_id, count(*) AS steps FROM steps GROUP BY run_id),
+q AS (SELECT run_id, count(*) AS requests FROM requests GROUP BY run_id)
 SELECT r.run_id, r.config, r.engine, r.engine_version, r.target_model, r.drafter_model, r.problems,
        r.started_at, r.complete, s.steps, q.requests
 FROM runs AS r LEFT JOIN s USING (run_id) LEFT JOIN q USING (run_id)

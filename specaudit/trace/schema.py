@@ -162,11 +162,15 @@ def _pack_rows(V: np.ndarray) -> np.ndarray:
     """[B, N, N] bool -> [B, N, W] uint64, bit (j mod 64) of word (j div 64) = V[..., j]."""
     B, N, _ = V.shape
     W = (N + 63) // 64
-    pad = np.zeros((B, N, W * 64), dtype=np.uint8)
-    pad[:, :, :N] = V
-    # little-endian bit order inside each byte, bytes little-endian inside each word
-    packed = np.packbits(pad.reshape(B, N, W * 8, 8), axis=-1, bitorder="little")
-    return packed.reshape(B, N, W * 8).view("<u8").reshape(B, N, W)
+    # little-endian bit order inside each byte, bytes little-endian inside each word:
+    # pack the bits first ([B, N, ceil(N/8)] bytes, the last byte zero-filled), then pad
+    # bytes, not bits, up to whole words (8x less to copy than padding the bool mask)
+    packed = np.packbits(V, axis=-1, bitorder="little")
+    if packed.shape[-1] != W * 8:
+        wide = np.zeros((B, N, W * 8), dtype=np.uint8)
+        wide[:, :, :packed.shape[-1]] = packed
+        packed = wide
+    return np.ascontiguousarray(packed).view("<u8").reshape(B, N, W)
 
 
 def mask_hash(V: np.ndarray) -> np.ndarray:
@@ -175,7 +179,7 @@ def mask_hash(V: np.ndarray) -> np.ndarray:
     All B masks share one N here; ragged batches call it once per N. Returns uint64 [B]
     (or a numpy uint64 scalar for a single mask).
     """
-    V = np.asarray(V).astype(bool)
+    V = np.asarray(V).astype(bool, copy=False)
     single = V.ndim == 2
     if single:
         V = V[None]

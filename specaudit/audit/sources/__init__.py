@@ -256,6 +256,7 @@ class Lines:
         self.notes: list[dict] = []
         self.progress = progress
         self.markers = markers
+        self.unterminated = None   # number of a last line with no newline (cut mid-write?)
 
     def __iter__(self):
         bar = _progress(self.path) if self.progress else None
@@ -272,6 +273,8 @@ class Lines:
                         bar.update(len(block))
                     if not block:
                         raws = [rest] if rest and not skipping else []
+                        if raws:
+                            self.unterminated = i + 1
                         if skipping:  # an over-long last line without a newline
                             i += 1
                             self.notes.append(note(self.path, i, f"line of {skipping + len(rest)} bytes skipped "
@@ -458,6 +461,8 @@ def iter_readings(path, source: str | None = None, chunk: int = CHUNK_WINDOWS):
                 mixed += 1
                 break
         else:
+            if i == lines.unterminated:
+                parser.unterminated = i
             parser.feed(i, ln)
         if len(parser.reading.windows) >= chunk:
             r = parser.take()
@@ -544,6 +549,7 @@ class LineParser:
 
     source = ""
     engine = ""
+    unterminated = None  # the file's last line when it has no newline (iter_readings sets it)
 
     def __init__(self, path: str):
         self.path = path

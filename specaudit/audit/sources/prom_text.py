@@ -235,6 +235,8 @@ def build(scrapes, notes, path, types=None, info=None) -> Reading:
     if missing:
         raise InputError(path, f"{engine} metrics lack {', '.join(missing)}: cannot audit spec decoding from them")
     reading = Reading(source="prom-text", engine=engine, path=path, notes=notes)
+    if engine == "llamacpp":
+        reading.version = "llama-server /metrics spec_decode_* counters (PR 26389)"
     types = types or {}
     # a counter exported as a gauge (TensorRT-LLM before PR 12545): never difference it
     for base in ("draft_tokens_gauge", "accepted_tokens_gauge"):

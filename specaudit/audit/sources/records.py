@@ -83,6 +83,14 @@ def _bad(*vals) -> bool:
 
 
 def _hist(h):
+    if isinstance(h, dict):  # AIPerf: {"0": 1, "1": 1, "2": 2, ...} (accepted drafts -> steps)
+        try:
+            idx = {int(k): v for k, v in h.items()}
+        except (TypeError, ValueError):
+            return None
+        if not idx or min(idx) < 0 or max(idx) > 4096:
+            return None
+        h = [idx.get(i, 0) for i in range(max(idx) + 1)]
     if not isinstance(h, list):
         return None
     out = [_num(x) for x in h]
@@ -155,6 +163,23 @@ def window_of(obj, line: int) -> tuple[Window | None, str | None]:
         w.drafts, w.accepted_tokens, w.draft_tokens = (_num(m.get(k)) for k in keys[2:])
         w.conventions = {"accept_len": "1 + accepted / steps per request (bonus counted)",
                          "accept_rate": "accepted / drafted (percent in the export)"}
+        # the engine-neutral record beside the metrics (AIPerf PR 1191): histogram and k
+        sda = obj.get("spec_decode_acceptance")
+        if isinstance(sda, dict):
+            if _bad(sda.get("num_spec_tokens")):
+                return None, "AIPerf spec_decode_acceptance value that is not a finite number"
+            w.histogram = _hist(sda.get("acceptance_histogram"))
+            if w.histogram is not None:
+                w.conventions["histogram"] = HIST_CONV
+            k = _num(sda.get("num_spec_tokens"))
+            if k is not None and k > 0:
+                w.k = int(k)
+                drafted = sda.get("per_step_drafted")
+                # every step drafted k tokens: drafted = steps x k must hold exactly
+                w.extra["fixed_block"] = isinstance(drafted, list) and bool(drafted) and all(
+                    _num(x) == k for x in drafted)
+            if isinstance(sda.get("engine"), str):
+                w.version = f"AIPerf profile_export record ({sda['engine'][:20]} stats)"
         w.text = "AIPerf record " + json.dumps({k: m.get(k) for k in keys})[:200]
         return w, None
     # vLLM per-request metrics.speculative_decoding / TensorRT-LLM per-request payload

@@ -102,31 +102,60 @@ _KEYS = {"Mean acceptance length", "Current speculative depth", "Accepted", "Dra
          "Draft acceptance rate", "Accepted throughput", "Drafted throughput"}
 
 
+class _Cut(ValueError):
+    """A SpecDecoding body that ends inside a value: the line was cut (copied mid-write)."""
+
+
+# what vLLM prints after a count (a value without it was cut), and the decimals of the
+# figures that can end a line: a last value printed with fewer was cut mid-number
+_UNIT = {"Accepted": " tokens", "Drafted": " tokens", "Accepted throughput": " tokens/s",
+         "Drafted throughput": " tokens/s"}
+_DECIMALS = {"Mean acceptance length": 2, "per_pos": 3}
+
+
+def _decimals(tok: str) -> int:
+    return len(tok) - tok.index(".") - 1 if "." in tok else 0
+
+
 def _fields(body: str):
     """{key: number} and the per-position list of a SpecDecoding body, in one pass over its
     ', '-separated parts (a percentage is stored under key + '%'). ValueError on a number
-    that does not parse."""
+    that does not parse; _Cut when the body ends inside a value (the rate-first variants
+    end with a number, so a cut line would otherwise read as a smaller count)."""
     kv: dict = {}
     per_pos = None
     in_pos = False
-    for part in body.split(", "):
+    parts = body.rstrip().split(", ")
+    last = len(parts) - 1
+    for n, part in enumerate(parts):
         key, sep, val = part.partition(": ")
         if sep:
             key = key.strip()
             in_pos = key == "Per-position acceptance rate"
             if in_pos:
-                per_pos = [float(val)] if val.strip() else []
+                tok = val.strip()
+                if n == last and tok and _decimals(tok) < _DECIMALS["per_pos"]:
+                    raise _Cut(part)
+                per_pos = [float(tok)] if tok else []
                 continue
             if key not in _KEYS:
                 continue
             val = val.strip().rstrip(",")
+            unit = _UNIT.get(key)
+            if unit is not None and not val.endswith(unit):
+                raise _Cut(part)
             if val.endswith("%"):
                 kv[key + "%"] = float(val[:-1])
             else:
+                if n == last and unit is None and ("rate" in key or _decimals(val) < _DECIMALS.get(key, 0)):
+                    raise _Cut(part)  # a rate without its % sign, a mean with one decimal
                 kv[key] = float(val.split(" ", 1)[0])
         elif in_pos and part.strip():
+            tok = part.strip().rstrip(",")
+            if n == last and _decimals(tok) < _DECIMALS["per_pos"]:
+                raise _Cut(part)
             try:
-                per_pos.append(float(part.strip().rstrip(",")))
+                per_pos.append(float(tok))
             except ValueError:
                 in_pos = False
     return kv, per_pos
@@ -173,7 +202,14 @@ class Parser(LineParser):
         if sm:
             body = sm.group("body")
             try:
+                if i == self.unterminated and not body.rstrip().endswith("%"):
+                    # the last line, without its newline, of a variant that ends with a list
+                    # (rate first): nothing tells a cut between two rates from the end
+                    raise _Cut(body[-40:])
                 kv, per_pos = _fields(body)
+            except _Cut:
+                self.skip(i, "truncated vLLM SpecDecoding line (it ends inside a value)", raw)
+                return
             except ValueError:
                 self.skip(i, "vLLM SpecDecoding line with a value that is not a number", raw)
                 return
@@ -194,9 +230,11 @@ class Parser(LineParser):
                 self.skip(i, "truncated vLLM SpecDecoding line (no acceptance rate at its end)", raw)
                 return
             if first_pct is not None:
-                # early V1 (April 2025, PR 15902): the rate first, in percent
+                # the rate first, in percent: early V1 (April 2025, PR 15902) with counts only,
+                # later (Aug-Sep 2025: PRs 24049, 24127) with the mean and per-position rates
                 w.printed_rate_pct = first_pct
-                w.version = "V1 early (rate first, PR 15902)"
+                w.version = ("V1 rate first, with mean acceptance length (2025)"
+                             if w.accept_len is not None else "V1 early (rate first, PR 15902)")
             if w.printed_rate_pct is not None:
                 w.accept_rate = w.printed_rate_pct / 100.0
             elif frac is not None:
