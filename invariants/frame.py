@@ -62,7 +62,7 @@ class Carry:
         "sum_commit_len": (I64, 0), "sum_commit_n": (I64, 0), "sum_depth": (I64, 0),
         "sum_true_depth": (I64, 0), "first_seq_len": (np.int32, -1), "first_root": (np.int32, -1),
         "hash": (np.uint64, 0), "contiguous": (bool, True), "last_finished": (bool, False),
-        "seen": (bool, False),
+        "seen": (bool, False), "first_ok": (bool, True),
     }
 
     def __init__(self):
@@ -76,17 +76,16 @@ class Carry:
     def index(self, names: list[str]) -> np.ndarray:
         """Request ids -> dense indices (new ids get new slots)."""
         ids = self.ids
-        got = [ids.get(s, -1) for s in names]
-        if -1 in got:
-            for i, s in enumerate(names):
-                if got[i] == -1:
-                    j = ids.get(s)
-                    if j is None:
-                        j = ids[s] = len(self.names)
-                        self.names.append(s)
-                    got[i] = j
+        got = list(map(ids.get, names))                # C loops: no Python step per name
+        if None in got:
+            # new names, each once, in order of first appearance
+            new = list(dict.fromkeys(s for s, g in zip(names, got, strict=True) if g is None))
+            base = len(self.names)
+            ids.update(zip(new, range(base, base + len(new)), strict=True))
+            self.names.extend(new)
+            got = list(map(ids.__getitem__, names))
         self._grow(len(self.names))
-        return np.asarray(got, dtype=I64)
+        return np.fromiter(got, dtype=I64, count=len(got))
 
     def _grow(self, n: int) -> None:
         cap = len(self.last_step)
@@ -129,7 +128,7 @@ class StepFrame:
         gidx = carry.index(rdict + ["\0null"])  # code -1 -> the null slot
         req = gidx[rcodes]
         step, step_null = _scalar(col["step"])
-        order = np.lexsort((step, req))
+        order = _request_step_order(rcodes, gidx, step)
         self.order = order                      # row r of this frame is batch row order[r]
         self.row_in_file = order + row_offset
         self.req = req[order]
@@ -575,6 +574,7 @@ class StepFrame:
         fr = gstart[new]
         c.first_seq_len[cr[new]] = self.seq_len[fr]
         c.first_root[cr[new]] = self.at_root(self.tokens)[fr]
+        c.first_ok[cr[new]] = self.ok[fr]   # a refused first step is no evidence (SA405)
         c.seen[cr] = True
         c.n_steps[cr] += np.bincount(gid, minlength=G)
         c.sum_commit_len[cr] += sums(self.commit_len)
@@ -588,10 +588,10 @@ class StepFrame:
             # commit entries of one row are contiguous in batch order
             row_h = np.zeros(self.R, dtype=np.uint64)
             nz = self.commit_n > 0
-            s0 = self.commit_start[nz]
-            o = np.argsort(s0, kind="stable")
-            red = np.add.reduceat(contrib, s0[o])
-            rows_nz = np.flatnonzero(nz)[o]
+            # the sorted rows with commits, in batch order (their flat starts increase
+            # strictly along the batch): no sort needed
+            rows_nz = self.inv[np.flatnonzero(nz[self.inv])]
+            red = np.add.reduceat(contrib, self.commit_start[rows_nz])
             row_h[rows_nz] = red
             grp_h = np.add.reduceat(row_h, gstart)
             with np.errstate(over="ignore"):
@@ -633,6 +633,25 @@ def _diag_bad(arr, lo: float, hi: float, R: int, inv: np.ndarray):
     return bad, val
 
 
+def _request_step_order(rcodes: np.ndarray, gidx: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """np.lexsort((step, gidx[rcodes])): rows by (request, step), ties in batch order.
+
+    A writer appends each request's steps in step order, so a stable sort by request
+    alone usually gives the same permutation: the request keys are ranks among the
+    batch's few distinct requests, sorted by radix (uint16) when they fit; the steps
+    are then checked to ascend inside each request, else the full lexsort runs."""
+    _, rank = np.unique(gidx, return_inverse=True)      # dense rank of each dictionary code's request
+    key = rank.reshape(-1)[rcodes]                      # code -1 -> the null slot (last entry)
+    if len(gidx) <= 1 << 16:
+        key = key.astype(np.uint16)
+    order = np.argsort(key, kind="stable")
+    if len(order) > 1:
+        ks, ss = key[order], step[order]
+        if ((ks[1:] == ks[:-1]) & (ss[1:] < ss[:-1])).any():
+            return np.lexsort((step, gidx[rcodes]))
+    return order
+
+
 def _local_index(row: np.ndarray, start: np.ndarray, size: int) -> np.ndarray:
     return np.arange(size, dtype=I64) - start[row] if size else np.zeros(0, dtype=I64)
 
@@ -653,7 +672,7 @@ class RequestFrame:
     output_tokens[1:] at positions 1..), output_last, eos_inside (EOS before the
     last output token), finish_reason, reference_equal (-1 no reference, 0 differs,
     1 equal), reference_first_diff; from the steps: has_steps, n_steps, first_step
-    facts (first_seq_len, first_root), commits_hash, commits_len (= 1 + sum of
+    facts (first_seq_len, first_root, first_ok: not refused by SA1xx), commits_hash, commits_len (= 1 + sum of
     len(committed_tokens)), sum_commit_len, last_finished, contiguous; plus `extra`
     (optional client-side columns of the requests table, by name), run_id,
     eos_id, max_new_tokens, complete (the run ended normally).
@@ -670,6 +689,7 @@ class RequestFrame:
         self.n_steps = carry.view("n_steps")
         self.first_seq_len = carry.view("first_seq_len")
         self.first_root = carry.view("first_root")
+        self.first_ok = carry.view("first_ok")      # the first step was not refused (SA1xx)
         self.commits_hash = carry.view("hash")
         self.commits_len = carry.view("out_len")
         self.sum_commit_len = carry.view("sum_commit_len")

@@ -138,7 +138,8 @@ class FirstStep(Rule):
     message = "step 0 {what}"
 
     def check(self, q):
-        use = q.has_row & q.has_steps & ~q.null_slot
+        # a first step refused by an SA1xx rule is reported there: its values are no evidence
+        use = q.has_row & q.has_steps & ~q.null_slot & q.first_ok
         bad_len = use & (q.first_seq_len != q.prompt_len)
         bad_root = use & (q.first_root != q.first_token)
         what = np.full(q.R, "", dtype=object)

@@ -11,7 +11,12 @@ per-row Python implementation of the same rules (specaudit.check_reference), sam
 3. checks the first --baseline-steps rows with the per-row Python oracle in another
    fresh process (reading included, as the engine's time includes reading).
 Both must find nothing on a valid dataset (asserted). Each phase prints one JSON line;
-the last line is the summary with steps_per_s, peak_rss_mb, baseline_steps_per_s.
+the last line is the summary with steps_per_s, peak_rss_mb, baseline_steps_per_s, and
+decode_steps_per_s: the check process, after checking, reads the same files' list
+columns alone (same batches, columns and threads): the limit the checker approaches
+(of_decode_limit = steps_per_s / decode_steps_per_s; *_cpu: the same in CPU seconds).
+The machine's load is printed beside the figures (scripts/benchutil.py); the ratios are
+withheld when it was busy.
 """
 from __future__ import annotations
 
@@ -25,16 +30,35 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchutil import guard_ratios, load_fields, quiet_machine  # noqa: E402  (the scripts folder on the path first)
+
 CHILD_CHECK = r"""
 import json, os, sys, time
 from specaudit.audit.check import check_paths
 t, c = time.perf_counter(), os.times()
 r = check_paths([sys.argv[1]], max_per_code=100)
 dt, c2 = time.perf_counter() - t, os.times()
+rss = peak_rss_mb()
+# the limit: the same files' list columns decoded alone (as the checker reads them:
+# same batches, same columns, same thread policy), in this process, after the check
+from pathlib import Path
+import pyarrow.parquet as pq
+from specaudit.audit.check import BATCH_ROWS, STEP_READ_COLUMNS, _big, _proven_diagnostics
+t3, c3, n = time.perf_counter(), os.times(), 0
+for f in sorted(Path(sys.argv[1]).glob("steps-*.parquet")):
+    pf = pq.ParquetFile(f, read_dictionary=["run_id", "request_id", "algo"])
+    skip = _proven_diagnostics(pf.metadata)
+    lists = [c for c in STEP_READ_COLUMNS if c in pf.schema_arrow.names and c not in skip
+             and str(pf.schema_arrow.field(c).type).startswith("list")]
+    for b in pf.iter_batches(batch_size=BATCH_ROWS, columns=lists, use_threads=_big(f)):
+        n += b.num_rows
+dd, c4 = time.perf_counter() - t3, os.times()
 print(json.dumps({"steps": r.steps, "requests": r.requests, "seconds": dt, "findings": sum(r.counts.values()),
                   "cpu_seconds": (c2.user - c.user) + (c2.system - c.system),
                   "counts": dict(r.counts),
-                  "peak_rss_mb": peak_rss_mb()}))
+                  "peak_rss_mb": rss, "decode_steps": n, "decode_seconds": dd,
+                  "decode_cpu_seconds": (c4.user - c3.user) + (c4.system - c3.system)}))
 """
 
 CHILD_BASELINE = r"""
@@ -116,7 +140,9 @@ def main(argv=None) -> int:
             size = sum(f.stat().st_size for f in run_dir.iterdir())
             print(json.dumps({"phase": "generate", "steps": args.steps, "seconds": round(time.perf_counter() - t, 2),
                               "bytes": size}), flush=True)
+        quiet_machine()
         chk = child(CHILD_CHECK, run_dir, threads=args.threads)
+        load = load_fields()   # read right after the measured phase
         print(json.dumps({"phase": "check", **chk}), flush=True)
         assert chk["findings"] == 0, f"the catalog flagged a valid synthetic dataset: {chk['counts']}"
         bl = child(CHILD_BASELINE, run_dir, args.baseline_steps, threads=args.threads)
@@ -124,19 +150,32 @@ def main(argv=None) -> int:
         assert bl["findings"] == 0, "the per-row oracle flagged a valid synthetic dataset"
         sps = chk["steps"] / chk["seconds"]
         bsps = bl["steps"] / bl["seconds"]
-        print(json.dumps({
+        dsps = chk["decode_steps"] / chk["decode_seconds"] if chk["decode_seconds"] else None
+        out = {
             "steps": chk["steps"], "requests": chk["requests"], "n_nodes": args.n_nodes, "algo": args.algo,
             "ragged": args.ragged, "threads": args.threads, "cpu_count": os.cpu_count(),
-            "load_avg_1m": round(os.getloadavg()[0], 2),
             "steps_per_s": round(sps), "seconds": round(chk["seconds"], 2),
+            # the limit: the list columns read out of Parquet alone, same process and threads
+            "decode_steps_per_s": round(dsps) if dsps else None,
             # CPU seconds of the check process (all its threads): on a shared machine
             # wall time waits for other tenants, CPU time does not
             "cpu_seconds": round(chk["cpu_seconds"], 2),
             "steps_per_cpu_s": round(chk["steps"] / chk["cpu_seconds"]) if chk["cpu_seconds"] else None,
+            "decode_cpu_seconds": round(chk["decode_cpu_seconds"], 2),
+            "decode_steps_per_cpu_s": (round(chk["decode_steps"] / chk["decode_cpu_seconds"])
+                                       if chk["decode_cpu_seconds"] else None),
             "peak_rss_mb": round(chk["peak_rss_mb"], 1),
             "baseline_steps": bl["steps"], "baseline_steps_per_s": round(bsps),
             "speedup": round(sps / bsps, 1),
-        }))
+            # checking / decoding alone (1.0 = the checker runs at the decode limit); the
+            # CPU figure holds on a busy machine, the wall figure only on a quiet one
+            "of_decode_limit": round(sps / dsps, 3) if dsps else None,
+            "of_decode_limit_cpu": (round(chk["decode_cpu_seconds"] / chk["cpu_seconds"] * chk["steps"]
+                                          / chk["decode_steps"], 3) if chk["cpu_seconds"] and chk["decode_steps"]
+                                    else None),
+            **load,
+        }
+        print(json.dumps(guard_ratios(out, ["speedup", "of_decode_limit"])))
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

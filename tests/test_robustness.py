@@ -162,6 +162,38 @@ def test_one_corrupt_row_does_not_blame_the_engine_counters():
     assert not [c for c in res.counts if c.startswith("SA5")], dict(res.counts)
 
 
+@pytest.mark.parametrize("case", ["giant", "empty", "null_seq_len"])
+def test_a_refused_first_step_does_not_feed_sa405(case):
+    """SA405 compares a request's first step with its requests row; when that step is
+    refused by an SA1xx shape rule its seq_len and root are not evidence: the SA1xx
+    finding is the report, SA405 stays silent (it fired on all three before)."""
+    import pyarrow as pa
+
+    from specaudit.audit.check import check_tables
+    from specaudit.audit.reference import check_rows
+    s, r, m = synth_run_rows(3, run_id="c", seed=1)
+    rows = s.to_pylist()
+    assert rows[0]["step"] == 0
+    n = 5000
+    if case == "giant":     # N > MAX_NODES, root token changed
+        rows[0].update(node_tokens=[7] * n, parents=list(range(-1, n - 1)), positions=list(range(n)),
+                       target_argmax=[7] * n, draft_logprob=None, target_margin=None)
+    elif case == "empty":   # no nodes: no root at all
+        rows[0].update(node_tokens=[], parents=[], positions=[], target_argmax=[], draft_logprob=None,
+                       target_margin=None)
+    else:                   # a required value missing
+        rows[0].update(seq_len=None)
+    res = check_tables(pa.Table.from_pylist(rows, schema=s.schema), r, m)
+    assert any(c.startswith("SA1") for c in res.counts), dict(res.counts)
+    assert "SA405" not in res.counts, dict(res.counts)
+    assert ("SA405", str(rows[0]["request_id"]), -1) not in check_rows(rows, r.to_pylist(), m)
+    # a first step that is sound but disagrees is still SA405
+    rows = s.to_pylist()
+    rows[0]["seq_len"] += 1
+    res = check_tables(pa.Table.from_pylist(rows, schema=s.schema), r, m)
+    assert res.counts["SA405"] == 1, dict(res.counts)
+
+
 def test_finished_run_with_zero_steps_is_flagged():
     from specaudit.audit.check import check_tables
     s, r, m = synth_run_rows(3, run_id="z", seed=1)

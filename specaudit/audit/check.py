@@ -144,8 +144,7 @@ def request_facts(batches, carry: Carry, eos_id: int) -> dict:
     for b in batches:
         names = b.schema.names
         col = {n: b.column(i) for i, n in enumerate(names)}
-        rid = [str(x) for x in col["request_id"].to_pylist()]
-        idx = carry.index(rid)
+        idx = carry.index(_id_strings(col["request_id"]))
         put("idx", idx)
         R = b.num_rows
         plen = list_lengths(col["prompt_tokens"])
@@ -218,6 +217,19 @@ def request_facts(batches, carry: Carry, eos_id: int) -> dict:
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
                     pass
     return {k: np.concatenate(v) for k, v in out.items()}
+
+
+def _id_strings(arr) -> list:
+    """Request ids as Python strings (a null id as "None", as str() of it gives)."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    t = arr.type.value_type if pa.types.is_dictionary(arr.type) else arr.type
+    if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
+        return [str(x) for x in arr.to_pylist()]
+    out = arr.to_pylist()
+    if arr.null_count:
+        out = ["None" if x is None else x for x in out]
+    return out
 
 
 # ------------------------------------------------------------------- the core
@@ -389,8 +401,63 @@ MEANS = (("per_request_mean_depth", "sum_true_depth"), ("per_request_mean_depth_
 
 
 def exact_sum_partials(values, partials=()) -> list:
-    """Non-overlapping floats whose exact sum is the exact sum of `values` (and of the
-    given partials): math.fsum over any concatenation of them rounds once."""
+    """Floats whose exact sum is the exact sum of `values` (and of the given partials):
+    math.fsum over any concatenation of them rounds once.
+
+    Vectorised for a numpy array of finite floats (_exact_sum_int: the sum is exact in
+    integers, then split into a few floats); anything else goes through Shewchuk's
+    loop (_shewchuk_partials), one Python step per value."""
+    if isinstance(values, np.ndarray) and values.dtype == np.float64 and len(values) > 64:
+        got = _exact_sum_int(values)
+        if got is not None:
+            return _shewchuk_partials(got, partials) if len(partials) else got
+        values = values.tolist()
+    return _shewchuk_partials(values.tolist() if isinstance(values, np.ndarray) else values, partials)
+
+
+def _exact_sum_int(x: np.ndarray) -> list | None:
+    """The exact sum of finite float64s as a short list of floats, or None when the
+    values are out of the range this handles (non-finite, or tiny/huge exponents).
+
+    Each x = M * 2^(e-53) with integer |M| < 2^53 (frexp). M splits into a high and a
+    low part below 2^27 each, summed per exponent in int64 (exact for < 2^36 values);
+    the per-exponent sums are added exactly as Python integers, S * 2^(emin-53); S is
+    then peeled into floats, each the rounding of what is left, until nothing is."""
+    if len(x) == 0:
+        return []
+    if len(x) >= 1 << 36 or not np.isfinite(x).all():
+        return None
+    m, e = np.frexp(x)
+    M = (m * float(1 << 53)).astype(np.int64)          # exact: |m| < 1, 53 bits
+    nz = M != 0
+    if not nz.any():
+        return [0.0]
+    M, e = M[nz], e[nz].astype(np.int64)
+    emin, emax = int(e.min()), int(e.max())
+    if emin < -900 or emax > 900 or emax - emin > 4096:
+        return None
+    order = np.argsort(e, kind="stable")
+    es = e[order]
+    starts = np.flatnonzero(np.r_[True, es[1:] != es[:-1]])
+    hi = M[order] >> 26                                 # floor: M = hi * 2^26 + lo, 0 <= lo < 2^26
+    lo = M[order] - (hi << 26)
+    his = np.add.reduceat(hi, starts)
+    los = np.add.reduceat(lo, starts)
+    S = 0
+    for ex, h, low in zip(es[starts].tolist(), his.tolist(), los.tolist(), strict=True):
+        sh = ex - emin
+        S += (h << (sh + 26)) + (low << sh)
+    k = emin - 53                                       # exact sum = S * 2^k
+    out = []
+    while S:
+        f = float(S)                                    # correctly rounded, integer-valued
+        out.append(math.ldexp(f, k))
+        S -= int(f)
+    return out or [0.0]
+
+
+def _shewchuk_partials(values, partials=()) -> list:
+    """Non-overlapping floats whose exact sum is the exact sum of `values` and `partials`."""
     ps = [float(p) for p in partials]
     for x in values:
         x = float(x)
@@ -427,7 +494,8 @@ def group_partial(derived: _Derived, rq: RequestFrame | None, *, have_facts: boo
     out["generated"] = int(np.maximum(rq.output_len[rq.has_row], 0).sum()) if have_facts else 0
     out["first_tokens"] = int(rq.has_row.sum()) if have_facts else 0
     out["n_real"] = int(real.sum())
-    out["means"] = {key: exact_sum_partials((getattr(rq, col)[real] / ns).tolist()) for key, col in MEANS}
+    out["means"] = {key: exact_sum_partials(np.asarray(getattr(rq, col)[real] / ns, dtype=np.float64))
+                    for key, col in MEANS}
     return out
 
 
@@ -495,14 +563,15 @@ def _iter_step_batches(rf: RunFiles, batch_rows: int, columns):
     for path in rf.step_files:
         try:
             pf = pq.ParquetFile(path, read_dictionary=["run_id", "request_id", "algo"])
-            check_table_schema(path, _plain(pf.schema_arrow), STEPS_SCHEMA, SAMPLING_FIELDS)
+            schema = pf.schema_arrow                  # a property that rebuilds: read once
+            _check_schema(path, schema, STEPS_SCHEMA, SAMPLING_FIELDS, plain=True)
         except InputError as e:
             yield _Bad(path, e.reason)
             continue
         except Exception as e:  # truncated, not Parquet, unreadable
             yield _Bad(path, _reason(e))
             continue
-        have = set(pf.schema_arrow.names)
+        have = set(schema.names)
         skip = _proven_diagnostics(pf.metadata)
         cols = [c for c in columns if c in have and c not in skip]
         rank = "rank" in have
@@ -593,6 +662,21 @@ def _release_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+_SCHEMAS_OK: set = set()   # (schema, expected, optional, plain) that passed check_table_schema
+
+
+def _check_schema(path, schema: pa.Schema, expected: pa.Schema, optional=(), *, plain=False) -> None:
+    """check_table_schema, remembered: a schema seen to pass passes again (the check is
+    a function of the schema alone), so a thousand runs written alike check it once."""
+    key = (schema, id(expected), id(optional), plain)
+    if key in _SCHEMAS_OK:
+        return
+    check_table_schema(path, _plain(schema) if plain else schema, expected, optional)
+    if len(_SCHEMAS_OK) > 1000:
+        _SCHEMAS_OK.clear()
+    _SCHEMAS_OK.add(key)
 
 
 def _plain(schema: pa.Schema) -> pa.Schema:

@@ -39,7 +39,7 @@ def _depths(p):
 
 class _Req:
     __slots__ = ("last_step", "seq_end", "last_tok", "fin", "out_len", "contig", "n_steps", "first_seq",
-                 "first_root", "commits", "sum_depth", "sum_commit_n")
+                 "first_root", "first_ok", "commits", "sum_depth", "sum_commit_n")
 
     def __init__(self):
         self.last_step = -1
@@ -49,6 +49,7 @@ class _Req:
         self.contig = True
         self.n_steps = 0
         self.first_seq = self.first_root = None
+        self.first_ok = True
         self.commits = []
         self.sum_depth = 0
         self.sum_commit_n = 0
@@ -174,8 +175,9 @@ def check_step_rows(rows, *, run_id: str, eos_id: int = 0, max_new_tokens=None, 
             if has_prev and prev_fin:
                 hit("SA404")
         # --- fold the row into the request's state (every row)
-        if st.first_seq is None:
+        if st.n_steps == 0:   # the request's first row (its seq_len may be null: then refused)
             st.first_seq, st.first_root = seq, (tokens[0] if n else -1)
+            st.first_ok = ok
         st.contig = contiguous
         st.last_step = step if step is not None else -1
         st.seq_end = (seq if seq is not None else -1) + len(commit)
@@ -200,7 +202,7 @@ def check_request_rows(requests, state, *, eos_id=0, max_new_tokens=None, comple
         out = q["output_tokens"] or []
         reason = q["finish_reason"]
         if st is not None:
-            if st.first_seq != len(q["prompt_tokens"] or []) or st.first_root != q["first_token"]:
+            if st.first_ok and (st.first_seq != len(q["prompt_tokens"] or []) or st.first_root != q["first_token"]):
                 hits[("SA405", rid, -1)] += 1
             if st.contig and ([q["first_token"]] + st.commits != list(out)):
                 hits[("SA406", rid, -1)] += 1
