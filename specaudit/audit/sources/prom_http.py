@@ -18,7 +18,11 @@ Prometheus stored it, no rate(), no step interpolation):
                compared with the gauge by the alert rules (engines_alerts.yml), not here
     TensorRT-LLM trtllm_spec_decode_num_draft_tokens_total, _num_accepted_tokens_total,
                _accepted_tokens_total{token_position}, _drafted_tokens_total{token_position}
-               (conditional per-position rates), the trtllm_spec_decode_acceptance_length gauge
+               (conditional per-position rates), the trtllm_spec_decode_acceptance_length gauge,
+               and k from trtllm_speculative_config_info{spec_num_tokens} (an info gauge set
+               once at start-up, TensorRT-LLM's metrics collector log_config_info): its
+               per-position series only name the positions requests reached, so without it
+               accept length > k + 1 cannot be checked
     llama.cpp  llamacpp:spec_decode_num_drafts_total, _num_draft_tokens_total,
                _num_accepted_tokens_total, _num_accepted_tokens_per_pos_total{position},
                llamacpp:tokens_predicted_total
@@ -69,6 +73,8 @@ SERIES = {
                  "running": "llamacpp:requests_processing"},
 }
 GAUGES = {"accept_len", "accept_rate", "gen_tps", "running"}
+# info gauges that carry the draft length k as a label: engine -> (series, label)
+K_INFO = {"trtllm": ("trtllm_speculative_config_info", "spec_num_tokens")}
 # the series whose presence says the engine is there (and that bound its windows)
 KEY = {"vllm": "drafts", "sglang": "accept_len", "trtllm": "draft_tokens", "llamacpp": "drafts"}
 RANK = {"vllm": "engine", "sglang": "dp_rank"}
@@ -216,7 +222,17 @@ def read_prometheus(url, range_s=6 * 3600.0, step_s=30.0, match=(), headers=(), 
                     seen[tuple(sorted(lab.items()))] = (lab, vals)
             if seen:
                 raw[fld] = list(seen.values())
-        readings += _readings(url, engine, raw, step_s)
+        ks: dict = {}   # (job, instance, model) -> k from the engine's config info series
+        if engine in K_INFO:
+            name, label = K_INFO[engine]
+            for m in matchers:
+                data = c.get("/api/v1/query", {"query": name + "{" + m + "}" + f"[{rng}]", "time": f"{end:.3f}"})
+                for s in (data.get("result") if isinstance(data, dict) else None) or []:
+                    lab = s.get("metric") if isinstance(s, dict) else None
+                    if isinstance(lab, dict) and str(lab.get(label, "")).isdigit() and int(lab[label]) > 0:
+                        ks[(str(lab.get("job", "")), str(lab.get("instance", "")),
+                            str(lab.get("model_name", "")))] = int(lab[label])
+        readings += _readings(url, engine, raw, step_s, ks)
     return readings
 
 
@@ -224,7 +240,7 @@ def _name(spec):
     return spec[0] if isinstance(spec, tuple) else spec
 
 
-def _readings(url, engine, raw, step_s) -> list[Reading]:
+def _readings(url, engine, raw, step_s, ks=None) -> list[Reading]:
     """Group raw series per job/instance/model and rank, then cut windows."""
     spec = SERIES[engine]
     groups: dict = {}   # (job, instance, model) -> rank -> field -> {pos|None: {labels tuple: samples}}
@@ -260,6 +276,11 @@ def _readings(url, engine, raw, step_s) -> list[Reading]:
             npos = max((len(w.per_pos_counts or []) for w in r.windows), default=0)
             if npos and engine in ("vllm", "llamacpp"):
                 r.config["num_spec_tokens"] = npos
+            k = (ks or {}).get((job, inst, model))
+            if k is not None:   # TensorRT-LLM's configured draft length (config info series)
+                r.config["num_spec_tokens"] = k
+                for w in r.windows:
+                    w.k = k
             out.append(r)
     return out
 
