@@ -261,3 +261,24 @@ def test_lines_in_blocks_number_and_filter_like_a_plain_split(tmp_path, monkeypa
     marked = sources.Lines(f, progress=False, markers=re.compile(b"metrics:|Decode batch"))
     assert list(marked) == [(2, "SpecDecoding metrics: a"), (6, "Decode batch, accept len: 2"), (8, "metrics: last")]
     assert [x["line"] for x in marked.notes] == [3, 4]   # the long line and the bad bytes, both noise
+
+
+def test_the_model_is_passed_through_for_the_ab_model_stratum(tmp_path):
+    """SGLang's server_args model_path and a scrape's model_name reach Reading.config, where
+    the A/B evidence reads its model stratum (ab_evidence._reading_meta)."""
+    from specaudit.audit.ab_evidence import _reading_meta
+    log = tmp_path / "s.log"
+    log.write_text("[2026-03-18 11:22:00] server_args=ServerArgs(model_path='Qwen/Qwen3-8B', tp_size=1, "
+                   "speculative_algorithm='EAGLE3', speculative_num_draft_tokens=4, served_model_name='qwen')\n"
+                   "[2026-03-18 11:22:05 TP0] Decode batch, #running-req: 2, #token: 5046, token usage: 0.01, "
+                   "accept len: 2.64, accept rate: 0.66, cuda graph: True, gen throughput (token/s): 242.08\n")
+    r = sources.read_source(log)
+    assert r.config["model_path"] == "Qwen/Qwen3-8B" and r.config["served_model_name"] == "qwen"
+    assert _reading_meta(r)["model"] == "Qwen/Qwen3-8B"
+    prom = tmp_path / "v.prom"
+    prom.write_text("".join(f'vllm:spec_decode_{n}_total{{engine="0",model_name="meta-llama/Llama-3.1-8B"}} {v}\n'
+                            for n, v in (("num_drafts", 10), ("num_draft_tokens", 30), ("num_accepted_tokens", 12))))
+    r = sources.read_source(prom)
+    assert _reading_meta(r)["model"] == "meta-llama/Llama-3.1-8B"
+    prom.write_text(prom.read_text() + 'vllm:spec_decode_num_drafts_total{engine="1",model_name="other"} 5\n')
+    assert "model_name" not in sources.read_source(prom).config     # two models: no single stratum

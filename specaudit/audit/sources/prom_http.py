@@ -266,6 +266,8 @@ def _readings(url, engine, raw, step_s, ks=None) -> list[Reading]:
         path = f"{url} {engine} {job}/{inst}" + (f" {model}" if model else "")
         r = Reading(source="prometheus", engine=engine, path=path)
         r.config["series"] = {"job": job, "instance": inst, "model": model}
+        if model:
+            r.config["model_name"] = model   # the A/B evidence's model stratum reads it
         for rank, fields in sorted(ranks.items(), key=lambda kv: (kv[0] is None, str(kv[0]))):
             if KEY[engine] not in fields:
                 continue

@@ -237,6 +237,10 @@ def build(scrapes, notes, path, types=None, info=None) -> Reading:
     reading = Reading(source="prom-text", engine=engine, path=path, notes=notes)
     if engine == "llamacpp":
         reading.version = "llama-server /metrics spec_decode_* counters (PR 26389)"
+    models = {dict(labels).get("model_name") for sc in scrapes for (n, labels) in sc.samples
+              if n.startswith(PREFIX[engine])} - {None, ""}
+    if len(models) == 1:   # one model served: the A/B evidence's model stratum reads it
+        reading.config["model_name"] = next(iter(models))
     types = types or {}
     # a counter exported as a gauge (TensorRT-LLM before PR 12545): never difference it
     for base in ("draft_tokens_gauge", "accepted_tokens_gauge"):

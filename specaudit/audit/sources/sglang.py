@@ -31,6 +31,7 @@ ARG_RE = {k: re.compile(rf"\b{k}=(?:'?)(-?\w+)") for k in (
     "speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
     "speculative_num_draft_tokens", "dp_size", "tp_size", "decode_log_interval",
     "enable_dp_attention")}
+MODEL_RE = {k: re.compile(rf"\b{k}=['\"]([^'\"]*)['\"]") for k in ("model_path", "served_model_name")}
 NUM = r"-?(?:\d+(?:\.\d*)?|\.\d+|nan|inf)"
 FIELDS = {
     # log key -> (Window attribute, converter)
@@ -79,6 +80,10 @@ def _server_args(line: str) -> dict:
         if m and m.group(1) not in ("None", "none"):
             v = m.group(1)
             cfg[k] = int(v) if v.lstrip("-").isdigit() else v
+    for k, rx in MODEL_RE.items():   # the model, for the A/B evidence's model stratum
+        m = rx.search(line)
+        if m and m.group(1) not in ("", "None"):
+            cfg[k] = m.group(1)[:300]
     return cfg
 
 
