@@ -580,7 +580,7 @@ def _iter_step_batches(rf: RunFiles, batch_rows: int, columns):
         n = 0
         try:
             # a small file is decoded on this thread: Arrow's pool costs more than it saves
-            for b in pf.iter_batches(batch_size=batch_rows, columns=cols, use_threads=_big(path)):
+            for b in _file_batches(pf, path, batch_rows, cols):
                 if rank:
                     # one partition per rank: split the batch by rank value
                     rk = b.column(b.schema.get_field_index("rank")).to_numpy(zero_copy_only=False)
@@ -593,6 +593,16 @@ def _iter_step_batches(rf: RunFiles, batch_rows: int, columns):
             yield _Bad(path, f"unreadable after {n} rows: {_reason(e)}")
             continue
         yield str(path)
+
+
+def _file_batches(pf, path, batch_rows: int, cols):
+    """A file's record batches as iter_batches gives them. A small file of one row group
+    that fits one batch is read whole (one batch either way): a third of the fixed cost."""
+    md = pf.metadata
+    if md.num_row_groups == 1 and 0 < md.num_rows <= batch_rows and not _big(path):
+        tbl = pf.read(columns=cols, use_threads=False)
+        return tbl.combine_chunks().to_batches() if tbl.num_rows else []
+    return pf.iter_batches(batch_size=batch_rows, columns=cols, use_threads=_big(path))
 
 
 # per-node diagnostic lists that no rule reads beyond their length (SA101)
@@ -664,19 +674,20 @@ def _release_memory() -> None:
         pass
 
 
-_SCHEMAS_OK: set = set()   # (schema, expected, optional, plain) that passed check_table_schema
+_SCHEMAS_OK: dict = {}   # (expected, optional, plain) -> schemas that passed check_table_schema
 
 
 def _check_schema(path, schema: pa.Schema, expected: pa.Schema, optional=(), *, plain=False) -> None:
     """check_table_schema, remembered: a schema seen to pass passes again (the check is
-    a function of the schema alone), so a thousand runs written alike check it once."""
-    key = (schema, id(expected), id(optional), plain)
-    if key in _SCHEMAS_OK:
+    a function of the schema alone), so a thousand runs written alike check it once.
+    Compared with == (a schema's hash formats it: slower than the check it saves)."""
+    seen = _SCHEMAS_OK.setdefault((id(expected), id(optional), plain), [])
+    if any(schema == s for s in seen):
         return
     check_table_schema(path, _plain(schema) if plain else schema, expected, optional)
-    if len(_SCHEMAS_OK) > 1000:
-        _SCHEMAS_OK.clear()
-    _SCHEMAS_OK.add(key)
+    if len(seen) >= 16:
+        seen.clear()
+    seen.append(schema)
 
 
 def _plain(schema: pa.Schema) -> pa.Schema:
