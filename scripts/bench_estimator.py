@@ -32,11 +32,15 @@ import json
 import math
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from specaudit.audit.calibrate import PlainStepper, measure_profile
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # scripts/: benchutil
+from benchutil import load_fields, quiet_machine
+
+from specaudit.audit.calibrate import PlainStepper, measure_profile, steady
 from specaudit.audit.estimate import CostProfile, estimate_commit_length
 from specaudit.model import default_models
 from specaudit.runtime.engine import Request, SpecConfig, SpecEngine
@@ -62,6 +66,9 @@ def side_by_side(target, drafter, prompts, cfg: dict, max_new_tokens: int):
     while c requests are open: the steady state of a long load run, not the drain of a
     finite queue at its end.
 
+    Stalls (a step over STALL_FACTOR x its side's median: a preemption on a shared machine)
+    are set apart on each side, as the estimator's trace reader does (calibrate.steady).
+
     Returns (spec tokens/s, greedy tokens/s, true mean commit length of the spec run)."""
     c = cfg["concurrency"]
     sc = SpecConfig(algo=cfg["algo"], budget=cfg["budget"], topk=cfg["topk"], max_new_tokens=max_new_tokens,
@@ -73,8 +80,7 @@ def side_by_side(target, drafter, prompts, cfg: dict, max_new_tokens: int):
     total = max_new_tokens - 1                       # decode tokens per request, both ways
     groups = [prompts[i:i + c] for i in range(0, len(prompts), c)]
     plain, plain_done, plain_goal = None, 0, sum(len(g) for g in groups) * total
-    spec_wall = plain_wall = 0.0
-    spec_tokens = 0
+    spec, plain_t = [], []          # (seconds, tokens) per timed step, each side
     while pending or eng.running or plain_done < plain_goal:
         while pending and eng.free_slots():
             eng.add(pending.pop())
@@ -87,23 +93,33 @@ def side_by_side(target, drafter, prompts, cfg: dict, max_new_tokens: int):
             eng.step()
             dt = time.perf_counter() - t0
             if len(running) == c:
-                spec_wall += dt
-                spec_tokens += sum(len(r.output) for r in running) - before
+                spec.append((dt, sum(len(r.output) for r in running) - before))
         share = sum(len(r.output) - 1 for r in reqs) / (len(reqs) * total) if (pending or eng.running) else 1.0
         while plain_done < plain_goal and plain_done < share * plain_goal:
             if plain is None or plain.steps >= total:
                 plain = PlainStepper(target, groups[0])  # prefill not timed
                 groups = groups[1:]
-            plain_wall += plain.step()
+            plain_t.append((plain.step(), len(plain.cur)))
             plain_done += len(plain.cur)
     m = eng.metrics
-    return spec_tokens / spec_wall, plain_goal / plain_wall, m.sum_commit / max(m.verify_steps, 1)
+    return _rate(spec), _rate(plain_t), m.sum_commit / max(m.verify_steps, 1)
+
+
+def _rate(steps) -> float:
+    """tokens / seconds over the steps that are not stalls (calibrate.steady's rule)."""
+    keep = set(steady([dt for dt, _ in steps]))
+    kept = [(dt, n) for dt, n in steps if dt in keep]
+    return sum(n for _, n in kept) / sum(dt for dt, _ in kept)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer tokens and trials (a smoke run)")
-    ap.add_argument("--trials", type=int, default=None, help="side-by-side trials per config (default 4; quick 2)")
+    ap.add_argument("--trials", type=int, default=None,
+                    help="rounds (calibration, then a side-by-side trial) per config (default 5; quick 3)")
+    ap.add_argument("--calib-repeats", type=int, default=2, help="calibration repeats per round (default 2)")
+    ap.add_argument("--wait-quiet", type=float, default=120.0,
+                    help="seconds to wait for a quiet machine before measuring (default 120)")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="tokens per request (default 160; quick 64)")
     ap.add_argument("--profile", help="use this cost profile instead of calibrating first")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
@@ -114,14 +130,16 @@ def main(argv=None) -> int:
                          "(default 3)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    trials = args.trials or (2 if args.quick else 4)
+    trials = args.trials or (3 if args.quick else 5)
     M = args.max_new_tokens or (64 if args.quick else 160)
     target, drafter, _ = default_models()
     texts = default_prompts()
     toks = [t for t in (encode(x) for x in texts) if len(t) + M <= target.max_seq_len]
 
+    load0 = quiet_machine(wait_s=args.wait_quiet)   # wait (a while) for a quiet machine; measure anyway
     t0 = time.time()
     fixed = CostProfile.load(args.profile) if args.profile else None
+    calib = texts[::-1]   # calibration prompts: the far end of the list, the bench's start at offset 7
     calib_s = 0.0
     entries = []
     results = []
@@ -133,44 +151,51 @@ def main(argv=None) -> int:
     configs = [c for c in CONFIGS if args.max_concurrency is None or c["concurrency"] <= args.max_concurrency]
     for cfg in configs:
         c, n = cfg["concurrency"], cfg["budget"] + 1
-        if fixed is None:
-            # calibrate this (N, c) right before its runs, on other prompts: a machine shared
-            # with other jobs changes speed over minutes, and short steps suffer more from
-            # it than long ones, so r is measured under the load the runs will see
-            tc = time.time()
-            prof = measure_profile(models=(target, drafter, {}), n_grid=(n,), c_grid=(c,),
-                                   repeats=2 if args.quick else 6, max_new_tokens=M,
-                                   prompts=texts[::-1])
-            calib_s += time.time() - tc
-            entries += prof.to_dict()["entries"]
-        else:
-            prof = fixed
-        spec_tps, base_tps, truth = [], [], []
-        for _t in range(trials):
+        # rounds: a calibration of r(N, c) on other prompts, then a side-by-side trial, in
+        # turn: a machine shared with other jobs changes speed over minutes and a busy core
+        # moves r itself (short plain steps suffer more than long ones), so each trial's
+        # ratio is paired with an r measured minutes apart at most, and the estimate is the
+        # median of the paired estimates (robust to a round a burst of load spoiled)
+        rounds = []   # (spec/greedy ratio, r, r_sd, true commit length)
+        for t in range(trials):
+            if fixed is None:
+                tc = time.time()
+                rot = calib[(t * 2 * c) % len(calib):] + calib[:(t * 2 * c) % len(calib)]
+                prof = measure_profile(models=(target, drafter, {}), n_grid=(n,), c_grid=(c,),
+                                       repeats=args.calib_repeats, max_new_tokens=M, prompts=rot)
+                calib_s += time.time() - tc
+                entries += prof.to_dict()["entries"]
+            else:
+                prof = fixed
             prompts = [toks[(k + j) % len(toks)] for j in range(args.waves * c)]
             k += args.waves * c
             s_tps, g_tps, C = side_by_side(target, drafter, prompts, cfg, M)
-            spec_tps.append(s_tps)
-            base_tps.append(g_tps)
-            truth.append(C)
-        # per-trial ratios pair each speculative run with its plain twin; their spread is the
-        # throughput side of the interval (relative standard error of the mean ratio)
-        ratios = np.array(spec_tps) / np.array(base_tps)
-        # the median trial (robust to a trial a busy machine spoiled); its spread from the ratios'
-        mid = float(np.median(ratios))
-        rel_se = float(ratios.std(ddof=1) / math.sqrt(len(ratios)) / ratios.mean()) if len(ratios) > 1 else 0.0
-        r, r_sd = prof.lookup(n, c)
-        est = estimate_commit_length(mid, 1.0, r, cost_factor_std=r_sd, tps_std=rel_se * mid)
-        true_c = float(np.mean(truth))
+            r, r_sd = prof.lookup(n, c)
+            rounds.append((s_tps / g_tps, r, r_sd, C, s_tps, g_tps))
+        ratios = np.array([x[0] for x in rounds])
+        rs = np.array([x[1] for x in rounds])
+        # each round's estimate by the library (the estimator under test), then their median
+        paired = [estimate_commit_length(q, 1.0, r).value for q, r, *_ in rounds]
+        value = float(np.median(paired))
+        # its interval from the library too: the rounds' spread of r and of the ratio as the
+        # standard errors of their means (a single round: r's own calibration spread)
+        n_t = len(rounds)
+        r_mid = float(np.median(rs))
+        r_se = float(rs.std(ddof=1) / math.sqrt(n_t)) if n_t > 1 else rounds[0][2]
+        q_se = float(ratios.std(ddof=1) / math.sqrt(n_t)) if n_t > 1 else 0.0
+        est = estimate_commit_length(value / r_mid, 1.0, r_mid, cost_factor_std=r_se, tps_std=q_se)
+        true_c = float(np.mean([x[3] for x in rounds]))
         row = {"algo": cfg["algo"], "budget": cfg["budget"], "topk": cfg["topk"], "concurrency": c, "n_nodes": n,
                "draft_noise": cfg.get("draft_noise", 0.0),
                "true_mean_commit_len": round(true_c, 4), "estimated": round(est.value, 4),
                "low": round(est.low, 4), "high": round(est.high, 4),
                "rel_error": round(abs(est.value - true_c) / true_c, 4),
                "covered": bool(est.low <= true_c <= est.high),
-               "spec_tps": round(float(np.mean(spec_tps)), 1), "greedy_tps": round(float(np.mean(base_tps)), 1),
-               "speedup": round(mid, 4), "cost_factor": round(r, 4), "cost_factor_std": round(r_sd, 4),
-               "trials": trials}
+               "round_estimates": [round(x, 3) for x in paired],
+               "spec_tps": round(float(np.mean([x[4] for x in rounds])), 1),
+               "greedy_tps": round(float(np.mean([x[5] for x in rounds])), 1),
+               "speedup": round(float(np.median(ratios)), 4), "cost_factor": round(r_mid, 4),
+               "cost_factor_std": round(r_se, 4), "trials": trials, "load_avg_1m": load_fields()["load_avg_1m"]}
         results.append(row)
         print(json.dumps(row), flush=True)
     print(json.dumps({"profile": entries or fixed.to_dict()["entries"], "calibration_s": round(calib_s, 1)}),
@@ -182,7 +207,11 @@ def main(argv=None) -> int:
                "max_true_commit_len": max(r["true_mean_commit_len"] for r in results),
                "covered": sum(r["covered"] for r in results), "configs": results,
                "max_new_tokens": M, "trials": trials, "threads": args.threads, "calibration_s": round(calib_s, 1),
-               "wall_s": round(time.time() - t0, 1)}
+               "wall_s": round(time.time() - t0, 1), "load_avg_1m_before": round(load0, 2), **load_fields()}
+    if not summary["machine_quiet"]:
+        # an accuracy figure, not a speed ratio: kept, but marked (benchutil's rule)
+        summary["load_note"] = (f"load average {summary['load_avg_1m']} above {summary['load_threshold']} "
+                                "while measuring: timing noise of a busy machine is in these errors")
     print(json.dumps(summary))
     return 0
 
