@@ -6,6 +6,11 @@ flat and aligned on node_tokens, the per-step scalars per sorted row.
 Words (docs/trace-contract.md, version 2):
     tested    a node with a recorded uniform (accept_u not NaN); the root never is
     ratio     target_prob / draft_prob of a tested node: accepted iff u < ratio
+    unknown   run.json config.sampling.unknown names values the engine does not expose
+              (transformers: its uniforms, and the drawn token a cut step discards):
+              `accept_u` all NaN on a row means "not exposed" instead of "never tested",
+              and the tested nodes follow from the path (`derived_tested`);
+              `sampled_token` -1 means the drawn token is unknown (its probabilities NaN)
     residual row   a row whose last accepted node has tested children: the token after
               the path was drawn from the residual norm(max(0, p' - q)), not from p
 """
@@ -72,6 +77,12 @@ class SamplingView:
         self.rank = sc["sampled_rank"]
         # a sampled row: it carries the v2 record (the uniforms or the drawn token)
         self.rows = (self.lens["accept_u"] >= 0) | ~self.nulls["sampled_token"]
+        sp = ((f.manifest or {}).get("config") or {}).get("sampling") or {}
+        unknown = sp.get("unknown") or () if isinstance(sp, dict) else ()
+        n_u = np.bincount(f.node_row[~np.isnan(self.u)], minlength=R) if f.T else np.zeros(R, dtype=I64)
+        # rows whose uniforms the engine does not expose / whose drawn token it cut away
+        self.u_unknown = self.rows & ("accept_u" in unknown) & (n_u == 0)
+        self.token_unknown = self.rows & ("sampled_token" in unknown) & (self.token == -1)
 
     # ------------------------------------------------------------ input values
     def bad_values(self) -> tuple[np.ndarray, np.ndarray]:
@@ -94,9 +105,9 @@ class SamplingView:
         mark(f.row_any(~np.isnan(u) & ((u < 0) | (u >= 1))), "accept_u holds a value outside [0, 1)")
         mark(f.row_any((f.node_i > 0) & ~np.isnan(u) & (self.draft_prob <= 0)),
              "a tested node has draft_prob 0: a draft drawn from q has q > 0")
-        mark(self.nulls["sampled_token"] | (self.token < 0), "sampled_token is missing")
+        mark(self.nulls["sampled_token"] | ((self.token < 0) & ~self.token_unknown), "sampled_token is missing")
         for name, a in (("sampled_prob", self.token_prob), ("sampled_target_prob", self.token_target_prob)):
-            mark(np.isnan(a) | (a < 0) | (a > 1), f"{name} is outside [0, 1] or NaN")
+            mark((np.isnan(a) & ~self.token_unknown) | (a < 0) | (a > 1), f"{name} is outside [0, 1] or NaN")
         d = self.token_draft_prob
         mark(~np.isnan(d) & ((d < 0) | (d > 1)), "sampled_draft_prob is outside [0, 1]")
         return bad, why
@@ -112,8 +123,34 @@ class SamplingView:
     # --------------------------------------------------------------- decisions
     @property
     def tested(self) -> np.ndarray:
-        """Flat: nodes with a recorded uniform (the root excluded)."""
-        return (self.f.node_i > 0) & ~np.isnan(self.u)
+        """Flat: nodes with a recorded uniform (the root excluded); on rows whose uniforms
+        are unknown, the nodes the path says were tested (derived_tested)."""
+        f = self.f
+        unk = self.u_unknown[f.node_row]
+        return (f.node_i > 0) & np.where(unk, self.derived_tested, ~np.isnan(self.u))
+
+    @property
+    def derived_tested(self) -> np.ndarray:
+        """Flat: the nodes a chain (Leviathan) or SpecInfer tree tested, read off the
+        path: the children of each accepted node up to the accepted child in node order,
+        and every child of the last accepted node when the drawn token is known (a cut
+        step may have accepted past the commit: its children stay unknown)."""
+        f = self.f
+        if not hasattr(self, "_derived"):
+            nxt = np.full(f.T, -2, dtype=I64)   # per node on the path: the accepted child; -1: last
+            if len(f.path):
+                ok = f.path_in_range & self.usable[f.path_row]
+                g = f.path_glob
+                last = f.path_last_k
+                nxt[g[ok & last]] = -1
+                sel = np.flatnonzero(ok & ~last)
+                nxt[g[sel]] = g[sel + 1]
+            par = f.pglob
+            pn = np.where(par >= 0, nxt[np.maximum(par, 0)], -2)
+            idx = np.arange(f.T, dtype=I64)
+            known = ~self.token_unknown[f.node_row]
+            self._derived = (par >= 0) & (((pn >= 0) & (idx <= pn)) | ((pn == -1) & known))
+        return self._derived
 
     @property
     def on_path(self) -> np.ndarray:
@@ -132,11 +169,15 @@ class SamplingView:
             return np.where(self.draft_prob > 0, self.target_prob / self.draft_prob, np.inf)
 
     def decisions(self):
-        """Flat (passes clearly, fails clearly) of every tested node under u < p/q."""
+        """Flat (passes clearly, fails clearly) of every tested node under u < p/q. Where
+        the uniform is unknown, only what holds for every u in [0, 1): p/q >= 1 passes,
+        p = 0 fails."""
         r, u = self.ratio, self.u
         slack = REL_TOL * np.minimum(r, 1.0) + ABS_TOL
+        unk = self.u_unknown[self.f.node_row]
         with np.errstate(invalid="ignore"):
-            return u < r - slack, u >= r + slack
+            return (np.where(unk, r >= 1.0 + slack, u < r - slack),
+                    np.where(unk, self.target_prob <= 0, u >= r + slack))
 
     @property
     def residual_rows(self) -> np.ndarray:

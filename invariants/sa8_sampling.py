@@ -69,6 +69,10 @@ class SampledDecision(Rule):
     drafts with the argmax, divides q by p, or accepts untested drafts changes the
     output distribution while its counters look like a better drafter.
 
+    Where run.json's config.sampling.unknown lists accept_u (an engine that does not
+    expose its uniforms, e.g. transformers), the rule checks what holds for every u
+    in [0, 1): an accepted node has p > 0, a rejected one has p/q < 1.
+
     Example: `node 3 accepted with u = 0.912 but p/q = 0.2031/0.4120 = 0.493: the
     test rejects it`.
     """
@@ -100,6 +104,9 @@ class SampledDecision(Rule):
                   if s.draft_prob[j] > 0 else f"p = {s.target_prob[j]:.4g} and q = 0")
             if untested_acc[j]:
                 return "was accepted without a test (accept_u is NaN)"
+            if s.u_unknown[f.node_row[j]]:   # the engine does not expose u: only what no u allows
+                return (f"was accepted but p = {s.target_prob[j]:.4g}: no uniform accepts it" if acc_fail[j]
+                        else f"was rejected but {pq} >= 1: every uniform accepts it")
             if acc_fail[j]:
                 return f"was accepted with u = {s.u[j]:.4g} but {pq}: the test rejects it"
             return f"was rejected with u = {s.u[j]:.4g} but {pq}: the test accepts it"
@@ -180,6 +187,7 @@ class SampledSupport(Rule):
         sp = ((f.manifest.get("config") or {}).get("sampling") or {})
         k = sp.get("top_k")
         use = s.usable
+        use = use & ~s.token_unknown           # a drawn token the engine cut away: nothing to check
         zero = use & (s.token_target_prob <= 0)
         over = use & (s.rank >= k) if isinstance(k, int) and k >= 1 else np.zeros(f.R, dtype=bool)
         bad = zero | over

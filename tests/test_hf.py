@@ -177,7 +177,7 @@ def test_drafter_without_hf_target_is_refused():
 # ------------------------------------------------------------- assisted generation
 
 
-def _assisted(tiny, tmp_path, arch: str, bug=None, n: int = 24, prompts=PROMPTS, assistant=None):
+def _assisted(tiny, tmp_path, arch: str, bug=None, n: int = 24, prompts=PROMPTS, assistant=None, sample=False):
     from specaudit.integrations.transformers import assisted_manifest, traced_generate
     from specaudit.trace.parquet import ParquetSink
     from specaudit.trace.tracer import Tracer
@@ -189,13 +189,16 @@ def _assisted(tiny, tmp_path, arch: str, bug=None, n: int = 24, prompts=PROMPTS,
     small.generation_config.num_assistant_tokens_schedule = "constant"
     small.generation_config.assistant_confidence_threshold = 0.0
     run_id = f"hf-assisted-{arch}-{bug or 'clean'}"
+    sp = {"temperature": 1.0, "seed": 0} if sample else None
     tracer = Tracer([ParquetSink(tmp_path / "t", run_id)], assisted_manifest(run_id, target, small,
-                                                                             max_new_tokens=n), run_id)
+                                                                             max_new_tokens=n, sampling=sp), run_id)
     outs = []
+    torch.manual_seed(0)
     for i, p in enumerate(prompts):
         ids = torch.tensor([list(p.encode())])
         g = traced_generate(target, ids, assistant_model=small, tracer=tracer, request_id=str(i), bug=bug,
-                            max_new_tokens=n, attention_mask=torch.ones_like(ids), pad_token_id=EOS)
+                            max_new_tokens=n, attention_mask=torch.ones_like(ids), pad_token_id=EOS,
+                            **({"do_sample": True} if sample else {}))
         outs.append(g[0, ids.shape[1]:].tolist())
     tracer.close()
     return outs
@@ -230,11 +233,102 @@ def test_counter_bug_in_the_wrapper_is_caught(tiny, tmp_path, bug, code):
     assert res.exit_code == 1 and any(c.startswith(code) for c in res.counts), res.counts
 
 
-def test_sampled_assisted_generation_is_refused(tiny):
+SAMPLED_PROMPTS = PROMPTS + ["class A:\n", "x = [1, 2"]
+
+
+@pytest.fixture(scope="module")
+def sampled_trace(tiny, tmp_path_factory):
+    """Sampled assisted generation (temperature 1, generate's default top-k 50), seeded."""
+    tmp = tmp_path_factory.mktemp("sampled")
+    _assisted(tiny, tmp, "llama", sample=True, prompts=SAMPLED_PROMPTS)
+    return tmp / "t"
+
+
+def _step_files(ds):
+    """(file, table) of every steps part of the dataset (the sink writes several)."""
+    import pyarrow.parquet as pq
+    return [(f, pq.read_table(f)) for f in sorted(ds.glob("run_id=*/steps-*.parquet"))]
+
+
+def test_sampled_assisted_generation_traces_check_clean(sampled_trace):
+    """Contract v2 with the uniforms unknown: everything that needs no u is checked, and passes."""
+    res = check_paths([sampled_trace])
+    assert res.exit_code == 0, [f.message for f in res.findings][:5]
+    man = json.loads(next(sampled_trace.glob("run_id=*/run.json")).read_text())
+    assert man["schema_version"] == 2 and man["config"]["sampling"]["unknown"] == ["accept_u", "sampled_token"]
+    assert man["config"]["sampling"]["top_k"] == 50          # generate's default, recorded as in effect
+    rows = [r for _, t in _step_files(sampled_trace) for r in t.to_pylist()]
+    assert all(all(u != u for u in r["accept_u"]) for r in rows)           # every uniform NaN: unknown
+    assert all(len(r["draft_prob"]) == len(r["node_tokens"]) for r in rows)
+    acc = [len(r["accepted_path"]) - 1 for r in rows]
+    assert sum(acc) > 0 and min(acc) == 0, "some drafts accepted, some rejected"
+    # the run's acceptance count was compared with sum(min(1, p/q)) (SA804 needs no uniforms)
+    tests = sum(a + (a < len(r["node_tokens"]) - 1 and r["sampled_token"] >= 0) for a, r in zip(acc, rows))
+    assert tests >= 30
+
+
+@pytest.mark.parametrize("bug,code", [("commit-counter", "SA301"), ("depth-plus-one", "SA302")])
+def test_counter_bug_in_the_sampled_wrapper_is_caught(tiny, tmp_path, bug, code):
+    _assisted(tiny, tmp_path, "llama", bug=bug, sample=True, prompts=PROMPTS[:2])
+    res = check_paths([tmp_path / "t"])
+    assert res.exit_code == 1 and code in res.counts, res.counts
+
+
+def _tamper(src, dst, edit, manifest_edit=None):
+    """A copy of the sampled trace with edit(rows) applied to its step rows."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    shutil.copytree(src, dst)
+    parts = [(f, t, t.to_pylist()) for f, t in _step_files(dst)]
+    edit([r for _, _, rows in parts for r in rows])     # the rows are edited in place
+    for f, t, rows in parts:
+        pq.write_table(pa.Table.from_pylist(rows, schema=t.schema), f)
+    if manifest_edit:
+        mf = next(dst.glob("run_id=*/run.json"))
+        m = json.loads(mf.read_text())
+        manifest_edit(m)
+        mf.write_text(json.dumps(m))
+    return check_paths([dst])
+
+
+def test_unknown_uniforms_must_be_declared(sampled_trace, tmp_path):
+    """All-NaN uniforms without config.sampling.unknown are drafts accepted without a test."""
+    res = _tamper(sampled_trace, tmp_path / "d", lambda rows: None,
+                  lambda m: m["config"]["sampling"].pop("unknown"))
+    assert res.exit_code == 1 and "SA801" in res.counts, res.counts
+    assert any("without a test" in f.message for f in res.findings)
+
+
+def test_decisions_no_uniform_allows_are_caught(sampled_trace, tmp_path):
+    """SA801's bounds: an accepted draft with p = 0, a rejected one with p/q >= 1."""
+    def edit(rows):
+        acc = next(r for r in rows if len(r["accepted_path"]) >= 2)
+        acc["target_prob"][acc["accepted_path"][1]] = 0.0
+        rej = next(r for r in rows if len(r["accepted_path"]) == 1 and len(r["node_tokens"]) > 1)
+        rej["target_prob"][1] = min(1.0, 2 * rej["draft_prob"][1])
+    res = _tamper(sampled_trace, tmp_path / "d", edit)
+    msgs = [f.message for f in res.findings if f.code == "SA801"]
+    assert any("no uniform accepts it" in m for m in msgs) and any("every uniform accepts it" in m for m in msgs)
+
+
+def test_a_sampler_that_accepts_too_often_is_caught_without_uniforms(sampled_trace, tmp_path):
+    """p recorded at a fifth of its value on every draft: the accepted count is far above
+    sum(min(1, p/q)) (SA804), though no single decision is impossible."""
+    def edit(rows):
+        for r in rows:
+            r["target_prob"] = [r["target_prob"][0]] + [x / 5 for x in r["target_prob"][1:]]
+    res = _tamper(sampled_trace, tmp_path / "d", edit)
+    assert "SA804" in res.counts and "accepts too often" in str([f.message for f in res.findings])
+
+
+def test_ensemble_weight_is_refused(tiny):
     from specaudit.integrations.transformers import traced_generate
     m = transformers.AutoModelForCausalLM.from_pretrained(tiny["llama"])
-    with pytest.raises(InputError, match="greedy only"):
-        traced_generate(m, torch.tensor([[1, 2, 3]]), assistant_model=m, tracer=None, do_sample=True)
+    with pytest.raises(InputError, match="lossy"):
+        traced_generate(m, torch.tensor([[1, 2, 3]]), assistant_model=m, tracer=None, do_sample=True,
+                        assistant_ensemble_weight=0.5)
 
 
 def test_ab_arms_on_hf_checkpoints(tiny, tmp_path, capsys):
