@@ -192,7 +192,7 @@ class StepFrame:
         N0 = int(n0[0]) if R else 0
         self.uniform_n = bool(R) and N0 > 0 and bool((n0 == N0).all())
         if self.uniform_n:                                # every row has N nodes: [R, N] blocks
-            rows0 = np.repeat(np.arange(R, dtype=I64), N0)
+            rows0 = None                                  # built by _aligned only if a list is ragged
             self.node_i = np.tile(np.arange(N0, dtype=I64), R)
             self.node_row = np.repeat(inv, N0)
         else:
@@ -216,7 +216,10 @@ class StepFrame:
         self.shapes_ok = shapes_ok
         is_root = self.node_i == 0
         p = self.parents
-        self.root_parent_bad = self.row_any(is_root & (p != -1)) | (n < 1)
+        if self.uniform_n:                                # roots at every N0-th flat node
+            self.root_parent_bad = (p[::N0] != -1)[order] | (n < 1)
+        else:
+            self.root_parent_bad = self.row_any(is_root & (p != -1)) | (n < 1)
         self.parent_order_bad = self.row_any(~is_root & ((p < 0) | (p >= self.node_i)))
         tree_ok = shapes_ok & ~self.root_parent_bad & ~self.parent_order_bad
         null_any = np.zeros(R, dtype=bool)
@@ -298,6 +301,8 @@ class StepFrame:
             return np.zeros(0, dtype=I64)
         if np.array_equal(lens, n0):
             return v[off[0]: off[-1]]                    # a view of the Arrow buffer (int32)
+        if rows0 is None:
+            rows0 = np.repeat(np.arange(len(n0), dtype=I64), n0)
         i = np.arange(T, dtype=I64) - s0[rows0]
         ok = i < lens[rows0]
         idx = np.where(ok, off[:-1][rows0] + i, 0)

@@ -696,42 +696,60 @@ def _plain(schema: pa.Schema) -> pa.Schema:
                       for f in schema])
 
 
-def _prefetch(gen, depth: int = 2):
+class _prefetch:
     """Run a generator in a thread, `depth` items ahead: Parquet decoding (C++, GIL
-    released) overlaps the numpy work on the previous batch."""
-    import queue
-    import threading
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    END = object()
-    stop = threading.Event()
+    released) overlaps the numpy work on the previous batch. The thread starts at
+    once (a run's first step batches decode while its requests table is read on the
+    caller's thread); dropping the iterator, read to the end or not, stops it."""
 
-    def work():
-        try:
-            for item in gen:
-                while not stop.is_set():
-                    try:
-                        q.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            q.put(END)
-        except BaseException as e:  # surfaced in the consumer
-            q.put(e)
+    _END = object()
 
-    t = threading.Thread(target=work, name="specaudit-check-read", daemon=True)
-    t.start()
-    try:
-        while True:
-            item = q.get()
-            if item is END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
+    def __init__(self, gen, depth: int = 2):
+        import queue
+        import threading
+        self._q: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._done = False
+        q, stop, end = self._q, self._stop, self._END
+
+        def work():   # holds the queue and the event, never the iterator (so it can be dropped)
+            try:
+                for item in gen:
+                    while not stop.is_set():
+                        try:
+                            q.put(item, timeout=0.1)
+                            break
+                        except queue.Full:
+                            continue
+                    if stop.is_set():
+                        return
+                q.put(end)
+            except BaseException as e:  # surfaced in the consumer
+                q.put(e)
+
+        threading.Thread(target=work, name="specaudit-check-read", daemon=True).start()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._done:
+            raise StopIteration
+        item = self._q.get()
+        if item is self._END:
+            self._finish()
+            raise StopIteration
+        if isinstance(item, BaseException):
+            self._finish()
+            raise item
+        return item
+
+    def _finish(self):
+        self._done = True
+        self._stop.set()
+
+    def __del__(self):
+        self._stop.set()
 
 
 def _run_batches(items, result: CheckResult, run_id: str):
