@@ -16,3 +16,15 @@ def mean_se(samples) -> tuple[float, float, int]:
         return m, 0.0, 1
     var = math.fsum((x - m) ** 2 for x in xs) / (n - 1)
     return m, math.sqrt(var / n), n
+
+
+def percentile_ci(reps) -> list[float]:
+    """[2.5th, 97.5th] percentile of the finite bootstrap replicates: the 95% interval the
+    A/B comparisons print; [nan, nan] when none is finite."""
+    import numpy as np
+    reps = np.asarray(reps, dtype=float)
+    reps = reps[np.isfinite(reps)]
+    if reps.size == 0:
+        return [float("nan"), float("nan")]
+    lo, hi = np.percentile(reps, [2.5, 97.5])
+    return [float(lo), float(hi)]

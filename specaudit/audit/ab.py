@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specaudit.stats import percentile_ci as _ci
 from specaudit.trace.schema import InputError, atomic_write_bytes
 
 # The settings of one arm (the `specaudit run` runtime options, topk resolved).
@@ -151,14 +152,6 @@ def _ratio_boot(num: np.ndarray, den: np.ndarray, Wr: np.ndarray, Wp: np.ndarray
     with np.errstate(invalid="ignore", divide="ignore"):
         reps = np.einsum("br,rp,bp->b", Wr, num, Wp) / np.einsum("br,rp,bp->b", Wr, den, Wp)  # [B]
     return float(point), reps
-
-
-def _ci(reps: np.ndarray) -> list[float]:
-    reps = reps[np.isfinite(reps)]
-    if reps.size == 0:
-        return [float("nan"), float("nan")]
-    lo, hi = np.percentile(reps, [2.5, 97.5])
-    return [float(lo), float(hi)]
 
 
 def verdict(diff_ci: list[float], base: float, same_within: float) -> str:
@@ -369,6 +362,34 @@ def run_ab(a: dict, b: dict, *, prompts: list[str], repeats: int = 2, out, vary:
 
 
 # ------------------------------------------------------------------------ output
+
+
+def parse_vary(text: str | None) -> list[str] | None:
+    """'algo, budget' -> ['algo', 'budget'] (None when not given)."""
+    return [v.strip() for v in text.split(",") if v.strip()] if text else None
+
+
+def run_arms(a: str, b: str, *, out, prompts_file=None, num_prompts: int = 8, repeats: int = 2,
+             vary: str | None = None, same_within: float = 0.02, n_boot: int = 2000, primary: str | None = None,
+             log=None) -> dict:
+    """`specaudit ab --a "..." --b "..."`: the arms as typed (run's flags), the prompts (a file,
+    or the embedded held-out ones, cycled to num_prompts), checked, then run_ab."""
+    from specaudit.run import default_prompts, load_prompts
+    primary = primary or "tokens_per_s"
+    if primary not in ("accepted_depth", "commit_len", "tokens_per_s"):
+        raise ValueError(f"--primary {primary} is an evidence metric; runtime arms have accepted_depth, "
+                         "commit_len, tokens_per_s")
+    if num_prompts < 1:
+        raise ValueError(f"--num-prompts must be at least 1 (got {num_prompts})")
+    if n_boot < 100:
+        raise ValueError(f"--bootstrap must be at least 100 (got {n_boot})")
+    if not 0 <= same_within < 1:
+        raise ValueError(f"--same-within must be a fraction in [0, 1) (got {same_within})")
+    arm_a, arm_b = parse_arm(a, "a"), parse_arm(b, "b")
+    texts = load_prompts(prompts_file) if prompts_file else default_prompts()
+    texts = (texts * (num_prompts // len(texts) + 1))[:num_prompts]
+    return run_ab(arm_a, arm_b, prompts=texts, repeats=repeats, out=out, vary=parse_vary(vary),
+                  same_within=same_within, n_boot=n_boot, primary=primary, log=log)
 
 
 def format_text(res: dict) -> str:

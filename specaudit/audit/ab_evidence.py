@@ -62,6 +62,7 @@ from pathlib import Path
 import numpy as np
 
 from specaudit.numfmt import signed as _num
+from specaudit.stats import percentile_ci as _ci
 from specaudit.trace.schema import InputError
 
 KIND = "specaudit-ab-evidence"
@@ -522,14 +523,6 @@ def _block_sd(x: np.ndarray) -> float:
     (the AR(1) factor sqrt((1 + r) / (1 - r)))."""
     r = _lag1(x)
     return float(x.std()) * math.sqrt((1 + r) / (1 - r))
-
-
-def _ci(reps: np.ndarray) -> list[float]:
-    reps = reps[np.isfinite(reps)]
-    if reps.size == 0:
-        return [float("nan"), float("nan")]
-    lo, hi = np.percentile(reps, [2.5, 97.5])
-    return [float(lo), float(hi)]
 
 
 def _vals(ws: list[EvWindow], m: str) -> np.ndarray:

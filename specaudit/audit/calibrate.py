@@ -275,3 +275,47 @@ def profile_from_traces(path, models=None, device="cpu", steps: int = 24) -> Cos
                              samples=sum(e.samples or 0 for e in es)))
     return CostProfile(out, source="trace", meta={"method": "trace draft_s + verify_s over plain decode steps timed "
                                                             "on this machine", "traces": str(path), "device": device})
+
+
+def parse_ints(s: str) -> tuple[int, ...]:
+    """'2,4,8' -> (2, 4, 8): the --n-nodes / --concurrency grids (positive integers)."""
+    try:
+        out = tuple(int(x) for x in s.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"expected comma-separated integers, got {s!r}") from None
+    if not out or any(x < 1 for x in out):
+        raise ValueError(f"expected positive integers, got {s!r}")
+    return out
+
+
+def make_profile(*, cost_factor=None, cost_factor_std=None, from_traces=None, n_grid=DEFAULT_N, c_grid=DEFAULT_C,
+                 repeats: int = 3, max_new_tokens: int = 96, device="cpu", target=None, drafter=None,
+                 trust_remote_code=False, progress=None) -> CostProfile:
+    """`specaudit calibrate`: a hand-given r, r derived from a trace dataset, or r measured
+    on the reference runtime (the embedded pair, or Hugging Face checkpoints `target` /
+    `drafter`, the drafter drafting up to the largest N - 1). progress(c, n, repeat, r)."""
+    if sum(x is not None for x in (cost_factor, from_traces)) > 1:
+        raise ValueError("give at most one of --cost-factor and --from-traces")
+    if cost_factor is not None:
+        return CostProfile.manual(cost_factor, cost_factor_std)
+    if from_traces:
+        return profile_from_traces(from_traces, device=device)
+    models = None
+    if target:
+        from specaudit.runtime.hf import load_models
+        models = load_models(target, drafter, device=device, budget=max(n_grid) - 1,
+                             trust_remote_code=trust_remote_code)
+    elif drafter:
+        raise ValueError("--drafter needs --target hf:PATH_OR_ID")
+    return measure_profile(models=models, n_grid=n_grid, c_grid=c_grid, repeats=repeats,
+                           max_new_tokens=max_new_tokens, device=device, progress=progress)
+
+
+def format_profile(prof: CostProfile, out) -> str:
+    """The text report of a written profile: one line per (N, c) entry."""
+    lines = [f"cost profile ({prof.source}, {prof.coverage()}) -> {out}"]
+    for e in prof.entries:
+        where = "any N, any c" if e.n_nodes is None else f"N={e.n_nodes:<3d} c={e.concurrency:<3d}"
+        times = (f"  t_ar {e.t_ar_s * 1e3:.2f} ms" if e.t_ar_s else "")
+        lines.append(f"  {where}  r = {e.r:.3f} (sd {e.r_std:.3f}){times}")
+    return "\n".join(lines) + "\n"

@@ -102,14 +102,15 @@ def add_arguments(p) -> None:
 
 def main_evidence(args) -> int:
     """`specaudit ab A B`: the library call and its output; exit 0 (bad input raises: exit 2)."""
+    from specaudit.audit.ab import parse_vary
     from specaudit.audit.ab_evidence import compare_sides, format_text, to_json
     if len(args.sides) != 2:
         raise ValueError(f"give two sides, A and B (got {len(args.sides)}); several files on one side go "
                          "comma-separated or as a quoted glob")
     if args.a is not None or args.b is not None:
         raise ValueError("give either two sides (evidence) or --a/--b (runtime arms), not both")
-    vary = [v.strip() for v in args.vary.split(",") if v.strip()] if args.vary else None
-    res = compare_sides(args.sides[0], args.sides[1], source=args.source, vary=vary, same_within=args.same_within,
+    res = compare_sides(args.sides[0], args.sides[1], source=args.source, vary=parse_vary(args.vary),
+                        same_within=args.same_within,
                         n_boot=args.bootstrap, seed=args.bootstrap_seed, primary=args.primary or "accept_len",
                         bins=args.concurrency_bins, window_forwards=args.window_forwards,
                         min_windows=args.min_windows, baseline_tps=args.baseline_tps, cost_factor=args.cost_factor)
@@ -132,27 +133,10 @@ def main(args) -> int:
                          "or both --a and --b (runtime arms)")
     if args.out is None:
         raise ValueError("runtime mode (--a/--b) needs --out DIR")
-    if args.primary is None:
-        args.primary = "tokens_per_s"
-    if args.primary not in ("accepted_depth", "commit_len", "tokens_per_s"):
-        raise ValueError(f"--primary {args.primary} is an evidence metric; runtime arms have accepted_depth, "
-                         "commit_len, tokens_per_s")
-    from specaudit.audit.ab import format_text, parse_arm, run_ab, stderr_log
-    from specaudit.run import default_prompts, load_prompts
-
-    if args.num_prompts < 1:
-        raise ValueError(f"--num-prompts must be at least 1 (got {args.num_prompts})")
-    if args.bootstrap < 100:
-        raise ValueError(f"--bootstrap must be at least 100 (got {args.bootstrap})")
-    if not 0 <= args.same_within < 1:
-        raise ValueError(f"--same-within must be a fraction in [0, 1) (got {args.same_within})")
-    a, b = parse_arm(args.a, "a"), parse_arm(args.b, "b")
-    texts = load_prompts(args.prompts) if args.prompts else default_prompts()
-    texts = (texts * (args.num_prompts // len(texts) + 1))[:args.num_prompts]
-    vary = [v.strip() for v in args.vary.split(",") if v.strip()] if args.vary else None
-    log = None if args.no_progress else stderr_log
-    res = run_ab(a, b, prompts=texts, repeats=args.repeats, out=args.out, vary=vary,
-                 same_within=args.same_within, n_boot=args.bootstrap, primary=args.primary, log=log)
+    from specaudit.audit.ab import format_text, run_arms, stderr_log
+    res = run_arms(args.a, args.b, out=args.out, prompts_file=args.prompts, num_prompts=args.num_prompts,
+                   repeats=args.repeats, vary=args.vary, same_within=args.same_within, n_boot=args.bootstrap,
+                   primary=args.primary, log=None if args.no_progress else stderr_log)
     if args.json or args.output_format == "json":
         print(json.dumps(res))
     else:

@@ -24,16 +24,6 @@ HELP = "measure the step cost factor r(N, c) and write a cost profile"
 ORDER = 36
 
 
-def _ints(s: str) -> tuple[int, ...]:
-    try:
-        out = tuple(int(x) for x in s.split(",") if x.strip())
-    except ValueError:
-        raise ValueError(f"expected comma-separated integers, got {s!r}") from None
-    if not out or any(x < 1 for x in out):
-        raise ValueError(f"expected positive integers, got {s!r}")
-    return out
-
-
 def add_arguments(p) -> None:
     from specaudit.runtime.options import add_host_arguments, add_model_arguments
     p.add_argument("--out", metavar="FILE", required=True, help="profile JSON to write")
@@ -55,34 +45,21 @@ def add_arguments(p) -> None:
 
 
 def main(args) -> int:
-    from specaudit.audit.estimate import CostProfile
+    from specaudit.audit.calibrate import format_profile, make_profile, parse_ints
     from specaudit.runtime.options import apply_host_options
-    if sum(x is not None for x in (args.cost_factor, args.from_traces)) > 1:
-        raise ValueError("give at most one of --cost-factor and --from-traces")
-    if args.cost_factor is not None:
-        prof = CostProfile.manual(args.cost_factor, args.cost_factor_std)
-    elif args.from_traces:
-        from specaudit.audit.calibrate import profile_from_traces
-        prof = profile_from_traces(args.from_traces, device=args.device)
-    else:
-
-        from specaudit.audit.calibrate import measure_profile
+    measuring = args.cost_factor is None and not args.from_traces
+    if measuring:
         apply_host_options(args)
-        n_grid, c_grid = _ints(args.n_nodes), _ints(args.concurrency)
-        show = sys.stderr.isatty()
+    show = sys.stderr.isatty()
 
-        def progress(c, n, rep, r):
-            if show:
-                print(f"  c={c} N={n} repeat {rep + 1}: r = {r:.3f}", file=sys.stderr)
-        models = None
-        if args.target:  # Hugging Face checkpoints: the drafter drafts up to the largest N - 1
-            from specaudit.runtime.hf import load_models
-            models = load_models(args.target, args.drafter, device=args.device, budget=max(n_grid) - 1,
-                                 trust_remote_code=args.trust_remote_code)
-        elif args.drafter:
-            raise ValueError("--drafter needs --target hf:PATH_OR_ID")
-        prof = measure_profile(models=models, n_grid=n_grid, c_grid=c_grid, repeats=args.repeats,
-                               max_new_tokens=args.max_new_tokens, device=args.device, progress=progress)
+    def progress(c, n, rep, r):
+        if show:
+            print(f"  c={c} N={n} repeat {rep + 1}: r = {r:.3f}", file=sys.stderr)
+    grids = dict(n_grid=parse_ints(args.n_nodes), c_grid=parse_ints(args.concurrency)) if measuring else {}
+    prof = make_profile(cost_factor=args.cost_factor, cost_factor_std=args.cost_factor_std,
+                        from_traces=args.from_traces, **grids, repeats=args.repeats, max_new_tokens=args.max_new_tokens,
+                        device=args.device, target=args.target, drafter=args.drafter,
+                        trust_remote_code=args.trust_remote_code, progress=progress)
     if args.from_traces:
         from specaudit.outfile import guard_output
         guard_output(args.out, [args.from_traces], flag="--out")   # never over a file it read
@@ -90,9 +67,5 @@ def main(args) -> int:
     if args.json or args.output_format == "json":
         print(json.dumps(prof.to_dict()))
     else:
-        print(f"cost profile ({prof.source}, {prof.coverage()}) -> {args.out}")
-        for e in prof.entries:
-            where = "any N, any c" if e.n_nodes is None else f"N={e.n_nodes:<3d} c={e.concurrency:<3d}"
-            times = (f"  t_ar {e.t_ar_s * 1e3:.2f} ms" if e.t_ar_s else "")
-            print(f"  {where}  r = {e.r:.3f} (sd {e.r_std:.3f}){times}")
+        sys.stdout.write(format_profile(prof, args.out))
     return 0

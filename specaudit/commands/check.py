@@ -29,7 +29,6 @@ with their reason (SA000); the others are still checked.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 HELP = "check trace datasets (or engine logs) against the invariant catalog"
 ORDER = 20
@@ -37,13 +36,6 @@ ORDER = 20
 # the engine-output readers' --source names (specaudit.audit.sources.SOURCES; spelled here so
 # `check --help` does not import the readers)
 SOURCES = ("sglang-log", "vllm-log", "llamacpp-log", "prom-text", "json-records")
-
-
-def _codes(text):
-    out = []
-    for part in text or ():
-        out += [c.strip().upper() for c in part.split(",") if c.strip()]
-    return tuple(out)
 
 
 def add_arguments(p) -> None:
@@ -90,117 +82,20 @@ def add_arguments(p) -> None:
     g.add_argument("--ca-file", metavar="FILE", help="https: trust this CA bundle (PEM)")
 
 
-def is_trace_path(p: Path) -> bool:
-    return p.is_dir() or p.suffix == ".parquet" or p.name == "run.json"
-
-
-def audit_sources(files, source, select, ignore, result) -> None:
-    """Engine logs / metrics text through specaudit.sources, into the same result."""
-    try:
-        from specaudit.audit.sources import audit_file
-    except ImportError as e:
-        for f in files:
-            from specaudit.audit.check import result_bad
-            result_bad(result, f, f"not a trace file, and the engine-log readers (specaudit.sources) "
-                                  f"are not available: {e}")
-        return
-    from specaudit.audit.check import result_bad
-    from specaudit.trace.schema import InputError
-    for f in files:
-        try:
-            found = audit_file(f, source=source, select=select, ignore=ignore)
-        except InputError as e:
-            result_bad(result, e.path or f, e.reason)
-            continue
-        except ValueError as e:
-            result_bad(result, f, str(e))
-            continue
-        result.files_checked.append(str(f))
-        for fd in found:
-            result.add(fd)
-
-
-def audit_live(args, select, ignore, result) -> None:
-    """--prometheus URL: the engines' series through specaudit.audit.sources.prom_http."""
-    from specaudit.audit.check import result_bad
-    from specaudit.audit.sources.prom_http import audit_prometheus, parse_duration
-    from specaudit.trace.schema import InputError
-    try:
-        kw = dict(range_s=parse_duration(args.range, "--range"), step_s=parse_duration(args.step, "--step"),
-                  timeout=parse_duration(args.timeout, "--timeout"))
-        found, readings = audit_prometheus(args.prometheus, select=select, ignore=ignore, match=args.match,
-                                           headers=args.header, insecure=args.insecure, ca_file=args.ca_file, **kw)
-    except (InputError, ValueError) as e:
-        result_bad(result, args.prometheus, getattr(e, "reason", None) or str(e))
-        return
-    result.files_checked += [r.path for r in readings]
-    for fd in found:
-        result.add(fd)
-
-
 def run_check(args):
-    """The check as the CLI runs it -> (CheckResult, rendered report)."""
-    from specaudit.audit.check import CheckResult, check_paths, result_bad
-    from specaudit.audit.formats import format_findings
-    select, ignore = _codes(args.select), _codes(args.ignore)
-    from specaudit.invariants import load_rules
-    from specaudit.invariants.registry import check_selectors
-    load_rules(dirs=args.invariants, entry_points=not args.no_entry_points)   # user rules count as known
-    check_selectors("--select", select)
-    check_selectors("--ignore", ignore)
-    if getattr(args, "engine", "local") == "spark":
-        return run_check_spark(args, select, ignore)
-    paths = [Path(p) for p in args.paths]
-    traces, logs = [], []
-    for p in paths:
-        if args.source is not None:
-            logs.append(p)
-        elif not p.exists():
-            traces.append(p)  # check_paths names it
-        elif is_trace_path(p):
-            traces.append(p)
-        else:
-            logs.append(p)
-    if traces:
-        res = check_paths(traces, select=select, ignore=ignore, invariants_dirs=args.invariants,
-                          entry_points=not args.no_entry_points, max_per_code=args.max_per_code)
-    else:
-        from specaudit.invariants import load_rules
-        load_rules(dirs=args.invariants, entry_points=not args.no_entry_points)
-        res = CheckResult(max_per_code=args.max_per_code)
-    if logs:
-        missing = [p for p in logs if not p.exists()]
-        for p in missing:
-            result_bad(res, p, "no such file or folder")
-        audit_sources([p for p in logs if p.exists()], args.source, select, ignore, res)
-        if traces:   # a benchmark client's per-request figures against the same run's trace
-            from specaudit.audit.client_vs_trace import cross_check
-            cross_check(traces, [p for p in logs if p.exists()], select, ignore, res)
-    if getattr(args, "prometheus", None):
-        audit_live(args, select, ignore, res)
-    summary = res.summary()
-    text = format_findings(res.findings, args.output_format, counts=res.counts, summary=summary,
-                           statistics=args.statistics, examples=args.examples, checked=res.rules)
-    return res, text
-
-
-def run_check_spark(args, select, ignore):
-    """--engine spark: every PATH (folder or URI) is a trace dataset, checked on Spark."""
-    from specaudit.audit.formats import format_findings
-    from specaudit.audit.spark import check_spark, session
-    if not args.paths:
-        raise ValueError("--engine spark needs PATHs or URIs of trace datasets")
-    spark = session(args.spark_master)
-    res = check_spark(spark, args.paths, select=select, ignore=ignore, out=args.out,
-                      invariants_dirs=args.invariants, entry_points=not args.no_entry_points,
-                      max_per_code=args.max_per_code)
-    text = format_findings(res.findings, args.output_format, counts=res.counts, summary=res.summary(),
-                           statistics=args.statistics, examples=args.examples, checked=res.rules)
-    return res, text
+    """The check as the CLI runs it -> (CheckResult, rendered report): specaudit.audit.run_check."""
+    from specaudit.audit.run_check import parse_codes, run_check
+    live = dict(range=args.range, step=args.step, timeout=args.timeout, match=args.match, headers=args.header,
+                insecure=args.insecure, ca_file=args.ca_file)
+    return run_check(args.paths, select=parse_codes(args.select), ignore=parse_codes(args.ignore),
+                     invariants=args.invariants, entry_points=not args.no_entry_points, source=args.source,
+                     max_per_code=args.max_per_code, output_format=args.output_format,
+                     statistics=args.statistics, examples=args.examples, engine=args.engine,
+                     spark_master=args.spark_master, out=args.out, prometheus=args.prometheus, live=live)
 
 
 def main(args) -> int:
-    if getattr(args, "list_sources", False):
+    if args.list_sources:
         from specaudit.audit.sources import list_sources
         sys.stdout.write(list_sources())
         return 0

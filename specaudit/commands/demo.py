@@ -17,11 +17,6 @@ Takes about a minute on 2 CPU cores; exit 0 when the clean runs are clean.
 """
 from __future__ import annotations
 
-import shutil
-import sys
-import time
-from pathlib import Path
-
 HELP = "run the main job on the embedded models (chain + tree, traced) and summarise"
 ORDER = 5
 
@@ -36,78 +31,8 @@ def add_arguments(p) -> None:
 
 
 def main(args) -> int:
-    import torch
-
-    from specaudit.audit.check import check_paths
-    from specaudit.audit.formats import format_findings
-    from specaudit.commands.run import print_summary
-    from specaudit.model import default_models
-    from specaudit.postmortem.report import build_report
-    from specaudit.run import run_traced
+    from specaudit.demo import run_demo
     from specaudit.runtime.options import apply_host_options
     apply_host_options(args)
-    out = Path(args.out)
-    traces, injected = out / "traces", out / "injected"
-    for d in (traces, injected):
-        if d.exists() and not args.keep:
-            shutil.rmtree(d)
-    t0 = time.time()
-    models = default_models(args.device, getattr(torch, args.dtype))
-    common = dict(num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, oracle=True,
-                  models=models, device=args.device, dtype=args.dtype, progress=sys.stderr.isatty())
-
-    _head(f"1. speculative decoding on the embedded models -> {traces}/")
-    runs = [run_traced(algo="chain", budget=7, topk=1, out=traces, **common),
-            run_traced(algo="tree", budget=15, topk=4, out=traces, **common)]
-    for r in runs:
-        print_summary(r.summary)
-
-    _head("2. specaudit check on those traces")
-    clean = check_paths([traces])
-    print(format_findings(clean.findings, "text", counts=clean.counts, summary=clean.summary(),
-                          examples=2), end="")
-
-    _head(f"3. the seed bug, injected (--inject commit-counter) -> {injected}/")
-    bad_run = run_traced(algo="chain", budget=7, topk=1, inject="commit-counter", out=injected, **common)
-    print_summary(bad_run.summary)
-    bad = check_paths([injected])
-    print(format_findings(bad.findings, "text", counts=bad.counts, summary=bad.summary(), examples=1), end="")
-
-    _head("4. reported commit length against measured throughput")
-    _estimate(runs[0], bad_run, models, args.max_new_tokens, args.device)
-
-    _head("5. report")
-    report = build_report([traces, injected], out / "report", findings=clean.findings + bad.findings,
-                          summary=None)
-    print(f"report: {report}")
-    print(f"\ndemo finished in {time.time() - t0:.0f}s")
-    return clean.exit_code
-
-
-def _head(text: str) -> None:
-    print(f"\n== {text}", flush=True)
-
-
-def _estimate(clean_run, bad_run, models, max_new_tokens: int, device: str = "cpu") -> None:
-    """Throughput-derived commit length for both chain runs, as `specaudit calibrate` then
-    `specaudit estimate traces/ --profile cost.json --baseline-from-profile` would do.
-
-    The calibrator measures, on its own, the cost factor r (a draft plus a verify of 8
-    nodes over one plain decode step, at the runs' context lengths) and the plain step
-    time t_ar; it knows nothing of either run's acceptance. Each run's observed tokens/s
-    comes from its own trace (steady-state decode steps, not the counters under audit).
-    """
-    from specaudit.audit.calibrate import measure_profile
-    from specaudit.audit.estimate import estimate_and_judge, observations_from_traces, profile_t_ar
-
-    prof = measure_profile(models=models, n_grid=(8,), c_grid=(1,), repeats=3, max_new_tokens=max_new_tokens,
-                           device=device)
-    r, r_std = prof.lookup(8, 1)
-    base_tps = 1 / profile_t_ar(prof, 1)
-    print(f"calibrated: plain decode {base_tps:.1f} tokens/s; cost factor r(N=8, c=1) = {r:.2f} +/- {r_std:.2f}")
-    for name, run in (("clean chain", clean_run), ("injected chain", bad_run)):
-        (o,) = observations_from_traces(run.run_dir)
-        res = estimate_and_judge(o, (base_tps, 0.0, "profile t_ar"), (r, r_std, "profile"))
-        e = res["estimate"]
-        print(f"{name}: {o.tps:.1f} tokens/s in its decode steps -> estimated commit length {e['value']:.2f} "
-              f"[{e['low']:.2f}, {e['high']:.2f}]; {res['conclusion']}")
+    return run_demo(args.out, keep=args.keep, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
+                    device=args.device, dtype=args.dtype)

@@ -31,18 +31,8 @@ of objects) or parquet (needs -o). SQL errors: DuckDB's message on one line, exi
 """
 from __future__ import annotations
 
-import math
-import os
-import re
-import sys
-from pathlib import Path
-
-from specaudit.postmortem.output import emit
-from specaudit.postmortem.shell import find_cli, open_shell
-
 HELP = "SQL over traces (DuckDB views steps/requests/runs/nodes/violations) and canned queries"
 ORDER = 60
-NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 
 
 def add_arguments(p) -> None:
@@ -81,57 +71,6 @@ def _intermixed(p) -> None:
     p.parse_known_args = intermixed
 
 
-def split_args(args: list[str], sql_file: str | None):
-    """PATH... [SQL|NAME] -> (paths, sql or None, canned name or None)."""
-    if not args:
-        raise ValueError("give a dataset path (specaudit query PATH [SQL|NAME]; --list for canned queries)")
-    if sql_file:
-        try:
-            return args, Path(sql_file).read_text(encoding="utf-8"), None
-        except (OSError, UnicodeDecodeError) as e:
-            raise ValueError(f"{sql_file}: cannot read the SQL file: {e}") from None
-    if len(args) == 1:
-        only = args[0]
-        if not os.path.exists(only) and (NAME_RE.match(only) is None or " " in only) and _looks_like_sql(only):
-            raise ValueError("give the dataset path first: specaudit query PATH... \"SQL\"")
-        return args, None, None
-    *paths, last = args
-    if os.path.exists(last):
-        return args, None, None                      # all paths: the shell
-    if NAME_RE.match(last):
-        return paths, None, last.replace("-", "_")
-    if not _looks_like_sql(last) and ("/" in last or last.endswith((".parquet", ".json"))):
-        from specaudit.trace.schema import InputError
-        raise InputError(last, "no such file or folder")
-    return paths, last, None
-
-
-def _looks_like_sql(s: str) -> bool:
-    return bool(re.search(r"\s", s.strip())) or s.strip().upper() in ("SHOW", "SUMMARIZE")
-
-
-def parse_params(items: list[str]) -> dict:
-    out = {}
-    for it in items:
-        k, sep, v = it.partition("=")
-        if not sep or not k:
-            raise ValueError(f"--param {it!r}: expected KEY=VALUE")
-        out[k.strip()] = _typed(v)
-    return out
-
-
-def _typed(v: str):
-    for conv in (int, float):
-        try:
-            x = conv(v)
-            if isinstance(x, float) and not math.isfinite(x):
-                break
-            return x
-        except ValueError:
-            pass
-    return v
-
-
 # ----------------------------------------------------------------------- checker
 
 def run_checker(paths):
@@ -143,49 +82,10 @@ def run_checker(paths):
     return list(res.findings), summary
 
 
-def needs_violations(sql: str) -> bool:
-    return re.search(r"\bviolations\b", sql, re.IGNORECASE) is not None
-
-
 # -------------------------------------------------------------------------- main
 
 def main(args) -> int:
-    from specaudit.postmortem import views as Q
-
-    if args.list:
-        print(Q.describe_canned())
-        return 0
-    if args.show:
-        print(Q.canned(args.show.replace("-", "_")).sql.rstrip())
-        return 0
-    paths, sql, name = split_args(args.args, args.file)
-    params = parse_params(args.param)
-    if name:
-        q = Q.canned(name)
-        unknown = sorted(set(params) - set(q.params))
-        if unknown:
-            known = ", ".join(q.params) or "none"
-            raise ValueError(f"canned query {name!r} has no parameter {unknown[0]!r} (its parameters: {known})")
-        sql = q.sql
-    if args.max_rows < 0:
-        raise ValueError("--max-rows must be 0 (all) or more")
-    if args.output and sql is None:
-        raise ValueError("-o needs SQL or a canned query name")
-    ds = Q.find_dataset(paths)
-    for e in ds.skipped:
-        print(f"specaudit query: warning: left out of the views: {e}", file=sys.stderr)
-    cli = find_cli() if sql is None else None
-    findings = None
-    if not args.no_check and (sql is None or needs_violations(sql)):
-        print("specaudit query: running the checker for the violations view (--no-check skips it)",
-              file=sys.stderr, flush=True)
-        findings, _ = run_checker(paths)
-    if sql is None:
-        return open_shell(cli, paths, findings, ds)
-    con = Q.connect(paths, findings, threads=args.threads, variables=params, dataset=ds)
-    try:
-        schema, batches = Q.fetch_batches(con, sql)
-        emit(schema, batches, args.output_format, args.output, args.max_rows, ds)
-    finally:
-        con.close()
-    return 0
+    from specaudit.postmortem.run_query import run_query
+    return run_query(args.args, sql_file=args.file, params=args.param, output_format=args.output_format,
+                     output=args.output, max_rows=args.max_rows, threads=args.threads,
+                     checker=None if args.no_check else run_checker, list_canned=args.list, show=args.show)

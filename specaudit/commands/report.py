@@ -40,46 +40,18 @@ def add_arguments(p) -> None:
     p.add_argument("--threads", type=int, default=None, help="DuckDB threads (default: all cores)")
 
 
-def load_ab_result(path):
-    """The A/B result in a .json PATH (evidence or runtime), or None when it is not one."""
-    import json
-    from pathlib import Path
-    p = Path(path)
-    if p.suffix != ".json" or p.name == "run.json" or not p.is_file():
-        return None
-    try:
-        d = json.loads(p.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{p}: not an A/B result: {e}") from None
-    if isinstance(d, dict) and (d.get("kind") == "specaudit-ab-evidence"
-                                or {"a", "b", "metrics", "verdict"} <= set(d)):
-        return d
-    raise ValueError(f"{p}: a JSON file that is neither a run.json nor an A/B result (specaudit ab)")
+def _checker(paths):
+    """The checker for the report (the command layer composes the two readers)."""
+    from specaudit.audit.check import check_paths
+    res = check_paths(paths)
+    return list(res.findings), res.summary(), res.exit_code
 
 
 def main(args) -> int:
-    from specaudit.outfile import guard_output_dir
-    from specaudit.postmortem.report import build_ab_report, build_report
-    from specaudit.trace.schema import discover
-    guard_output_dir(args.out, args.paths)   # never into a run folder it reads
-    abs_ = [(p, load_ab_result(p)) for p in args.paths]
-    ab = next((d for _, d in abs_ if d is not None), None)
-    if sum(d is not None for _, d in abs_) > 1:
-        raise ValueError("give one A/B result per report")
-    args.paths = [p for p, d in abs_ if d is None]
-    if not args.paths and ab is not None:
-        path = build_ab_report(ab, args.out, title=args.title)
-        print(f"report: {path}", file=sys.stdout)
-        return 0
-    discover(args.paths)                 # bad paths fail here, before the checker runs
-    findings = summary = None
-    if not args.no_check:
-        from specaudit.audit.check import check_paths
-        res = check_paths(args.paths)
-        findings, summary = list(res.findings), res.summary()
-    path = build_report(args.paths, args.out, findings=findings, summary=summary,
-                        threads=args.threads, title=args.title, ab=ab)
+    from specaudit.postmortem.run_report import run_report
+    path, summary, rc = run_report(args.paths, args.out, checker=None if args.no_check else _checker,
+                                   title=args.title, threads=args.threads)
     note = "" if summary is None else f" (checker: {summary.get('violations', 0)} violation(s))"
     print(f"report: {path}{note}", file=sys.stdout)
     # the README's rule: 1 when the checker found errors (the report is written either way)
-    return 0 if (args.no_check or args.exit_zero) else res.exit_code
+    return 0 if args.exit_zero else rc

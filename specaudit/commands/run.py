@@ -49,26 +49,9 @@ def add_arguments(p) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def _beside(s: dict, key: str, nd: int) -> str:
-    """'5.86 (reported 7.00, disagrees)': the derived figure, then the runtime's own counter
-    and the verdict of specaudit.audit.compare."""
-    from specaudit.audit.compare import verdict
-    der, rep = s.get(key), s.get(f"reported_{key}")
-    text = "?" if der is None else f"{der:.{nd}f}"
-    if rep is None:
-        return text
-    v = verdict(rep, der) if der is not None else "no verdict"
-    return f"{text} (reported {rep:.{nd}f}{'' if v == 'agrees' else ', ' + v.upper()})"
-
-
 def print_summary(s: dict, file=None) -> None:
-    line = (f"{s['run_id']}: {s['requests']} requests, {s['steps']} steps, "
-            f"mean accepted depth {_beside(s, 'mean_accepted_depth', 2)}, "
-            f"mean commit length {_beside(s, 'mean_commit_len', 2)}, {_beside(s, 'tokens_per_s', 1)} tokens/s")
-    if "speedup" in s:
-        line += (f", {s['speedup']:.2f}x plain greedy ({s['greedy_tokens_per_s']:.1f} tokens/s), "
-                 f"lossless: {'yes' if s['lossless'] else 'NO'}")
-    print(line, file=file or sys.stdout)
+    from specaudit.audit.run_summary import summary_line
+    print(summary_line(s), file=file or sys.stdout)
 
 
 def main(args) -> int:

@@ -1,0 +1,123 @@
+"""`specaudit query` as a library call: what the arguments ask, and the answer.
+
+    rc = run_query(["traces/", "acceptance_by_depth"], output_format="json")
+
+split_args tells the dataset paths from the SQL or the canned query's name; run_query
+validates the parameters, builds the views (specaudit.postmortem.views), runs the SQL and
+writes the rows (postmortem.output), or opens the interactive shell. The violations view
+needs the checker's findings: the caller passes `checker` (paths -> (findings, summary));
+the post-mortem never imports the checker (readers never import each other).
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+from pathlib import Path
+
+NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+
+
+def split_args(args: list[str], sql_file: str | None):
+    """PATH... [SQL|NAME] -> (paths, sql or None, canned name or None)."""
+    if not args:
+        raise ValueError("give a dataset path (specaudit query PATH [SQL|NAME]; --list for canned queries)")
+    if sql_file:
+        try:
+            return args, Path(sql_file).read_text(encoding="utf-8"), None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"{sql_file}: cannot read the SQL file: {e}") from None
+    if len(args) == 1:
+        only = args[0]
+        if not os.path.exists(only) and (NAME_RE.match(only) is None or " " in only) and _looks_like_sql(only):
+            raise ValueError("give the dataset path first: specaudit query PATH... \"SQL\"")
+        return args, None, None
+    *paths, last = args
+    if os.path.exists(last):
+        return args, None, None                      # all paths: the shell
+    if NAME_RE.match(last):
+        return paths, None, last.replace("-", "_")
+    if not _looks_like_sql(last) and ("/" in last or last.endswith((".parquet", ".json"))):
+        from specaudit.trace.schema import InputError
+        raise InputError(last, "no such file or folder")
+    return paths, last, None
+
+
+def _looks_like_sql(s: str) -> bool:
+    return bool(re.search(r"\s", s.strip())) or s.strip().upper() in ("SHOW", "SUMMARIZE")
+
+
+def parse_params(items: list[str]) -> dict:
+    out = {}
+    for it in items:
+        k, sep, v = it.partition("=")
+        if not sep or not k:
+            raise ValueError(f"--param {it!r}: expected KEY=VALUE")
+        out[k.strip()] = _typed(v)
+    return out
+
+
+def _typed(v: str):
+    for conv in (int, float):
+        try:
+            x = conv(v)
+            if isinstance(x, float) and not math.isfinite(x):
+                break
+            return x
+        except ValueError:
+            pass
+    return v
+
+
+def needs_violations(sql: str) -> bool:
+    return re.search(r"\bviolations\b", sql, re.IGNORECASE) is not None
+
+
+def run_query(args: list[str], *, sql_file: str | None = None, params=(), output_format: str = "table",
+              output: str | None = None, max_rows: int = 1000, threads=None, checker=None, list_canned=False,
+              show: str | None = None) -> int:
+    """args: PATH... [SQL|NAME] as typed; params: KEY=VALUE strings; checker: paths ->
+    (findings, summary) for the violations view (None: no checker, the view is empty).
+    Returns the exit code (errors raise ValueError / InputError: exit 2)."""
+    from specaudit.postmortem import views as Q
+    from specaudit.postmortem.output import emit
+    from specaudit.postmortem.shell import find_cli, open_shell
+
+    if list_canned:
+        print(Q.describe_canned())
+        return 0
+    if show:
+        print(Q.canned(show.replace("-", "_")).sql.rstrip())
+        return 0
+    paths, sql, name = split_args(args, sql_file)
+    params = parse_params(params)
+    if name:
+        q = Q.canned(name)
+        unknown = sorted(set(params) - set(q.params))
+        if unknown:
+            known = ", ".join(q.params) or "none"
+            raise ValueError(f"canned query {name!r} has no parameter {unknown[0]!r} (its parameters: {known})")
+        sql = q.sql
+    if max_rows < 0:
+        raise ValueError("--max-rows must be 0 (all) or more")
+    if output and sql is None:
+        raise ValueError("-o needs SQL or a canned query name")
+    ds = Q.find_dataset(paths)
+    for e in ds.skipped:
+        print(f"specaudit query: warning: left out of the views: {e}", file=sys.stderr)
+    cli = find_cli() if sql is None else None
+    findings = None
+    if checker is not None and (sql is None or needs_violations(sql)):
+        print("specaudit query: running the checker for the violations view (--no-check skips it)",
+              file=sys.stderr, flush=True)
+        findings, _ = checker(paths)
+    if sql is None:
+        return open_shell(cli, paths, findings, ds)
+    con = Q.connect(paths, findings, threads=threads, variables=params, dataset=ds)
+    try:
+        schema, batches = Q.fetch_batches(con, sql)
+        emit(schema, batches, output_format, output, max_rows, ds)
+    finally:
+        con.close()
+    return 0
