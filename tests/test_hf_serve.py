@@ -8,6 +8,7 @@ greedy `model.generate` on the same token ids (lossless), and the trace must che
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -55,15 +56,16 @@ def test_serve_hf_pair_is_lossless_and_checks_clean(pair, tmp_path, drafter):
             models = c.get("/v1/models").json()["data"]
             assert models[0]["id"] == f"hf:{target}" and models[0]["max_model_len"] == 256
             prompt = "def foo(x):\n    return"
-            r = c.post("/v1/completions", json={"prompt": prompt, "max_tokens": 20}).json()
+            ids = [EOS - 1, 104, 105]   # token ids beyond the byte range: the model's vocabulary now
+            with ThreadPoolExecutor(2) as ex:   # both in the running batch at once (2 slots)
+                fa = ex.submit(c.post, "/v1/completions", json={"prompt": prompt, "max_tokens": 20})
+                fb = ex.submit(c.post, "/v1/completions", json={"prompt": ids, "max_tokens": 8})
+                r, rb = fa.result().json(), fb.result().json()
             want = plain_greedy(target, tok(prompt)["input_ids"], 20)
             assert r["choices"][0]["text"] == tok.decode(want, skip_special_tokens=True)
             assert r["usage"]["completion_tokens"] == len(want)
             assert r["usage"]["prompt_tokens"] == len(prompt.encode())
-            # a prompt of token ids beyond the byte range is the model's vocabulary now
-            ids = [EOS - 1, 104, 105]
-            r = c.post("/v1/completions", json={"prompt": ids, "max_tokens": 8}).json()
-            assert r["choices"][0]["text"] == tok.decode(plain_greedy(target, ids, 8), skip_special_tokens=True)
+            assert rb["choices"][0]["text"] == tok.decode(plain_greedy(target, ids, 8), skip_special_tokens=True)
             bad = c.post("/v1/completions", json={"prompt": [300], "max_tokens": 8})
             assert bad.status_code == 422 and "0..259" in bad.json()["error"]["message"]
             # chat: the tokenizer's own template, streamed; the deltas join to the whole answer
