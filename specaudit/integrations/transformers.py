@@ -2,7 +2,7 @@
 
     from specaudit.integrations.transformers import traced_generate
     out = traced_generate(model, input_ids, assistant_model=small, tracer=tracer,
-                          max_new_tokens=64)            # greedy; any other generate kwargs
+                          max_new_tokens=64)            # greedy, or do_sample=True; any generate kwargs
 
 No fork of transformers: for the duration of the call the target's candidate generator is
 wrapped in a recorder (its `get_candidates` gives the drafts, `update_candidate_strategy`
