@@ -185,11 +185,13 @@ def mask_hash(V: np.ndarray) -> np.ndarray:
         V = V[None]
     B, N, _ = V.shape
     words = _pack_rows(V).reshape(B, -1)  # [B, N*W] in hashing order
+    cols = np.ascontiguousarray(words.T)  # [N*W, B]: each step of the loop reads one row
     with np.errstate(over="ignore"):
         h = np.full(B, FNV_OFFSET, dtype=np.uint64)
         h = (h ^ np.uint64(N)) * FNV_PRIME
-        for w in range(words.shape[1]):
-            h = (h ^ words[:, w]) * FNV_PRIME
+        for w in range(cols.shape[0]):    # in place: two ufunc calls a word, no temporaries
+            np.bitwise_xor(h, cols[w], out=h)
+            np.multiply(h, FNV_PRIME, out=h)
     return h[0] if single else h
 
 
