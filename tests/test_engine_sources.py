@@ -282,3 +282,45 @@ def test_the_model_is_passed_through_for_the_ab_model_stratum(tmp_path):
     assert _reading_meta(r)["model"] == "meta-llama/Llama-3.1-8B"
     prom.write_text(prom.read_text() + 'vllm:spec_decode_num_drafts_total{engine="1",model_name="other"} 5\n')
     assert "model_name" not in sources.read_source(prom).config     # two models: no single stratum
+
+
+def _parallel_log(tmp_path):
+    """SGLang's clean log repeated (server_args only at the top) with one line whose accept
+    length exceeds num_draft_tokens near the end: only a range seeded with the head's
+    configuration can catch it."""
+    clean = (Path(__file__).parent / "fixtures" / "engines" / "sglang_clean.log").read_text().splitlines()
+    broken = (Path(__file__).parent / "fixtures" / "engines" / "sglang_accept_len_above_max.log").read_text()
+    bad = broken.splitlines()[8]
+    body = [ln for ln in clean[1:] if "Decode batch" in ln]
+    f = tmp_path / "big.log"
+    f.write_text("\n".join([clean[0]] + body * 40 + [bad] + body * 2) + "\n")
+    return f, 1 + len(body) * 40 + 1
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_parallel_audit_equals_the_sequential_one(tmp_path, monkeypatch, n):
+    f, bad_line = _parallel_log(tmp_path)
+    monkeypatch.setenv("SPECAUDIT_WORKERS", "1")
+    seq = audit_file(f)
+    monkeypatch.setenv("SPECAUDIT_WORKERS", str(n))
+    monkeypatch.setattr(sources, "PARALLEL_MIN", 1)
+    ranges = sources._ranges(f, n)
+    assert len(ranges) == n and ranges[0][0] == 0 and ranges[-1][1] == f.stat().st_size
+    assert ranges[-1][0] <= f.read_bytes().index(b"accept len: 7.00")   # the bad line is in the last range
+    par = audit_file(f)
+    # the same findings; a rule over a whole chunk (SA708, SA711 compare its windows) names
+    # its first window, which a range boundary moves, so only its code is compared
+    agg = {"SA708", "SA711"}
+    assert sorted((x.code, x.severity) for x in par) == sorted((x.code, x.severity) for x in seq)
+    assert sorted((x.code, x.line) for x in par if x.code not in agg) == \
+        sorted((x.code, x.line) for x in seq if x.code not in agg)
+    assert {("SA705", bad_line)} <= {(x.code, x.line) for x in par}     # seeded with the head's server_args
+
+
+def test_parallel_audit_of_a_log_without_figures_is_one_clear_error(tmp_path, monkeypatch):
+    f = tmp_path / "noise.log"
+    f.write_text("[2025-10-02 14:00:05] Decode batch, #running-req: 1, #token: 10, accept len: nan, \n" * 200)
+    monkeypatch.setenv("SPECAUDIT_WORKERS", "2")
+    monkeypatch.setattr(sources, "PARALLEL_MIN", 1)
+    with pytest.raises(InputError, match="no usable spec-decoding figures"):
+        audit_file(f)

@@ -251,26 +251,40 @@ class Lines:
     Memory: one block plus one line (at most MAX_LINE), whatever the file size.
     """
 
-    def __init__(self, path, progress: bool = True, markers=None):
+    def __init__(self, path, progress: bool = True, markers=None, start: int = 0, end: int | None = None,
+                 first_line: int = 1, counter=None):
         self.path = _check_path(path)
         self.notes: list[dict] = []
         self.progress = progress
         self.markers = markers
         self.unterminated = None   # number of a last line with no newline (cut mid-write?)
+        # a byte range [start, end) that begins at a line start, numbered from first_line
+        # (the parallel audit); counter: a shared multiprocessing.Value of bytes read
+        self.start, self.end, self.first_line, self.counter = start, end, first_line, counter
 
     def __iter__(self):
-        bar = _progress(self.path) if self.progress else None
+        bar = _progress(self.path) if self.progress and self.counter is None else None
         search = self.markers.search if self.markers is not None else None
         bad_utf8 = False
-        i = 0
+        i = self.first_line - 1
+        left = self.end - self.start if self.end is not None else None
         try:
             with open(self.path, "rb") as f:
+                if self.start:
+                    f.seek(self.start)
                 rest = b""            # the unfinished last line of the previous block
                 skipping = 0          # bytes of an over-long line being drained (0: none)
                 while True:
-                    block = f.read(READ_CHUNK)
+                    if left is None:
+                        block = f.read(READ_CHUNK)
+                    else:
+                        block = f.read(min(READ_CHUNK, left)) if left > 0 else b""
+                        left -= len(block)
                     if bar is not None and block:
                         bar.update(len(block))
+                    if self.counter is not None and block:
+                        with self.counter.get_lock():
+                            self.counter.value += len(block)
                     if not block:
                         raws = [rest] if rest and not skipping else []
                         if raws:
@@ -435,22 +449,16 @@ def _resolve(path, source):
     return p, source
 
 
-def iter_readings(path, source: str | None = None, chunk: int = CHUNK_WINDOWS):
-    """Stream a file into Readings of at most `chunk` windows each (the last may be
-    smaller); each carries the config and notes seen so far. Bounded memory for any size."""
-    forced = source is not None
-    p, source = _resolve(path, source)
+def _stream(path, source: str, forced: bool, lines, parser, chunk: int, stats: dict):
+    """Readings of at most `chunk` windows from `lines` through `parser`; stats gets the
+    windows and notes counted and the last chunk's notes."""
     mods = _modules()
-    mod = mods[source]
-    lines = Lines(p, markers=_log_markers(mods) if SOURCES[source][1] == "log" else None)
-    parser = mod.Parser(str(path))
     # lines of another engine past the part detection read (a mixed file): noted, not read
     others = [] if forced or SOURCES[source][1] != "log" else \
         [(n, m.looks_like_line) for n, m in mods.items() if n != source and SOURCES[n][1] == "log"]
     mixed = 0
     total = 0
     notes_total = 0
-    last_notes: list = []
     emitted = False
     for i, ln in lines:
         for name, looks in others:
@@ -476,13 +484,156 @@ def iter_readings(path, source: str | None = None, chunk: int = CHUNK_WINDOWS):
     r.notes = lines.notes + r.notes
     total += len(r.windows)
     notes_total += len(r.notes)
-    last_notes = r.notes
-    if total == 0:
-        raise InputError(path, f"read as {source}, but no usable spec-decoding figures in it"
-                         + (f" ({notes_total} lines skipped; line {last_notes[0]['line']}: {last_notes[0]['reason']})"
-                            if last_notes else ""))
+    stats.update(windows=total, notes=notes_total, last_notes=r.notes[:1])
     if r.windows or not emitted or r.notes:
         yield r
+
+
+def _no_figures(path, source, stats) -> InputError:
+    last = stats.get("last_notes")
+    return InputError(path, f"read as {source}, but no usable spec-decoding figures in it"
+                      + (f" ({stats['notes']} lines skipped; line {last[0]['line']}: {last[0]['reason']})"
+                         if last else ""))
+
+
+def iter_readings(path, source: str | None = None, chunk: int = CHUNK_WINDOWS):
+    """Stream a file into Readings of at most `chunk` windows each (the last may be
+    smaller); each carries the config and notes seen so far. Bounded memory for any size."""
+    forced = source is not None
+    p, source = _resolve(path, source)
+    yield from _iter(p, path, source, forced, chunk)
+
+
+def _iter(p: Path, path, source: str, forced: bool, chunk: int = CHUNK_WINDOWS):
+    mods = _modules()
+    lines = Lines(p, markers=_log_markers(mods) if SOURCES[source][1] == "log" else None)
+    parser = mods[source].Parser(str(path))
+    stats: dict = {}
+    for r in _stream(path, source, forced, lines, parser, chunk, stats):
+        if "windows" in stats and stats["windows"] == 0:
+            raise _no_figures(path, source, stats)
+        yield r
+    if stats.get("windows", 0) == 0:
+        raise _no_figures(path, source, stats)
+
+
+# ------------------------------------------------------------------ parallel audit of a large log
+#
+# A log of PARALLEL_MIN bytes or more is cut into one byte range per worker (each starting
+# at a line start, numbered from its true line number), and each worker reads, parses and
+# audits its range chunk by chunk exactly as the sequential path does: the rules already
+# run per chunk of CHUNK_WINDOWS windows, so a range boundary is one more chunk boundary.
+# Reader state that a range cannot see is seeded: the configuration lines of the file's
+# head (SGLang's server_args) through the reader's CONFIG_MARKERS. Findings come back in
+# file order; memory stays one block and one chunk per worker.
+
+PARALLEL_MIN = 64 * 1024 * 1024
+
+
+def workers() -> int:
+    """Worker processes for a large log: SPECAUDIT_WORKERS, else the CPUs this process may
+    use (at most 8); 1 = sequential."""
+    import os
+    env = os.environ.get("SPECAUDIT_WORKERS", "").strip()
+    if env.isdigit() and int(env) >= 1:
+        return int(env)
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    return max(1, min(n, 8))
+
+
+_COUNTER = None
+
+
+def _init_worker(counter):
+    global _COUNTER
+    _COUNTER = counter
+
+
+def _audit_range(path, source, forced, start, end, first_line, seed, select, ignore, chunk):
+    mods = _modules()
+    parser = mods[source].Parser(str(path))
+    parser.reading.config.update(seed)
+    lines = Lines(path, markers=_log_markers(mods), start=start, end=end, first_line=first_line, counter=_COUNTER)
+    stats: dict = {}
+    out: list = []
+    for r in _stream(path, source, forced, lines, parser, chunk, stats):
+        out += audit_reading(r, select=select, ignore=ignore)
+    return out, stats
+
+
+def _ranges(p: Path, n: int) -> list[tuple[int, int, int]]:
+    """n byte ranges (start, end, first line number), each starting at a line start."""
+    size = p.stat().st_size
+    cuts = [0]
+    with open(p, "rb") as f:
+        for j in range(1, n):
+            f.seek(max(size * j // n, cuts[-1]))
+            f.readline(MAX_LINE + 1)  # to the next line start (a long line: its part is noted by one range)
+            pos = f.tell()
+            if pos < size and pos > cuts[-1]:
+                cuts.append(pos)
+        cuts.append(size)
+        # the first line number of each range: newlines before its start, counted in blocks
+        firsts, count, pos = [1], 0, 0
+        f.seek(0)
+        for c in cuts[1:-1]:
+            while pos < c:
+                block = f.read(min(READ_CHUNK, c - pos))
+                if not block:
+                    break
+                count += block.count(b"\n")
+                pos += len(block)
+            firsts.append(count + 1)
+    return [(cuts[j], cuts[j + 1], firsts[j]) for j in range(len(cuts) - 1)]
+
+
+def _seed_config(p: Path, source: str) -> dict:
+    """The configuration a reader collects from the file's head (its CONFIG_MARKERS lines)."""
+    import re
+    mod = _modules()[source]
+    marks = getattr(mod, "CONFIG_MARKERS", ())
+    if not marks:
+        return {}
+    parser = mod.Parser(str(p))
+    rx = re.compile(b"|".join(re.escape(m) for m in marks))
+    for i, ln in Lines(p, progress=False, markers=rx, end=min(p.stat().st_size, HEAD_BYTES)):
+        parser.feed(i, ln)
+    return dict(parser.reading.config)
+
+
+def _audit_parallel(p: Path, path, source: str, forced: bool, n: int, select, ignore) -> list[Finding]:
+    import multiprocessing as mp
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    ranges = _ranges(p, n)
+    seed = _seed_config(p, source)
+    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+    counter = ctx.Value("q", 0)
+    bar = _progress(p)
+    try:
+        with ProcessPoolExecutor(max_workers=len(ranges), mp_context=ctx, initializer=_init_worker,
+                                 initargs=(counter,)) as ex:
+            futs = [ex.submit(_audit_range, str(path), source, forced, a, b, first, seed, tuple(select),
+                              tuple(ignore), CHUNK_WINDOWS) for a, b, first in ranges]
+            pending = set(futs)
+            while pending:
+                _done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                if bar is not None:
+                    bar.update(counter.value - bar.n)
+            results = [f.result() for f in futs]
+    finally:
+        if bar is not None:
+            bar.close()
+    out: list[Finding] = []
+    for fs, _stats in results:
+        out += fs
+    if sum(st.get("windows", 0) for _fs, st in results) == 0:
+        stats = {"notes": sum(st.get("notes", 0) for _fs, st in results),
+                 "last_notes": next((st["last_notes"] for _fs, st in results if st.get("last_notes")), [])}
+        raise _no_figures(path, source, stats)
+    return out
 
 
 def read_source(path, source: str | None = None) -> Reading:
@@ -524,8 +675,12 @@ def audit_file(path, source: str | None = None, select=(), ignore=()) -> list[Fi
     Returns the findings (errors fail a check, warnings do not). Raises
     specaudit.trace.schema.InputError for a file that is none of these, empty, or mixed.
     """
+    p, src = _resolve(path, source)
+    n = workers()
+    if n > 1 and SOURCES[src][1] == "log" and p.stat().st_size >= PARALLEL_MIN:
+        return _audit_parallel(p, path, src, source is not None, n, select, ignore)
     out: list[Finding] = []
-    for r in iter_readings(path, source):
+    for r in _iter(p, path, src, source is not None):
         out += audit_reading(r, select=select, ignore=ignore)
     return out
 

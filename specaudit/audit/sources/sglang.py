@@ -63,6 +63,8 @@ LEN_CONV = "(accepted drafts + 1 per request) / request-verify steps: counts the
 
 # substrings every line this reader uses holds (Lines' prefilter: other lines are never decoded)
 MARKERS = (b"Decode batch", b"server_args=", b"ServerArgs(")
+# the lines that configure the reader (the parallel audit seeds every range with them)
+CONFIG_MARKERS = (b"server_args=", b"ServerArgs(")
 
 
 def looks_like_line(line: str) -> bool:
