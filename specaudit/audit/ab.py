@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specaudit.numfmt import fixed
 from specaudit.stats import percentile_ci as _ci
 from specaudit.trace.schema import InputError, atomic_write_bytes
 
@@ -336,13 +337,14 @@ def run_ab(a: dict, b: dict, *, prompts: list[str], repeats: int = 2, out, vary:
     if abs(batch["A"] - batch["B"]) > 1e-9:
         differ["batch"] = [round(batch["A"], 3), round(batch["B"], 3)]  # observed mean requests per forward
         if vary and "batch" not in vary and "concurrency" not in vary:
-            warnings.append(f"the observed batch differs (mean {batch['A']:.2f} vs {batch['B']:.2f} requests "
+            warnings.append(f"the observed batch differs (mean {fixed(batch['A'])} vs {fixed(batch['B'])} requests "
                             "per verify forward), which the experiment does not name")
     for lab in "AB":
         m = per_step[lab]
         if abs(m["reported_depth"] - m["depth"]) > 1e-9 or abs(m["reported_commit"] - m["commit"]) > 1e-9:
-            warnings.append(f"{lab}'s own counters disagree with its trace (reported depth {m['reported_depth']:.2f}, "
-                            f"commit {m['reported_commit']:.2f}; rows {m['depth']:.2f}, {m['commit']:.2f}): the "
+            rd, rc, d, c = (fixed(m[k]) for k in ("reported_depth", "reported_commit", "depth", "commit"))
+            warnings.append(f"{lab}'s own counters disagree with its trace (reported depth {rd}, "
+                            f"commit {rc}; rows {d}, {c}): the "
                             f"figures here come from the rows; run `specaudit check {out / lab.lower()}`")
     result = {
         "a": {"args": a["args"], "settings": {k: a[k] for k in SETTINGS}, "dataset": str(out / "a"),

@@ -64,6 +64,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from specaudit.numfmt import fixed as _f  # two decimals, as engines print their figures
 from specaudit.stats import mean_se
 from specaudit.trace.schema import InputError
 
@@ -693,18 +694,21 @@ def cost_for(obs: Observation, *, cost_factor=None, cost_factor_std=None, profil
     raise ValueError("no cost factor: give --cost-factor R (e.g. 1.5) or --profile FILE from `specaudit calibrate`")
 
 
-def _f(x) -> str:
-    return f"{x:.2f}"
-
-
 def _rivals(est: Estimate, ok: list, derived, tolerance: float, n_nodes) -> list:
-    """The admitted figures that a derived commit length inside the band disagrees with."""
+    """The admitted figures that a derived commit length inside the band disagrees with. A
+    depth counter agrees when the derived commit length sits where the identity puts it
+    (depth + 1, or at most IDENTITY_CUT_SLACK below: the cut last steps of requests)."""
     if derived is None or not ok:
         return []
     from specaudit.audit.compare import agrees
     if verdict(est, derived, tolerance, n_nodes) != CONSISTENT:
         return []
-    return [f for f in ok if not agrees(f["as_commit_len"], derived)]
+
+    def fits(f):
+        c = f["as_commit_len"]
+        return bool(agrees(c, derived)) or (f["counter"] == "accepted depth"
+                                            and c * (1 - IDENTITY_CUT_SLACK) <= derived <= c)
+    return [f for f in ok if not fits(f)]
 
 
 def judge(est: Estimate, *, reported_commit_len=None, reported_accept_depth=None,

@@ -22,7 +22,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import threading
 import time
 from pathlib import Path
 
@@ -67,19 +66,6 @@ def _plt():
     return plt
 
 
-# Fixed margins instead of constrained_layout: the layout engine measures every tick label
-# in extra draw passes, about a third of a report's plotting time; these fit the labels the
-# plots draw (left grows for the horizontal bars' category names).
-MARGINS = dict(left=0.07, right=0.985, bottom=0.11, top=0.93, wspace=0.2, hspace=0.12)
-
-
-def _subplots(nrows: int = 1, ncols: int = 1, left: float | None = None, **kw):
-    plt = _plt()
-    fig, axes = plt.subplots(nrows, ncols, figsize=(FIG_W, FIG_H), **kw)
-    fig.subplots_adjust(**{**MARGINS, **({"left": left} if left is not None else {})})
-    return fig, axes
-
-
 def _png(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI)
@@ -109,7 +95,8 @@ def _empty(ax, text: str) -> None:
 # ------------------------------------------------------------------------- plots
 
 def plot_acceptance_by_depth(rows):
-    fig, (a1, a2) = _subplots(1, 2)
+    plt = _plt()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(FIG_W, FIG_H), constrained_layout=True)
     g = _groups(rows)
     for cfg, rs in g.items():
         d = [r["depth"] for r in rs]
@@ -127,7 +114,8 @@ def plot_acceptance_by_depth(rows):
 
 
 def plot_commit_hist(rows):
-    fig, ax = _subplots()
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(FIG_W, FIG_H), constrained_layout=True)
     g = _groups(rows)
     n = max(len(g), 1)
     w = 0.8 / n
@@ -144,7 +132,8 @@ def plot_commit_hist(rows):
 
 
 def plot_calibration(rows):
-    fig, ax = _subplots()
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(FIG_W, FIG_H), constrained_layout=True)
     ax.plot([0, 1], [0, 1], ls="--", color="#888", lw=1, label="calibrated")
     g = _groups(rows)
     for cfg, rs in g.items():
@@ -164,8 +153,9 @@ def plot_calibration(rows):
 
 
 def plot_latency(rows):
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(FIG_W, FIG_H), constrained_layout=True)
     cfgs = [r["config"] for r in rows]
-    fig, ax = _subplots(left=min(0.45, 0.05 + 0.0075 * max((len(str(c)) for c in cfgs), default=0)))
     y = list(range(len(rows)))
     left = [0.0] * len(rows)
     for key, label, color in (("mean_draft_s", "draft", "#42a5f5"), ("mean_verify_s", "verify", "#66bb6a"),
@@ -185,7 +175,8 @@ def plot_latency(rows):
 
 
 def plot_over_time(rows):
-    fig, (a1, a2) = _subplots(2, 1, left=0.1, sharex=True)
+    plt = _plt()
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(FIG_W, FIG_H), sharex=True, constrained_layout=True)
     g = _groups(rows, "run_id")
     for rid, rs in g.items():
         t = [r["t_rel_s"] + r["bucket_s"] / 2 for r in rs]
@@ -207,7 +198,8 @@ def plot_over_time(rows):
 
 
 def plot_violations(rows, checked: bool):
-    fig, ax = _subplots(left=0.4 if rows else None)
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(FIG_W, FIG_H), constrained_layout=True)
     if not rows:
         _empty(ax, "no findings: every rule held" if checked else "checker not run (no findings passed in)")
         return fig
@@ -354,10 +346,6 @@ def build_report(paths, out_dir, findings=None, summary=None, *, threads: int | 
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out}: exists and is not a folder")
-    # import matplotlib (about half a second of Python) while DuckDB, which releases the
-    # GIL, runs the queries: the two overlap on a second core
-    warm = threading.Thread(target=_plt, name="specaudit-report-import", daemon=True)
-    warm.start()
     ds = Q.find_dataset(paths)
     con = Q.connect(paths, findings, threads=threads, dataset=ds)
     try:
@@ -367,7 +355,6 @@ def build_report(paths, out_dir, findings=None, summary=None, *, threads: int | 
     finally:
         con.close()
     checked = findings is not None
-    warm.join()
     makers = {
         "acceptance_by_depth": lambda: plot_acceptance_by_depth(data["acceptance_by_depth"]),
         "commit_length_histogram": lambda: plot_commit_hist(data["commit_length_histogram"]),
