@@ -6,7 +6,8 @@
 Writes two SGLang logs (A at two concurrencies, B at one: the seed case's shape) and two
 synthetic trace datasets into a temporary folder, then times the whole comparison of
 each pair (reading, windows, strata, bootstrap, confounders) in this one process. Prints
-one human line per pair and, last, one JSON line.
+one human line per pair and, last, one JSON line with the machine's load beside the
+figures (scripts/benchutil.py; no ratios here, so nothing is withheld).
 """
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # scripts/: benchutil
+from benchutil import load_fields, quiet_machine  # noqa: E402  (the scripts folder on the path first)
 
 
 def sglang_log(path: Path, windows, seed: int, algo: str) -> None:
@@ -53,6 +57,7 @@ def main() -> int:
         n = args.lines
         sglang_log(tmp / "a.log", [(32, 3.9, n * 3 // 4), (1, 2.05, n - n * 3 // 4)], 1, "DFLASH")
         sglang_log(tmp / "b.log", [(1, 2.05, n)], 2, "DDTREE")
+        quiet_machine()
         t0, c0 = time.perf_counter(), time.process_time()
         res = compare_sides(str(tmp / "a.log"), str(tmp / "b.log"), n_boot=args.bootstrap)
         log_s, log_cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -73,7 +78,7 @@ def main() -> int:
             "trace_seconds": round(tr_s, 3), "trace_cpu_seconds": round(tr_cpu, 3),
             "trace_rows_per_s": round(2 * args.steps / tr_s), "bootstrap": args.bootstrap,
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-            "log_verdict": res["verdict"], "trace_verdict": res2["verdict"],
+            "log_verdict": res["verdict"], "trace_verdict": res2["verdict"], **load_fields(),
         }))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

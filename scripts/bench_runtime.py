@@ -11,6 +11,14 @@ held-out prompts. Prints one JSON object per configuration, then a last line wit
                          sampling on the chain against plain sampling from the target at the
                          same temperature (speedup, traced), and the tracing overhead of a
                          sampled run (contract v2 columns) pooled as trace_overhead_v2
+    tracer_cpu_us_per_step   the tracer's own CPU time per step, measured directly after the
+                         rounds (one traced chain run and one traced tree run, thread CPU
+                         time): `record` on the decode thread, `convert` (steps_to_arrow, on
+                         the worker, holding the GIL), `worker` (the worker thread in all,
+                         sinks' Parquet writes included; those drop the GIL)
+    load_avg_1m, cores, load_threshold, machine_quiet (scripts/benchutil.py): on a busy
+                         machine the ratios (speedups, overheads) are withheld (null, and
+                         `withheld` says why); the CPU figures above are kept
 
     python scripts/bench_runtime.py                 # ~3 minutes on 2 idle cores
     python scripts/bench_runtime.py --quick         # smoke run
@@ -26,6 +34,45 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # scripts/: benchutil
+from benchutil import guard_ratios, load_fields, quiet_machine  # noqa: E402  (the scripts folder on the path first)
+
+
+def tracer_cpu(run, configs) -> dict:
+    """The tracer's CPU time per step, read with thread CPU clocks around its own methods
+    (a separate traced run per config, after the timed rounds: the clocks cost a little)."""
+    from specaudit.trace import tracer as T
+    acc = {"record": 0.0, "convert": 0.0, "worker": 0.0}
+    rec0, work0, conv0 = T.Tracer.record_step, T.Tracer._worker, T.steps_to_arrow
+
+    def record_step(self, **kw):
+        c = time.thread_time()
+        rec0(self, **kw)
+        acc["record"] += time.thread_time() - c
+
+    def worker(self):
+        c = time.thread_time()
+        try:
+            work0(self)
+        finally:
+            acc["worker"] += time.thread_time() - c
+
+    def convert(*a, **k):
+        c = time.thread_time()
+        out = conv0(*a, **k)
+        acc["convert"] += time.thread_time() - c
+        return out
+    T.Tracer.record_step, T.Tracer._worker, T.steps_to_arrow = record_step, worker, convert
+    out = {}
+    try:
+        for algo, budget, topk in configs:
+            for k in acc:
+                acc[k] = 0.0
+            steps = run(algo, budget, topk)
+            out[f"{algo}-b{budget}-k{topk}"] = {k: round(v / steps * 1e6, 1) for k, v in acc.items()}
+    finally:
+        T.Tracer.record_step, T.Tracer._worker, T.steps_to_arrow = rec0, work0, conv0
+    return out
 
 
 def main(argv=None):
@@ -57,6 +104,7 @@ def main(argv=None):
     configs = [("chain", 7, 1)] + [("tree", int(b), int(k)) for b, k in
                                    (t.split(":") for t in args.trees.split(","))]
     tmp = Path(tempfile.mkdtemp(prefix="bench-runtime-"))
+    quiet_machine()
     samples: dict[str, list[float]] = {}
     commit: dict[str, float] = {}
     depth: dict[str, float] = {}
@@ -92,6 +140,11 @@ def main(argv=None):
                 depth[name] = res.summary["mean_accepted_depth"]
         print(f"round {rnd + 1}/{args.rounds} done", file=sys.stderr, flush=True)
 
+    load = load_fields()   # read right after the measured rounds
+    cpu = tracer_cpu(lambda algo, budget, topk: run_traced(
+        algo=algo, budget=budget, topk=topk, prompts=prompts, num_prompts=len(prompts),
+        max_new_tokens=args.max_new_tokens, models=models, trace=True, out=tmp,
+        run_id=f"cpu-{algo}-b{budget}-k{topk}").summary["steps"], configs[:2])
     med = {k: statistics.median(v) for k, v in samples.items()}
     base = med["greedy"]
     rows = []
@@ -134,8 +187,11 @@ def main(argv=None):
         "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
         "batch": 1, "torch_threads": torch.get_num_threads(),
         "date": time.strftime("%Y-%m-%d"),
+        "tracer_cpu_us_per_step": cpu,
+        **load,
     }
-    print(json.dumps(summary))
+    print(json.dumps(guard_ratios(summary, ["speedup_chain", "speedup_best_tree", "trace_overhead",
+                                            "speedup_sampled_chain", "trace_overhead_v2"])))
 
 
 if __name__ == "__main__":

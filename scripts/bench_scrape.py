@@ -16,6 +16,8 @@ Last line: one JSON object with
     scrape_cpu_share       CPU seconds per second the server spends answering /metrics at --hz
                            (its specaudit_metrics_scrape_cpu_seconds_total): the cost itself,
                            which a busy shared machine cannot blur the way it blurs throughput
+    scrape_cpu_us_per_scrape  the same per scrape (scrape_cpu_share / hz): a CPU time, kept
+                           when the machine is busy (the ratios above are then withheld)
     tokens_per_s_no_scrape, tokens_per_s_scrape, per_pair_overhead (list), pairs, phase_s
     scrape_hz, scrapes, scrape_latency_s {p50, p90}, metrics_bytes
 A negative overhead is noise (the two kinds of phase differ by less than the spread of
@@ -195,6 +197,7 @@ def main(argv=None) -> int:
           f"({out['tokens_per_s_scrape']:.1f} vs "
           f"{out['tokens_per_s_no_scrape']:.1f} tokens/s, {out['scrapes']} scrapes at {args.hz:g} Hz, "
           f"{out['metrics_bytes']} bytes each)", file=sys.stderr)
+    out["scrape_cpu_us_per_scrape"] = round(out["scrape_cpu_share"] / args.hz * 1e6, 1)
     out.update(load_fields())
     guard_ratios(out, ["scrape_overhead", "scrape_cpu_share"])
     print(json.dumps(out), flush=True)

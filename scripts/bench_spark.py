@@ -11,7 +11,8 @@
    and the peak RSS of the whole process tree (Spark: JVM driver/executor plus the
    Python workers), sampled every 0.2 s; the 1-minute load average before and after
    (this machine is shared: a loaded machine slows every phase, not one).
-All three must report the same finding counts (asserted).
+All three must report the same finding counts (asserted). The summary carries the load
+(scripts/benchutil.py) and withholds spark_2_over_1 when the machine was busy.
 Each phase prints one JSON line; the last line is the summary with local_steps_per_s,
 spark_steps_per_s_1, spark_steps_per_s_2, spark_startup_s, peak_rss_mb.
 """
@@ -27,6 +28,9 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # scripts/: benchutil
+from benchutil import guard_ratios, load_fields, quiet_machine  # noqa: E402  (the scripts folder on the path first)
 
 CHILD_LOCAL = r"""
 import json, sys, time
@@ -118,7 +122,7 @@ def main(argv=None) -> int:
             for i in range(args.runs):
                 write_synthetic_dataset(base, per, n_nodes=args.n_nodes, seed=i, run_id=f"bench-{i:03d}")
             print(json.dumps({"phase": "write", "seconds": round(time.perf_counter() - t, 1)}), flush=True)
-        load0 = os.getloadavg()[0]
+        load0 = quiet_machine()
         phases = {"local": child(CHILD_LOCAL, str(base))}
         print(json.dumps({"phase": "local", **phases["local"]}), flush=True)
         for n in (1, 2):
@@ -129,7 +133,7 @@ def main(argv=None) -> int:
         for k in (1, 2):
             assert phases[k]["steps"] == steps and phases[k]["counts"] == phases["local"]["counts"], (k, phases[k])
         rate = {k: steps / phases[k]["seconds"] for k in phases}
-        print(json.dumps({
+        print(json.dumps(guard_ratios({
             "steps": steps, "runs": args.runs, "n_nodes": args.n_nodes,
             "local_steps_per_s": round(rate["local"]), "spark_steps_per_s_1": round(rate[1]),
             "spark_steps_per_s_2": round(rate[2]), "spark_2_over_1": round(rate[2] / rate[1], 2),
@@ -137,7 +141,8 @@ def main(argv=None) -> int:
             "spark_startup_s_2": round(phases[2]["startup_s"], 1),
             "peak_rss_mb_local": phases["local"]["peak_rss_mb"], "peak_rss_mb_spark_1": phases[1]["peak_rss_mb"],
             "peak_rss_mb_spark_2": phases[2]["peak_rss_mb"], "cpus": os.cpu_count(),
-            "loadavg_1m_before": round(load0, 2), "loadavg_1m_after": round(load1, 2)}))
+            "loadavg_1m_before": round(load0, 2), "loadavg_1m_after": round(load1, 2), **load_fields()},
+            ["spark_2_over_1"])))
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -348,3 +348,29 @@ def test_fast_exposition_equals_generate_latest():
     Counter("y", "y", ["k"], registry=reg).labels(k="v").inc(2.5)
     assert got() == want()
     assert fx.render().decode().count("\n") > 200
+
+
+def test_fast_exposition_reuses_lines_only_while_values_stand():
+    """Renders reuse a series' formatted line between updates; every kind of update (inc,
+    set to the same or a new value, NaN, an observation of 0 that moves a bucket but not
+    the sum, a new child) still shows on the next render, byte for byte as generate_latest."""
+    from prometheus_client import Counter, Gauge, Histogram
+
+    from specaudit.trace.prom_sink import FastExposition
+    reg = CollectorRegistry()
+    c = Counter("a", "a", registry=reg)
+    g = Gauge("b", "b", registry=reg)
+    h = Histogram("c_tokens", "c", buckets=(0.0, 1.0, 2.0), registry=reg)
+    lab = Counter("d", "d", ["k"], registry=reg)
+    fx = FastExposition(reg)
+    text = lambda data: "\n".join(ln for ln in data.decode().splitlines() if "_created" not in ln)
+    first = fx.render()
+    assert text(first) == text(generate_latest(reg))
+    assert fx.render() == first                        # nothing moved: the same bytes
+    steps = [lambda: c.inc(), lambda: g.set(5), lambda: g.set(5.0), lambda: g.set(float("nan")),
+             lambda: g.set(float("nan")), lambda: g.set(-1), lambda: h.observe(0.0), lambda: h.observe(0.0),
+             lambda: h.observe(1.5), lambda: lab.labels(k="x").inc(3), lambda: lab.labels(k="x").inc(0.5)]
+    for i, step in enumerate(steps):
+        step()
+        assert text(fx.render()) == text(generate_latest(reg)), i
+    assert 'c_tokens_bucket{le="0.0"} 2.0' in fx.render().decode()

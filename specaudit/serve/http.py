@@ -67,14 +67,20 @@ class HTTPMetrics:
     """Pure ASGI middleware (streaming passes through untouched) counting requests and
     timing them under the ecosystem's names; see the module docstring."""
 
-    def __init__(self, app, requests_total, duration):
+    def __init__(self, app, requests_total, duration, metrics=None):
         self.app, self.requests_total, self.duration = app, requests_total, duration
+        self.metrics = metrics   # () -> exposition bytes: GET /metrics answered here, see _scrape
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         t0 = time.perf_counter()
         status = [500]
+        if self.metrics is not None and scope.get("path") == "/metrics" and scope.get("method") in ("GET", "HEAD"):
+            if await self._scrape(scope, send):
+                status[0] = 200
+                self._count("/metrics", scope["method"], status[0], t0)
+                return
 
         async def send_wrapped(msg):
             if msg["type"] == "http.response.start":
@@ -83,18 +89,42 @@ class HTTPMetrics:
         try:
             await self.app(scope, receive, send_wrapped)
         finally:
-            path = scope.get("path", "")
-            handler = path if path in ROUTES else "none"
-            method = scope.get("method", "")
-            method = method if method in METHODS else "other"
-            self.requests_total.labels(handler=handler, method=method, status=f"{status[0] // 100}xx").inc()
-            self.duration.labels(handler=handler, method=method).observe(time.perf_counter() - t0)
+            self._count(scope.get("path", ""), scope.get("method", ""), status[0], t0)
+
+    def _count(self, path: str, method: str, status: int, t0: float) -> None:
+        handler = path if path in ROUTES else "none"
+        method = method if method in METHODS else "other"
+        self.requests_total.labels(handler=handler, method=method, status=f"{status // 100}xx").inc()
+        self.duration.labels(handler=handler, method=method).observe(time.perf_counter() - t0)
+
+    async def _scrape(self, scope, send) -> bool:
+        """GET/HEAD /metrics straight from the ASGI scope: a 10 Hz scraper should not pay
+        for routing, dependency solving and a Response object on a thread that shares
+        the GIL with the decode loop. False (nothing sent) when rendering fails: the
+        app's own /metrics route then answers, or its error handler does."""
+        from prometheus_client import CONTENT_TYPE_LATEST
+        try:
+            data = self.metrics()
+        except Exception:
+            return False
+        headers = [(b"content-type", CONTENT_TYPE_LATEST.encode()), (b"content-length", str(len(data)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else data})
+        return True
 
 
 def build_app(srv) -> FastAPI:
     """The app over a SpecServer `srv` (its loop, tracer, registry and settings)."""
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(HTTPMetrics, requests_total=srv.http_requests, duration=srv.http_duration)
+
+    def render_metrics() -> bytes:
+        t0 = time.thread_time()
+        data = srv.exposition.render()
+        srv.scrape_cpu.inc(time.thread_time() - t0)   # what scraping costs the server, in CPU seconds
+        return data
+
+    app.add_middleware(HTTPMetrics, requests_total=srv.http_requests, duration=srv.http_duration,
+                       metrics=render_metrics)
 
     def error(e: HTTPError, headers=None) -> JSONResponse:
         srv.count_error(e.status)
@@ -281,10 +311,7 @@ def build_app(srv) -> FastAPI:
 
     @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def metrics():
-        from prometheus_client import CONTENT_TYPE_LATEST
-        t0 = time.thread_time()
-        data = srv.exposition.render()
-        srv.scrape_cpu.inc(time.thread_time() - t0)   # what scraping costs the server, in CPU seconds
-        return Response(data, media_type=CONTENT_TYPE_LATEST)
+        from prometheus_client import CONTENT_TYPE_LATEST  # HTTPMetrics answers first; this is its fallback
+        return Response(render_metrics(), media_type=CONTENT_TYPE_LATEST)
 
     return app
