@@ -453,7 +453,14 @@ def greedy_generate(target, prompts: list[list[int]], max_new_tokens: int, eos_i
     The losslessness oracle and the speed baseline. Returns the outputs (first token
     included, cut at EOS inclusive or at max_new_tokens) and the wall seconds.
     """
-    dev = torch.device(device)
+    return _plain_generate(target, prompts, max_new_tokens, eos_id, concurrency, torch.device(device),
+                           None, lambda lg: lg.argmax(-1).tolist())
+
+
+def _plain_generate(target, prompts, max_new_tokens: int, eos_id: int, concurrency: int, dev, pick, next_tokens):
+    """One token per forward, `concurrency` prompts at a time (the plain baselines).
+    pick(logits [V]) -> the first token (None: greedy); next_tokens(logits [G, V]) -> [G]
+    the next token of each request of the group. -> (outputs, wall seconds)."""
     outs: list[list[int]] = [None] * len(prompts)  # type: ignore[list-item]
     t0 = time.time()
     for lo in range(0, len(prompts), concurrency):
@@ -461,7 +468,7 @@ def greedy_generate(target, prompts: list[list[int]], max_new_tokens: int, eos_i
         cache = target.new_cache(len(group))
         cur, lens = [], []
         for j, gi in enumerate(group):
-            t, _ = prefill(target, cache, prompts[gi], j, dev)
+            t, _ = prefill(target, cache, prompts[gi], j, dev, pick)
             outs[gi] = [t]
             cur.append(t)
             lens.append(len(prompts[gi]))
@@ -472,7 +479,7 @@ def greedy_generate(target, prompts: list[list[int]], max_new_tokens: int, eos_i
             tok = torch.tensor(cur, device=dev)[:, None]
             logits, _ = target(tok, lens_t[:, None], cache, lens_t, one)
             lens_t = lens_t + 1
-            nxt = logits[:, -1].argmax(-1).tolist()
+            nxt = next_tokens(logits[:, -1])
             for j, gi in enumerate(group):
                 if not alive[j]:
                     continue
@@ -500,34 +507,8 @@ def sample_generate(target, prompts: list[list[int]], max_new_tokens: int, eos_i
     Same transform as the speculative path (runtime/sampling.py); its own generator
     seeded with sampling.seed. Returns the outputs and the wall seconds.
     """
-    dev = torch.device(device)
     rng = np.random.default_rng(sampling.seed)
     pick = lambda lg: int(categorical(rng, transform(lg.float().cpu().numpy(), sampling, temperature)))
-    outs: list[list[int]] = [None] * len(prompts)  # type: ignore[list-item]
-    t0 = time.time()
-    for lo in range(0, len(prompts), concurrency):
-        group = list(range(lo, min(lo + concurrency, len(prompts))))
-        cache = target.new_cache(len(group))
-        cur, lens = [], []
-        for j, gi in enumerate(group):
-            t, _ = prefill(target, cache, prompts[gi], j, dev, pick)
-            outs[gi] = [t]
-            cur.append(t)
-            lens.append(len(prompts[gi]))
-        alive = [outs[gi][-1] != eos_id and max_new_tokens > 1 for gi in group]
-        lens_t = torch.tensor(lens, device=dev)
-        one = torch.ones(len(group), 1, 1, dtype=torch.bool, device=dev)
-        while any(alive):
-            tok = torch.tensor(cur, device=dev)[:, None]
-            logits, _ = target(tok, lens_t[:, None], cache, lens_t, one)
-            lens_t = lens_t + 1
-            p = transform(logits[:, -1].float().cpu().numpy(), sampling, temperature)  # [G, V]
-            nxt = categorical(rng, p).tolist()
-            for j, gi in enumerate(group):
-                if not alive[j]:
-                    continue
-                outs[gi].append(nxt[j])
-                cur[j] = nxt[j]
-                if nxt[j] == eos_id or len(outs[gi]) >= max_new_tokens:
-                    alive[j] = False
-    return outs, time.time() - t0
+    # [G, V] logits -> [G] draws, from the same generator as the first token's
+    draw = lambda lg: categorical(rng, transform(lg.float().cpu().numpy(), sampling, temperature)).tolist()
+    return _plain_generate(target, prompts, max_new_tokens, eos_id, concurrency, torch.device(device), pick, draw)

@@ -117,37 +117,32 @@ class ChatChunkChoice(BaseModel):
     finish_reason: str | None = None
 
 
-class CompletionResponse(BaseModel):
+class _Response(BaseModel):
+    """The envelope every response shares; a subclass sets `object` and the choices' type
+    (pydantic keeps a redefined field at its place here, so the JSON keys keep this order)."""
     id: str
-    object: str = "text_completion"
+    object: str
     created: int
     model: str
     system_fingerprint: str | None = None
-    choices: list[CompletionChoice]
+    choices: list
     usage: Usage | None = None
     metrics: dict | None = None           # {"speculative_decoding": {...}} (spec.py)
 
 
-class ChatResponse(BaseModel):
-    id: str
+class CompletionResponse(_Response):
+    object: str = "text_completion"
+    choices: list[CompletionChoice]
+
+
+class ChatResponse(_Response):
     object: str = "chat.completion"
-    created: int
-    model: str
-    system_fingerprint: str | None = None
     choices: list[ChatChoice]
-    usage: Usage | None = None
-    metrics: dict | None = None
 
 
-class ChatChunk(BaseModel):
-    id: str
+class ChatChunk(_Response):
     object: str = "chat.completion.chunk"
-    created: int
-    model: str
-    system_fingerprint: str | None = None
     choices: list[ChatChunkChoice]
-    usage: Usage | None = None
-    metrics: dict | None = None
 
 
 # -------------------------------------------------------------------- parsing
