@@ -401,7 +401,11 @@ class StepFrame:
                 w = _POSW[np.minimum(self.node_i[sel], len(_POSW) - 1)]
                 contrib = (self.psafe[sel] + 2).astype(np.uint64) * w
             fp_all = np.zeros(self.R, dtype=np.uint64)
-            np.add.at(fp_all, self.node_row[sel], contrib)
+            if self.uniform_n:   # whole rows of N0 nodes: a row sum (mod 2^64, as add.at)
+                N0 = int(self.n[0])
+                fp_all[self.node_row[sel][::N0]] = contrib.reshape(-1, N0).sum(axis=1, dtype=np.uint64)
+            else:
+                np.add.at(fp_all, self.node_row[sel], contrib)
             with np.errstate(over="ignore"):
                 fp_all ^= self.n.astype(np.uint64) * _MIX1
             fp = fp_all[rows]
