@@ -104,7 +104,7 @@ HEAD_BYTES = 8 * 1024 * 1024    # detection reads this much of the file first
 READ_CHUNK = 4 * 1024 * 1024    # Lines reads the file in blocks of this size
 
 
-@dataclass
+@dataclass(slots=True)
 class Window:
     """What an engine reported over one interval (one log line or one scrape delta)."""
 
