@@ -123,7 +123,8 @@ class StepAfterFinish(Rule):
 
 class FirstStep(Rule):
     """What: a request's step 0 has seq_len = len(prompt_tokens) and its root is the
-    requests table's first_token.
+    requests table's first_token (a first step an SA1xx rule refused is reported
+    there, not compared here).
 
     Why: before step 0 the cache holds the prompt, and the prefill's token is the
     first root; anything else means the steps belong to another request or the
