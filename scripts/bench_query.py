@@ -13,6 +13,11 @@ Each canned query is timed as a user meets it: open the views (connect) + run + 
 a fresh connection. The report is timed end to end (build_report, all six plots).
 --check also runs the checker (timed separately) and hands its findings to the report.
 
+The generated runs carry rollups (specaudit/trace/rollup.py, written by the same code as
+the Parquet sink), so the views answer from them; --raw times every query and the report
+from the raw step rows instead (rollups ignored: what a dataset without them costs), and
+--compare-raw times both in one run and prints the raw figures under raw_*.
+
 The last output line is one JSON object:
     {"steps": N, "max_query_s": ..., "report_s": ..., "queries": {name: seconds}, ...}
 """
@@ -88,6 +93,8 @@ def main(argv=None) -> int:
     ap.add_argument("--generate-only", action="store_true", help="make the dataset and stop")
     ap.add_argument("--check", action="store_true", help="also run the checker and pass its findings to the report")
     ap.add_argument("--repeat", type=int, default=1, help="runs per query; the slowest counts (default 1)")
+    ap.add_argument("--raw", action="store_true", help="ignore rollups: every figure from the raw step rows")
+    ap.add_argument("--compare-raw", action="store_true", help="time with rollups and from raw rows, side by side")
     args = ap.parse_args(argv)
 
     from specaudit.postmortem import views as Q
@@ -119,36 +126,48 @@ def main(argv=None) -> int:
         findings = res.findings
         print(f"checker: {check_s:.1f} s, {res.summary()}", file=sys.stderr, flush=True)
 
-    times, cpus = {}, {}
-    for name, q in Q.canned_queries().items():
-        worst, worst_cpu = 0.0, 0.0
-        for _ in range(max(args.repeat, 1)):
-            t0, c0 = time.time(), cpu_s()
-            con = Q.connect(paths, findings, threads=args.threads)
-            rows = Q.fetch_arrow(con, q.sql).num_rows
-            con.close()
-            worst, worst_cpu = max(worst, time.time() - t0), max(worst_cpu, cpu_s() - c0)
-        times[name], cpus[name] = round(worst, 3), round(worst_cpu, 3)
-        print(f"{name:32s} {worst:7.2f} s wall  {worst_cpu:7.2f} s cpu  ({rows} rows)", file=sys.stderr, flush=True)
+    def timed(rollups: bool, label: str) -> dict:
+        times, cpus = {}, {}
+        for name, q in Q.canned_queries().items():
+            worst, worst_cpu = 0.0, 0.0
+            for _ in range(max(args.repeat, 1)):
+                t0, c0 = time.time(), cpu_s()
+                con = Q.connect(paths, findings, threads=args.threads, rollups=rollups)
+                rows = Q.fetch_arrow(con, q.sql).num_rows
+                con.close()
+                worst, worst_cpu = max(worst, time.time() - t0), max(worst_cpu, cpu_s() - c0)
+            times[name], cpus[name] = round(worst, 3), round(worst_cpu, 3)
+            print(f"{label}{name:32s} {worst:7.2f} s wall  {worst_cpu:7.2f} s cpu  ({rows} rows)",
+                  file=sys.stderr, flush=True)
+        out = Path(args.workdir) / ("report" if rollups else "report-raw")
+        t0, c0 = time.time(), cpu_s()
+        build_report(paths, out, findings=findings, threads=args.threads, rollups=rollups)
+        report_s, report_cpu = time.time() - t0, cpu_s() - c0
+        print(f"{label}{'report':32s} {report_s:7.2f} s wall  {report_cpu:7.2f} s cpu  ({out / 'report.html'})",
+              file=sys.stderr, flush=True)
+        return {
+            "max_query_s": max(times.values()), "slowest_query": max(times, key=times.get),
+            "report_s": round(report_s, 2), "queries": times,
+            # CPU seconds of this process (all DuckDB threads); cpu / threads is the wall time
+            # on that many dedicated cores with perfect scaling: a machine shared with other
+            # work (a loaded CI box) inflates wall time but not this
+            "max_query_cpu_s": max(cpus.values()), "report_cpu_s": round(report_cpu, 2), "queries_cpu_s": cpus,
+        }
 
-    out = Path(args.workdir) / "report"
-    t0, c0 = time.time(), cpu_s()
-    build_report(paths, out, findings=findings, threads=args.threads)
-    report_s, report_cpu = time.time() - t0, cpu_s() - c0
-    print(f"{'report':32s} {report_s:7.2f} s wall  {report_cpu:7.2f} s cpu  ({out / 'report.html'})",
-          file=sys.stderr, flush=True)
-
+    found = Q.find_dataset(paths)
     res = {
         "steps": n_steps, "nodes": n_nodes, "threads": args.threads,
         "dataset_bytes": du(ds), "generate_s": round(gen_s, 1), "connect_s": round(connect_s, 3),
-        "max_query_s": max(times.values()), "slowest_query": max(times, key=times.get),
-        "report_s": round(report_s, 2), "queries": times,
-        # CPU seconds of this process (all DuckDB threads); cpu / threads is the wall time on
-        # that many dedicated cores with perfect scaling: a machine shared with other work
-        # (a loaded CI box) inflates wall time but not this
-        "max_query_cpu_s": max(cpus.values()), "report_cpu_s": round(report_cpu, 2),
-        "queries_cpu_s": cpus, **load_fields(),
+        "rollups": not args.raw, "rollup_files": len(found.rollups),
+        "data_files": len(found.step_files) + len(found.request_files),
+        **timed(not args.raw, ""),
     }
+    if args.compare_raw and not args.raw:
+        raw = timed(False, "raw ")
+        res.update({f"raw_{k}": v for k, v in raw.items()})
+        res["query_speedup"] = round(raw["max_query_s"] / max(res["max_query_s"], 1e-9), 1)
+        res["report_speedup"] = round(raw["report_s"] / max(res["report_s"], 1e-9), 1)
+    res.update(load_fields())
     if check_s is not None:
         res["check_s"] = round(check_s, 1)
     print(json.dumps(res))

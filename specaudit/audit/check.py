@@ -779,37 +779,44 @@ def result_bad(result: CheckResult, path, reason: str, run_id=None) -> None:
 
 
 def _open_requests(rf: RunFiles, result: CheckResult, batch_rows: int):
-    """The requests table as a stream of batches, or None when it cannot be opened.
+    """The requests table (requests.parquet, or a running run's parts) as a stream of
+    batches, or None when no file of it can be opened.
 
-    A failure mid-stream is recorded (SA000) and ends the stream; `state["ok"]`
-    tells whether the whole table was read."""
-    path = rf.requests_file
-    try:
-        pf = pq.ParquetFile(path, pre_buffer=False)  # pre-buffering would hold the whole table
-        check_table_schema(path, pf.schema_arrow, REQUESTS_SCHEMA)
-    except InputError as e:
-        result_bad(result, path, e.reason, rf.run_id)
+    A file that cannot be opened, or fails mid-stream, is recorded (SA000);
+    `state["ok"]` tells whether the whole table was read."""
+    opened, state = [], {"ok": True}
+    for path in rf.request_files:
+        try:
+            pf = pq.ParquetFile(path, pre_buffer=False)  # pre-buffering would hold the whole table
+            check_table_schema(path, pf.schema_arrow, REQUESTS_SCHEMA)
+        except InputError as e:
+            result_bad(result, path, e.reason, rf.run_id)
+            state["ok"] = False
+            continue
+        except Exception as e:
+            result_bad(result, path, _reason(e), rf.run_id)
+            state["ok"] = False
+            continue
+        opened.append((path, pf))
+    if not opened:
         return None, {"ok": False}
-    except Exception as e:
-        result_bad(result, path, _reason(e), rf.run_id)
-        return None, {"ok": False}
-    have = set(pf.schema_arrow.names)
-    cols = [c for c in REQUESTS_SCHEMA.names if c in have] + [c for c in CLIENT_COLUMNS if c in have]
-    state = {"ok": True}
 
     def gen():
-        n = 0
-        note_input(path)
-        try:
-            for b in pf.iter_batches(batch_size=min(batch_rows, REQUEST_BATCH_ROWS), columns=cols,
-                                     use_threads=_big(path)):
-                n += b.num_rows
-                yield b
-        except Exception as e:
-            state["ok"] = False
-            result_bad(result, path, f"unreadable after {n} rows: {_reason(e)}", rf.run_id)
-            return
-        result.files_checked.append(str(path))
+        for path, pf in opened:
+            have = set(pf.schema_arrow.names)
+            cols = [c for c in REQUESTS_SCHEMA.names if c in have] + [c for c in CLIENT_COLUMNS if c in have]
+            n = 0
+            note_input(path)
+            try:
+                for b in pf.iter_batches(batch_size=min(batch_rows, REQUEST_BATCH_ROWS), columns=cols,
+                                         use_threads=_big(path)):
+                    n += b.num_rows
+                    yield b
+            except Exception as e:
+                state["ok"] = False
+                result_bad(result, path, f"unreadable after {n} rows: {_reason(e)}", rf.run_id)
+                return
+            result.files_checked.append(str(path))
     return gen(), state
 
 
@@ -821,12 +828,12 @@ def run_start(rf: RunFiles, result: CheckResult) -> list | None:
     for prob in rf.problems:
         result_bad(result, prob.path, prob.reason, rf.run_id)
     manifest = rf.manifest
-    if manifest is None and not rf.step_files and rf.requests_file is None:
+    if manifest is None and not rf.step_files and not rf.request_files:
         return None
     reasons = []
     if not manifest or not manifest.get("finished_at"):
         reasons.append("no finished_at in run.json")
-    if rf.requests_file is None:
+    if not rf.request_files:
         reasons.append("no requests table")
     if reasons:
         why = "; ".join(reasons)
@@ -848,7 +855,7 @@ def check_run(rf: RunFiles, rules, result: CheckResult, batch_rows: int = BATCH_
     if reasons is None:
         return
     manifest = rf.manifest
-    requests, rq_state = (_open_requests(rf, result, batch_rows) if rf.requests_file is not None
+    requests, rq_state = (_open_requests(rf, result, batch_rows) if rf.request_files
                           else (None, {"ok": False}))
     complete = not reasons
     n_before = len(result.files_checked)
@@ -865,7 +872,7 @@ def check_run(rf: RunFiles, rules, result: CheckResult, batch_rows: int = BATCH_
                   complete=lambda: complete and requests is not None and rq_state["ok"] and steps_whole(),
                   incomplete_reason="; ".join(reasons) or None)
     # a lone run.json counts (SA001); a run whose every data file is bad does not (exit 2)
-    lone = manifest if not (rf.step_files or rf.requests_file) else None
+    lone = manifest if not (rf.step_files or rf.request_files) else None
     if run_counts(len(result.files_checked) > n_before, requests is not None, lone):
         result.runs.append(rf.run_id)
 

@@ -561,8 +561,10 @@ def _usable(rf, path: Path, expected: pa.Schema, ds: Dataset) -> int | None:
 
 # ------------------------------------------------------------------ rollup views
 
-# the bins acceptance_vs_draft_logprob asks for (--param bins, default 10)
-CALIB_NB = "SELECT coalesce(getvariable('bins'), 10)::INTEGER AS bins"
+# the bins acceptance_vs_draft_logprob asks for (--param bins, default 10); getvariable()
+# folds to a constant when a query is planned, so a filter on it prunes whole scans
+CALIB_BINS_EXPR = "coalesce(getvariable('bins'), 10)::INTEGER"
+CALIB_NB = f"SELECT {CALIB_BINS_EXPR} AS bins"
 
 
 def _read(files) -> str:
@@ -586,15 +588,17 @@ def rollup_views_sql(ds: Dataset) -> list[str]:
             if have:
                 cond = f"kind = '{kind}'"
                 if kind == "calib":
-                    cond += f" AND bins = ({CALIB_NB})"
+                    cond += f" AND bins = {CALIB_BINS_EXPR}"
                 parts.append(f"SELECT {cols} FROM {_read(have)} WHERE {cond}")
             if raw:
                 parts.append(kind_sql(kind, _read(raw), nb=CALIB_NB))
             if have and kind == "calib":
                 # bins the writers did not store: those files' nodes come from the raw rows
+                # (a constant-false filter when they did: nothing is scanned)
                 stored = ", ".join(str(b) for b in CALIB_BINS)
-                parts.append(kind_sql(kind, _read([f for f in data if f in ds.rollups]),
-                                      nb=f"SELECT bins FROM ({CALIB_NB}) WHERE bins NOT IN ({stored})"))
+                src = f"(SELECT * FROM {_read([f for f in data if f in ds.rollups])} " \
+                      f"WHERE {CALIB_BINS_EXPR} NOT IN ({stored}))"
+                parts.append(kind_sql(kind, src, nb=CALIB_NB))
             if not parts:
                 parts.append("SELECT " + ", ".join(f"NULL::{duck_type(_ROLLUP_SCHEMA.field(c).type)} AS {c}"
                                                    for c in KIND_COLUMNS[kind]) + " WHERE false")

@@ -368,9 +368,17 @@ def fingerprint(data_name: str, rows: int, size: int) -> dict:
 
 def rollup_bytes(rollup: pa.Table, data_name: str, rows: int, size: int) -> bytes:
     """The rollup file's bytes: zstd Parquet with the data file's fingerprint."""
+    import pyarrow.compute as pc
     meta = {META_KEY: json.dumps(fingerprint(data_name, rows, size), sort_keys=True).encode()}
+    schema = ROLLUP_SCHEMA.with_metadata(meta)
     buf = io.BytesIO()
-    pq.write_table(rollup.replace_schema_metadata(meta), buf, compression="zstd")
+    # one row group (or more) per kind: a reader's `kind = 'x'` skips the others by their
+    # min/max statistics instead of decoding them
+    with pq.ParquetWriter(buf, schema, compression="zstd") as w:
+        for kind in dict.fromkeys(rollup["kind"].to_pylist()) if rollup.num_rows else ():
+            w.write_table(rollup.filter(pc.equal(rollup["kind"], kind)).cast(schema), row_group_size=1 << 20)
+        if not rollup.num_rows:
+            w.write_table(rollup.cast(schema))
     return buf.getvalue()
 
 
