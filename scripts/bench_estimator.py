@@ -7,18 +7,21 @@ this script plays the client: it times the decode phase of each run from outside
 runtime (wall clock around the engine's steps, after every request's first token, as a
 streaming client measures inter-token throughput) and a plain greedy decode of the same
 prompts, side by side: the two are stepped in turn so a busy machine slows both alike. It never reads the runtime's own
-counters for the estimate: only tokens / wall and a calibration profile measured first
+counters for the estimate: only tokens / wall and a calibration profile
 (specaudit.calibrate.measure_profile, the same as `specaudit calibrate`, on other
-prompts, right before each configuration's runs so that it sees the same machine load).
+prompts). Each configuration runs in rounds, a calibration then a side-by-side trial,
+so each trial's ratio is paired with an r measured under the same load minutes apart at
+most; stalls (a step over 4x its side's median) are set apart on both sides:
 
-    C_est = (spec tokens/s / greedy tokens/s) * r(N, c)
+    C_round = (spec tokens/s / greedy tokens/s) * r(N, c)     (estimate_commit_length)
+    C_est   = median over the rounds (default 5)
 
 The truth is the runtime's pooled mean commit length (committed tokens / verify steps,
 honest in these clean runs). One JSON line per configuration, then one last JSON line:
     {"max_rel_error": ..., "configs": [...], "target": 0.05, "within_target": true,
      "min_true_commit_len": ..., "max_true_commit_len": ..., ...}
 
-    python3 scripts/bench_estimator.py                  # ~5-10 minutes on 2 busy CPU cores
+    python3 scripts/bench_estimator.py                  # ~15 minutes on 2 quiet CPU cores
     python3 scripts/bench_estimator.py --quick          # fewer tokens and trials
     python3 scripts/bench_estimator.py --profile cost.json   # reuse a calibration
 
