@@ -258,9 +258,16 @@ def test_lines_in_blocks_number_and_filter_like_a_plain_split(tmp_path, monkeypa
     assert list(lines) == want
     assert [(x["line"], "skipped" in x["reason"]) for x in lines.notes] == [(3, True), (4, False)]
     assert lines.unterminated == 8
-    marked = sources.Lines(f, progress=False, markers=re.compile(b"metrics:|Decode batch"))
-    assert list(marked) == [(2, "SpecDecoding metrics: a"), (6, "Decode batch, accept len: 2"), (8, "metrics: last")]
-    assert [x["line"] for x in marked.notes] == [3, 4]   # the long line and the bad bytes, both noise
+    want_marked = [(2, "SpecDecoding metrics: a"), (6, "Decode batch, accept len: 2"), (8, "metrics: last")]
+    for markers in (re.compile(b"metrics:|Decode batch"), (b"metrics:", b"Decode batch")):  # line / block filter
+        marked = sources.Lines(f, progress=False, markers=markers)
+        assert list(marked) == want_marked
+        assert [x["line"] for x in marked.notes] == [3, 4]   # the long line and the bad bytes, both noise
+    clean = tmp_path / "ascii.log"          # plain ASCII: the block filter finds the hits with bytes.find
+    rows = [b"noise", b"x metrics: 1", b"Decode batch metrics: 2", b"", b"noise", b"metrics: 3\r", b"tail"]
+    clean.write_bytes(b"\n".join(rows) + b"\n")
+    got = list(sources.Lines(clean, progress=False, markers=(b"metrics:", b"Decode batch")))
+    assert got == [(2, "x metrics: 1"), (3, "Decode batch metrics: 2"), (6, "metrics: 3")]
 
 
 def test_the_model_is_passed_through_for_the_ab_model_stratum(tmp_path):

@@ -242,9 +242,11 @@ class Lines:
     """The lines of a file, streamed: (line number, text) with bounded memory.
 
     Read in READ_CHUNK binary blocks and split in C (no per-line readline). With
-    `markers` (a compiled bytes regex) only the lines holding one of them are decoded and
-    yielded, numbered as in the file: a reader's prefilter, so the noise of a server log
-    costs one regex search per line and no decoding. Bytes that are not UTF-8 are replaced
+    `markers` (a tuple of byte strings, or a compiled bytes regex) only the lines holding
+    one of them are decoded and yielded, numbered as in the file: a reader's prefilter. For
+    a block of plain ASCII lines the markers are found with bytes.find over the whole block
+    and only the lines around the hits are touched, so the noise of a server log costs no
+    Python work per line; other blocks are filtered line by line. Bytes that are not UTF-8 are replaced
     (and noted once, whether or not that line is yielded); a line over MAX_LINE bytes is
     skipped with a note; a file cut mid-line yields its last partial line like any other
     (the parsers note it as truncated when it does not parse). `notes` collects these.
@@ -261,6 +263,10 @@ class Lines:
         # a byte range [start, end) that begins at a line start, numbered from first_line
         # (the parallel audit); counter: a shared multiprocessing.Value of bytes read
         self.start, self.end, self.first_line, self.counter = start, end, first_line, counter
+        self.marks = tuple(markers) if isinstance(markers, (tuple, list)) else None
+        if self.marks is not None:
+            import re
+            self.markers = re.compile(b"|".join(re.escape(m) for m in self.marks))
 
     def __iter__(self):
         bar = _progress(self.path) if self.progress and self.counter is None else None
@@ -309,6 +315,13 @@ class Lines:
                             raws = raws[1:]
                         if len(rest) > MAX_LINE:
                             skipping, rest = len(rest), b""
+                    if self.marks is not None and raws and max(map(len, raws)) <= MAX_LINE \
+                            and all(map(bytes.isascii, raws)):
+                        yield from self._hits(raws, i)
+                        i += len(raws)
+                        if not block:
+                            break
+                        continue
                     for raw in raws:
                         i += 1
                         if len(raw) > MAX_LINE:
@@ -343,6 +356,27 @@ class Lines:
                 bar.close()
 
 
+    def _hits(self, raws: list, i: int):
+        """The lines of raws (plain ASCII, none over-long; line i + 1 first) that hold a
+        marker, found by bytes.find over the joined block, in file order."""
+        buf = b"\n".join(raws)
+        spans: dict = {}
+        for m in self.marks:
+            p = buf.find(m)
+            while p >= 0:
+                ls = buf.rfind(b"\n", 0, p) + 1
+                le = buf.find(b"\n", p)
+                if le < 0:
+                    le = len(buf)
+                spans[ls] = le
+                p = buf.find(m, le + 1)
+        newlines, prev = 0, 0   # newlines before ls: the line number is i + 1 + newlines
+        for ls in sorted(spans):
+            newlines += buf.count(b"\n", prev, ls)
+            prev = ls
+            yield i + 1 + newlines, buf[ls:spans[ls]].decode("ascii").rstrip("\r")
+
+
 def _read_text(path) -> str:
     """The whole file as text (for JSON documents and small inputs); bounded by MAX_BYTES."""
     p = _check_path(path)
@@ -358,11 +392,9 @@ def _modules():
 
 
 def _log_markers(mods):
-    """One bytes regex of every log reader's MARKERS: a line without any of them is no
+    """Every log reader's MARKERS (for Lines): a line without any of them is no
     reader's line and no other engine's (the mixed-engine check needs those too)."""
-    import re
-    marks = sorted({m for name, mod in mods.items() if SOURCES[name][1] == "log" for m in mod.MARKERS})
-    return re.compile(b"|".join(re.escape(m) for m in marks))
+    return tuple(sorted({m for name, mod in mods.items() if SOURCES[name][1] == "log" for m in mod.MARKERS}))
 
 
 def detect_lines(lines) -> str | None:
@@ -592,14 +624,12 @@ def _ranges(p: Path, n: int) -> list[tuple[int, int, int]]:
 
 def _seed_config(p: Path, source: str) -> dict:
     """The configuration a reader collects from the file's head (its CONFIG_MARKERS lines)."""
-    import re
     mod = _modules()[source]
     marks = getattr(mod, "CONFIG_MARKERS", ())
     if not marks:
         return {}
     parser = mod.Parser(str(p))
-    rx = re.compile(b"|".join(re.escape(m) for m in marks))
-    for i, ln in Lines(p, progress=False, markers=rx, end=min(p.stat().st_size, HEAD_BYTES)):
+    for i, ln in Lines(p, progress=False, markers=tuple(marks), end=min(p.stat().st_size, HEAD_BYTES)):
         parser.feed(i, ln)
     return dict(parser.reading.config)
 
