@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import os
 import socket
 import struct
 import subprocess
@@ -222,7 +223,10 @@ def test_otel_spans_per_request_with_traceparent(server, otel_memory):
 
 
 def test_load_and_scrape_scripts_end_with_one_json_line(server):
-    run = lambda *a: subprocess.run([sys.executable, *a], capture_output=True, text=True, timeout=180)
+    # The load guard (scripts/benchutil.py, tested in test_benchutil.py) would wait for a quiet machine and
+    # withhold the ratio under CI's own load; this test checks the output's shape, so the guard is lifted.
+    env = {**os.environ, "SPECAUDIT_BENCH_LOAD": "1e9"}
+    run = lambda *a: subprocess.run([sys.executable, *a], capture_output=True, text=True, timeout=180, env=env)
     r = run(str(REPO / "scripts" / "load.py"), "--url", server.url, "--concurrency", "4", "--requests", "6",
             "--max-tokens", "8")
     assert r.returncode == 0, r.stderr
