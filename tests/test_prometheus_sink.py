@@ -374,3 +374,38 @@ def test_fast_exposition_reuses_lines_only_while_values_stand():
         step()
         assert text(fx.render()) == text(generate_latest(reg)), i
     assert 'c_tokens_bucket{le="0.0"} 2.0' in fx.render().decode()
+
+
+def test_fast_exposition_rereads_a_sink_only_after_it_wrote():
+    """The sink's series are re-read only when its generation moved; every write path
+    (steps, requests, sink errors, load, commit lengths) moves it, so the text always
+    equals generate_latest's."""
+    from types import SimpleNamespace
+
+    from specaudit.trace.prom_sink import FastExposition
+    steps, reqs, manifest = synth_run_rows(n_requests=6, algo="chain", seed=3)
+    reg = CollectorRegistry()
+    sink = PromSink(reg)
+    fx = FastExposition(reg)
+    text = lambda data: "\n".join(ln for ln in data.decode().splitlines() if "_created" not in ln)
+    same = lambda: text(fx.render()) == text(generate_latest(reg))
+    sink.open_run(manifest)
+    assert same()
+    g = sink.generation()
+    sink.set_load(2, 0)
+    assert sink.generation() > g and same()
+    g = sink.generation()
+    sink.set_load(2, 0)                            # unchanged: no new generation, same text
+    assert sink.generation() == g and same()
+    for b in steps.to_batches(max_chunksize=7):
+        sink.write_steps(b)
+        assert same()
+    for r in reqs.to_pylist():
+        sink.write_request(r)
+        assert same()
+    sink.sink_error("parquet")
+    assert same()
+    sink.set_commit_lengths(3.5, SimpleNamespace(value=3.4, low=3.1, high=3.7))
+    assert same()
+    sink.set_load(0, 0)
+    assert same() and 'specaudit_running_requests 0.0' in fx.render().decode()

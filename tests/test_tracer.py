@@ -300,3 +300,24 @@ def test_record_step_time_stays_small_on_the_decode_thread():
     assert kind == "steps" and item.fields["node_tokens"] is f["node_tokens"]
     assert item.fields["node_mask"] is f["node_mask"]
     tr.close()
+
+
+def test_batch_interval_follows_the_sinks():
+    """Parquet alone: one conversion a second; a live sink (Prometheus, OTel) or a sink that
+    flushes more often sets a shorter interval; an explicit batch_s wins."""
+    from prometheus_client import CollectorRegistry
+
+    from specaudit.trace.otel_sink import OtelSink
+    from specaudit.trace.prom_sink import PromSink
+    from specaudit.trace.tracer import BATCH_S, LIVE_BATCH_S, default_batch_s
+
+    class Flushing:
+        def __init__(self, flush_s):
+            self.flush_s = flush_s
+    assert default_batch_s([Flushing(5.0)]) == BATCH_S == 1.0
+    assert default_batch_s([Flushing(5.0), PromSink(CollectorRegistry())]) == LIVE_BATCH_S
+    assert default_batch_s([OtelSink.__new__(OtelSink)]) == LIVE_BATCH_S
+    assert default_batch_s([Flushing(0.05)]) == 0.05
+    tr = Tracer([Flushing(5.0)], {}, "t", batch_s=0.5)
+    assert tr.batch_s == 0.5
+    tr.close()

@@ -142,6 +142,8 @@ class OtelSink:
         self._notes: dict[str, tuple[dict, dict | None]] = {}
         self._lock = threading.Lock()
 
+    live = True   # spans are exported while the run goes on: the tracer hands batches over every 0.25 s
+
     def open_run(self, manifest: dict) -> None:
         self.run_id = str(manifest.get("run_id", ""))
         if self.model is None:

@@ -32,6 +32,7 @@ continuity across steps, losslessness, aggregates) stay in the offline checker.
 from __future__ import annotations
 
 import threading
+import weakref
 
 import numpy as np
 import pyarrow as pa
@@ -298,8 +299,22 @@ class PromSink:
         self.eos_id: int | None = None   # from the manifest (config.eos_id) at open_run
         self._lock = threading.Lock()
         self._built = False
+        self._gen = 0                    # bumped after every change of this sink's families
+        self._families: list = []
+        self._load = None
+        # FastExposition reuses our lines between changes (weak: the registry outlives no sink)
+        _SOURCES.setdefault(self.registry, []).append(weakref.ref(self))
         if max_depth is not None:
             self._build(max_depth)
+
+    def generation(self) -> int:
+        """A number that changes after every update of this sink's series (FastExposition
+        re-reads them only then). Every write goes through the methods below, each bumping
+        it after its last change, so a render that read the old number formats anew."""
+        return self._gen
+
+    def families(self) -> list:
+        return list(self._families)
 
     # ------------------------------------------------------------- families
     def _build(self, max_depth: int) -> None:
@@ -307,6 +322,7 @@ class PromSink:
             return
         D = self.max_depth = max(1, min(int(max_depth), 64))
         r = self.registry
+        before = set(getattr(r, "_collector_to_names", {}))
         self.verify_steps = Counter("specaudit_verify_steps", "Step rows: one per request per verify forward",
                                     registry=r)
         self.verify_forwards = Counter("specaudit_verify_forwards", "Batched verify forwards of the target", registry=r)
@@ -364,7 +380,9 @@ class PromSink:
                                   "Upper bound of the throughput estimate", registry=r)
         self.info = Gauge("specaudit_run_info", "The run being served (value 1)",
                           ["run_id", "algo", "budget", "topk", "fault", "model"], registry=r)
+        self._families = [c for c in getattr(r, "_collector_to_names", {}) if c not in before]
         self._built = True
+        self._gen += 1
 
     # ---------------------------------------------------------- sink protocol
     def open_run(self, manifest: dict) -> None:
@@ -377,6 +395,7 @@ class PromSink:
         self.info.labels(run_id=str(manifest.get("run_id", "")), algo=str(cfg.get("algo", "")),
                          budget=str(cfg.get("budget", "")), topk=str(cfg.get("topk", "")),
                          fault=str(cfg.get("fault") or "none"), model=str(model)).set(1)
+        self._gen += 1
 
     def write_steps(self, batch: pa.RecordBatch) -> None:
         if not self._built:
@@ -435,6 +454,7 @@ class PromSink:
             _observe(self.verify_s, t["verify_s"])
             _observe(self.step_s, t["step_s"])
             _observe(self.batch_size, bs)
+            self._gen += 1
 
     def write_request(self, row: dict) -> None:
         if not self._built:
@@ -448,23 +468,28 @@ class PromSink:
                 self.ttft.observe(float(row["ttft_s"]))
             if row.get("e2e_s") is not None and row["e2e_s"] >= 0:
                 self.e2e.observe(float(row["e2e_s"]))
+            self._gen += 1
 
     def close_run(self, manifest: dict) -> None:
         pass
 
     sink_name = "prometheus"
+    live = True   # scraped while the run goes on: the tracer hands batches over every 0.25 s
 
     def sink_error(self, name: str) -> None:
         """Count one failure of a sink (called by the tracer; names outside SINK_NAMES
         count as "other": the label stays bounded)."""
         if self._built:
             self._sink_errors.get(name, self._sink_errors["other"]).inc()
+            self._gen += 1
 
     # ----------------------------------------------------------- server gauges
     def set_load(self, running: int, queued: int) -> None:
-        if self._built:
+        if self._built and (running, queued) != self._load:   # called every step: count changes only
             self.running.set(running)
             self.queued.set(queued)
+            self._load = (running, queued)
+            self._gen += 1
 
     def set_commit_lengths(self, reported: float | None, estimate=None) -> None:
         """Reported mean commit length and the throughput estimate (value, low, high)."""
@@ -476,6 +501,7 @@ class PromSink:
             self.estimated_cl.set(estimate.value)
             self.estimated_lo.set(estimate.low)
             self.estimated_hi.set(estimate.high)
+        self._gen += 1
 
 
 # ------------------------------------------------------------------- fast /metrics
@@ -509,6 +535,8 @@ class FastExposition:
         self.registry = registry
         self._plan = None
         self._key = None
+        self._sources: list = []   # PromSinks on this registry: their series are re-read only after a change
+        self._gens: list = []
 
     @staticmethod
     def _labels(names, values, extra=()) -> str:
@@ -538,10 +566,15 @@ class FastExposition:
         return type(v) is MutexValue and hasattr(v, "_value")
 
     def _build(self, wrappers):
-        # parts: [_STATIC, text] | [_VALUE, prefix, value, plain, last, line]
-        #        | [_HIST, bucket prefixes, count prefix, sum prefix, values, plain, last, block]
+        # parts: [_STATIC, text] | [_VALUE, prefix, value, plain, last, line, owner]
+        #        | [_HIST, bucket prefixes, count prefix, sum prefix, values, plain, last, block, owner]
+        # owner: index into self._sources of the sink whose generation() covers the series
+        self._sources = [s for s in (r() for r in _SOURCES.get(self.registry, ())) if s is not None]
+        self._gens = [None] * len(self._sources)
+        owners = {id(c): k for k, src in enumerate(self._sources) for c in src.families()}
         parts = []
         for w in wrappers:
+            owner = owners.get(id(w))
             typ = getattr(w, "_type", None)
             if typ not in ("counter", "gauge", "histogram") or not hasattr(w, "_name"):
                 return None
@@ -560,14 +593,15 @@ class FastExposition:
                         return None
                     v = child._value
                     prefix = f"{name}_total{lab} " if typ == "counter" else f"{name}{lab} "
-                    parts.append([_VALUE, prefix, v, self._plain(v), _UNSET, ""])
+                    parts.append([_VALUE, prefix, v, self._plain(v), _UNSET, "", owner])
                 else:
                     if not (hasattr(child, "_buckets") and hasattr(child, "_sum") and hasattr(child, "_upper_bounds")):
                         return None
                     les = [self._labels(w._labelnames, lv, [("le", _go_float(b))]) for b in child._upper_bounds]
                     vals = list(child._buckets) + [child._sum]
                     parts.append([_HIST, [f"{name}_bucket{le} " for le in les], f"{name}_count{lab} ",
-                                  f"{name}_sum{lab} ", vals, all(self._plain(v) for v in vals), None, ""])
+                                  f"{name}_sum{lab} ", vals, all(self._plain(v) for v in vals), None, "",
+                                  owner])
         return parts
 
     def render(self) -> bytes:
@@ -581,11 +615,16 @@ class FastExposition:
             self._plan, self._key = self._build(wrappers), key
         if self._plan is None:
             return generate_latest(self.registry)
+        gens = [src.generation() for src in self._sources]   # read before any value
+        same = [g == old for g, old in zip(gens, self._gens)]
+        self._gens = gens
         out = []
         for p in self._plan:
             kind = p[0]
             if kind is _STATIC:
                 out.append(p[1])
+            elif p[-1] is not None and same[p[-1]]:   # its sink has not written since the last render
+                out.append(p[-2])
             elif kind is _VALUE:
                 v = p[2]._value if p[3] else p[2].get()
                 if v is not p[4]:            # a new float object: the series moved (or a reread)
@@ -607,4 +646,5 @@ class FastExposition:
 
 
 _STATIC, _VALUE, _HIST = "static", "value", "hist"
+_SOURCES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # registry -> weak refs to its PromSinks
 _UNSET = object()   # no value read yet: the first render formats every line

@@ -70,7 +70,8 @@ def _np(x):
 
 
 def _on_device(x) -> bool:
-    return hasattr(x, "numpy") and getattr(x, "device", None) is not None and x.device.type != "cpu"
+    """A tensor off the CPU (Tensor.is_cpu: a flag read, no device object built)."""
+    return getattr(x, "is_cpu", True) is False and hasattr(x, "numpy")
 
 
 @dataclass
@@ -156,10 +157,10 @@ class Tracer:
     was lost.
     """
 
-    def __init__(self, sinks, manifest: dict, run_id: str, batch_s: float = 0.25,
+    def __init__(self, sinks, manifest: dict, run_id: str, batch_s: float | None = None,
                  copy_inputs: bool = True):
         self.sinks = list(sinks)
-        self.batch_s = batch_s
+        self.batch_s = batch_s if batch_s is not None else default_batch_s(self.sinks)
         # CPU tensors are read later on the worker thread: copy them unless the engine
         # promises never to write to a tensor it has handed over (ours allocates fresh
         # ones every step and passes copy_inputs=False).
@@ -253,9 +254,12 @@ class Tracer:
         """Every `batch_s` seconds, drain the queue and convert all pending steps at once.
 
         The worker sleeps between drains instead of waking on every put: a wake-up per
-        step would hand the GIL back and forth with the decode loop. Converting many
-        steps in one go keeps the per-step cost to tens of microseconds; sinks see data
-        within batch_s. flush() and close() wake it early.
+        step would hand the GIL back and forth with the decode loop. A conversion costs
+        a fixed part per batch (some 60 numpy and Arrow calls, whatever the batch holds)
+        plus a few microseconds per step, all while holding the GIL the decode loop
+        needs; with 1 s batches (about 100 steps on the reference runtime) the fixed
+        part is spread thin. Sinks see data within batch_s (default_batch_s: a quarter
+        second when a live sink is attached); flush() and close() wake the worker at once.
         """
         while True:
             self._wake.wait(self.batch_s)
@@ -376,6 +380,26 @@ class Tracer:
             raise SinkError(None, f"tracer sink failed: {type(e).__name__}: "
                                   f"{' '.join(str(e).split())[:200]}") from None
         return self.manifest
+
+
+# How often the worker converts what the decode loop filed (Tracer(batch_s=None)). Each
+# conversion has a fixed cost while holding the GIL, so a batch-only record (Parquet)
+# is converted once a second; a live sink (Prometheus, OTel: `live = True`) keeps the
+# quarter second its readers see data within, and a sink that flushes more often than
+# either (ParquetSink(flush_s=...)) sets the pace.
+BATCH_S = 1.0
+LIVE_BATCH_S = 0.25
+
+
+def default_batch_s(sinks) -> float:
+    out = BATCH_S
+    for s in sinks:
+        if getattr(s, "live", False):
+            out = min(out, LIVE_BATCH_S)
+        f = getattr(s, "flush_s", None)
+        if isinstance(f, (int, float)) and f >= 0:
+            out = min(out, float(f))
+    return out
 
 
 def _name(sink) -> str:
