@@ -572,13 +572,17 @@ def _read(files) -> str:
     return f"read_parquet([{lst}], union_by_name = true, hive_partitioning = false)"
 
 
-def rollup_views_sql(ds: Dataset) -> list[str]:
+def rollup_views_sql(ds: Dataset, bins=None) -> list[str]:
     """CREATE VIEW rollup_<kind> for every rollup kind: the rows of the rollup files that
     stand in for their data files, UNION ALL the same rows computed by the same SQL
     (trace/rollup.py KIND_SQL) from the raw files that have no usable rollup. The canned
     queries, the figures view and the report read these views; `steps` and `requests`
-    stay the raw rows."""
+    stay the raw rows. bins: the calibration bins asked for at connect (--param bins);
+    when the writers stored them, rollup_calib never binds the raw step files (binding
+    reads every file's footer), and a later `SET VARIABLE bins` to a count they did not
+    store is an error naming the way to ask for it, never a silently empty result."""
     out = []
+    need_raw_bins = bins is not None and _num(bins, int) not in CALIB_BINS
     for kinds, data in ((STEP_KINDS, ds.step_files), (REQUEST_KINDS, ds.request_files)):
         have = [ds.rollups[f] for f in data if f in ds.rollups]
         raw = [f for f in data if f not in ds.rollups]
@@ -593,12 +597,21 @@ def rollup_views_sql(ds: Dataset) -> list[str]:
             if raw:
                 parts.append(kind_sql(kind, _read(raw), nb=CALIB_NB))
             if have and kind == "calib":
-                # bins the writers did not store: those files' nodes come from the raw rows
-                # (a constant-false filter when they did: nothing is scanned)
                 stored = ", ".join(str(b) for b in CALIB_BINS)
-                src = f"(SELECT * FROM {_read([f for f in data if f in ds.rollups])} " \
-                      f"WHERE {CALIB_BINS_EXPR} NOT IN ({stored}))"
-                parts.append(kind_sql(kind, src, nb=CALIB_NB))
+                if need_raw_bins:
+                    # bins the writers did not store: those files' nodes come from the raw rows
+                    # (a constant-false filter for stored bins: nothing is scanned)
+                    src = f"(SELECT * FROM {_read([f for f in data if f in ds.rollups])} " \
+                          f"WHERE {CALIB_BINS_EXPR} NOT IN ({stored}))"
+                    parts.append(kind_sql(kind, src, nb=CALIB_NB))
+                else:
+                    parts.append(
+                        "SELECT NULL::VARCHAR AS run_id, NULL::INTEGER AS bins, NULL::INTEGER AS bin, "
+                        "NULL::BIGINT AS n, NULL::BIGINT AS accepted, NULL::DOUBLE AS p_sum "
+                        f"WHERE CASE WHEN {CALIB_BINS_EXPR} NOT IN ({stored}) THEN error('bins = ' || "
+                        f"{CALIB_BINS_EXPR} || ' is not in the rollups (they hold {stored}): pass it when "
+                        "connecting (specaudit query --param bins=N) and the views read the raw rows for it')::BOOLEAN "
+                        "ELSE false END")
             if not parts:
                 parts.append("SELECT " + ", ".join(f"NULL::{duck_type(_ROLLUP_SCHEMA.field(c).type)} AS {c}"
                                                    for c in KIND_COLUMNS[kind]) + " WHERE false")
@@ -616,6 +629,7 @@ HARDEN = [
     ("python_enable_replacements", "false"),
     ("temp_directory", "''"),                          # no spill files
     ("allow_persistent_secrets", "false"),
+    ("parquet_metadata_cache", "true"),                # each file's footer parsed once per session
 ]
 REQUIRED_SETTINGS = ("enable_external_access", "lock_configuration", "autoinstall_known_extensions",
                      "autoload_known_extensions")
@@ -662,7 +676,7 @@ def connect(paths, findings=None, *, threads: int | None = None, variables: dict
         try:
             con.execute(_parquet_view("steps", ds.step_files, STEPS_SCHEMA))
             con.execute(_parquet_view("requests", ds.request_files, REQUESTS_SCHEMA))
-            for sql in rollup_views_sql(ds):
+            for sql in rollup_views_sql(ds, bins=(variables or {}).get("bins", 10)):
                 con.execute(sql)
         except duckdb.Error as e:
             raise InputError(None, f"cannot read the trace's Parquet files: {one_line(e)}") from None
@@ -881,7 +895,7 @@ def shell_setup_sql(paths, findings=None, dataset: Dataset | None = None, lock: 
         parts.append("SET enable_external_access = false;")
     parts.append(_parquet_view("steps", ds.step_files, STEPS_SCHEMA) + ";")
     parts.append(_parquet_view("requests", ds.request_files, REQUESTS_SCHEMA) + ";")
-    parts += [sql + ";" for sql in rollup_views_sql(ds)]
+    parts += [sql + ";" for sql in rollup_views_sql(ds, bins=0)]   # the shell may SET any bins
     parts.append(_values_sql("runs", runs_table(ds.runs, ds.rollup_notes)))
     parts.append(_values_sql("violations", findings_table(findings)))
     if duckdb_major >= 2:
