@@ -138,7 +138,9 @@ async def bench(url: str, *, concurrency: int, max_tokens: int, pairs: int, phas
     b = sum(rates["B"]) / len(rates["B"])
     per_pair = sorted(1.0 - y / x for x, y in zip(rates["A"], rates["B"]) if x > 0)
     mid = len(per_pair) // 2
-    median = per_pair[mid] if len(per_pair) % 2 else (per_pair[mid - 1] + per_pair[mid]) / 2
+    # no pair at all (a phase saw no tokens: the counter moves once per tracer batch) -> None
+    median = None if not per_pair else per_pair[mid] if len(per_pair) % 2 else \
+        (per_pair[mid - 1] + per_pair[mid]) / 2
     return {
         # the median pair: robust to a burst from another process landing in one phase
         "scrape_overhead": round(median, 5) if per_pair else None,
@@ -193,7 +195,8 @@ def main(argv=None) -> int:
             except subprocess.TimeoutExpired:
                 proc.kill()
     out["cpu_count"] = os.cpu_count()
-    print(f"scrape overhead {out['scrape_overhead']:+.4f}, scrape CPU share {out['scrape_cpu_share']:.4f} "
+    ov = "n/a" if out["scrape_overhead"] is None else format(out["scrape_overhead"], "+.4f")
+    print(f"scrape overhead {ov}, scrape CPU share {out['scrape_cpu_share']:.4f} "
           f"({out['tokens_per_s_scrape']:.1f} vs "
           f"{out['tokens_per_s_no_scrape']:.1f} tokens/s, {out['scrapes']} scrapes at {args.hz:g} Hz, "
           f"{out['metrics_bytes']} bytes each)", file=sys.stderr)
