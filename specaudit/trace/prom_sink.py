@@ -537,6 +537,7 @@ class FastExposition:
         self._key = None
         self._sources: list = []   # PromSinks on this registry: their series are re-read only after a change
         self._gens: list = []
+        self._segments: list = []
 
     @staticmethod
     def _labels(names, values, extra=()) -> str:
@@ -566,7 +567,7 @@ class FastExposition:
         return type(v) is MutexValue and hasattr(v, "_value")
 
     def _build(self, wrappers):
-        # parts: [_STATIC, text] | [_VALUE, prefix, value, plain, last, line, owner]
+        # parts: [_STATIC, text, owner] | [_VALUE, prefix, value, plain, last, line, owner]
         #        | [_HIST, bucket prefixes, count prefix, sum prefix, values, plain, last, block, owner]
         # owner: index into self._sources of the sink whose generation() covers the series
         self._sources = [s for s in (r() for r in _SOURCES.get(self.registry, ())) if s is not None]
@@ -581,7 +582,7 @@ class FastExposition:
             name = w._name
             doc = w._documentation.replace("\\", "\\\\").replace("\n", "\\n")
             fam = name + ("_total" if typ == "counter" else "")   # text format 0.0.4 names counters so
-            parts.append([_STATIC, f"# HELP {fam} {doc}\n# TYPE {fam} {typ}\n"])
+            parts.append([_STATIC, f"# HELP {fam} {doc}\n# TYPE {fam} {typ}\n", owner])
             for lv, child in self._children(w):
                 lab = self._labels(w._labelnames, lv)
                 if typ in ("counter", "gauge"):
@@ -613,18 +614,31 @@ class FastExposition:
             return generate_latest(self.registry)
         if key != self._key:
             self._plan, self._key = self._build(wrappers), key
+            self._segments = _segments(self._plan) if self._plan is not None else []
         if self._plan is None:
             return generate_latest(self.registry)
         gens = [src.generation() for src in self._sources]   # read before any value
         same = [g == old for g, old in zip(gens, self._gens)]
         self._gens = gens
         out = []
-        for p in self._plan:
+        for seg in self._segments:     # [owner, parts, text]: a run of one sink's families
+            owner = seg[0]
+            if owner is not None and same[owner] and seg[2] is not None:
+                out.append(seg[2])     # its sink has not written since the last render
+                continue
+            text = "".join(self._lines(seg[1]))
+            if owner is not None:
+                seg[2] = text
+            out.append(text)
+        return "".join(out).encode()
+
+    @staticmethod
+    def _lines(plan) -> list:
+        out = []
+        for p in plan:
             kind = p[0]
             if kind is _STATIC:
                 out.append(p[1])
-            elif p[-1] is not None and same[p[-1]]:   # its sink has not written since the last render
-                out.append(p[-2])
             elif kind is _VALUE:
                 v = p[2]._value if p[3] else p[2].get()
                 if v is not p[4]:            # a new float object: the series moved (or a reread)
@@ -642,7 +656,18 @@ class FastExposition:
                     lines.append(sum_prefix + _go_float(cur[-1]) + "\n")
                     p[6], p[7] = cur, "".join(lines)
                 out.append(p[7])
-        return "".join(out).encode()
+        return out
+
+
+def _segments(plan) -> list:
+    """The plan cut into runs of parts with one owner: [owner, parts, cached text]."""
+    out = []
+    for p in plan:
+        if out and out[-1][0] == p[-1]:
+            out[-1][1].append(p)
+        else:
+            out.append([p[-1], [p], None])
+    return out
 
 
 _STATIC, _VALUE, _HIST = "static", "value", "hist"
