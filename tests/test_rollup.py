@@ -265,3 +265,31 @@ def test_sink_without_rollups_and_a_failing_rollup_keep_the_record(tmp_path, mon
     assert list(sink.run_dir.glob("steps-*.parquet")) and not list(sink.run_dir.glob("rollup-*"))
     assert check_paths([sink.run_dir]).exit_code == 0
     assert P.write_with_rollup(tmp_path / "x.parquet", steps, rollups=False) is False
+
+
+def test_spark_plans_every_request_part_before_the_steps_and_combines_them(tmp_path):
+    from specaudit.audit.check import CheckResult
+    from specaudit.audit.spark import combine_run, file_tasks
+    from specaudit.trace.schema import discover
+    sink, steps, reqs, _ = _sink_run(tmp_path)              # a finished run whose table is in parts
+    whole = sink.run_dir / "requests.parquet"
+    t = pq.read_table(whole)
+    for i, part in enumerate((t.slice(0, 5), t.slice(5))):
+        pq.write_table(part, sink.run_dir / f"requests-{i:06d}.parquet")
+    whole.unlink()
+    (rf,) = discover([sink.run_dir])
+    tasks = file_tasks([(0, rf)])
+    req = [t for t in tasks if t["kind"] == "requests"]
+    assert [t["path"].rsplit("/", 1)[-1] for t in req] == ["requests-000000.parquet", "requests-000001.parquet"]
+    assert [t["file_idx"] for t in req] == [-1, 0]
+    assert min(t["file_idx"] for t in tasks if t["kind"] == "steps") == 1
+
+    def combined(bad: int | None):
+        st = [{"kind": "requests", "file": t["path"], "ok": i != bad, "opened": True,
+               "reason": "bad" if i == bad else None} for i, t in enumerate(req)]
+        res = CheckResult()
+        return combine_run(rf, 0, st, [], [], res), res
+    ok, res = combined(None)
+    assert ok and not res.bad_files                          # every part read: complete
+    ok, res = combined(0)
+    assert not ok and len(res.bad_files) == 1                # the first part unreadable: partial
