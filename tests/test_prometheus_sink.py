@@ -391,12 +391,12 @@ def test_fast_exposition_rereads_a_sink_only_after_it_wrote():
     same = lambda: text(fx.render()) == text(generate_latest(reg))
     sink.open_run(manifest)
     assert same()
-    g = sink.generation()
-    sink.set_load(2, 0)
-    assert sink.generation() > g and same()
-    g = sink.generation()
+    g0, g = sink.generation(0), sink.generation(1)
+    sink.set_load(2, 0)                            # the server's gauges: their own group
+    assert sink.generation(1) > g and sink.generation(0) == g0 and same()
+    g = sink.generation(1)
     sink.set_load(2, 0)                            # unchanged: no new generation, same text
-    assert sink.generation() == g and same()
+    assert sink.generation(1) == g and same()
     for b in steps.to_batches(max_chunksize=7):
         sink.write_steps(b)
         assert same()

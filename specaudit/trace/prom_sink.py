@@ -299,7 +299,7 @@ class PromSink:
         self.eos_id: int | None = None   # from the manifest (config.eos_id) at open_run
         self._lock = threading.Lock()
         self._built = False
-        self._gen = 0                    # bumped after every change of this sink's families
+        self._gen = [0, 0]               # bumped after every change: [trace writes, server gauges]
         self._families: list = []
         self._load = None
         # FastExposition reuses our lines between changes (weak: the registry outlives no sink)
@@ -307,14 +307,17 @@ class PromSink:
         if max_depth is not None:
             self._build(max_depth)
 
-    def generation(self) -> int:
-        """A number that changes after every update of this sink's series (FastExposition
-        re-reads them only then). Every write goes through the methods below, each bumping
+    def generation(self, group: int = 0) -> int:
+        """A number that changes after every update of this sink's series in `group` (0: what
+        the tracer writes, 1: the gauges the server sets every step); FastExposition re-reads
+        a group's series only then. Every write goes through the methods below, each bumping
         it after its last change, so a render that read the old number formats anew."""
-        return self._gen
+        return self._gen[group]
 
     def families(self) -> list:
-        return list(self._families)
+        """[(collector, group)] of this sink's families."""
+        gauges = {id(g) for g in (getattr(self, n, None) for n in _GAUGE_FAMILIES) if g is not None}
+        return [(c, 1 if id(c) in gauges else 0) for c in self._families]
 
     # ------------------------------------------------------------- families
     def _build(self, max_depth: int) -> None:
@@ -382,7 +385,8 @@ class PromSink:
                           ["run_id", "algo", "budget", "topk", "fault", "model"], registry=r)
         self._families = [c for c in getattr(r, "_collector_to_names", {}) if c not in before]
         self._built = True
-        self._gen += 1
+        self._gen[0] += 1
+        self._gen[1] += 1
 
     # ---------------------------------------------------------- sink protocol
     def open_run(self, manifest: dict) -> None:
@@ -395,7 +399,7 @@ class PromSink:
         self.info.labels(run_id=str(manifest.get("run_id", "")), algo=str(cfg.get("algo", "")),
                          budget=str(cfg.get("budget", "")), topk=str(cfg.get("topk", "")),
                          fault=str(cfg.get("fault") or "none"), model=str(model)).set(1)
-        self._gen += 1
+        self._gen[0] += 1
 
     def write_steps(self, batch: pa.RecordBatch) -> None:
         if not self._built:
@@ -454,7 +458,7 @@ class PromSink:
             _observe(self.verify_s, t["verify_s"])
             _observe(self.step_s, t["step_s"])
             _observe(self.batch_size, bs)
-            self._gen += 1
+            self._gen[0] += 1
 
     def write_request(self, row: dict) -> None:
         if not self._built:
@@ -468,7 +472,7 @@ class PromSink:
                 self.ttft.observe(float(row["ttft_s"]))
             if row.get("e2e_s") is not None and row["e2e_s"] >= 0:
                 self.e2e.observe(float(row["e2e_s"]))
-            self._gen += 1
+            self._gen[0] += 1
 
     def close_run(self, manifest: dict) -> None:
         pass
@@ -481,7 +485,7 @@ class PromSink:
         count as "other": the label stays bounded)."""
         if self._built:
             self._sink_errors.get(name, self._sink_errors["other"]).inc()
-            self._gen += 1
+            self._gen[0] += 1
 
     # ----------------------------------------------------------- server gauges
     def set_load(self, running: int, queued: int) -> None:
@@ -489,7 +493,7 @@ class PromSink:
             self.running.set(running)
             self.queued.set(queued)
             self._load = (running, queued)
-            self._gen += 1
+            self._gen[1] += 1
 
     def set_commit_lengths(self, reported: float | None, estimate=None) -> None:
         """Reported mean commit length and the throughput estimate (value, low, high)."""
@@ -501,7 +505,7 @@ class PromSink:
             self.estimated_cl.set(estimate.value)
             self.estimated_lo.set(estimate.low)
             self.estimated_hi.set(estimate.high)
-        self._gen += 1
+        self._gen[1] += 1
 
 
 # ------------------------------------------------------------------- fast /metrics
@@ -570,9 +574,12 @@ class FastExposition:
         # parts: [_STATIC, text, owner] | [_VALUE, prefix, value, plain, last, line, owner]
         #        | [_HIST, bucket prefixes, count prefix, sum prefix, values, plain, last, block, owner]
         # owner: index into self._sources of the sink whose generation() covers the series
-        self._sources = [s for s in (r() for r in _SOURCES.get(self.registry, ())) if s is not None]
+        sinks = [s for s in (r() for r in _SOURCES.get(self.registry, ())) if s is not None]
+        fams = [(src, c, g) for src in sinks for c, g in src.families()]
+        self._sources = sorted({(id(src), g): (src, g) for src, _, g in fams}.values(), key=lambda e: (id(e[0]), e[1]))
+        index = {(id(src), g): k for k, (src, g) in enumerate(self._sources)}
+        owners = {id(c): index[(id(src), g)] for src, c, g in fams}
         self._gens = [None] * len(self._sources)
-        owners = {id(c): k for k, src in enumerate(self._sources) for c in src.families()}
         parts = []
         for w in wrappers:
             owner = owners.get(id(w))
@@ -617,7 +624,7 @@ class FastExposition:
             self._segments = _segments(self._plan) if self._plan is not None else []
         if self._plan is None:
             return generate_latest(self.registry)
-        gens = [src.generation() for src in self._sources]   # read before any value
+        gens = [src.generation(g) for src, g in self._sources]   # read before any value
         same = [g == old for g, old in zip(gens, self._gens)]
         self._gens = gens
         out = []
@@ -671,5 +678,7 @@ def _segments(plan) -> list:
 
 
 _STATIC, _VALUE, _HIST = "static", "value", "hist"
+# PromSink attributes of the gauges the server sets every step (generation group 1)
+_GAUGE_FAMILIES = ("running", "queued", "reported_cl", "estimated_cl", "estimated_lo", "estimated_hi")
 _SOURCES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # registry -> weak refs to its PromSinks
 _UNSET = object()   # no value read yet: the first render formats every line
