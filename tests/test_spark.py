@@ -108,14 +108,17 @@ def _diff(a, b) -> str:
     return "\n".join(out)
 
 
-def emulate(paths, buckets: int, batch_rows: int = BATCH_ROWS) -> CheckResult:
-    """The Spark dataflow with Python loops in place of Spark: read tasks, groups, combine."""
+def emulate(paths, buckets: int | None, batch_rows: int = BATCH_ROWS, min_groups: int = 0) -> CheckResult:
+    """The Spark dataflow with Python loops in place of Spark: read tasks, groups, combine.
+    buckets None: check_spark's default, each run's share of min_groups (spread_buckets)."""
     rules = [r for r in load_rules() if r.scope != "source"]
     result = CheckResult(max_per_code=0, rules=[r.code for r in rules])
     runs = sp.plan(paths, None, result)
     info = {k: {"run_key": k, "run_id": rf.run_id, "manifest": rf.manifest} for k, rf in runs}
     groups = defaultdict(list)
-    for t in sp.file_tasks(runs, buckets=buckets):
+    tasks = sp.file_tasks(runs, buckets=buckets)
+    sp.spread_buckets(tasks, 0 if buckets else min_groups)
+    for t in sorted(tasks, key=lambda t: -t["size"]):      # check_spark's order: largest file first
         for row in sp.read_file_rows(t["run_key"], t["kind"], t["file_idx"], sp.Path(t["path"]), t["buckets"],
                                      batch_rows):
             groups[(row["run_key"], row["bucket"])].append(row)
@@ -151,11 +154,32 @@ def test_corpus_covers_faults_corruptions_and_bad_input(local):
     assert "missing run.json" in reasons and "not a Parquet file" in reasons and "schema_version" in reasons
 
 
-@pytest.mark.parametrize("buckets", [1, 3])
-def test_dataflow_in_process_equals_local(corpus, local, buckets):
-    """Any grouping of whole requests gives the local findings: the core, not Spark."""
-    got, want = _summary(emulate([corpus], buckets)), _summary(local)
+@pytest.mark.parametrize("buckets,min_groups", [(1, 0), (3, 0), (None, 64)])
+def test_dataflow_in_process_equals_local(corpus, local, buckets, min_groups):
+    """Any grouping of whole requests gives the local findings: the core, not Spark
+    (None: check_spark's default, a different bucket count per run, by its bytes)."""
+    got, want = _summary(emulate([corpus], buckets, min_groups=min_groups)), _summary(local)
     assert got == want, _diff(got, want)
+
+
+def test_spread_buckets_gives_every_core_groups_in_proportion_to_bytes(tmp_path):
+    """Few big runs on many cores: each run gets its share of the groups by step bytes
+    (a single bucket per run left cores idle in the group stage), never fewer buckets
+    than the 64 MB cap asks for, and explicit buckets are kept."""
+    from specaudit.trace.synth import write_synthetic_dataset
+    for i, n in enumerate((3000, 1000)):
+        write_synthetic_dataset(tmp_path, n, seed=i, run_id=f"r{i}", chunk_steps=1000)
+    runs = sp.plan([tmp_path])
+    tasks = sp.file_tasks(runs)
+    assert {t["buckets"] for t in tasks} == {1}                  # a few MB: one bucket each by bytes
+    n = sp.spread_buckets(tasks, 16)
+    per = {t["run_key"]: t["buckets"] for t in tasks}
+    big, small = (per[k] for k, rf in runs if rf.run_id == "r0"), (per[k] for k, rf in runs if rf.run_id == "r1")
+    big, small = next(big), next(small)
+    assert n == big + small and 14 <= n <= 18 and big >= 2.5 * small >= 2.5
+    assert all(t["size"] > 0 for t in tasks)
+    tasks = sp.file_tasks(runs, buckets=3)
+    assert sp.spread_buckets(tasks, 0) == 6 and {t["buckets"] for t in tasks} == {3}
 
 
 # ------------------------------------------------------------------- on Spark
@@ -250,3 +274,12 @@ def test_no_java_is_one_line_exit_2(tmp_path):
     assert "Traceback" not in p.stdout + p.stderr and "at org.apache" not in p.stderr
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith("specaudit check: error: cannot start Spark") and "Java 17 or 21" in last
+
+
+@pytest.mark.parametrize("master,cores", [("local[3]", 3), ("local[4,2]", 4), ("local", None), ("local[*]", None),
+                                          ("yarn", 8), (None, 8)])
+def test_shuffle_partitions_follow_the_local_cores(master, cores):
+    """session(): spark.sql.shuffle.partitions = the cores of a local master (the group
+    stage partitions itself; more shuffle partitions only add tasks), else 8."""
+    import os
+    assert sp._cores(master) == (cores or os.cpu_count() or 1)

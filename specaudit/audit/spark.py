@@ -549,6 +549,16 @@ def _one_line(e: Exception) -> str:
     return first[:300]
 
 
+def _cores(master: str | None) -> int:
+    """Shuffle partitions for a master: its cores for local[N] / local[*] (more only adds
+    task overhead: the group stage sets its own partitioning), else 8."""
+    import re
+    m = re.fullmatch(r"local\[(\d+|\*)(?:,\d+)?\]|local", master or "")
+    if not m:
+        return 8
+    return os.cpu_count() or 1 if m.group(1) in (None, "*") else int(m.group(1))
+
+
 def session(master: str | None = "local[2]", app: str = "specaudit-check", **conf):
     """A SparkSession for the checker: workers run this interpreter (PYSPARK_PYTHON),
     Arrow enabled, Spark's own logging at ERROR so a failure prints one line. master
@@ -564,7 +574,7 @@ def session(master: str | None = "local[2]", app: str = "specaudit-check", **con
     b = (b.appName(app)
          .config("spark.ui.showConsoleProgress", "false")
          .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-         .config("spark.sql.shuffle.partitions", str(conf.pop("shuffle_partitions", 8)))
+         .config("spark.sql.shuffle.partitions", str(conf.pop("shuffle_partitions", None) or _cores(master)))
          .config("spark.ui.enabled", "false")
          .config("spark.driver.bindAddress", "127.0.0.1")
          .config("spark.driver.host", "127.0.0.1"))
