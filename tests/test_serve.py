@@ -180,7 +180,7 @@ def test_disconnect_mid_stream_aborts_only_that_request(server, models):
         time.sleep(0.05)
     assert server.loop.n_running == 0 and server.engine.metrics.verify_steps > before
     server.tracer.flush(10)
-    import pyarrow.parquet as pq   # finished requests: the parts on disk, then those not yet flushed
+    import pyarrow.parquet as pq  # finished requests: the parts on disk, then those not yet flushed
     rows = [r for part in server.parquet._request_parts for r in pq.read_table(part).to_pylist()]
     mine = {decode(r["prompt_tokens"]): r for r in rows + server.parquet._requests
             if decode(r["prompt_tokens"]) in ("import os\n", "class A:\n")}
