@@ -558,25 +558,17 @@ def discover(paths) -> list[RunFiles]:
                     rf.problems.append(e)
             else:
                 rf.problems.append(InputError(mpath, "missing run.json (manifest)"))
-            for f in sorted(d.glob("steps-*.parquet"), key=step_file_key):
+            def regular(f: Path, problems=rf.problems) -> bool:   # a device or FIFO is a problem, not data
                 why = regular_file_problem(f)
                 if why:
-                    rf.problems.append(InputError(f, why))
-                else:
-                    rf.step_files.append(f)
+                    problems.append(InputError(f, why))
+                return not why
+            rf.step_files += [f for f in sorted(d.glob("steps-*.parquet"), key=step_file_key) if regular(f)]
             rq = d / "requests.parquet"
-            if os.path.lexists(rq):
-                why = regular_file_problem(rq)
-                if why:
-                    rf.problems.append(InputError(rq, why))
-                else:
-                    rf.requests_file = rq
-            for f in sorted(d.glob("requests-*.parquet"), key=step_file_key):
-                why = regular_file_problem(f)
-                if why:
-                    rf.problems.append(InputError(f, why))
-                else:
-                    rf.request_parts.append(f)
+            if os.path.lexists(rq) and regular(rq):
+                rf.requests_file = rq
+            rf.request_parts += [f for f in sorted(d.glob("requests-*.parquet"), key=step_file_key)
+                                 if regular(f)]
             first = by_id.setdefault(rf.run_id, d)
             if first != d:
                 rf.duplicate_of = first
