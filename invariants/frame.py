@@ -323,6 +323,8 @@ class StepFrame:
 
     def row_any(self, flat: np.ndarray) -> np.ndarray:
         """Per-row any() of a bool array over this frame's flat nodes."""
+        if self.uniform_n:   # [R, N0] blocks in batch order: one pass, no scatter
+            return flat.reshape(self.R, -1).any(axis=1)[self.order]
         return np.bincount(self.node_row[flat], minlength=self.R) > 0
 
     def row_sum(self, flat: np.ndarray) -> np.ndarray:
@@ -364,6 +366,11 @@ class StepFrame:
             return np.zeros(0, dtype=I64)
         if self.chain_shaped.all():
             return self.node_i.copy()
+        if self._shapes is not None:   # once per distinct shape, gathered per row
+            ids, P = self._shapes
+            U, N0 = P.shape
+            g = np.where(P >= 0, P + np.arange(0, U * N0, N0, dtype=I64)[:, None], -1)
+            return tree_depths_flat(g.reshape(-1), N0).reshape(U, N0)[ids].reshape(-1)
         return tree_depths_flat(self.pglob, int(self.n.max()))
 
     @cached_property
@@ -373,10 +380,40 @@ class StepFrame:
             return np.zeros(self.R, dtype=I64)
         if self.chain_shaped.all():
             return (self.n > 1).astype(I64)
+        if self._shapes is not None:   # once per distinct shape, gathered per row
+            ids, P = self._shapes
+            U, N0 = P.shape
+            par = (P + np.arange(0, U * N0, N0, dtype=I64)[:, None])[P >= 0]
+            kids = np.bincount(par, minlength=U * N0).reshape(U, N0).max(axis=1)
+            return kids[ids][self.order].astype(I64)
         kids = np.bincount(self.pglob[self.pglob >= 0], minlength=self.T)
         out = np.zeros(self.R, dtype=I64)
         np.maximum.at(out, self.node_row, kids)
         return out
+
+    @cached_property
+    def _shapes(self):
+        """Rows of a uniform-N batch grouped by their safe parents (trees of one shape
+        repeat): (shape id per batch row [R], safe parents per shape [U, N0]); None
+        when N varies. Grouped by a fingerprint, then verified row by row: a row that
+        differs from its group's first row gets a shape of its own."""
+        if not self.uniform_n:
+            return None
+        R = self.R
+        P = self.psafe.reshape(R, -1)                    # [R, N0], batch order
+        N0 = P.shape[1]
+        if N0 > MAX_NODES:
+            return None
+        with np.errstate(over="ignore"):
+            fp = ((P + 2).astype(np.uint64) * _POSW[:N0]).sum(axis=1, dtype=np.uint64)
+        _, first, ids = np.unique(fp, return_index=True, return_inverse=True)
+        ids = ids.reshape(-1)
+        mism = np.flatnonzero((P != P[first[ids]]).any(axis=1))
+        if mism.size:                                    # fingerprint collision: own shapes
+            ids = ids.copy()
+            ids[mism] = len(first) + np.arange(mism.size)
+            first = np.concatenate((first, mism))
+        return ids, np.ascontiguousarray(P[first])
 
     def _hash_of(self, r: int) -> int:
         ps = self.psafe[self.start[r]: self.start[r] + self.n[r]]
@@ -395,7 +432,20 @@ class StepFrame:
             out[chain] = self._chain_hash(self.n[chain])
         tree = ~self.chain_shaped & fits & (self.n > 0)
         rows = np.flatnonzero(tree)
-        if rows.size:
+        if rows.size and self._shapes is not None:     # one hash per distinct shape
+            ids, P = self._shapes
+            hashes = np.zeros(len(P), dtype=np.uint64)
+            for u in np.unique(ids[self.order[rows]]):
+                ps = P[u]
+                key = ("tree", ps.astype(I64).tobytes())
+                h = _HASH_CACHE.get(key)
+                if h is None:
+                    h = _HASH_CACHE[key] = int(mask_hash(ancestor_mask(ps)))
+                hashes[u] = h
+            out[rows] = hashes[ids[self.order[rows]]]
+            if len(_HASH_CACHE) > 100_000:
+                _HASH_CACHE.clear()
+        elif rows.size:
             sel = tree[self.node_row]
             with np.errstate(over="ignore"):
                 w = _POSW[np.minimum(self.node_i[sel], len(_POSW) - 1)]
