@@ -53,6 +53,11 @@ def make_dataset(root: Path, steps: int, seed: int, jobs: int = 1) -> tuple[Path
     ds = root / f"steps-{steps}-seed{seed}"
     done = ds / ".complete"
     if done.exists():
+        from specaudit.trace.rollup import refresh_rollups
+        t0 = time.time()
+        n = refresh_rollups(ds)     # a dataset from before a rollup change: its rollups rewritten
+        if n:
+            print(f"rewrote {n} stale rollups in {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
         return ds, 0.0
     if ds.exists():
         shutil.rmtree(ds)

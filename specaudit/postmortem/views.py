@@ -20,7 +20,7 @@ Views (one DuckDB connection, in memory):
                 derived), the one comparison rule (specaudit.audit.compare)
 
     rollup_*    request, hist, time, calib, outputs: the aggregates of trace/rollup.py
-                (one row per request / (commit length, depth) / step start / draft-
+                (one row per request / (commit length, depth) / 0.5 s time cell / draft-
                 probability bin / run's requests), from each data file's rollup where its
                 fingerprint matches the file, else computed by the same SQL from the raw
                 rows (runs.rollups says which); connect(rollups=False) never reads them
@@ -56,7 +56,15 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from specaudit.trace.rollup import CALIB_BINS, KIND_COLUMNS, REQUEST_KINDS, STEP_KINDS, kind_sql, rollup_problem
+from specaudit.trace.rollup import (
+    CALIB_BINS,
+    KIND_COLUMNS,
+    REQUEST_KINDS,
+    STEP_KINDS,
+    TIME_GRAIN_S,
+    kind_sql,
+    rollup_problem,
+)
 from specaudit.trace.rollup import ROLLUP_SCHEMA as _ROLLUP_SCHEMA
 from specaudit.trace.rollup import rollup_path as _rollup_path
 from specaudit.trace.schema import (
@@ -615,7 +623,10 @@ def rollup_views_sql(ds: Dataset, bins=None) -> list[str]:
             if not parts:
                 parts.append("SELECT " + ", ".join(f"NULL::{duck_type(_ROLLUP_SCHEMA.field(c).type)} AS {c}"
                                                    for c in KIND_COLUMNS[kind]) + " WHERE false")
-            out.append(f"CREATE VIEW rollup_{kind} AS " + " UNION ALL ".join(parts))
+            body = " UNION ALL ".join(parts)
+            if kind == "time":   # the grain travels with the cells (throughput_over_time reads it)
+                body = f"SELECT *, {TIME_GRAIN_S!r}::DOUBLE AS grain_s FROM ({body})"
+            out.append(f"CREATE VIEW rollup_{kind} AS " + body)
     return out
 
 

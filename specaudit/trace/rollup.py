@@ -23,7 +23,7 @@ kind         key columns                   value columns
 request      run_id, request_id            n, n_finished, committed, depth_sum, drafted,
                                            rep_commit, rep_depth, step_s, draft_s, verify_s, t0, t1
 hist         run_id, commit_len, depth     n, n_finished, rep_commit, n_disagree
-time         run_id, t_start               n, committed, depth_sum, rep_commit, rep_depth
+time         run_id, cell                  n, committed, depth_sum, rep_commit, rep_depth
 calib        run_id, bins, bin             n, accepted, p_sum
 outputs      run_id                        n (requests), generated (output tokens)
 
@@ -32,6 +32,10 @@ counters); rep_commit / rep_depth are sums of the counters commit_len / accepted
 (reported, the figures under audit); n_disagree counts steps whose commit_len counter
 differs from len(committed_tokens). calib: reached draft nodes (see CALIB_SQL) binned by
 exp(draft_logprob) into `bins` equal bins; the writer stores bins in CALIB_BINS.
+time: the steps whose t_start falls in one cell of the fixed grain TIME_GRAIN_S, cell =
+floor(t_start / TIME_GRAIN_S) (NULL when t_start is NULL, NaN, infinite or beyond 1e15 s):
+one row per (run, cell), so its size follows the run's duration, not its step count (one row
+per distinct t_start was 7.5M rows at 20M steps). throughput_over_time buckets whole cells.
 """
 from __future__ import annotations
 
@@ -44,14 +48,19 @@ import pyarrow.parquet as pq
 
 from specaudit.trace.schema import atomic_write_bytes
 
-ROLLUP_VERSION = 1
+ROLLUP_VERSION = 2            # 2: `time` keyed by grain cell (was: one row per t_start)
 META_KEY = b"specaudit.rollup"
 PREFIX = "rollup-"
 CALIB_BINS = (10,)            # the default bins of acceptance_vs_draft_logprob (the report's)
+TIME_GRAIN_S = 0.5            # the `time` kind's cell width in seconds (a power of two: the division
+                              # is exact); a run shorter than 60 cells (30 s) gets fewer than 60
+                              # throughput_over_time buckets
+_CELL_SQL = (f"CASE WHEN isfinite(s.t_start) AND abs(s.t_start) < 1e15 "
+             f"THEN floor(s.t_start / {TIME_GRAIN_S!r}::DOUBLE)::BIGINT END")
 
 ROLLUP_SCHEMA = pa.schema([
     ("kind", pa.string()), ("run_id", pa.string()), ("request_id", pa.string()),
-    ("commit_len", pa.int32()), ("depth", pa.int32()), ("t_start", pa.float64()),
+    ("commit_len", pa.int32()), ("depth", pa.int32()), ("cell", pa.int64()),
     ("bins", pa.int32()), ("bin", pa.int32()),
     ("n", pa.int64()), ("n_finished", pa.int64()), ("committed", pa.int64()), ("depth_sum", pa.int64()),
     ("drafted", pa.int64()), ("rep_commit", pa.int64()), ("rep_depth", pa.int64()),
@@ -77,10 +86,10 @@ SELECT s.run_id, len(s.committed_tokens)::INTEGER AS commit_len, (len(s.accepted
        count(*) FILTER (WHERE s.commit_len IS DISTINCT FROM len(s.committed_tokens)) AS n_disagree
 FROM {src} AS s GROUP BY s.run_id, len(s.committed_tokens), len(s.accepted_path)""",
     "time": """
-SELECT s.run_id, s.t_start, count(*) AS n, sum(len(s.committed_tokens))::BIGINT AS committed,
+SELECT s.run_id, CELL AS cell, count(*) AS n, sum(len(s.committed_tokens))::BIGINT AS committed,
        sum(len(s.accepted_path) - 1)::BIGINT AS depth_sum, sum(s.commit_len)::BIGINT AS rep_commit,
        sum(s.accepted_depth)::BIGINT AS rep_depth
-FROM {src} AS s GROUP BY s.run_id, s.t_start""",
+FROM {src} AS s GROUP BY 1, 2""".replace("CELL", _CELL_SQL),
     # Reached nodes: drafted nodes whose parent is on the accepted path. Rows with topk 1
     # (chains) use parents[i] = i - 1 and an accepted path that is a prefix, as the
     # contract requires (specaudit check enforces both): accepted nodes 1 .. d and the first
@@ -144,7 +153,7 @@ KIND_COLUMNS = {
     "request": ("run_id", "request_id", "n", "n_finished", "committed", "depth_sum", "drafted", "rep_commit",
                 "rep_depth", "step_s", "draft_s", "verify_s", "t0", "t1"),
     "hist": ("run_id", "commit_len", "depth", "n", "n_finished", "rep_commit", "n_disagree"),
-    "time": ("run_id", "t_start", "n", "committed", "depth_sum", "rep_commit", "rep_depth"),
+    "time": ("run_id", "cell", "n", "committed", "depth_sum", "rep_commit", "rep_depth"),
     "calib": ("run_id", "bins", "bin", "n", "accepted", "p_sum"),
     "outputs": ("run_id", "n", "generated"),
 }
@@ -222,6 +231,18 @@ def _kind_table(kind: str, t: pa.Table, rename: dict) -> pa.Table:
     return pa.table(cols, schema=ROLLUP_SCHEMA)
 
 
+def time_cells(t_start) -> pa.Array:
+    """floor(t_start / TIME_GRAIN_S) as int64, NULL where _CELL_SQL gives NULL (the same
+    IEEE division and floor as DuckDB's, so both give the same cell)."""
+    import numpy as np
+    import pyarrow.compute as pc
+    t = pc.fill_null(t_start.cast(pa.float64()), np.nan).to_numpy(zero_copy_only=False)
+    with np.errstate(invalid="ignore"):
+        ok = np.isfinite(t) & (np.abs(t) < 1e15)
+        cell = np.floor(np.where(ok, t, 0.0) / TIME_GRAIN_S).astype(np.int64)
+    return pa.array(cell, pa.int64(), mask=~ok)
+
+
 def _steps_rollup(t: pa.Table) -> list[pa.Table]:
     import pyarrow.compute as pc
     count_all = pc.CountOptions(mode="all")
@@ -236,7 +257,7 @@ def _steps_rollup(t: pa.Table) -> list[pa.Table]:
         "clen": clen, "dlen": dlen, "drafted": pc.subtract(_lens(t["node_tokens"]), 1),
         "rep_commit": rep_commit, "rep_depth": t["accepted_depth"].cast(pa.int64()), "fin": fin,
         "dis": disagree.cast(pa.int64()), "step_s": t["step_s"], "draft_s": t["draft_s"],
-        "verify_s": t["verify_s"], "t1": pc.add(t["t_start"], t["step_s"]),
+        "verify_s": t["verify_s"], "t1": pc.add(t["t_start"], t["step_s"]), "cell": time_cells(t["t_start"]),
     })
     req = _group(w, ["run_id", "request_id"], [
         ("fin", "count", count_all), ("fin", "sum"), ("clen", "sum"), ("dlen", "sum"), ("drafted", "sum"),
@@ -252,7 +273,7 @@ def _steps_rollup(t: pa.Table) -> list[pa.Table]:
     hist = _kind_table("hist", hist, {"clen": "commit_len", "dlen": "depth", "fin_count": "n",
                                       "fin_sum": "n_finished", "rep_commit_sum": "rep_commit",
                                       "dis_sum": "n_disagree"})
-    tim = _group(w, ["run_id", "t_start"], [
+    tim = _group(w, ["run_id", "cell"], [
         ("fin", "count", count_all), ("clen", "sum"), ("dlen", "sum"), ("rep_commit", "sum"),
         ("rep_depth", "sum")])
     tim = _kind_table("time", tim, {"fin_count": "n", "clen_sum": "committed", "dlen_sum": "depth_sum",
@@ -363,7 +384,8 @@ def compute_rollup(table: pa.Table, what: str = "steps") -> pa.Table:
 
 
 def fingerprint(data_name: str, rows: int, size: int) -> dict:
-    return {"version": ROLLUP_VERSION, "source": data_name, "rows": int(rows), "bytes": int(size)}
+    return {"version": ROLLUP_VERSION, "source": data_name, "rows": int(rows), "bytes": int(size),
+            "time_grain_s": TIME_GRAIN_S}
 
 
 def rollup_bytes(rollup: pa.Table, data_name: str, rows: int, size: int) -> bytes:
@@ -418,6 +440,8 @@ def rollup_problem(data_file, data_rows: int, rollup_file=None) -> str | None:
         size = data_file.stat().st_size
     except OSError as e:
         return f"{data_file.name} cannot be read ({e.strerror or e})"
+    if fp.get("time_grain_s") != TIME_GRAIN_S:
+        return f"{rp.name} has time cells of {fp.get('time_grain_s')!r} s, this reader uses {TIME_GRAIN_S}"
     want = fingerprint(data_file.name, data_rows, size)
     for k in ("source", "rows", "bytes"):
         if fp.get(k) != want[k]:
@@ -435,7 +459,7 @@ def verify_rollup(data_file, rollup_file=None, rel_tol: float = 1e-9) -> list[st
     what = "requests" if data_file.name.startswith("requests") else "steps"
     fresh = compute_rollup(pq.read_table(data_file), what)
     stored = pq.read_table(rp).select(ROLLUP_SCHEMA.names).cast(ROLLUP_SCHEMA)
-    keys = ("kind", "run_id", "request_id", "commit_len", "depth", "t_start", "bins", "bin")
+    keys = ("kind", "run_id", "request_id", "commit_len", "depth", "cell", "bins", "bin")
 
     def index(t):
         out = {}
@@ -461,3 +485,27 @@ def verify_rollup(data_file, rollup_file=None, rel_tol: float = 1e-9) -> list[st
         if len(diffs) >= 20:
             break
     return diffs
+
+
+STEP_COLUMNS = ("run_id", "request_id", "t_start", "step_s", "draft_s", "verify_s", "finished", "commit_len",
+                "accepted_depth", "committed_tokens", "accepted_path", "node_tokens", "parents", "draft_logprob",
+                "topk")
+
+
+def refresh_rollups(root) -> int:
+    """Rewrite every rollup under root whose data file has none or a stale / older one
+    (rollup_problem), from the data file's rows; returns how many were written. For a
+    dataset written before a rollup change (the views would read its raw rows)."""
+    n = 0
+    for f in sorted(Path(root).rglob("*.parquet")):
+        name = f.name
+        if name.startswith(PREFIX) or not (name.startswith("steps-") or name.startswith("requests")):
+            continue
+        rows = pq.read_metadata(f).num_rows
+        if rollup_problem(f, rows) is None:
+            continue
+        what = "requests" if name.startswith("requests") else "steps"
+        cols = ["run_id", "output_tokens"] if what == "requests" else list(STEP_COLUMNS)
+        write_rollup(f, pq.read_table(f, columns=cols), f.stat().st_size, what)
+        n += 1
+    return n
