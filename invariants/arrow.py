@@ -10,6 +10,58 @@ import pyarrow as pa
 
 I64 = np.int64
 
+# Arrow's fixed-width types and their numpy dtypes: to_np reads these from the buffers
+_NP_DTYPES = {pa.int8(): np.int8, pa.int16(): np.int16, pa.int32(): np.int32, pa.int64(): np.int64,
+              pa.uint8(): np.uint8, pa.uint16(): np.uint16, pa.uint32(): np.uint32, pa.uint64(): np.uint64,
+              pa.float32(): np.float32, pa.float64(): np.float64}
+
+
+def valid_mask(arr) -> np.ndarray | None:
+    """Validity [len] bool of an Arrow array (lists and dictionaries included), None
+    when it holds no null."""
+    if not arr.null_count:
+        return None
+    buf = arr.buffers()[0]
+    if buf is None:      # a null-typed array: every slot is null
+        return np.zeros(len(arr), dtype=bool)
+    bits = np.unpackbits(np.frombuffer(buf, dtype=np.uint8), bitorder="little")
+    return bits[arr.offset: arr.offset + len(arr)].view(bool)
+
+
+def to_np(arr, fill=None) -> np.ndarray:
+    """A primitive Arrow array as numpy, read from its buffers: zero-copy when it has no
+    null, else a copy with `fill` in the null slots.
+
+    pyarrow's own to_numpy converts through its pandas bridge, which imports pandas on
+    first use (half a second of a check's first batch); this reads the same values
+    without it. Types without a fixed-width numpy twin, and nulls without a `fill`,
+    go through to_numpy as before."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    dt = _NP_DTYPES.get(arr.type)
+    is_bool = dt is None and arr.type == pa.bool_()
+    valid = valid_mask(arr)
+    if (dt is None and not is_bool) or (valid is not None and fill is None):
+        if valid is not None and fill is not None:
+            arr = arr.fill_null(fill)
+        return arr.to_numpy(zero_copy_only=False)
+    n = len(arr)
+    buf = arr.buffers()[1]
+    if is_bool:
+        if buf is None or n == 0:
+            out = np.zeros(n, dtype=bool)
+        else:
+            out = np.unpackbits(np.frombuffer(buf, dtype=np.uint8), bitorder="little")[
+                arr.offset: arr.offset + n].view(bool)
+    elif buf is None or n == 0:
+        out = np.zeros(n, dtype=dt)
+    else:
+        out = np.frombuffer(buf, dtype=dt, count=n, offset=arr.offset * np.dtype(dt).itemsize)
+    if valid is not None:
+        out = out.copy()
+        out[~valid] = fill
+    return out
+
 
 
 def list_parts(arr):
@@ -18,11 +70,8 @@ def list_parts(arr):
     Values keep their Arrow buffer (offsets index into them); nulls inside values -> -1."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
-    off = np.asarray(arr.offsets.to_numpy(zero_copy_only=False), dtype=I64)
-    vals = arr.values
-    if vals.null_count:
-        vals = vals.fill_null(-1)
-    v = vals.to_numpy(zero_copy_only=False)
+    off = to_np(arr.offsets).astype(I64)
+    v = to_np(arr.values, -1)               # nulls inside values -> -1
     return off, v, _lengths(arr, off)
 
 
@@ -30,13 +79,14 @@ def list_lengths(arr) -> np.ndarray:
     """Lengths [R] of a list array's rows, -1 for a null list (values not decoded)."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
-    return _lengths(arr, np.asarray(arr.offsets.to_numpy(zero_copy_only=False), dtype=I64))
+    return _lengths(arr, to_np(arr.offsets).astype(I64))
 
 
 def _lengths(arr, off):
     lens = np.diff(off)
-    if arr.null_count:
-        lens = np.where(arr.is_null().to_numpy(zero_copy_only=False), -1, lens)
+    valid = valid_mask(arr)
+    if valid is not None:
+        lens = np.where(valid, lens, -1)
     return lens
 
 
@@ -52,11 +102,9 @@ def list_values(off, v, lens) -> np.ndarray:
 def _scalar(arr, fill=-1, dtype=I64):
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
-    nulls = None
-    if arr.null_count:
-        nulls = arr.is_null().to_numpy(zero_copy_only=False)
-        arr = arr.fill_null(fill)
-    return arr.to_numpy(zero_copy_only=False).astype(dtype, copy=False), nulls
+    valid = valid_mask(arr)
+    nulls = None if valid is None else ~valid
+    return to_np(arr, fill).astype(dtype, copy=False), nulls
 
 
 def _strings(arr):
@@ -65,8 +113,5 @@ def _strings(arr):
         arr = arr.combine_chunks()
     if not pa.types.is_dictionary(arr.type):
         arr = arr.dictionary_encode()  # (files are read with read_dictionary: already encoded)
-    ind = arr.indices
-    if ind.null_count:
-        ind = ind.fill_null(-1)
-    codes = ind.to_numpy(zero_copy_only=False).astype(I64)
+    codes = to_np(arr.indices, -1).astype(I64)
     return codes, arr.dictionary.to_pylist()

@@ -14,6 +14,8 @@ in verify order does; a step that comes late is reported by SA401.
 from __future__ import annotations
 
 from functools import cached_property
+from itertools import compress, repeat
+from operator import is_
 
 import numpy as np
 import pyarrow as pa
@@ -28,7 +30,16 @@ from specaudit.trace.schema import (
 )
 
 # the Arrow decoding (invariants/arrow.py) is re-exported: the checker imports it from here
-from .arrow import _lengths, _scalar, _strings, list_lengths, list_parts, list_values  # noqa: F401  (re-exported)
+from .arrow import (  # noqa: F401  (re-exported)
+    _lengths,
+    _scalar,
+    _strings,
+    list_lengths,
+    list_parts,
+    list_values,
+    to_np,
+    valid_mask,
+)
 from .frame_sampling import SAMPLING_SUM_KEYS
 
 I64 = np.int64
@@ -79,7 +90,7 @@ class Carry:
         got = list(map(ids.get, names))                # C loops: no Python step per name
         if None in got:
             # new names, each once, in order of first appearance
-            new = list(dict.fromkeys(s for s, g in zip(names, got, strict=True) if g is None))
+            new = list(dict.fromkeys(compress(names, map(is_, got, repeat(None)))))
             base = len(self.names)
             ids.update(zip(new, range(base, base + len(new)), strict=True))
             self.names.extend(new)
@@ -214,13 +225,19 @@ class StepFrame:
         self.too_many_nodes = n > MAX_NODES
         shapes_ok &= ~self.too_many_nodes & (self.lens["accepted_path"] >= 1) & (self.lens["committed_tokens"] >= 0)
         self.shapes_ok = shapes_ok
-        is_root = self.node_i == 0
         p = self.parents
-        if self.uniform_n:                                # roots at every N0-th flat node
-            self.root_parent_bad = (p[::N0] != -1)[order] | (n < 1)
+        if self.uniform_n:                                # [R, N0] blocks: node i at column i
+            P = p.reshape(R, N0)
+            Pc, ii = P[:, 1:], np.arange(1, N0, dtype=I64)
+            self.root_parent_bad = (P[:, 0] != -1)[order] | (n < 1)
+            bad = (Pc < 0) | (Pc >= ii)
+            self.parent_order_bad = bad.any(axis=1)[order] if bad.any() else np.zeros(R, dtype=bool)
+            all_chains = bool((Pc == ii - 1).all())
         else:
+            is_root = self.node_i == 0
             self.root_parent_bad = self.row_any(is_root & (p != -1)) | (n < 1)
-        self.parent_order_bad = self.row_any(~is_root & ((p < 0) | (p >= self.node_i)))
+            self.parent_order_bad = self.row_any(~is_root & ((p < 0) | (p >= self.node_i)))
+            all_chains = not self.row_any(~is_root & (p != self.node_i - 1)).any()
         tree_ok = shapes_ok & ~self.root_parent_bad & ~self.parent_order_bad
         null_any = np.zeros(R, dtype=bool)
         for v_ in self.nulls.values():
@@ -229,12 +246,16 @@ class StepFrame:
         self.ok = tree_ok & ~null_any
         # safe parents: a chain on rows that are not ok, so derivations stay in range;
         # pglob: the parent as a flat index (-1 at roots)
-        if self.ok.all() and not self.row_any(~is_root & (p != self.node_i - 1)).any():
+        if self.ok.all() and all_chains:
             self.psafe = p                                # all chains: parent = previous node
             self.pglob = np.arange(-1, T - 1, dtype=I64)
-            self.pglob[is_root] = -1
+            if self.uniform_n:
+                self.pglob[::N0] = -1
+            else:
+                self.pglob[is_root] = -1
             self.__dict__["chain_shaped"] = np.ones(R, dtype=bool)
         else:
+            is_root = self.node_i == 0
             okn = self.ok[self.node_row]
             self.psafe = np.where(okn & ~is_root, p, self.node_i - 1)
             self.pglob = np.where(self.psafe >= 0, self.start[self.node_row] + self.psafe, -1)
@@ -318,12 +339,13 @@ class StepFrame:
         ln = np.maximum(lens, 0)
         flat = list_values(off, v, lens)
         s0 = np.cumsum(ln) - ln
-        rows0 = np.repeat(np.arange(len(ln), dtype=I64), ln)
-        return flat, s0[order], ln[order], inv[rows0]
+        return flat, s0[order], ln[order], np.repeat(inv, ln)   # inv[row of each entry]
 
     def row_any(self, flat: np.ndarray) -> np.ndarray:
         """Per-row any() of a bool array over this frame's flat nodes."""
-        if self.uniform_n:   # [R, N0] blocks in batch order: one pass, no scatter
+        if not flat.any():   # the usual answer on a clean batch: one fast pass
+            return np.zeros(self.R, dtype=bool)
+        if self.uniform_n:   # [R, N0] blocks in batch order: no scatter
             return flat.reshape(self.R, -1).any(axis=1)[self.order]
         return np.bincount(self.node_row[flat], minlength=self.R) > 0
 
@@ -493,11 +515,15 @@ class StepFrame:
         """Hash of the causal (chain) mask of each N; 0 for N above MAX_NODES (refused
         rows: the N x N mask is never built for them)."""
         out = np.zeros(len(n), dtype=np.uint64)
-        for nn in np.unique(n[n <= MAX_NODES]):
+        one = len(n) > 0 and n.min() == n.max()          # one N (the usual batch): no sort
+        for nn in (n[:1][n[:1] <= MAX_NODES] if one else np.unique(n[n <= MAX_NODES])):
             key = ("chain", int(nn))
             if key not in _HASH_CACHE:
                 _HASH_CACHE[key] = int(mask_hash(ancestor_mask(np.arange(-1, nn - 1, dtype=I64))))
-            out[n == nn] = _HASH_CACHE[key]
+            if one:
+                out[:] = _HASH_CACHE[key]
+            else:
+                out[n == nn] = _HASH_CACHE[key]
         return out
 
     @cached_property
@@ -573,7 +599,10 @@ class StepFrame:
     @cached_property
     def path_last_k(self) -> np.ndarray:
         """Per path entry: is it its row's last entry."""
-        return self.path_k == self.path_len[self.path_row] - 1
+        out = np.zeros(len(self.path), dtype=bool)
+        has = self.path_len > 0                          # per row: no per-entry gather
+        out[(self.path_start + self.path_len - 1)[has]] = True
+        return out
 
     @cached_property
     def expected_commit(self) -> np.ndarray:
@@ -584,8 +613,9 @@ class StepFrame:
         if P == 0:
             return out
         last = self.path_last_k
-        nxt = np.flatnonzero(~last)
-        out[nxt] = self.tokens[self.path_glob[nxt + 1]] if self.T else -1
+        # every entry but the last of the batch takes the next entry's token; each row's
+        # last entry is then overwritten by the bonus
+        out[:-1] = self.tokens[self.path_glob[1:]] if self.T else -1
         out[last] = self.bonus[self.path_row[last]]
         return out
 
@@ -602,7 +632,12 @@ class StepFrame:
         """Per row: first commit index where committed_tokens differs from the expected
         commit (accepted drafts + bonus), or where it runs past it; -1 when none."""
         out = np.full(self.R, -1, dtype=I64)
-        if len(self.commit):
+        if len(self.commit) and np.array_equal(self.commit_n, self.path_len):
+            # one commit entry per path entry (the usual row): both flat in batch order
+            # with the same lengths, so entry j of one is entry j of the other
+            idx = np.flatnonzero(self.commit != self.expected_commit)[::-1]
+            out[self.commit_row[idx]] = self.commit_k[idx]
+        elif len(self.commit):
             k, r = self.commit_k, self.commit_row
             inside = k < self.path_len[r]
             e = np.full(len(k), -2, dtype=I64)
@@ -680,12 +715,15 @@ def _diag_bad(arr, lo: float, hi: float, R: int, inv: np.ndarray):
     flat = arr.flatten()                                  # values of the non-null lists
     if len(flat) == 0:
         return bad, val
-    v = flat.to_numpy(zero_copy_only=False).astype(np.float64)   # null -> NaN
+    v = to_np(flat, 0).astype(np.float64)
+    valid = valid_mask(flat)
+    if valid is not None:
+        v[~valid] = np.nan                                # null -> NaN
     with np.errstate(invalid="ignore"):
         b = ~np.isfinite(v) | (v < lo) | (v > hi)
     if not b.any():
         return bad, val
-    rows = inv[pc.list_parent_indices(arr).to_numpy(zero_copy_only=False)]
+    rows = inv[to_np(pc.list_parent_indices(arr))]
     idx = np.flatnonzero(b)[::-1]                         # reversed: the first wins
     bad[rows[idx]] = True
     val[rows[idx]] = v[idx]

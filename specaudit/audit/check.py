@@ -40,6 +40,7 @@ from specaudit.invariants.frame import (
     list_lengths,
     list_parts,
     list_values,
+    to_np,
     token_mix,
 )
 from specaudit.trace.schema import (
@@ -149,7 +150,7 @@ def request_facts(batches, carry: Carry, eos_id: int) -> dict:
         R = b.num_rows
         plen = list_lengths(col["prompt_tokens"])
         put("prompt_len", plen)
-        ft = col["first_token"].fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+        ft = to_np(col["first_token"], -1).astype(np.int64)
         put("first_token", ft)
         off, vals, olen = list_parts(col["output_tokens"])
         put("output_len", olen)
@@ -176,7 +177,8 @@ def request_facts(batches, carry: Carry, eos_id: int) -> dict:
         put("output_first", fst)
         eos_in = np.full(R, -1, dtype=np.int64)
         if len(flat):
-            e = np.flatnonzero((flat == eos_id) & (k < ln[rows] - 1))[::-1]
+            e = np.flatnonzero(flat == eos_id)           # few: the row test on those only
+            e = e[k[e] < ln[rows[e]] - 1][::-1]
             eos_in[rows[e]] = k[e]
         put("eos_inside", eos_in)
         # lossless: reference_tokens, when present
@@ -192,10 +194,13 @@ def request_facts(batches, carry: Carry, eos_id: int) -> dict:
                 rflat = list_values(roff, rvals, rl)
                 rstart = np.cumsum(rln) - rln
                 m = np.minimum(ln, rln)
-                mrows = np.repeat(np.arange(R), m)
-                mk = np.arange(int(m.sum())) - np.repeat(np.cumsum(m) - m, m)
-                a = flat[start[mrows] + mk] if len(flat) else np.zeros(0, np.int64)
-                bb = rflat[rstart[mrows] + mk] if len(rflat) else np.zeros(0, np.int64)
+                if np.array_equal(ln, rln):   # same lengths: the flat values line up as they are
+                    mrows, mk, a, bb = rows, k, flat, rflat
+                else:
+                    mrows = np.repeat(np.arange(R), m)
+                    mk = np.arange(int(m.sum())) - np.repeat(np.cumsum(m) - m, m)
+                    a = flat[start[mrows] + mk] if len(flat) else np.zeros(0, np.int64)
+                    bb = rflat[rstart[mrows] + mk] if len(rflat) else np.zeros(0, np.int64)
                 d = np.flatnonzero(a != bb)[::-1]
                 first_diff[mrows[d]] = mk[d]
                 lendiff = (first_diff < 0) & (ln != rln)
@@ -208,12 +213,11 @@ def request_facts(batches, carry: Carry, eos_id: int) -> dict:
         fr = col["finish_reason"]
         fr = fr if pa.types.is_dictionary(fr.type) else fr.dictionary_encode()
         reasons = np.asarray(fr.dictionary.to_pylist() + [None], dtype=object)
-        put("finish_reason", reasons[fr.indices.fill_null(-1).to_numpy(zero_copy_only=False)])
+        put("finish_reason", reasons[to_np(fr.indices, -1)])
         for c in CLIENT_COLUMNS:
             if c in col:
                 try:
-                    put("extra:" + c, col[c].cast(pa.float64()).fill_null(np.nan)
-                        .to_numpy(zero_copy_only=False))
+                    put("extra:" + c, to_np(col[c].cast(pa.float64()), np.nan))
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
                     pass
     return {k: np.concatenate(v) for k, v in out.items()}
@@ -817,6 +821,10 @@ def _open_requests(rf: RunFiles, result: CheckResult, batch_rows: int):
                 result_bad(result, path, f"unreadable after {n} rows: {_reason(e)}", rf.run_id)
                 return
             result.files_checked.append(str(path))
+    # a big table decodes on a thread of its own, a few batches ahead of request_facts
+    # (the caller's thread): Parquet decoding (GIL released) overlaps the facts arithmetic
+    if sum(_size(p) for p, _ in opened) >= SMALL_RUN_BYTES:
+        return _prefetch(gen(), depth=4), state
     return gen(), state
 
 
