@@ -11,7 +11,6 @@ paths are interleaved (A, B, A, B) so they see the same load.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import sys
 import tempfile
@@ -23,19 +22,20 @@ from benchutil import guard_ratios, load_fields, quiet_machine  # noqa: E402  (t
 
 
 def make(out: Path, n: int) -> None:
+    """n clean tiny runs (one request, a few steps each), each run's rows carrying its own
+    run id (a copy of one run's files under other folders would be SA108 in every run)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from specaudit.trace.synth import synth_run_rows
     s, r, m = synth_run_rows(1, run_id="t", seed=0, max_new_tokens=8)
-    b1, b2 = io.BytesIO(), io.BytesIO()
-    pq.write_table(s, b1)
-    pq.write_table(r, b2)
     for i in range(n):
         d = out / f"run_id=t{i}"
         d.mkdir(parents=True)
         rid = f"t{i}"
-        (d / "steps-000000.parquet").write_bytes(b1.getvalue())
-        (d / "requests.parquet").write_bytes(b2.getvalue())
+        for name, t in (("steps-000000.parquet", s), ("requests.parquet", r)):
+            col = pa.array([rid] * t.num_rows, pa.string())
+            pq.write_table(t.set_column(t.schema.get_field_index("run_id"), "run_id", col), d / name)
         (d / "run.json").write_text(json.dumps(dict(m, run_id=rid)))
 
 

@@ -19,6 +19,7 @@ path does not exist or holds nothing that looks like a trace.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections import Counter
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from specaudit.audit.findings import Finding
@@ -886,7 +888,7 @@ def check_run(rf: RunFiles, rules, result: CheckResult, batch_rows: int = BATCH_
 
 
 def check_paths(paths, select=(), ignore=(), *, invariants_dirs=(), entry_points: bool = True,
-                max_per_code: int = 1000, batch_rows: int = BATCH_ROWS) -> CheckResult:
+                max_per_code: int = 1000, batch_rows: int = BATCH_ROWS, workers: int | None = None) -> CheckResult:
     """Check every run under the given paths (dataset folders, run folders, files).
 
     Never raises for bad data: a path that does not exist or holds no trace, and
@@ -897,8 +899,10 @@ def check_paths(paths, select=(), ignore=(), *, invariants_dirs=(), entry_points
     rules = [r for r in load_rules(select=select, ignore=ignore, dirs=invariants_dirs,
                                    entry_points=entry_points) if r.scope != "source"]
     result = CheckResult(max_per_code=max_per_code, rules=[r.code for r in rules])
-    for rf in iter_runs(paths, result):
-        check_run(rf, rules, result, batch_rows)
+    # what listing finds (SA000, SA002) goes to `listed` first: check_runs replays it in
+    # order between the runs, as the pooled runs are checked later than they are listed
+    listed = CheckResult(max_per_code=0, rules=result.rules)
+    check_runs(iter_runs(paths, listed), rules, result, batch_rows, listed=listed, workers=workers)
     return result
 
 
@@ -908,7 +912,7 @@ def iter_runs(paths, result: CheckResult, discover_fn=None):
     check_paths and the Spark driver (which lists URIs with Spark: discover_fn)."""
     discover_fn = discover_fn or (lambda p: discover([p]))
     seen = set()
-    first_dir: dict[str, Path] = {}
+    first_key: dict[str, object] = {}   # run id -> the key of the first folder holding it
     for p in paths:
         try:
             runs = discover_fn(p)
@@ -920,8 +924,8 @@ def iter_runs(paths, result: CheckResult, discover_fn=None):
             if key in seen:
                 continue
             seen.add(key)
-            first = first_dir.setdefault(rf.run_id, rf.run_dir)
-            if key != _run_key(first) and "SA002" in result.rules:
+            first = first_key.setdefault(rf.run_id, (key, rf.run_dir))[1]
+            if key != first_key[rf.run_id][0] and "SA002" in result.rules:
                 from specaudit.invariants import get_rule
                 result.add(get_rule("SA002").finding(run_id=rf.run_id, file=str(rf.run_dir), first=str(first),
                                                      run_id_again=rf.run_id))
@@ -947,3 +951,368 @@ def check_tables(steps: pa.Table, requests: pa.Table | None, manifest: dict | No
     result.files_checked.append("<memory>")
     result.runs.append(run_id)
     return result
+
+
+# ------------------------------------------------------ many tiny runs as one
+#
+# A tiny run (one request, a few steps) costs check_run a fixed ~10 ms: two files
+# opened, a StepFrame built, every rule's numpy setup run for a handful of rows. A
+# dataset of thousands of them (one run per CI job, per request replayed) spends its
+# time there. So tiny runs that share a configuration are checked as a pool: their
+# step and requests tables concatenated (request ids made unique per run), the step
+# and request rules run once over the pool, the run rules once per run on that run's
+# own aggregates (summed per run, the same sums check_group makes). Pools of a large
+# dataset go to worker processes (fork), one pool per task; the parent merges each
+# run's result in listing order, so the output is the same with any number of workers.
+#
+# The pool only confirms clean runs. A run with any finding in the pool, a file that
+# reads unusually, or any error in the pool itself, is checked again alone by
+# check_run, and only that result counts: pooling changes how fast a clean run is
+# confirmed clean, never what the checker reports (tests/test_check_pool.py checks
+# the findings, counts and per-run aggregates are the same with and without it).
+
+POOL_RUN_BYTES = 256 << 10   # a run whose step + requests files are below this may be pooled
+POOL_RUNS = 256              # runs per pool (one task; the pooled frame holds their rows)
+_POOL_RUN_ID = "\x1fpool"    # the pooled frame's run id (no real run id holds \x1f)
+_PER_RUN_KEYS = ("run_id", "started_at", "finished_at", "reported")   # manifest keys only run rules read
+_WORKER: dict = {}           # what a forked worker inherits: rules, cap, batch_rows
+
+
+def check_workers(workers: int | None = None) -> int:
+    """Worker processes for pooled tiny runs: `workers`, else this process's cores (at
+    most 8); 1 where fork is not available (the pools then run in this process)."""
+    import multiprocessing as mp
+    if "fork" not in mp.get_all_start_methods():
+        return 1
+    if workers is not None:
+        return max(1, int(workers))
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:
+        n = os.cpu_count() or 1
+    return max(1, min(n, 8))
+
+
+def check_runs(runs, rules, result: CheckResult, batch_rows: int = BATCH_ROWS,
+               listed: CheckResult | None = None, workers: int | None = None) -> None:
+    """check_run over every run, in listing order, tiny runs of one configuration pooled.
+
+    listed: where the `runs` iterator records what it finds while listing (iter_runs'
+    SA000 and SA002); replayed into `result` in the order it came between the runs.
+    workers: processes for pools (check_workers); started only once a dataset has
+    filled a whole pool, so a small dataset never pays for them."""
+    n_workers = check_workers(workers)
+    pending: dict[str, list] = {}   # configuration -> [(rf, slot)], not yet a task
+    order: list = []                # ("pool", slot), ("alone", rf), ("listed", findings, bad)
+    tasks: list = []                # per task: a future, or the per-member results
+    pool_exec = None
+
+    def take_listed():
+        if listed is not None and (listed.findings or listed.bad_files):
+            order.append(("listed", list(listed.findings), list(listed.bad_files)))
+            listed.findings.clear()
+            listed.bad_files.clear()
+
+    def submit(key, parallel):
+        nonlocal pool_exec
+        members = pending.pop(key)
+        for i, (_, slot) in enumerate(members):
+            slot[:] = [len(tasks), i]
+        rfs = [rf for rf, _ in members]
+        if parallel and n_workers > 1 and pool_exec is None:
+            pool_exec = _start_workers(n_workers, rules, result.max_per_code, batch_rows)
+        if pool_exec is not None:
+            tasks.append((pool_exec.submit(_pool_task, rfs), rfs))
+        else:
+            tasks.append(_pool_results(rfs, rules, result.max_per_code, batch_rows))
+
+    def drain(limit):
+        while len(order) > limit:
+            item = order[0]
+            if item[0] == "pool":
+                slot = item[1]
+                if slot[0] is None:        # its pool is not a task yet: make it one now
+                    submit(next(k for k, v in pending.items() if any(s is slot for _, s in v)), True)
+                merge_result(result, _task_result(tasks, slot[0])[slot[1]])
+            elif item[0] == "alone":
+                check_run(item[1], rules, result, batch_rows)
+            else:
+                result.bad_files.extend(item[2])
+                for fd in item[1]:
+                    result.add(fd)
+            order.pop(0)
+
+    try:
+        for rf in runs:
+            take_listed()
+            key = _pool_key(rf)
+            if key is None:
+                order.append(("alone", rf))
+            else:
+                slot = [None, None]
+                pending.setdefault(key, []).append((rf, slot))
+                order.append(("pool", slot))
+                if len(pending[key]) >= POOL_RUNS:
+                    submit(key, True)
+            if len(order) >= 4 * POOL_RUNS * n_workers:
+                drain(2 * POOL_RUNS * n_workers)   # bounded: merge what is ready, keep listing
+        take_listed()
+        for key in list(pending):
+            submit(key, False)
+        drain(0)
+    finally:
+        if pool_exec is not None:
+            pool_exec.shutdown(wait=True, cancel_futures=True)
+
+
+def _task_result(tasks: list, t: int) -> list:
+    """A task's per-member results (waiting for its worker; a worker that died, e.g.
+    killed for memory, has its pool redone in this process)."""
+    got = tasks[t]
+    if isinstance(got, list):
+        return got
+    from concurrent.futures.process import BrokenProcessPool
+    fut, members = got
+    try:
+        got = fut.result()
+    except BrokenProcessPool:
+        got = _pool_results(members, _WORKER["rules"], _WORKER["cap"], _WORKER["batch_rows"])
+    tasks[t] = got
+    return got
+
+
+def _start_workers(n: int, rules, cap: int, batch_rows: int):
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+    _WORKER.update(rules=rules, cap=cap, batch_rows=batch_rows)   # inherited by fork, never pickled
+    return ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("fork"))
+
+
+def _pool_task(members: list) -> list:
+    """A worker's task: one pool's per-member results."""
+    return _pool_results(members, _WORKER["rules"], _WORKER["cap"], _WORKER["batch_rows"])
+
+
+def merge_result(into: CheckResult, part: CheckResult) -> None:
+    """Add one run's result (checked on its own, same cap) to `into`, as if its findings
+    had been added to `into` one by one: the same findings shown, the same counts."""
+    shown: Counter = Counter()
+    for fd in part.findings:
+        into.add(fd)
+        shown[fd.code] += 1
+    for code, n in part.counts.items():
+        extra = n - shown[code]
+        if extra:
+            into.counts[code] += extra
+            into.severities.setdefault(code, part.severities.get(code))
+            into.names.setdefault(code, part.names.get(code))
+    into.files_checked.extend(part.files_checked)
+    into.bad_files.extend(part.bad_files)
+    into.incomplete_runs.extend(part.incomplete_runs)
+    into.runs.extend(part.runs)
+    into.steps += part.steps
+    into.requests += part.requests
+
+
+def _pool_key(rf: RunFiles) -> str | None:
+    """The configuration a tiny run pools under, or None when it is checked alone
+    (anything unusual: problems, not finished, several files, big, odd manifest)."""
+    m = rf.manifest
+    if (rf.problems or not isinstance(m, dict) or not m.get("finished_at") or len(rf.step_files) != 1
+            or len(rf.request_files) != 1 or "\x1f" in str(rf.run_id) or rf.duplicate_of is not None
+            or _size(rf.step_files[0]) + _size(rf.request_files[0]) > POOL_RUN_BYTES):
+        return None
+    try:
+        run_config(m)
+        return json.dumps({k: v for k, v in m.items() if k not in _PER_RUN_KEYS}, sort_keys=True)
+    except (TypeError, ValueError, OverflowError, RecursionError):
+        return None
+
+
+def _pool_results(members: list, rules, cap: int, batch_rows: int) -> list:
+    """Per member (RunFiles of one configuration), its CheckResult: from the pool when
+    clean there, else from check_run on its own."""
+    codes = [r.code for r in rules]
+    got = [_pool_read(rf) for rf in members]
+    groups: dict[str, list] = {}    # one pool per schema, each within batch_rows rows
+    rows: dict[str, int] = {}
+    for i, g in enumerate(got):
+        if g is not None:
+            k = g[0].schema.to_string() + "\x1f" + g[1].schema.to_string()
+            groups.setdefault(k, [[]])
+            if rows.get(k, 0) + g[0].num_rows > batch_rows:
+                groups[k].append([])
+                rows[k] = 0
+            groups[k][-1].append(i)
+            rows[k] = rows.get(k, 0) + g[0].num_rows
+    clean = [False] * len(members)
+    for parts in groups.values():
+        for idx in parts:
+            ok = _check_pool([(members[i], *got[i]) for i in idx], rules, codes, batch_rows)
+            for i, c in zip(idx, ok, strict=True):
+                clean[i] = c
+    out = []
+    for rf, g, c in zip(members, got, clean, strict=True):
+        res = CheckResult(max_per_code=cap, rules=codes)
+        if c:
+            res.requests, res.steps = g[1].num_rows, g[0].num_rows
+            res.files_checked = [str(p) for p in rf.request_files] + [str(p) for p in rf.step_files]
+            res.runs = [rf.run_id]
+        else:
+            check_run(rf, rules, res, batch_rows)
+        out.append(res)
+    return out
+
+
+def _pool_read(rf: RunFiles):
+    """(steps table, requests table) of a tiny run, or None when its files are anything
+    but plain (it is then checked alone, where whatever is odd gets reported)."""
+    try:
+        sp, rp = rf.step_files[0], rf.request_files[0]
+        st, schema = _read_small(sp, STEP_READ_COLUMNS)
+        if st is None or "rank" in schema.names or any(c in schema.names for c in SAMPLING_COLUMNS):
+            return None   # per-rank partitions and sampled steps: the general path
+        _check_schema(sp, schema, STEPS_SCHEMA, SAMPLING_FIELDS, plain=True)
+        rq, rschema = _read_small(rp, (*REQUESTS_SCHEMA.names, *CLIENT_COLUMNS))
+        if rq is None:
+            return None
+        _check_schema(rp, rschema, REQUESTS_SCHEMA)
+    except Exception:   # noqa: BLE001  (any trouble: check_run reads it again and reports it)
+        return None
+    rid, sid = st.column("run_id"), st.column("request_id")
+    if rid.null_count or sid.null_count or rq.column("request_id").null_count:
+        return None
+    if not (np.asarray(rid.to_numpy(), dtype=object) == str(rf.run_id)).all():
+        return None   # a row of another run: SA108, reported by check_run
+    return st, rq
+
+
+def _read_small(path, wanted):
+    """(the columns of `wanted` the file has, its whole Arrow schema) of a small Parquet
+    file, read with Arrow's file reader directly: ParquetFile's Python setup (filesystem
+    resolution, nested-path maps) is a third of a tiny file's cost. Every column of a
+    trace is a primitive or a list of primitives, so a field's index is its leaf's;
+    (None, schema) when that does not hold (the file is then read the general way)."""
+    try:
+        from pyarrow._parquet import ParquetReader
+        r = ParquetReader()
+        r.open(pa.OSFile(str(path)), use_memory_map=False, pre_buffer=False)
+    except (ImportError, TypeError):   # another pyarrow's private API: the public reader
+        pf = pq.ParquetFile(path)
+        schema = pf.schema_arrow
+        return pf.read(columns=[c for c in wanted if c in schema.names], use_threads=False), schema
+    schema = r.schema_arrow
+    if r.metadata.num_columns != len(schema):
+        return None, schema
+    names = schema.names
+    idx = [names.index(c) for c in wanted if c in names]
+    return r.read_all(column_indices=idx, use_threads=False), schema
+
+
+def _pooled(tables: list) -> pa.Table:
+    """The members' tables as one, request_id -> "<k>\\x1f<request_id>" for member k:
+    distinct across the pool's runs."""
+    t = pa.concat_tables(tables).combine_chunks()
+    k = np.repeat(np.arange(len(tables)), [x.num_rows for x in tables])
+    i = t.schema.get_field_index("request_id")
+    return t.set_column(i, "request_id", pc.binary_join_element_wise(
+        pa.array(k.astype(str).astype(object), pa.string()), t.column(i), "\x1f"))
+
+
+def _check_pool(members, rules, codes, batch_rows: int) -> list[bool]:
+    """Check a pool of tiny runs (rf, steps, requests) of one configuration and schema;
+    per member, whether it came out clean (no finding of any severity). Never raises:
+    an error makes every member come out not clean (each is then checked alone)."""
+    try:
+        return _pool_clean(members, rules, codes, batch_rows)
+    except Exception:   # noqa: BLE001  (check_run, run alone, reports or raises it properly)
+        return [False] * len(members)
+
+
+def _pool_clean(members, rules, codes, batch_rows: int) -> list[bool]:
+    P = len(members)
+    m0 = {k: v for k, v in members[0][0].manifest.items() if k not in _PER_RUN_KEYS}
+    m0["run_id"] = _POOL_RUN_ID
+    eos_id, max_new, conv = run_config(m0)
+    pool = CheckResult(max_per_code=0, rules=codes)   # uncapped: every finding flags its run
+    steps = _pooled([st for _, st, _ in members])
+    i = steps.schema.get_field_index("run_id")
+    steps = steps.set_column(i, "run_id", pa.DictionaryArray.from_arrays(
+        pa.array(np.zeros(steps.num_rows, dtype=np.int32)), pa.array([_POOL_RUN_ID])))
+    reqs = _pooled([rq for _, _, rq in members])
+    by_scope = {s: [r for r in rules if r.scope == s] for s in ("step", "request", "run")}
+    carry = Carry()
+    facts = request_facts(reqs.to_batches(max_chunksize=REQUEST_BATCH_ROWS), carry, eos_id)
+    n_req = np.bincount(_slot_runs(carry)[facts["idx"]], minlength=P)
+    sums = {k: np.zeros(P, dtype=np.int64) for k in _Derived.KEYS}
+    hist = np.zeros((P, 1), dtype=np.int64)
+    done = 0
+    for batch in steps.to_batches(max_chunksize=batch_rows):
+        f = StepFrame(batch, run_id=_POOL_RUN_ID, carry=carry, eos_id=eos_id, max_new_tokens=max_new,
+                      manifest=m0, conventions=conv, row_offset=done)
+        done += batch.num_rows
+        for rule in by_scope["step"]:
+            _emit_hits(rule, rule.check(f), f, pool, kind="step")
+        run = _slot_runs(carry)[f.req]                      # [R] pool member of each sorted row
+        per_row = {"steps": np.ones(f.R, dtype=np.int64), "drafted": np.maximum(f.n - 1, 0),
+                   "accepted": np.maximum(f.true_depth, 0), "accepted_counter": f.accepted_depth,
+                   "committed": f.commit_n, "commit_len_sum": f.commit_len, "width_sum": np.maximum(f.budget, 0),
+                   "refused": (~f.ok).astype(np.int64)}
+        for k, v in per_row.items():    # as _Derived.add, per member (sampled runs are not pooled)
+            np.add.at(sums[k], run, np.asarray(v, dtype=np.int64))
+        d = np.clip(f.true_depth, 0, 4096)
+        H = max(hist.shape[1], int(d.max(initial=0)) + 1)
+        h = np.zeros((P, H), dtype=np.int64)
+        h[:, : hist.shape[1]] = hist
+        np.add.at(h, (run, d), 1)
+        hist = h
+        f.finish_carry()
+    rq = RequestFrame(carry, facts, run_id=_POOL_RUN_ID, eos_id=eos_id, max_new_tokens=max_new,
+                      complete=True, manifest=m0)
+    for rule in by_scope["request"]:
+        _emit_hits(rule, rule.check(rq), rq, pool, kind="request")
+    clean = np.ones(P, dtype=bool)
+    for fd in pool.findings:   # step and request findings: the member is in the request id
+        k = str(fd.request_id or "").split("\x1f", 1)[0]
+        if not k.isdigit() or int(k) >= P:
+            return [False] * P
+        clean[int(k)] = False
+    slots = _slot_runs(carry)
+    for k, (rf, _, _) in enumerate(members):
+        if not clean[k]:
+            continue
+        mine = slots == k
+        total = {key: int(sums[key][k]) for key in _Derived.KEYS}
+        h = hist[k]
+        nz = np.flatnonzero(h)
+        derived = _PoolDerived(total, {rf.step_files[0].name: dict(total)} if total["steps"] else {},
+                               h[: int(nz[-1]) + 1 if len(nz) else 1].copy())
+        part = group_partial(derived, _PoolRequests(rq, mine), have_facts=True)
+        part.update(steps_read=int(sums["steps"][k]), requests_read=int(n_req[k]))
+        before = len(pool.findings)
+        check_run_rules(combine_partials([part]), run_id=rf.run_id, manifest=rf.manifest, rules=rules,
+                        result=pool, complete=True, have_facts=True)
+        if len(pool.findings) > before:
+            clean[k] = False
+    return clean.tolist()
+
+
+def _slot_runs(carry: Carry) -> np.ndarray:
+    """Pool member of each carry slot (-1 for the null slot)."""
+    return np.fromiter((int(n.split("\x1f", 1)[0]) if "\x1f" in n else -1 for n in carry.names[: carry.n]),
+                       dtype=np.int64, count=carry.n)
+
+
+class _PoolDerived:
+    """One pool member's run aggregates, shaped as _Derived (what group_partial reads)."""
+
+    def __init__(self, total: dict, parts: dict, depth_hist: np.ndarray):
+        self.total, self.parts, self.depth_hist = total, parts, depth_hist
+
+
+class _PoolRequests:
+    """One pool member's slice of the pooled RequestFrame (what group_partial reads)."""
+
+    def __init__(self, rq: RequestFrame, mine: np.ndarray):
+        for k in ("null_slot", "has_steps", "has_row", "n_steps", "output_len", *(c for _, c in MEANS)):
+            setattr(self, k, getattr(rq, k)[mine])

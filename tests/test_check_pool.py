@@ -1,0 +1,168 @@
+"""Many tiny runs checked as one pool (issue 19 item 7): the same report as checking
+each run alone, whatever the runs hold and however many worker processes run.
+
+The pool only confirms clean runs; a run with any finding is checked again alone. So
+the test that matters is equality: a dataset of clean tiny runs beside every catalog
+rule's failing and passing fixture (each its own run), checked with pooling off, on,
+and on with two worker processes, gives the same findings in the same order, the same
+counts, files, runs, steps and requests.
+"""
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from specaudit.invariants import all_rules
+from specaudit.invariants.fixtures import FixtureRun
+
+from specaudit.audit import check as C
+from specaudit.trace.synth import synth_run_rows
+
+TRACE_RULES = [r for r in all_rules() if r.scope != "source"]
+
+
+def _tiny(out, i: int, **kw):
+    """A clean tiny run t<i> (one request, a few steps) written as the sink writes one."""
+    s, r, m = synth_run_rows(1, run_id=f"t{i}", seed=i, max_new_tokens=8, **kw)
+    d = out / f"run_id=t{i}"
+    d.mkdir(parents=True)
+    pq.write_table(s, d / "steps-000000.parquet")
+    pq.write_table(r, d / "requests.parquet")
+    (d / "run.json").write_text(json.dumps(m))
+    return d
+
+
+def _report(res: C.CheckResult) -> dict:
+    return {"findings": [f.to_dict() for f in res.findings], "counts": dict(res.counts),
+            "files": res.files_checked, "bad": res.bad_files, "incomplete": res.incomplete_runs,
+            "runs": res.runs, "steps": res.steps, "requests": res.requests, "exit": res.exit_code}
+
+
+def _three_ways(monkeypatch, paths, **kw) -> tuple[dict, dict, dict]:
+    """(alone, pooled in this process, pooled in two workers with small pools)."""
+    with monkeypatch.context() as m:
+        m.setattr(C, "POOL_RUN_BYTES", 0)                 # nothing pools: every run alone
+        alone = _report(C.check_paths(paths, **kw))
+    pooled = _report(C.check_paths(paths, workers=1, **kw))
+    with monkeypatch.context() as m:
+        m.setattr(C, "POOL_RUNS", 5)                      # many tasks: the executor starts
+        workers = _report(C.check_paths(paths, workers=2, **kw))
+    return alone, pooled, workers
+
+
+@pytest.fixture(scope="module")
+def catalog_dataset(tmp_path_factory):
+    """Clean tiny runs interleaved with every trace rule's failing and passing fixture."""
+    out = tmp_path_factory.mktemp("pool") / "ds"
+    i = 0
+    for rule in TRACE_RULES:
+        for kind in ("fail", "pass"):
+            _tiny(out, i)
+            i += 1
+            run = FixtureRun.make(rule.fixture_algo, run_id=f"{kind}-{rule.code}")
+            (rule.fail if kind == "fail" else rule.passing)(run)
+            run.write(out)
+    for j in range(12):                                   # a second configuration, pooled apart
+        _tiny(out, i + j, algo="tree", budget=7)
+    return out
+
+
+def test_pooled_report_equals_alone_on_every_rules_fixtures(catalog_dataset, monkeypatch):
+    alone, pooled, workers = _three_ways(monkeypatch, [catalog_dataset])
+    assert alone["counts"], "the failing fixtures must report something"
+    for rule in TRACE_RULES:   # every rule's own failing fixture is still caught
+        assert rule.code in alone["counts"], rule.code
+    assert pooled == alone
+    assert workers == alone
+
+
+def test_pooled_report_equals_alone_with_capped_findings(catalog_dataset, monkeypatch):
+    alone, pooled, workers = _three_ways(monkeypatch, [catalog_dataset], max_per_code=2)
+    assert any(n > 2 for n in alone["counts"].values())   # the cap did cut something
+    assert pooled == alone and workers == alone
+
+
+def test_pool_confirms_clean_runs_without_checking_them_alone(tmp_path, monkeypatch):
+    """The speed-up is real: clean tiny runs never reach check_run; a broken one does."""
+    for i in range(30):
+        _tiny(tmp_path / "ds", i)
+    bad = tmp_path / "ds" / "run_id=t7" / "steps-000000.parquet"
+    t = pq.read_table(bad)
+    cl = t.column("commit_len").to_pylist()
+    cl[1] += 1                                            # a counter bug in one row
+    pq.write_table(t.set_column(t.schema.get_field_index("commit_len"), "commit_len",
+                                pa.array(cl, pa.int32())), bad)
+    with monkeypatch.context() as m:
+        m.setattr(C, "POOL_RUN_BYTES", 0)
+        alone = C.check_paths([tmp_path / "ds"])
+    alone_runs = []
+    real = C.check_run
+    monkeypatch.setattr(C, "check_run", lambda rf, *a, **k: (alone_runs.append(rf.run_id), real(rf, *a, **k)))
+    res = C.check_paths([tmp_path / "ds"], workers=1)
+    assert alone_runs == ["t7"]
+    assert len(res.runs) == 30 and res.runs == alone.runs
+    assert res.errors and {f.run_id for f in res.findings} == {"t7"}
+    assert _report(res) == _report(alone)
+
+
+def test_run_rules_see_the_same_aggregates_pooled(tmp_path, monkeypatch):
+    """Per run, the partial the run rules read is the one check_group makes alone."""
+    for i in range(20):
+        _tiny(tmp_path / "ds", i)
+    seen: dict = {"alone": {}, "pooled": {}}
+    real = C.check_run_rules
+
+    def spy(mode):
+        def f(partial, *, run_id, **kw):
+            seen[mode][run_id] = json.loads(json.dumps(partial))
+            return real(partial, run_id=run_id, **kw)
+        return f
+    with monkeypatch.context() as m:
+        m.setattr(C, "POOL_RUN_BYTES", 0)
+        m.setattr(C, "check_run_rules", spy("alone"))
+        C.check_paths([tmp_path / "ds"])
+    with monkeypatch.context() as m:
+        m.setattr(C, "check_run_rules", spy("pooled"))
+        C.check_paths([tmp_path / "ds"], workers=1)
+    assert len(seen["alone"]) == 20
+    assert seen["pooled"] == seen["alone"]
+
+
+def test_listing_findings_keep_their_place(tmp_path, monkeypatch):
+    """SA002 (a run copied into a second folder) and SA000 (a bad file) come out where
+    listing met them, between the pooled runs' own findings."""
+    ds = tmp_path / "ds"
+    for i in range(8):
+        _tiny(ds, i)
+    import shutil
+    shutil.copytree(ds / "run_id=t3", ds / "backup" / "run_id=t3")
+    (ds / "run_id=t5" / "steps-000000.parquet").write_bytes(b"not parquet")
+    alone, pooled, workers = _three_ways(monkeypatch, [ds])
+    assert {"SA000", "SA002"} <= set(alone["counts"])
+    assert pooled == alone and workers == alone
+
+
+def test_a_worker_that_dies_has_its_pool_redone(tmp_path, monkeypatch):
+    """A worker killed (out of memory, say) loses nothing: its pool is checked here."""
+    import os
+    for i in range(12):
+        _tiny(tmp_path / "ds", i)
+    alone = _report(C.check_paths([tmp_path / "ds"], workers=1))
+    parent = os.getpid()
+    real = C._pool_task
+
+    def dying(members):
+        if os.getpid() != parent and members[0].run_id == "t1":
+            os._exit(9)
+        return real(members)
+    monkeypatch.setattr(C, "_pool_task", dying)
+    monkeypatch.setattr(C, "POOL_RUNS", 3)
+    assert _report(C.check_paths([tmp_path / "ds"], workers=2)) == alone
+
+
+def test_check_workers_bounds():
+    assert C.check_workers(1) == 1
+    assert C.check_workers(0) == 1
+    assert 1 <= C.check_workers() <= 8
