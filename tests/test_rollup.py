@@ -191,9 +191,14 @@ def test_synth_writes_the_sinks_rollups(tmp_path):
     run = write_synthetic_dataset(tmp_path, 3000, n_nodes=8, chunk_steps=1000, seed=1)
     steps = sorted(run.glob("steps-*.parquet"))
     assert len(steps) >= 3
-    for f in steps + [run / "requests.parquet"]:
-        assert R.rollup_problem(f, pq.read_metadata(f).num_rows) is None
-        assert R.verify_rollup(f) == []
+    # the sink's layout: one rollup for the step files (written at the end), one for requests
+    rows = {f.name: pq.read_metadata(f).num_rows for f in steps}
+    assert R.run_rollup_covers(run, rows) == ([f.name for f in steps], None)
+    assert R.verify_run_rollup(run) == []
+    assert not [f for f in steps if R.rollup_path(f).exists()]
+    f = run / "requests.parquet"
+    assert R.rollup_problem(f, pq.read_metadata(f).num_rows) is None
+    assert R.verify_rollup(f) == []
     off = write_synthetic_dataset(tmp_path / "off", 1000, n_nodes=8, seed=1, rollups=False)
     assert not list(off.glob("rollup-*"))
 
@@ -233,8 +238,8 @@ def test_requests_are_appended_as_parts_never_rewritten(tmp_path):
     assert not (run / "requests.parquet").exists()         # as after SIGKILL: no close
     got = pa.concat_tables([pq.read_table(p) for p in parts])
     assert sorted(got["request_id"].to_pylist()) == sorted(reqs["request_id"].to_pylist())
-    for p in parts:
-        assert R.rollup_problem(p, pq.read_metadata(p).num_rows) is None
+    # killed before close: no rollup at all (a flush writes none), the views read the rows
+    assert not list(run.glob("rollup-*"))
     # every reader takes the parts: check (incomplete, nothing unreadable), the views
     res = check_paths([run])
     assert res.counts["SA001"] == 1 and not res.bad_files and res.requests == reqs.num_rows
@@ -265,7 +270,10 @@ def test_close_merges_the_parts_and_a_crash_after_the_merge_counts_once(tmp_path
 
 def test_sink_without_rollups_and_a_failing_rollup_keep_the_record(tmp_path, monkeypatch):
     from specaudit.trace import parquet as P
-    monkeypatch.setattr(R, "compute_rollup", lambda *a, **k: (_ for _ in ()).throw(ValueError("boom")))
+    def boom(*a, **k):
+        raise ValueError("boom")
+    monkeypatch.setattr(R, "compute_rollup", boom)
+    monkeypatch.setattr(R, "_steps_partials", boom)
     sink, steps, reqs, _ = _sink_run(tmp_path)
     assert list(sink.run_dir.glob("steps-*.parquet")) and not list(sink.run_dir.glob("rollup-*"))
     assert check_paths([sink.run_dir]).exit_code == 0
@@ -341,3 +349,40 @@ def test_time_cell_is_null_for_a_missing_or_non_finite_start():
     # Arrow and DuckDB, a difference that predates the time grain)
     bad = pa.concat_tables([bad.slice(0, 3), bad.slice(4)])
     _same_rollup(R.compute_rollup(bad), R.compute_rollup_sql(bad))
+
+
+def test_sink_writes_one_step_rollup_at_close_and_the_views_agree(tmp_path, monkeypatch):
+    """No rollup file per flush; at close one rollup-steps.parquet naming every step file,
+    equal to the rows' own rollup; the views answer the same from it and from the raw rows;
+    partial sums merged early (COMPACT_EVERY) change nothing."""
+    monkeypatch.setattr(R, "COMPACT_EVERY", 2)
+    sink, steps, reqs, _ = _sink_run(tmp_path, n_flushes=5)
+    run = sink.run_dir
+    files = sorted(run.glob("steps-*.parquet"))
+    assert len(files) == 5 and sorted(p.name for p in run.glob("rollup-*")) == [
+        "rollup-requests.parquet", "rollup-steps.parquet"]
+    covered, problem = R.run_rollup_covers(run, {f.name: pq.read_metadata(f).num_rows for f in files})
+    assert problem is None and covered == [f.name for f in files]
+    assert R.verify_run_rollup(run) == []
+    whole = R.compute_rollup(pa.concat_tables([pq.read_table(f) for f in files]))
+    _same_rollup(pq.read_table(run / R.RUN_ROLLUP).select(R.ROLLUP_SCHEMA.names), whole)
+    a, notes = _answers(run)
+    b, _ = _answers(run, rollups=False)
+    assert notes == {"parts": "rollups for 6 of 6 files"}
+    _close(a, b, "run rollup vs raw rows")
+    # a step file rewritten after close: the run rollup is stale, ignored with a note
+    t = pq.read_table(files[1])
+    pq.write_table(t.slice(1), files[1], compression="zstd")
+    c, notes = _answers(run, only={"latency_breakdown"})
+    assert "rollup-steps.parquet: stale" in notes["parts"] and "rollups for 1 of 6 files" in notes["parts"]
+    assert c["latency_breakdown"][0]["steps"] == a["latency_breakdown"][0]["steps"] - 1
+
+
+def test_a_killed_sink_leaves_steps_that_check_clean_and_no_rollup(tmp_path):
+    sink, steps, reqs, _ = _sink_run(tmp_path, close=False)
+    run = sink.run_dir
+    assert not (run / R.RUN_ROLLUP).exists()
+    res = check_paths([run])
+    assert set(res.counts) == {"SA001"} and not res.bad_files and res.steps == steps.num_rows
+    a, notes = _answers(run, only={"latency_breakdown"})
+    assert notes == {"parts": "no rollups: raw rows"} and a["latency_breakdown"][0]["steps"] == steps.num_rows

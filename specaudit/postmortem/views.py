@@ -60,10 +60,12 @@ from specaudit.trace.rollup import (
     CALIB_BINS,
     KIND_COLUMNS,
     REQUEST_KINDS,
+    RUN_ROLLUP,
     STEP_KINDS,
     TIME_GRAIN_S,
     kind_sql,
     rollup_problem,
+    run_rollup_covers,
 )
 from specaudit.trace.rollup import ROLLUP_SCHEMA as _ROLLUP_SCHEMA
 from specaudit.trace.rollup import rollup_path as _rollup_path
@@ -495,7 +497,7 @@ class Dataset:
 
     @property
     def files(self) -> list[Path]:
-        return self.step_files + self.request_files + list(self.rollups.values())
+        return self.step_files + self.request_files + list(dict.fromkeys(self.rollups.values()))
 
 
 def find_dataset(paths, rollups: bool = True) -> Dataset:
@@ -519,14 +521,27 @@ def find_dataset(paths, rollups: bool = True) -> Dataset:
                                           "(a copy; specaudit check warns SA002)") for rf in dups]
     for rf in runs:
         used, files, why = 0, 0, []
+        usable = []
         for f, expected, out in [(f, STEPS_SCHEMA, ds.step_files) for f in rf.step_files] + \
                                 [(f, REQUESTS_SCHEMA, ds.request_files) for f in rf.request_files]:
             rows = _usable(rf, f, expected, ds)
-            if rows is None:
-                continue
+            if rows is not None:
+                usable.append((f, rows, out))
+        # the run's step rollup (written at close) stands in for the step files it names
+        covered: set = set()
+        if rollups and rf.step_files:
+            names, problem = run_rollup_covers(rf.run_dir, {f.name: r for f, r, o in usable if o is ds.step_files})
+            covered = set(names)
+            if problem not in (None, "absent"):
+                why.append(f"{RUN_ROLLUP}: {problem}")
+        for f, rows, out in usable:
             out.append(f.resolve())
             files += 1
             if not rollups:
+                continue
+            if out is ds.step_files and f.name in covered:
+                ds.rollups[f.resolve()] = (Path(rf.run_dir) / RUN_ROLLUP).resolve()
+                used += 1
                 continue
             problem = rollup_problem(f, rows)
             if problem is None:
@@ -592,7 +607,7 @@ def rollup_views_sql(ds: Dataset, bins=None) -> list[str]:
     out = []
     need_raw_bins = bins is not None and _num(bins, int) not in CALIB_BINS
     for kinds, data in ((STEP_KINDS, ds.step_files), (REQUEST_KINDS, ds.request_files)):
-        have = [ds.rollups[f] for f in data if f in ds.rollups]
+        have = list(dict.fromkeys(ds.rollups[f] for f in data if f in ds.rollups))   # a run rollup: once
         raw = [f for f in data if f not in ds.rollups]
         for kind in kinds:
             cols = ", ".join(KIND_COLUMNS[kind])

@@ -4,7 +4,8 @@
     traces/run_id=<id>/steps-<seq>.parquet        zstd, row groups; one file per flush
     traces/run_id=<id>/requests-<seq>.parquet     the requests finished since the last flush
     traces/run_id=<id>/requests.parquet           at close: every request (the parts merged)
-    traces/run_id=<id>/rollup-<file>.parquet      optional summary of each file (trace/rollup.py)
+    traces/run_id=<id>/rollup-steps.parquet       at close: optional summary of the step files (trace/rollup.py)
+    traces/run_id=<id>/rollup-requests.parquet    at close: optional summary of requests.parquet
 
 Every file is written under a hidden temporary name and renamed when complete, so a
 reader (pyarrow and DuckDB skip dot-files) sees whole files only. Steps are flushed
@@ -27,7 +28,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from specaudit.trace.rollup import rollup_bytes, rollup_path
+from specaudit.trace.rollup import RollupAccumulator, rollup_bytes, rollup_path
 from specaudit.trace.schema import REQUESTS_SCHEMA, InputError, atomic_write_bytes
 
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -98,8 +99,11 @@ class ParquetSink:
     the requests that finished since the last flush are written with them as a new part
     (requests-<seq>.parquet; nothing already on disk is rewritten), so a killed process
     loses at most one flush interval of either. close_run merges the parts into
-    requests.parquet. Each data file gets its rollup (trace/rollup.py) unless
-    `rollups=False`. A failed write (disk full, permission) keeps the rows
+    requests.parquet. Unless `rollups=False`, each flush keeps the partial sums of its
+    step rows (trace/rollup.RollupAccumulator, in memory) and close_run writes them as one
+    rollup-steps.parquet, and requests.parquet gets its rollup: a flush writes no rollup
+    file, and a killed run has none (readers compute the same rows from the raw files;
+    its steps check as before). A failed write (disk full, permission) keeps the rows
     pending, raises once to the tracer (which counts and logs it), and is retried after
     a backoff that doubles from `retry_s` up to `retry_max_s`; above `max_pending_rows`
     pending step rows the oldest are dropped and counted (health()["dropped_rows"])."""
@@ -116,6 +120,7 @@ class ParquetSink:
         self._last_flush = time.monotonic()
         self._seq = 0
         self.rollups = rollups
+        self._acc = RollupAccumulator() if rollups else None
         self._requests: list[dict] = []     # finished, not yet in a part on disk
         self._request_parts: list[Path] = []
         self._requests_at = time.monotonic()
@@ -167,9 +172,10 @@ class ParquetSink:
             if self._pending:
                 # a sampled run's batches carry the contract v2 columns (STEPS_SCHEMA_V2)
                 table = pa.Table.from_batches(self._pending, schema=self._pending[0].schema)
-                write_with_rollup(self.run_dir / f"steps-{self._seq:06d}.parquet", table, self.row_group_size,
-                                  rollups=self.rollups)
+                path = self.run_dir / f"steps-{self._seq:06d}.parquet"
+                size = write_parquet_atomic(path, table, self.row_group_size)
                 self._seq += 1
+                self._add_to_rollup(path, table, size)
                 self._pending, self._pending_rows = [], 0
             # a new part with the requests finished since the last one: at most once per flush_s
             if self._requests and (force or time.monotonic() - self._requests_at >= self.flush_s):
@@ -188,7 +194,7 @@ class ParquetSink:
 
     def _write_request_part(self) -> None:
         path = self.run_dir / f"requests-{len(self._request_parts):06d}.parquet"
-        write_with_rollup(path, self._requests_table(self._requests), what="requests", rollups=self.rollups)
+        write_parquet_atomic(path, self._requests_table(self._requests))   # no rollup: removed at close
         self._request_parts.append(path)
         self._requests = []
         self._requests_at = time.monotonic()
@@ -208,6 +214,25 @@ class ParquetSink:
                     pass
         self._request_parts = []
 
+    def _add_to_rollup(self, path: Path, table: pa.Table, size: int) -> None:
+        """The step file's partial sums into the run's rollup; an optional summary, so a
+        failure drops the run's rollup (readers fall back to the rows), never the steps."""
+        if self._acc is None:
+            return
+        try:
+            self._acc.add(path, table, size)
+        except Exception:   # an optional summary: any failure means "no rollup"
+            self._acc = None
+
+    def _write_run_rollup(self) -> None:
+        if self._acc is None:
+            return
+        try:
+            self._acc.write(self.run_dir)
+        except Exception:   # an optional summary: any failure means "no rollup"
+            pass
+        self._acc = None
+
     def write_request(self, row: dict) -> None:
         self._requests.append(row)
         if time.monotonic() - self._last_flush >= self.flush_s and time.monotonic() >= self._retry_at:
@@ -219,6 +244,7 @@ class ParquetSink:
         try:
             self.flush(force=True)
             self._merge_requests()
+            self._write_run_rollup()
             self._write_manifest(manifest)
         except OSError as e:
             raise SinkError(self.run_dir, f"could not finish the trace ({e.strerror or e}); "

@@ -243,7 +243,9 @@ def time_cells(t_start) -> pa.Array:
     return pa.array(cell, pa.int64(), mask=~ok)
 
 
-def _steps_rollup(t: pa.Table) -> list[pa.Table]:
+def _steps_partials(t: pa.Table) -> dict:
+    """kind -> the kind's rows of one step table, narrow (only KIND_COLUMNS[kind], no `kind`
+    column): the per-flush work; _merge_partials sums any number of them."""
     import pyarrow.compute as pc
     count_all = pc.CountOptions(mode="all")
     clen, dlen = _lens(t["committed_tokens"]), pc.subtract(_lens(t["accepted_path"]), 1)
@@ -259,26 +261,59 @@ def _steps_rollup(t: pa.Table) -> list[pa.Table]:
         "dis": disagree.cast(pa.int64()), "step_s": t["step_s"], "draft_s": t["draft_s"],
         "verify_s": t["verify_s"], "t1": pc.add(t["t_start"], t["step_s"]), "cell": time_cells(t["t_start"]),
     })
-    req = _group(w, ["run_id", "request_id"], [
+
+    def named(g: pa.Table, rename: dict) -> pa.Table:
+        return g.rename_columns([rename.get(c, c) for c in g.column_names])
+    req = named(_group(w, ["run_id", "request_id"], [
         ("fin", "count", count_all), ("fin", "sum"), ("clen", "sum"), ("dlen", "sum"), ("drafted", "sum"),
         ("rep_commit", "sum"), ("rep_depth", "sum"), ("step_s", "sum"), ("draft_s", "sum"),
-        ("verify_s", "sum"), ("t_start", "min"), ("t1", "max")])
-    req = _kind_table("request", req, {
+        ("verify_s", "sum"), ("t_start", "min"), ("t1", "max")]), {
         "fin_count": "n", "fin_sum": "n_finished", "clen_sum": "committed", "dlen_sum": "depth_sum",
         "drafted_sum": "drafted", "rep_commit_sum": "rep_commit", "rep_depth_sum": "rep_depth",
         "step_s_sum": "step_s", "draft_s_sum": "draft_s", "verify_s_sum": "verify_s", "t_start_min": "t0",
         "t1_max": "t1"})
-    hist = _group(w, ["run_id", "clen", "dlen"], [
-        ("fin", "count", count_all), ("fin", "sum"), ("rep_commit", "sum"), ("dis", "sum")])
-    hist = _kind_table("hist", hist, {"clen": "commit_len", "dlen": "depth", "fin_count": "n",
-                                      "fin_sum": "n_finished", "rep_commit_sum": "rep_commit",
-                                      "dis_sum": "n_disagree"})
-    tim = _group(w, ["run_id", "cell"], [
+    hist = named(_group(w, ["run_id", "clen", "dlen"], [
+        ("fin", "count", count_all), ("fin", "sum"), ("rep_commit", "sum"), ("dis", "sum")]),
+        {"clen": "commit_len", "dlen": "depth", "fin_count": "n", "fin_sum": "n_finished",
+         "rep_commit_sum": "rep_commit", "dis_sum": "n_disagree"})
+    tim = named(_group(w, ["run_id", "cell"], [
         ("fin", "count", count_all), ("clen", "sum"), ("dlen", "sum"), ("rep_commit", "sum"),
-        ("rep_depth", "sum")])
-    tim = _kind_table("time", tim, {"fin_count": "n", "clen_sum": "committed", "dlen_sum": "depth_sum",
-                                    "rep_commit_sum": "rep_commit", "rep_depth_sum": "rep_depth"})
-    return [req, hist, tim, _calib_rollup(t)]
+        ("rep_depth", "sum")]), {"fin_count": "n", "clen_sum": "committed", "dlen_sum": "depth_sum",
+                                 "rep_commit_sum": "rep_commit", "rep_depth_sum": "rep_depth"})
+    return {"request": req, "hist": hist, "time": tim, "calib": _calib_rollup(t)}
+
+
+# kind -> (key columns, value columns merged by min / max; the rest by sum): partial rows of
+# the same key (one request's steps in two flushes) add up to what one GROUP BY would give
+# (sum and min/max skip NULLs, all-NULL stays NULL, as in SQL)
+MERGE_KEYS = {"request": ("run_id", "request_id"), "hist": ("run_id", "commit_len", "depth"),
+              "time": ("run_id", "cell"), "calib": ("run_id", "bins", "bin")}
+MERGE_MIN, MERGE_MAX = {"t0"}, {"t1"}
+
+
+def _merge_partials(parts: list) -> dict:
+    """Many _steps_partials results -> one (same keys summed; min t0, max t1)."""
+    if len(parts) == 1:
+        return parts[0]
+    out = {}
+    for kind, keys in MERGE_KEYS.items():
+        t = pa.concat_tables([p[kind].cast(parts[0][kind].schema) for p in parts])
+        vals = [c for c in KIND_COLUMNS[kind] if c not in keys]
+        aggs = [(c, "min" if c in MERGE_MIN else "max" if c in MERGE_MAX else "sum") for c in vals]
+        g = _group(t, list(keys), aggs)
+        out[kind] = g.rename_columns([c.rsplit("_", 1)[0] if c.endswith(("_sum", "_min", "_max")) else c
+                                      for c in g.column_names])
+    return out
+
+
+def _partials_table(p: dict) -> pa.Table:
+    """One merged partial -> the rollup rows (ROLLUP_SCHEMA), kinds in STEP_KINDS order."""
+    return pa.concat_tables([_kind_table(k, p[k], {}) for k in STEP_KINDS])
+
+
+def _steps_rollup(t: pa.Table) -> list[pa.Table]:
+    p = _steps_partials(t)
+    return [_kind_table(k, p[k], {}) for k in STEP_KINDS]
 
 
 def _calib_rollup(t: pa.Table, bins_list=CALIB_BINS) -> pa.Table:
@@ -364,9 +399,10 @@ def _calib_rollup(t: pa.Table, bins_list=CALIB_BINS) -> pa.Table:
         g = _group(w, ["code", "bin"], [("acc", "count", pc.CountOptions(mode="all")), ("acc", "sum"),
                                          ("p", "sum")])
         rid = pc.take(run_codes.dictionary, g["code"]) if B else pa.array([], pa.string())
-        g = pa.table({"run_id": rid, "bins": pa.array(np.full(g.num_rows, bins), pa.int32()), "bin": g["bin"],
-                      "n": g["acc_count"], "accepted": g["acc_sum"], "p_sum": g["p_sum"]})
-        parts.append(_kind_table("calib", g, {}))
+        g = pa.table({"run_id": rid, "bins": pa.array(np.full(g.num_rows, bins), pa.int32()),
+                      "bin": g["bin"].cast(pa.int32()), "n": g["acc_count"], "accepted": g["acc_sum"],
+                      "p_sum": g["p_sum"]})
+        parts.append(g)
     return pa.concat_tables(parts)
 
 
@@ -390,8 +426,12 @@ def fingerprint(data_name: str, rows: int, size: int) -> dict:
 
 def rollup_bytes(rollup: pa.Table, data_name: str, rows: int, size: int) -> bytes:
     """The rollup file's bytes: zstd Parquet with the data file's fingerprint."""
+    return _file_bytes(rollup, fingerprint(data_name, rows, size))
+
+
+def _file_bytes(rollup: pa.Table, fp: dict) -> bytes:
     import pyarrow.compute as pc
-    meta = {META_KEY: json.dumps(fingerprint(data_name, rows, size), sort_keys=True).encode()}
+    meta = {META_KEY: json.dumps(fp, sort_keys=True).encode()}
     schema = ROLLUP_SCHEMA.with_metadata(meta)
     buf = io.BytesIO()
     # one row group (or more) per kind: a reader's `kind = 'x'` skips the others by their
@@ -418,30 +458,13 @@ def rollup_problem(data_file, data_rows: int, rollup_file=None) -> str | None:
     else why not, in words (absent, unreadable, another version, stale)."""
     data_file = Path(data_file)
     rp = Path(rollup_file) if rollup_file is not None else rollup_path(data_file)
-    if not rp.is_file():
-        return "absent"
-    try:
-        schema = pq.read_schema(rp)
-    except Exception as e:  # not Parquet, truncated
-        return f"{rp.name} unreadable ({type(e).__name__})"
-    raw = (schema.metadata or {}).get(META_KEY)
-    try:
-        fp = json.loads(raw) if raw else None
-    except ValueError:
-        fp = None
-    if not isinstance(fp, dict):
-        return f"{rp.name} has no fingerprint"
-    if fp.get("version") != ROLLUP_VERSION:
-        return f"{rp.name} is rollup version {fp.get('version')!r}, this reader knows {ROLLUP_VERSION}"
-    for f in ROLLUP_SCHEMA:
-        if f.name not in schema.names or schema.field(f.name).type != f.type:
-            return f"{rp.name} lacks column {f.name} ({f.type})"
+    fp, problem = _fingerprint_of(rp)
+    if problem:
+        return problem
     try:
         size = data_file.stat().st_size
     except OSError as e:
         return f"{data_file.name} cannot be read ({e.strerror or e})"
-    if fp.get("time_grain_s") != TIME_GRAIN_S:
-        return f"{rp.name} has time cells of {fp.get('time_grain_s')!r} s, this reader uses {TIME_GRAIN_S}"
     want = fingerprint(data_file.name, data_rows, size)
     for k in ("source", "rows", "bytes"):
         if fp.get(k) != want[k]:
@@ -449,15 +472,124 @@ def rollup_problem(data_file, data_rows: int, rollup_file=None) -> str | None:
     return None
 
 
+def _fingerprint_of(rp: Path) -> tuple[dict | None, str | None]:
+    """(rp's fingerprint, None) when rp is a rollup this reader knows (version, grain,
+    columns), else (None, why not)."""
+    if not rp.is_file():
+        return None, "absent"
+    try:
+        schema = pq.read_schema(rp)
+    except Exception as e:  # not Parquet, truncated
+        return None, f"{rp.name} unreadable ({type(e).__name__})"
+    raw = (schema.metadata or {}).get(META_KEY)
+    try:
+        fp = json.loads(raw) if raw else None
+    except ValueError:
+        fp = None
+    if not isinstance(fp, dict):
+        return None, f"{rp.name} has no fingerprint"
+    if fp.get("version") != ROLLUP_VERSION:
+        return None, f"{rp.name} is rollup version {fp.get('version')!r}, this reader knows {ROLLUP_VERSION}"
+    for f in ROLLUP_SCHEMA:
+        if f.name not in schema.names or schema.field(f.name).type != f.type:
+            return None, f"{rp.name} lacks column {f.name} ({f.type})"
+    if fp.get("time_grain_s") != TIME_GRAIN_S:
+        return None, f"{rp.name} has time cells of {fp.get('time_grain_s')!r} s, this reader uses {TIME_GRAIN_S}"
+    return fp, None
+
+
+# ------------------------------------------------------------ the run's step rollup
+
+RUN_ROLLUP = PREFIX + "steps.parquet"   # one rollup for all of a run's step files, written at close
+COMPACT_EVERY = 64                       # partials kept before they are merged into one
+
+
+class RollupAccumulator:
+    """A run's step rollup built flush by flush, written once.
+
+    add() keeps the partial sums of one step file just written (the GROUP BYs and the
+    calibration bins of its rows, about a third of what computing and writing a per-file
+    rollup costs; no file is written); write() merges them into RUN_ROLLUP at the run's
+    close, fingerprinted with every source file's name, rows and bytes. A run killed before
+    its close has no step rollup: readers compute the same rows from the step files."""
+
+    def __init__(self):
+        self.parts: list[dict] = []
+        self.sources: list[dict] = []
+
+    def add(self, data_file, table: pa.Table, size: int) -> None:
+        self.parts.append(_steps_partials(table))
+        self.sources.append({"source": Path(data_file).name, "rows": int(table.num_rows), "bytes": int(size)})
+        if len(self.parts) >= COMPACT_EVERY:          # bounded memory on a long run
+            self.parts = [_merge_partials(self.parts)]
+
+    def table(self) -> pa.Table:
+        if not self.parts:
+            return ROLLUP_SCHEMA.empty_table()
+        return _partials_table(_merge_partials(self.parts))
+
+    def write(self, run_dir) -> Path | None:
+        """Write run_dir/RUN_ROLLUP (atomically); None when no step file was added."""
+        if not self.sources:
+            return None
+        fp = {"version": ROLLUP_VERSION, "time_grain_s": TIME_GRAIN_S, "sources": self.sources}
+        path = Path(run_dir) / RUN_ROLLUP
+        atomic_write_bytes(path, _file_bytes(self.table(), fp))
+        return path
+
+
+def run_rollup_covers(run_dir, step_rows: dict) -> tuple[list[str], str | None]:
+    """step_rows: the run's step file names -> their row counts. ([the step files that
+    run_dir/RUN_ROLLUP stands in for], None) when every source it names is on disk with
+    its rows and bytes, else ([], why not) ("absent" when there is none)."""
+    rp = Path(run_dir) / RUN_ROLLUP
+    fp, problem = _fingerprint_of(rp)
+    if problem:
+        return [], problem
+    srcs = fp.get("sources")
+    names = [s.get("source") for s in srcs] if isinstance(srcs, list) and all(isinstance(s, dict) for s in srcs) \
+        else []
+    if not names or len(set(names)) != len(names):
+        return [], f"{rp.name} has no list of sources"
+    for src in srcs:
+        name = src["source"]
+        if name not in step_rows:
+            return [], f"{rp.name} covers {name}, which is not among the step files read here"
+        try:
+            size = (Path(run_dir) / name).stat().st_size
+        except OSError as e:
+            return [], f"{name} cannot be read ({e.strerror or e})"
+        if src.get("rows") != step_rows[name] or src.get("bytes") != size:
+            return [], (f"stale: {rp.name} was written for {name} with {src.get('rows')!r} rows, "
+                        f"{src.get('bytes')!r} bytes; it has {step_rows[name]} rows, {size} bytes")
+    return names, None
+
+
 def verify_rollup(data_file, rollup_file=None, rel_tol: float = 1e-9) -> list[str]:
     """Recompute data_file's rollup from its raw rows and compare it with the stored one,
     value by value: [] when they agree, else the differences in words (at most 20).
     Float sums may differ by summation order, hence rel_tol."""
-    import math
     data_file = Path(data_file)
     rp = Path(rollup_file) if rollup_file is not None else rollup_path(data_file)
     what = "requests" if data_file.name.startswith("requests") else "steps"
-    fresh = compute_rollup(pq.read_table(data_file), what)
+    return _diff(compute_rollup(pq.read_table(data_file), what), rp, rel_tol)
+
+
+def verify_run_rollup(run_dir, rel_tol: float = 1e-9) -> list[str]:
+    """verify_rollup for run_dir/RUN_ROLLUP: recomputed from the step files it names."""
+    rp = Path(run_dir) / RUN_ROLLUP
+    fp, problem = _fingerprint_of(rp)
+    if problem:
+        return [problem]
+    acc = RollupAccumulator()
+    for src in fp.get("sources") or []:
+        f = Path(run_dir) / src["source"]
+        acc.add(f, pq.read_table(f), f.stat().st_size)
+    return _diff(acc.table(), rp, rel_tol)
+
+
+def _diff(fresh: pa.Table, rp: Path, rel_tol: float) -> list[str]:
+    import math
     stored = pq.read_table(rp).select(ROLLUP_SCHEMA.names).cast(ROLLUP_SCHEMA)
     keys = ("kind", "run_id", "request_id", "commit_len", "depth", "cell", "bins", "bin")
 
@@ -493,19 +625,26 @@ STEP_COLUMNS = ("run_id", "request_id", "t_start", "step_s", "draft_s", "verify_
 
 
 def refresh_rollups(root) -> int:
-    """Rewrite every rollup under root whose data file has none or a stale / older one
-    (rollup_problem), from the data file's rows; returns how many were written. For a
-    dataset written before a rollup change (the views would read its raw rows)."""
+    """Rewrite the rollups under root that are missing, stale or of an older version or
+    grain (for a dataset written before a rollup change: the views would read its raw
+    rows): each run's RUN_ROLLUP from its step files (per-file step rollups removed) and
+    each requests file's own. Returns how many rollup files were written."""
     n = 0
-    for f in sorted(Path(root).rglob("*.parquet")):
-        name = f.name
-        if name.startswith(PREFIX) or not (name.startswith("steps-") or name.startswith("requests")):
-            continue
-        rows = pq.read_metadata(f).num_rows
-        if rollup_problem(f, rows) is None:
-            continue
-        what = "requests" if name.startswith("requests") else "steps"
-        cols = ["run_id", "output_tokens"] if what == "requests" else list(STEP_COLUMNS)
-        write_rollup(f, pq.read_table(f, columns=cols), f.stat().st_size, what)
-        n += 1
+    for run_dir in sorted({f.parent for f in Path(root).rglob("steps-*.parquet")}
+                          | {f.parent for f in Path(root).rglob("requests*.parquet")}):
+        steps = sorted(run_dir.glob("steps-*.parquet"))
+        rows = {f.name: pq.read_metadata(f).num_rows for f in steps}
+        covered, _ = run_rollup_covers(run_dir, rows)
+        if steps and sorted(covered) != sorted(rows):
+            acc = RollupAccumulator()
+            for f in steps:
+                acc.add(f, pq.read_table(f, columns=list(STEP_COLUMNS)), f.stat().st_size)
+            acc.write(run_dir)
+            n += 1
+        for f in steps:
+            rollup_path(f).unlink(missing_ok=True)
+        for f in sorted(run_dir.glob("requests*.parquet")):
+            if rollup_problem(f, pq.read_metadata(f).num_rows) is not None:
+                write_rollup(f, pq.read_table(f, columns=["run_id", "output_tokens"]), f.stat().st_size, "requests")
+                n += 1
     return n

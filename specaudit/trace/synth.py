@@ -464,11 +464,12 @@ def write_synthetic_dataset(out, n_steps: int, n_nodes: int = 8, algo: str = "ch
     """Write a large valid run of about n_steps steps, in chunks (bounded memory).
 
     One steps-<seq>.parquet file per chunk, requests.parquet and run.json with a
-    `reported` that matches; rollups: each file's rollup too, by the Parquet sink's code
-    (trace/rollup.py). Returns the run folder.
+    `reported` that matches; rollups: the rollups the Parquet sink writes, by its code
+    (trace/rollup.py): the step files' partial sums chunk by chunk, one rollup-steps.parquet
+    at the end, and requests.parquet's rollup. Returns the run folder.
     """
-    from specaudit.trace.parquet import write_with_rollup
-    from specaudit.trace.rollup import write_rollup
+    from specaudit.trace.parquet import write_parquet_atomic
+    from specaudit.trace.rollup import RollupAccumulator, write_rollup
     budget, topk = _norm(algo, n_nodes - 1, topk, None)
     conventions = {**DEFAULT_CONVENTIONS, **(conventions or {})}
     run_id = run_id or f"synth-{algo}-n{n_nodes}-{n_steps}"
@@ -479,6 +480,7 @@ def write_synthetic_dataset(out, n_steps: int, n_nodes: int = 8, algo: str = "ch
     # steps per request ~ max_new_tokens / mean commit; size chunks by a trial
     t0 = 1.7e9
     acc = _Acc(budget)
+    roll = RollupAccumulator() if rollups else None
     rq_writer = None
     written, seq, rid, t_cur = 0, 0, 0, t0
     per_req = None
@@ -491,14 +493,14 @@ def write_synthetic_dataset(out, n_steps: int, n_nodes: int = 8, algo: str = "ch
         per_req = max(len(s["step"]) / R, 1e-9)
         acc.add(s, ns, int(len(q["outputs"])))
         tbl = _steps_table(s, run_id, algo, budget, topk, rid)
+        path = run_dir / f"steps-{seq:06d}.parquet"
         if compression == "zstd":
-            write_with_rollup(run_dir / f"steps-{seq:06d}.parquet", tbl, row_group_size, rollups=rollups)
+            size = write_parquet_atomic(path, tbl, row_group_size)
         else:
-            pq.write_table(tbl, run_dir / f"steps-{seq:06d}.parquet", compression=compression,
-                           row_group_size=row_group_size)
-            if rollups:
-                path = run_dir / f"steps-{seq:06d}.parquet"
-                write_rollup(path, tbl, path.stat().st_size)
+            pq.write_table(tbl, path, compression=compression, row_group_size=row_group_size)
+            size = path.stat().st_size
+        if roll is not None:
+            roll.add(path, tbl, size)
         rt = _requests_table(q, run_id, True)
         if rq_writer is None:
             rq_writer = pq.ParquetWriter(run_dir / "requests.parquet", REQUESTS_SCHEMA, compression="zstd")
@@ -509,6 +511,8 @@ def write_synthetic_dataset(out, n_steps: int, n_nodes: int = 8, algo: str = "ch
         if len(s["t_start"]):
             t_cur = float(s["t_start"].max()) + 0.01
         del s, q, tbl, rt
+    if roll is not None:
+        roll.write(run_dir)
     if rq_writer is not None:
         rq_writer.close()
         if rollups:   # the requests table was streamed: its rollup reads back the two columns it needs
