@@ -1182,7 +1182,7 @@ def _pool_read(rf: RunFiles):
     rid, sid = st.column("run_id"), st.column("request_id")
     if rid.null_count or sid.null_count or rq.column("request_id").null_count:
         return None
-    if not (np.asarray(rid.to_numpy(), dtype=object) == str(rf.run_id)).all():
+    if set(rid.to_pylist()) - {str(rf.run_id)}:   # (a small table: no compute kernel's setup)
         return None   # a row of another run: SA108, reported by check_run
     return st, rq
 
@@ -1213,10 +1213,26 @@ def _pooled(tables: list) -> pa.Table:
     """The members' tables as one, request_id -> "<k>\\x1f<request_id>" for member k:
     distinct across the pool's runs."""
     t = pa.concat_tables(tables).combine_chunks()
-    k = np.repeat(np.arange(len(tables)), [x.num_rows for x in tables])
+    k = np.repeat(np.arange(len(tables), dtype=np.int32), [x.num_rows for x in tables])
+    prefix = _strings_of([str(j) for j in range(len(tables))]).take(_int32s(k))
     i = t.schema.get_field_index("request_id")
-    return t.set_column(i, "request_id", pc.binary_join_element_wise(
-        pa.array(k.astype(str).astype(object), pa.string()), t.column(i), "\x1f"))
+    return t.set_column(i, "request_id", pc.binary_join_element_wise(prefix, t.column(i),
+                                                                     _strings_of(["\x1f"])[0]))
+
+
+# Arrow arrays built from their buffers: pa.array() of Python or numpy values (and a
+# Python str handed to a compute function) imports pandas on first use, half a second
+# of a small check
+def _int32s(a: np.ndarray) -> pa.Array:
+    a = np.ascontiguousarray(a, dtype=np.int32)
+    return pa.Array.from_buffers(pa.int32(), len(a), [None, pa.py_buffer(a)])
+
+
+def _strings_of(xs: list[str]) -> pa.Array:
+    b = [x.encode() for x in xs]
+    off = np.zeros(len(b) + 1, dtype=np.int32)
+    off[1:] = np.cumsum([len(x) for x in b])
+    return pa.Array.from_buffers(pa.string(), len(b), [None, pa.py_buffer(off), pa.py_buffer(b"".join(b))])
 
 
 def _check_pool(members, rules, codes, batch_rows: int) -> list[bool]:
@@ -1237,8 +1253,7 @@ def _pool_clean(members, rules, codes, batch_rows: int) -> list[bool]:
     pool = CheckResult(max_per_code=0, rules=codes)   # uncapped: every finding flags its run
     steps = _pooled([st for _, st, _ in members])
     i = steps.schema.get_field_index("run_id")
-    steps = steps.set_column(i, "run_id", pa.DictionaryArray.from_arrays(
-        pa.array(np.zeros(steps.num_rows, dtype=np.int32)), pa.array([_POOL_RUN_ID])))
+    steps = steps.set_column(i, "run_id", _strings_of([_POOL_RUN_ID]).take(_int32s(np.zeros(steps.num_rows))))
     reqs = _pooled([rq for _, _, rq in members])
     by_scope = {s: [r for r in rules if r.scope == s] for s in ("step", "request", "run")}
     carry = Carry()
