@@ -395,13 +395,16 @@ def _calib_rollup(t: pa.Table, bins_list=CALIB_BINS) -> pa.Table:
     for bins in bins_list:
         with np.errstate(invalid="ignore"):
             b = np.minimum(np.floor(p * bins), bins - 1).astype(np.int64)
-        w = pa.table({"code": codes[r_all], "bin": b, "acc": acc.astype(np.int64), "p": p})
-        g = _group(w, ["code", "bin"], [("acc", "count", pc.CountOptions(mode="all")), ("acc", "sum"),
-                                         ("p", "sum")])
-        rid = pc.take(run_codes.dictionary, g["code"]) if B else pa.array([], pa.string())
-        g = pa.table({"run_id": rid, "bins": pa.array(np.full(g.num_rows, bins), pa.int32()),
-                      "bin": g["bin"].cast(pa.int32()), "n": g["acc_count"], "accepted": g["acc_sum"],
-                      "p_sum": g["p_sum"]})
+        # GROUP BY (run, bin) as bincount over key = run code * bins + bin (0 <= bin < bins)
+        key = codes[r_all] * bins + b
+        size = (len(run_codes.dictionary) if B else 0) * bins
+        n = np.bincount(key, minlength=size)
+        nz = np.nonzero(n)[0]
+        rid = pc.take(run_codes.dictionary, pa.array(nz // bins)) if B else pa.array([], pa.string())
+        g = pa.table({"run_id": rid, "bins": pa.array(np.full(len(nz), bins), pa.int32()),
+                      "bin": pa.array((nz % bins).astype(np.int32)), "n": pa.array(n[nz].astype(np.int64)),
+                      "accepted": pa.array(np.bincount(key, weights=acc, minlength=size)[nz].astype(np.int64)),
+                      "p_sum": pa.array(np.bincount(key, weights=p, minlength=size)[nz])})
         parts.append(g)
     return pa.concat_tables(parts)
 
