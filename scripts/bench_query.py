@@ -14,7 +14,9 @@ a fresh connection. The report is timed end to end (build_report, all six plots)
 --check also runs the checker (timed separately) and hands its findings to the report.
 
 The generated runs carry rollups (specaudit/trace/rollup.py, written by the same code as
-the Parquet sink), so the views answer from them; --raw times every query and the report
+the Parquet sink: one rollup-steps.parquet per run and requests.parquet's), so the views
+answer from them; a dataset generated before a rollup change gets its rollups rewritten
+(refresh_rollups) before timing; --raw times every query and the report
 from the raw step rows instead (rollups ignored: what a dataset without them costs), and
 --compare-raw times both in one run and prints the raw figures under raw_*.
 
@@ -163,7 +165,7 @@ def main(argv=None) -> int:
     res = {
         "steps": n_steps, "nodes": n_nodes, "threads": args.threads,
         "dataset_bytes": du(ds), "generate_s": round(gen_s, 1), "connect_s": round(connect_s, 3),
-        "rollups": not args.raw, "rollup_files": len(found.rollups),
+        "rollups": not args.raw, "rollup_files": len(set(found.rollups.values())),
         "data_files": len(found.step_files) + len(found.request_files),
         **timed(not args.raw, ""),
     }
