@@ -135,7 +135,8 @@ class StepFrame:
         self.R = R
         # --- request ids -> carry indices; sort rows by (request, step)
         rcodes, rdict = _strings(col["request_id"])
-        rdict = [str(x) for x in rdict]
+        if not all(map(str.__instancecheck__, rdict)):   # (a string dictionary: all str already)
+            rdict = [str(x) for x in rdict]
         gidx = carry.index(rdict + ["\0null"])  # code -1 -> the null slot
         req = gidx[rcodes]
         step, step_null = _scalar(col["step"])
@@ -232,7 +233,8 @@ class StepFrame:
             self.root_parent_bad = (P[:, 0] != -1)[order] | (n < 1)
             bad = (Pc < 0) | (Pc >= ii)
             self.parent_order_bad = bad.any(axis=1)[order] if bad.any() else np.zeros(R, dtype=bool)
-            all_chains = bool((Pc == ii - 1).all())
+            chain_eq = Pc == ii - 1
+            all_chains = bool(chain_eq.all())
         else:
             is_root = self.node_i == 0
             self.root_parent_bad = self.row_any(is_root & (p != -1)) | (n < 1)
@@ -254,6 +256,16 @@ class StepFrame:
             else:
                 self.pglob[is_root] = -1
             self.__dict__["chain_shaped"] = np.ones(R, dtype=bool)
+        elif self.uniform_n:                              # the same on [R, N0] blocks, no gathers
+            ok_b = self.ok[inv]                           # per batch row
+            ps = P.astype(I64)                            # an ok row's root parent is -1
+            ps[~ok_b] = np.arange(-1, N0 - 1, dtype=I64)
+            self.psafe = ps.reshape(-1)
+            # the parent as a flat index: every safe parent is >= 0 but the roots' (column 0)
+            g = ps + np.arange(0, T, N0, dtype=I64)[:, None]   # + flat start of each batch row
+            g[:, 0] = -1
+            self.pglob = g.reshape(-1)
+            self.__dict__["chain_shaped"] = chain_eq.all(axis=1)[order]
         else:
             is_root = self.node_i == 0
             okn = self.ok[self.node_row]
@@ -426,8 +438,9 @@ class StepFrame:
         N0 = P.shape[1]
         if N0 > MAX_NODES:
             return None
-        with np.errstate(over="ignore"):
-            fp = ((P + 2).astype(np.uint64) * _POSW[:N0]).sum(axis=1, dtype=np.uint64)
+        P64 = P if P.dtype == I64 and P.flags.c_contiguous else np.ascontiguousarray(P, dtype=I64)
+        with np.errstate(over="ignore"):   # sum over i of (parent + 2) * w_i, mod 2^64
+            fp = (P64.view(np.uint64) + np.uint64(2)) @ _POSW[:N0]
         _, first, ids = np.unique(fp, return_index=True, return_inverse=True)
         ids = ids.reshape(-1)
         mism = np.flatnonzero((P != P[first[ids]]).any(axis=1))
@@ -612,11 +625,11 @@ class StepFrame:
         out = np.empty(P, dtype=I64)
         if P == 0:
             return out
-        last = self.path_last_k
         # every entry but the last of the batch takes the next entry's token; each row's
         # last entry is then overwritten by the bonus
         out[:-1] = self.tokens[self.path_glob[1:]] if self.T else -1
-        out[last] = self.bonus[self.path_row[last]]
+        has = self.path_len > 0                          # each row's last entry: the bonus
+        out[(self.path_start + self.path_len - 1)[has]] = self.bonus[has]
         return out
 
     @property
@@ -640,10 +653,11 @@ class StepFrame:
         elif len(self.commit):
             k, r = self.commit_k, self.commit_row
             inside = k < self.path_len[r]
-            e = np.full(len(k), -2, dtype=I64)
+            bad = ~inside                                 # past the expected commit
             if len(self.expected_commit):
-                e[inside] = self.expected_commit[self.path_start[r[inside]] + k[inside]]
-            idx = np.flatnonzero((self.commit != e) | ~inside)[::-1]
+                j = np.where(inside, self.path_start[r] + k, 0)
+                bad |= self.commit != self.expected_commit[j]
+            idx = np.flatnonzero(bad)[::-1]
             out[r[idx]] = k[idx]
         return out
 
@@ -658,21 +672,22 @@ class StepFrame:
 
     def finish_carry(self) -> None:
         """Fold this batch into the carry (call once, after the rules ran)."""
-        c, cr, gstart, gid = self._carry, self._cr, self._gstart, self._gid
+        c, cr, gstart = self._carry, self._cr, self._gstart
         if self.R == 0:
             return
-        G = len(gstart)
         last = np.concatenate((gstart[1:], [self.R])) - 1
-        sums = lambda v: np.bincount(gid, weights=v, minlength=G).astype(I64)
+        # per-group integer sums: groups are runs of sorted rows starting at gstart
+        sums = lambda v: np.add.reduceat(v, gstart, dtype=I64)
         new = ~c.seen[cr]
         fr = gstart[new]
         c.first_seq_len[cr[new]] = self.seq_len[fr]
         c.first_root[cr[new]] = self.at_root(self.tokens)[fr]
         c.first_ok[cr[new]] = self.ok[fr]   # a refused first step is no evidence (SA405)
         c.seen[cr] = True
-        c.n_steps[cr] += np.bincount(gid, minlength=G)
+        c.n_steps[cr] += np.diff(gstart, append=self.R)
         c.sum_commit_len[cr] += sums(self.commit_len)
-        c.sum_commit_n[cr] += sums(self.commit_n)
+        commit_n = sums(self.commit_n)
+        c.sum_commit_n[cr] += commit_n
         c.sum_depth[cr] += sums(self.accepted_depth)
         c.sum_true_depth[cr] += sums(self.true_depth)
         # order-sensitive fingerprint of the commits at their output positions
@@ -690,9 +705,9 @@ class StepFrame:
             grp_h = np.add.reduceat(row_h, gstart)
             with np.errstate(over="ignore"):
                 c.hash[cr] += grp_h
-        c.out_len[cr] += sums(self.commit_n)
+        c.out_len[cr] += commit_n
         c.contiguous[cr] = self.contiguous[last]
-        c.finished[cr] |= np.bincount(gid, weights=self.finished, minlength=G) > 0
+        c.finished[cr] |= np.logical_or.reduceat(self.finished, gstart)
         c.last_finished[cr] = self.finished[last]
         c.last_step[cr] = self.step[last]
         c.seq_end[cr] = self.seq_len[last] + self.commit_n[last]

@@ -168,6 +168,8 @@ class ChainShape(Rule):
         if f.chain_shaped.all():
             return None
         need = f.is_chain | (f.topk == 1)
+        if not need.any():                               # no row must be a chain
+            return None
         badn = need[f.node_row] & (f.node_i > 0) & (f.parents != f.node_i - 1)
         node = f.first_node(badn)
         hit = (node >= 0) & f.ok
