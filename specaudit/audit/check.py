@@ -1170,7 +1170,8 @@ def _pool_read(rf: RunFiles):
     try:
         sp, rp = rf.step_files[0], rf.request_files[0]
         st, schema = _read_small(sp, STEP_READ_COLUMNS)
-        if st is None or "rank" in schema.names or any(c in schema.names for c in SAMPLING_COLUMNS):
+        names = schema.names   # (a property that builds a new list on every access)
+        if st is None or "rank" in names or any(c in names for c in SAMPLING_COLUMNS):
             return None   # per-rank partitions and sampled steps: the general path
         _check_schema(sp, schema, STEPS_SCHEMA, SAMPLING_FIELDS, plain=True)
         rq, rschema = _read_small(rp, (*REQUESTS_SCHEMA.names, *CLIENT_COLUMNS))

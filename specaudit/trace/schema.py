@@ -14,6 +14,7 @@ Words (as in the contract):
 """
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 from dataclasses import dataclass, field
@@ -489,7 +490,6 @@ def step_file_key(p: Path):
 def _trace_dirs(root: Path):
     """(folder, names of its trace files) under root, following symlinked folders once
     (a folder reached twice, or a symlink loop, is visited once)."""
-    import fnmatch
     seen = set()
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
         try:
@@ -503,9 +503,13 @@ def _trace_dirs(root: Path):
             continue
         seen.add(key)
         dirnames.sort()
-        names = [f for f in filenames if f in ("run.json", "requests.parquet")
-                 or fnmatch.fnmatchcase(f, "steps-*.parquet") or fnmatch.fnmatchcase(f, "requests-*.parquet")]
-        yield Path(dirpath), names, filenames
+        yield Path(dirpath), [f for f in filenames if _trace_name(f)], filenames
+
+
+def _trace_name(f: str) -> bool:
+    """A file name a run folder's trace files have."""
+    return (f in ("run.json", "requests.parquet") or fnmatch.fnmatchcase(f, "steps-*.parquet")
+            or fnmatch.fnmatchcase(f, "requests-*.parquet"))
 
 
 def discover(paths) -> list[RunFiles]:
@@ -520,6 +524,7 @@ def discover(paths) -> list[RunFiles]:
     when a path does not exist or holds no run at all.
     """
     runs: dict[Path, RunFiles] = {}
+    listed: dict[Path, list] = {}   # folder -> its trace files' names, as the walk saw them
     real_seen: set = set()
     by_id: dict[str, Path] = {}
     for raw in paths:
@@ -536,6 +541,7 @@ def discover(paths) -> list[RunFiles]:
             for d, names, filenames in _trace_dirs(p):
                 if names:
                     dirs.append(d)
+                    listed[d] = names
                 else:
                     n_stray += sum(1 for f in filenames if not f.startswith("."))
             if not dirs:
@@ -563,12 +569,16 @@ def discover(paths) -> list[RunFiles]:
                 if why:
                     problems.append(InputError(f, why))
                 return not why
-            rf.step_files += [f for f in sorted(d.glob("steps-*.parquet"), key=step_file_key) if regular(f)]
+            names = listed.get(d)
+            if names is None:   # a file's folder: list it (the walk saw only folders given)
+                names = [f for f in os.listdir(d) if _trace_name(f)]
+            named = lambda pat, d=d, names=names: sorted((d / f for f in names if fnmatch.fnmatchcase(f, pat)),
+                                                         key=step_file_key)
+            rf.step_files += [f for f in named("steps-*.parquet") if regular(f)]
             rq = d / "requests.parquet"
-            if os.path.lexists(rq) and regular(rq):
+            if "requests.parquet" in names and os.path.lexists(rq) and regular(rq):
                 rf.requests_file = rq
-            rf.request_parts += [f for f in sorted(d.glob("requests-*.parquet"), key=step_file_key)
-                                 if regular(f)]
+            rf.request_parts += [f for f in named("requests-*.parquet") if regular(f)]
             first = by_id.setdefault(rf.run_id, d)
             if first != d:
                 rf.duplicate_of = first
