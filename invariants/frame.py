@@ -374,6 +374,8 @@ class StepFrame:
     def first_node(self, flat_bad: np.ndarray, fill=-1) -> np.ndarray:
         """Per row, the local index of the first node where flat_bad is true (or fill)."""
         out = np.full(self.R, fill, dtype=I64)
+        if not flat_bad.any():
+            return out
         idx = np.flatnonzero(flat_bad)[::-1]               # reversed: first wins on assignment
         out[self.node_row[idx]] = self.node_i[idx]
         return out
@@ -443,7 +445,8 @@ class StepFrame:
             fp = (P64.view(np.uint64) + np.uint64(2)) @ _POSW[:N0]
         _, first, ids = np.unique(fp, return_index=True, return_inverse=True)
         ids = ids.reshape(-1)
-        mism = np.flatnonzero((P != P[first[ids]]).any(axis=1))
+        rep = P[first[ids]]
+        mism = np.zeros(0, dtype=I64) if np.array_equal(P, rep) else np.flatnonzero((P != rep).any(axis=1))
         if mism.size:                                    # fingerprint collision: own shapes
             ids = ids.copy()
             ids[mism] = len(first) + np.arange(mism.size)

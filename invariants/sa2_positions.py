@@ -26,12 +26,16 @@ class Positions(Rule):
     def check(self, f):
         if f.T == 0:
             return None
-        want = f.seq_len[f.node_row] + f.depth
-        badn = f.positions != want
+        if f.uniform_n:   # [R, N0] blocks in batch order: seq_len broadcast, no gather
+            R = f.R
+            badn = (f.positions.reshape(R, -1) != f.seq_len[f.inv][:, None] + f.depth.reshape(R, -1)).reshape(-1)
+        else:
+            badn = f.positions != f.seq_len[f.node_row] + f.depth
         node = f.first_node(badn)
         hit = node >= 0
         if not hit.any():
             return None
+        want = f.seq_len[f.node_row] + f.depth
         g = np.where(hit, f.start + np.maximum(node, 0), 0)
         pos = np.where(hit, f.positions[np.minimum(g, f.T - 1)], -1)
         dep = np.where(hit, f.depth[np.minimum(g, f.T - 1)], -1)
