@@ -602,3 +602,29 @@ def test_views_on_real_runs(clean_dataset):
     for q in Q.canned_queries().values():
         Q.fetch_arrow(con, q.sql)
     con.close()
+
+
+def test_steps_view_binds_one_footer_when_columns_agree_and_unions_by_name_otherwise(tmp_path):
+    """Files with the same columns: read_parquet without union_by_name (DuckDB binds the
+    view from one footer); a file with extra (contract v2) columns: union_by_name, the
+    other files' rows padded with NULL."""
+    from specaudit.trace.schema import SAMPLING_FIELDS
+    from specaudit.trace.synth import synth_run_rows, write_run
+    s, r, m = synth_run_rows(6, algo="chain", seed=1, run_id="same")
+    write_run(tmp_path, s, r, m, n_files=2)
+    ds = Q.find_dataset([tmp_path])
+    assert ds.same_columns(ds.step_files) and "union_by_name = false" in Q._parquet_view(
+        "steps", ds.step_files, Q.STEPS_SCHEMA, ds)
+    s2, r2, m2 = synth_run_rows(4, algo="chain", seed=2, run_id="v2")
+    f = SAMPLING_FIELDS[0]
+    s2 = s2.append_column(f, pa.nulls(s2.num_rows, f.type))
+    write_run(tmp_path, s2, r2, m2)
+    ds = Q.find_dataset([tmp_path])
+    assert not ds.same_columns(ds.step_files)
+    con = Q.connect([tmp_path])
+    try:
+        got = Q.fetch_arrow(con, f"SELECT run_id, count(*) AS n, count({f.name}) AS k FROM steps GROUP BY ALL "
+                                 "ORDER BY run_id").to_pylist()
+    finally:
+        con.close()
+    assert got == [{"run_id": "same", "n": s.num_rows, "k": 0}, {"run_id": "v2", "n": s2.num_rows, "k": 0}]

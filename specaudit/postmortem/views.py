@@ -475,11 +475,15 @@ def depths_udf(parents) -> pa.Array:
     return out
 
 
-def _parquet_view(name: str, files: list[Path], schema: pa.Schema) -> str:
+def _parquet_view(name: str, files: list[Path], schema: pa.Schema, ds: Dataset | None = None) -> str:
+    """CREATE VIEW name over files. union_by_name (columns matched by name, a file without
+    the contract v2 columns padded with NULL) unless ds saw the same columns in every file:
+    then DuckDB reads one footer to bind the view, not all of them (0.1 s at 53 files)."""
     if not files:
         return f"CREATE VIEW {name} AS {_empty_select(schema)}"
     lst = ", ".join(sql_str(f) for f in files)
-    return (f"CREATE VIEW {name} AS SELECT * FROM read_parquet([{lst}], union_by_name = true, "
+    union = "false" if ds is not None and ds.same_columns(files) else "true"
+    return (f"CREATE VIEW {name} AS SELECT * FROM read_parquet([{lst}], union_by_name = {union}, "
             f"hive_partitioning = false)")
 
 
@@ -494,6 +498,12 @@ class Dataset:
     # data file -> its rollup, for the rollups whose fingerprint matches (trace/rollup.py)
     rollups: dict = field(default_factory=dict)
     rollup_notes: dict = field(default_factory=dict)  # run_dir -> what was used, in words
+    schemas: dict = field(default_factory=dict)       # data file -> its Arrow schema (as read)
+
+    def same_columns(self, files) -> bool:
+        """Every file's schema known and equal (names, order, types)."""
+        got = [self.schemas.get(f) for f in files]
+        return bool(got) and got[0] is not None and all(g is not None and g.equals(got[0]) for g in got[1:])
 
     @property
     def files(self) -> list[Path]:
@@ -571,7 +581,9 @@ def _usable(rf, path: Path, expected: pa.Schema, ds: Dataset) -> int | None:
     import pyarrow.parquet as pq
     try:
         md = pq.read_metadata(path)
-        check_table_schema(path, md.schema.to_arrow_schema(), expected)
+        schema = md.schema.to_arrow_schema()
+        check_table_schema(path, schema, expected)
+        ds.schemas[path.resolve()] = schema.remove_metadata()
         return md.num_rows
     except InputError as e:
         err = e
@@ -700,8 +712,8 @@ def connect(paths, findings=None, *, threads: int | None = None, variables: dict
         con.execute("SET enable_external_access = false")
         # from here on DuckDB reads only the trace's own Parquet files
         try:
-            con.execute(_parquet_view("steps", ds.step_files, STEPS_SCHEMA))
-            con.execute(_parquet_view("requests", ds.request_files, REQUESTS_SCHEMA))
+            con.execute(_parquet_view("steps", ds.step_files, STEPS_SCHEMA, ds))
+            con.execute(_parquet_view("requests", ds.request_files, REQUESTS_SCHEMA, ds))
             for sql in rollup_views_sql(ds, bins=(variables or {}).get("bins", 10)):
                 con.execute(sql)
         except duckdb.Error as e:
