@@ -205,8 +205,7 @@ class StepFrame:
         self.uniform_n = bool(R) and N0 > 0 and bool((n0 == N0).all())
         if self.uniform_n:                                # every row has N nodes: [R, N] blocks
             rows0 = None                                  # built by _aligned only if a list is ragged
-            self.node_i = np.tile(np.arange(N0, dtype=I64), R)
-            self.node_row = np.repeat(inv, N0)
+            # node_i and node_row: built on first use (the cached properties below)
         else:
             rows0 = np.repeat(np.arange(R, dtype=I64), n0)    # batch row of each flat node
             self.node_row = inv[rows0]
@@ -311,6 +310,16 @@ class StepFrame:
         self._carry = carry
         self._gid, self._gstart, self._cr = gid, gstart, cr
 
+    # a uniform-N batch's flat node index and row, built only when a rule asks (most
+    # work on the [R, N0] blocks instead); a ragged batch sets both in __init__
+    @cached_property
+    def node_i(self) -> np.ndarray:
+        return np.tile(np.arange(self.T // self.R, dtype=I64), self.R)
+
+    @cached_property
+    def node_row(self) -> np.ndarray:
+        return np.repeat(self.inv, self.T // self.R)
+
     # per-row strings, built only when a rule needs them (messages, mostly)
     @cached_property
     def request_id(self) -> np.ndarray:
@@ -401,6 +410,8 @@ class StepFrame:
         if self.T == 0:
             return np.zeros(0, dtype=I64)
         if self.chain_shaped.all():
+            if self.uniform_n and "node_i" not in self.__dict__:   # node_i's values, own array
+                return np.tile(np.arange(self.T // self.R, dtype=I64), self.R)
             return self.node_i.copy()
         if self._shapes is not None:   # once per distinct shape, gathered per row
             ids, P = self._shapes

@@ -108,6 +108,8 @@ class PathWalk(Rule):
     def check(self, f):
         bad = f.path_struct_bad & f.ok
         rows = np.flatnonzero(bad)
+        if not rows.size:
+            return None
         return Hits(bad, path=_lists(f, rows, f.path, f.path_start, f.path_len),
                     parents=_lists(f, rows, f.parents, f.start, f.n))
 
