@@ -270,3 +270,42 @@ def test_report_on_real_runs(clean_dataset, tmp_path):
         assert r.run_id in text and Q.config_label(r.manifest["config"]) in text
     assert len(parse(text).imgs) == len(STEMS)
     assert json.dumps(res.summary())            # the summary is plain data
+
+
+def test_helper_process_draws_the_same_pngs_and_its_failure_is_drawn_here(synth_ds, tmp_path, monkeypatch):
+    """The forked helper draws three plots byte for byte as this process would; a helper
+    that dies leaves them to this process, and the report is the same."""
+    import threading
+
+    from specaudit.postmortem import report as RP
+    monkeypatch.setattr(threading, "active_count", lambda: 1)   # pytest may run helper threads
+    monkeypatch.setattr(RP, "_start_helper", lambda: None)
+    build_report([synth_ds], tmp_path / "here")
+    here = {s: (tmp_path / "here" / f"{s}.png").read_bytes() for s in STEMS}
+    monkeypatch.undo()
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
+    helper = RP._start_helper()
+    if helper is None:
+        pytest.skip("no fork on this platform")
+    con = Q.connect([synth_ds])
+    try:
+        rows = {q: Q.fetch_arrow(con, Q.canned(q).sql).to_pylist() for q, _ in RP.HELPER_PLOTS.values()}
+    finally:
+        con.close()
+    for stem, (q, _) in RP.HELPER_PLOTS.items():
+        helper.send(stem, rows[q], False)
+    helper.send_done()
+    got = helper.results()
+    helper.close()
+    assert set(got) == set(RP.HELPER_PLOTS) and all(got[s] == here[s] for s in got)
+    # a helper that dies at once: every plot drawn here, the same bytes
+    real = RP._start_helper
+
+    def dying():
+        h = real()
+        h.proc.kill()
+        h.proc.join()
+        return h
+    monkeypatch.setattr(RP, "_start_helper", dying)
+    build_report([synth_ds], tmp_path / "dead")
+    assert {s: (tmp_path / "dead" / f"{s}.png").read_bytes() for s in STEMS} == here
