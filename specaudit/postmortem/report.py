@@ -339,88 +339,6 @@ ORDER BY r.config, r.started_at, r.run_id
 FIGURES_SQL = "SELECT run_id, metric, derived, reported, verdict FROM figures ORDER BY run_id, i"
 
 
-# plots a forked helper process draws (stem -> (query, plotter)), beside this process: drawing
-# is single-threaded Python under the GIL and about two thirds of a report's time, so two
-# processes draw on two cores at once. rows travel as pickled lists of dicts (small).
-HELPER_PLOTS = {
-    "commit_length_over_time": ("throughput_over_time", lambda rows, checked: plot_over_time(rows)),
-    "acceptance_vs_draft_confidence": ("acceptance_vs_draft_logprob", lambda rows, checked: plot_calibration(rows)),
-    "violations_by_code": ("violations_by_code", lambda rows, checked: plot_violations(rows, checked)),
-}
-
-
-class _Helper:
-    """The forked drawing process: send() rows for a stem, results() {stem: png bytes}
-    (what it managed: a stem it failed on is missing, and the caller draws it)."""
-
-    def __init__(self, proc, conn):
-        self.proc, self.conn = proc, conn
-
-    def send(self, stem, rows, checked) -> None:
-        try:
-            self.conn.send((stem, rows, checked))
-        except (OSError, ValueError):    # the helper is gone: results() lacks the stem
-            pass
-
-    def send_done(self) -> None:
-        self.send(None, None, None)
-
-    def results(self) -> dict:
-        out = {}
-        try:
-            while len(out) < len(HELPER_PLOTS):
-                stem, png = self.conn.recv()
-                if stem is None:
-                    break
-                out[stem] = png
-        except (EOFError, OSError):
-            pass
-        return out
-
-    def close(self) -> None:
-        self.conn.close()
-        self.proc.join(timeout=5)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join()
-
-
-def _helper_main(conn) -> None:
-    try:
-        _plt()
-        while True:
-            stem, rows, checked = conn.recv()
-            if stem is None:
-                break
-            try:
-                conn.send((stem, _png(HELPER_PLOTS[stem][1](rows, checked))))
-            except Exception:   # drawn again by the parent, where the error is raised
-                pass
-        conn.send((None, None))
-    except (EOFError, OSError):
-        pass
-    finally:
-        conn.close()
-
-
-def _start_helper() -> _Helper | None:
-    """Fork the drawing helper, or None (then this process draws every plot): only where
-    fork exists and this process runs no other thread (a fork copies held locks: the
-    child could hang), so a CLI run gets it and an embedding program may not."""
-    import multiprocessing as mp
-    if threading.active_count() > 1 or "fork" not in mp.get_all_start_methods():
-        return None
-    try:
-        ctx = mp.get_context("fork")
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_helper_main, args=(child,), name="specaudit-report-plots", daemon=True)
-        proc.start()
-        child.close()
-        return _Helper(proc, parent)
-    except OSError:    # no processes left: draw here
-        return None
-
-
 def build_report(paths, out_dir, findings=None, summary=None, *, threads: int | None = None,
                  title: str | None = None, ab: dict | None = None, rollups: bool = True) -> Path:
     """Write out_dir/report.html and one PNG per plot; return the report's path.
@@ -442,11 +360,8 @@ def build_report(paths, out_dir, findings=None, summary=None, *, threads: int | 
     # as its query is done, so queries and drawing overlap on two cores. Files are written
     # only once every query has succeeded (bad input leaves nothing behind).
     ds = Q.find_dataset(paths, rollups=rollups)
-    helper = _start_helper()     # before DuckDB starts a thread: a fork of a threaded process can hang
     con = Q.connect(paths, findings, threads=threads, dataset=ds)
-    # the helper's queries first, so it draws while this thread waits for the others
-    names = list(dict.fromkeys([HELPER_PLOTS[s][0] for s in HELPER_PLOTS] + [p[2] for p in PLOTS]))
-    names += ["_runs", "_figures"]
+    names = list(dict.fromkeys(p[2] for p in PLOTS)) + ["_runs", "_figures"]
     sqls = {q: Q.canned(q).sql for q in names[:-2]} | {"_runs": RUNS_SQL, "_figures": FIGURES_SQL}
     data: dict = {}
     ready = {q: threading.Event() for q in names}
@@ -482,25 +397,11 @@ def build_report(paths, out_dir, findings=None, summary=None, *, threads: int | 
             "commit_length_over_time": lambda: plot_over_time(wait("throughput_over_time")),
             "violations_by_code": lambda: plot_violations(wait("violations_by_code"), checked),
         }
-        pngs = {}
-        if helper is not None:
-            for stem, (query, _fn) in HELPER_PLOTS.items():
-                helper.send(stem, wait(query), checked)
-            helper.send_done()
-        for stem, *_ in PLOTS:
-            if helper is None or stem not in HELPER_PLOTS:
-                pngs[stem] = _png(makers[stem]())
-        if helper is not None:
-            pngs.update(helper.results())
-            for stem in HELPER_PLOTS:     # the helper failed: drawn here (an error is raised here)
-                if stem not in pngs:
-                    pngs[stem] = _png(makers[stem]())
+        pngs = {stem: _png(makers[stem]()) for stem, *_ in PLOTS}
         runs, figure_rows = wait("_runs"), wait("_figures")
     finally:
         worker.join()
         con.close()
-        if helper is not None:
-            helper.close()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
