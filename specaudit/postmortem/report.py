@@ -82,7 +82,9 @@ def _subplots(nrows: int = 1, ncols: int = 1, left: float | None = None, **kw):
 
 def _png(fig) -> bytes:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI)
+    # zlib level 1: the same pixels, ~10% more bytes; encoding the six plots took 0.22 s
+    # of CPU at the default level 6, 0.15 s at level 1 (of ~1.7 s drawing them)
+    fig.savefig(buf, format="png", dpi=DPI, pil_kwargs={"compress_level": 1})
     _plt().close(fig)
     return buf.getvalue()
 
