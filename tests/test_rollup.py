@@ -354,8 +354,10 @@ def test_time_cell_is_null_for_a_missing_or_non_finite_start():
 def test_sink_writes_one_step_rollup_at_close_and_the_views_agree(tmp_path, monkeypatch):
     """No rollup file per flush; at close one rollup-steps.parquet naming every step file,
     equal to the rows' own rollup; the views answer the same from it and from the raw rows;
-    partial sums merged early (COMPACT_EVERY) change nothing."""
+    rows digested in batches (DIGEST_ROWS) and partial sums merged early (COMPACT_EVERY)
+    change nothing."""
     monkeypatch.setattr(R, "COMPACT_EVERY", 2)
+    monkeypatch.setattr(R, "DIGEST_ROWS", 40)
     sink, steps, reqs, _ = _sink_run(tmp_path, n_flushes=5)
     run = sink.run_dir
     files = sorted(run.glob("steps-*.parquet"))

@@ -505,28 +505,44 @@ def _fingerprint_of(rp: Path) -> tuple[dict | None, str | None]:
 
 RUN_ROLLUP = PREFIX + "steps.parquet"   # one rollup for all of a run's step files, written at close
 COMPACT_EVERY = 64                       # partials kept before they are merged into one
+DIGEST_ROWS = 32768                      # step rows held (zero-copy, ~10-30 MB) per partial
 
 
 class RollupAccumulator:
     """A run's step rollup built flush by flush, written once.
 
-    add() keeps the partial sums of one step file just written (the GROUP BYs and the
-    calibration bins of its rows, about a third of what computing and writing a per-file
-    rollup costs; no file is written); write() merges them into RUN_ROLLUP at the run's
-    close, fingerprinted with every source file's name, rows and bytes. A run killed before
-    its close has no step rollup: readers compute the same rows from the step files."""
+    add() keeps a zero-copy reference to the columns of one step file just written; every
+    DIGEST_ROWS rows they become partial sums (the GROUP BYs and calibration bins: their
+    cost is mostly fixed per call, so large batches make it small per step), and the rows
+    are let go. write() merges the partials into RUN_ROLLUP at the run's close,
+    fingerprinted with every source file's name, rows and bytes. No file is written before
+    the close: a run killed before it has no step rollup, and readers compute the same rows
+    from the step files."""
 
-    def __init__(self):
+    def __init__(self, digest_rows: int | None = None):
         self.parts: list[dict] = []
         self.sources: list[dict] = []
+        self.digest_rows = DIGEST_ROWS if digest_rows is None else digest_rows
+        self._tables: list[pa.Table] = []
+        self._rows = 0
 
     def add(self, data_file, table: pa.Table, size: int) -> None:
-        self.parts.append(_steps_partials(table))
         self.sources.append({"source": Path(data_file).name, "rows": int(table.num_rows), "bytes": int(size)})
+        self._tables.append(table.select([c for c in STEP_COLUMNS if c in table.column_names]))
+        self._rows += table.num_rows
+        if self._rows >= self.digest_rows:
+            self._digest()
+
+    def _digest(self) -> None:
+        if self._tables:
+            t = pa.concat_tables(self._tables, promote_options="default")
+            self._tables, self._rows = [], 0
+            self.parts.append(_steps_partials(t))
         if len(self.parts) >= COMPACT_EVERY:          # bounded memory on a long run
             self.parts = [_merge_partials(self.parts)]
 
     def table(self) -> pa.Table:
+        self._digest()
         if not self.parts:
             return ROLLUP_SCHEMA.empty_table()
         return _partials_table(_merge_partials(self.parts))
