@@ -48,9 +48,22 @@ _MIX2 = np.uint64(0xC2B2AE3D27D4EB4F)
 _MIX3 = np.uint64(0xBF58476D1CE4E5B9)
 
 
+_MIX_CHUNK = 16384   # elements per pass: a chunk's five passes stay in cache (~2-3x on millions)
+
+
 def token_mix(tokens: np.ndarray, pos: np.ndarray) -> np.ndarray:
     """uint64 contribution of token t at output position p; summed (mod 2^64) over a
     request's tokens it is an order-sensitive fingerprint of the whole sequence."""
+    n = len(tokens)
+    if n > 2 * _MIX_CHUNK:
+        out = np.empty(n, dtype=np.uint64)
+        for i in range(0, n, _MIX_CHUNK):
+            out[i: i + _MIX_CHUNK] = _token_mix(tokens[i: i + _MIX_CHUNK], pos[i: i + _MIX_CHUNK])
+        return out
+    return _token_mix(tokens, pos)
+
+
+def _token_mix(tokens: np.ndarray, pos: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         x = (tokens.astype(np.uint64) + np.uint64(1)) * _MIX1
         x ^= pos.astype(np.uint64) * _MIX2
@@ -375,6 +388,8 @@ class StepFrame:
 
     def at_root(self, flat: np.ndarray) -> np.ndarray:
         """Per row, the value of a per-node array at node 0 (-1 for a row without nodes)."""
+        if self.uniform_n:                               # every row has its node 0
+            return flat[self.start].astype(I64)
         out = np.full(self.R, -1, dtype=I64)
         has = self.n > 0
         out[has] = flat[self.start[has]]

@@ -28,7 +28,10 @@ class Positions(Rule):
             return None
         if f.uniform_n:   # [R, N0] blocks in batch order: seq_len broadcast, no gather
             R = f.R
-            badn = (f.positions.reshape(R, -1) != f.seq_len[f.inv][:, None] + f.depth.reshape(R, -1)).reshape(-1)
+            pos = f.positions.reshape(R, -1)
+            # a chain's depth is the node index: no flat depth array to build
+            dep = np.arange(pos.shape[1], dtype=np.int64) if f.chain_shaped.all() else f.depth.reshape(R, -1)
+            badn = (pos != f.seq_len[f.inv][:, None] + dep).reshape(-1)
         else:
             badn = f.positions != f.seq_len[f.node_row] + f.depth
         node = f.first_node(badn)
