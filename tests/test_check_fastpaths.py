@@ -12,10 +12,10 @@ import sys
 import numpy as np
 import pyarrow as pa
 import pytest
-
 import specaudit.invariants.frame as frame
 from specaudit.invariants.arrow import to_np, valid_mask
 from specaudit.invariants.frame import Carry, StepFrame
+
 from specaudit.trace.synth import synth_run_rows, write_run
 
 # --------------------------------------------------------------------- to_np
