@@ -272,11 +272,7 @@ class StepFrame:
             ok_b = self.ok[inv]                           # per batch row
             ps = P.astype(I64)                            # an ok row's root parent is -1
             ps[~ok_b] = np.arange(-1, N0 - 1, dtype=I64)
-            self.psafe = ps.reshape(-1)
-            # the parent as a flat index: every safe parent is >= 0 but the roots' (column 0)
-            g = ps + np.arange(0, T, N0, dtype=I64)[:, None]   # + flat start of each batch row
-            g[:, 0] = -1
-            self.pglob = g.reshape(-1)
+            self.psafe = ps.reshape(-1)                   # pglob: built on first use (below)
             self.__dict__["chain_shaped"] = chain_eq.all(axis=1)[order]
         else:
             is_root = self.node_i == 0
@@ -322,6 +318,24 @@ class StepFrame:
         self.contiguous = carry.contiguous[cr][gid] & (bad_cum - before_group == 0)
         self._carry = carry
         self._gid, self._gstart, self._cr = gid, gstart, cr
+
+    @cached_property
+    def pglob(self) -> np.ndarray:
+        """A uniform-N tree batch's parent as a flat index (other batches set it in
+        __init__): every safe parent is >= 0 but the roots' (column 0)."""
+        R = self.R
+        N0 = self.T // R
+        g = self.psafe.reshape(R, N0) + np.arange(0, self.T, N0, dtype=I64)[:, None]
+        g[:, 0] = -1
+        return g.reshape(-1)
+
+    def pglob_at(self, idx: np.ndarray) -> np.ndarray:
+        """pglob[idx], without building pglob for a uniform-N batch."""
+        if "pglob" in self.__dict__ or not self.uniform_n:
+            return self.pglob[idx]
+        N0 = self.T // self.R
+        ps = self.psafe[idx]
+        return np.where(ps >= 0, idx - idx % N0 + ps, -1)
 
     # a uniform-N batch's flat node index and row, built only when a rule asks (most
     # work on the [R, N0] blocks instead); a ragged batch sets both in __init__
@@ -499,7 +513,7 @@ class StepFrame:
         if rows.size and self._shapes is not None:     # one hash per distinct shape
             ids, P = self._shapes
             hashes = np.zeros(len(P), dtype=np.uint64)
-            for u in np.unique(ids[self.order[rows]]):
+            for u in np.flatnonzero(np.bincount(ids[self.order[rows]], minlength=len(P))):
                 ps = P[u]
                 key = ("tree", ps.astype(I64).tobytes())
                 h = _HASH_CACHE.get(key)
@@ -594,7 +608,7 @@ class StepFrame:
         bad = ~self.path_in_range | ((k == 0) & (self.path != 0))
         if len(self.path) > 1 and self.T:   # T = 0 (every node list empty): all out of range
             link = np.zeros(len(self.path), dtype=bool)
-            link[1:] = (k[1:] > 0) & (self.pglob[self.path_glob[1:]] != self.path_glob[:-1])
+            link[1:] = (k[1:] > 0) & (self.pglob_at(self.path_glob[1:]) != self.path_glob[:-1])
             bad |= link
         return (np.bincount(self.path_row[bad], minlength=self.R) > 0) | (self.path_len < 1)
 
