@@ -19,7 +19,6 @@ path does not exist or holds nothing that looks like a trace.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections import Counter
@@ -1002,7 +1001,8 @@ def check_runs(runs, rules, result: CheckResult, batch_rows: int = BATCH_ROWS,
     workers: processes for pools (check_workers); started only once a dataset has
     filled a whole pool, so a small dataset never pays for them."""
     n_workers = check_workers(workers)
-    pending: dict[str, list] = {}   # configuration -> [(rf, slot)], not yet a task
+    configs: list = []              # the configurations seen (_pool_key)
+    pending: dict[int, list] = {}   # configuration -> [(rf, slot)], not yet a task
     order: list = []                # ("pool", slot), ("alone", rf), ("listed", findings, bad)
     tasks: list = []                # per task: a future, or the per-member results
     pool_exec = None
@@ -1045,7 +1045,7 @@ def check_runs(runs, rules, result: CheckResult, batch_rows: int = BATCH_ROWS,
     try:
         for rf in runs:
             take_listed()
-            key = _pool_key(rf)
+            key = _pool_key(rf, configs)
             if key is None:
                 order.append(("alone", rf))
             else:
@@ -1114,8 +1114,9 @@ def merge_result(into: CheckResult, part: CheckResult) -> None:
     into.requests += part.requests
 
 
-def _pool_key(rf: RunFiles) -> str | None:
-    """The configuration a tiny run pools under, or None when it is checked alone
+def _pool_key(rf: RunFiles, configs: list) -> int | None:
+    """The configuration a tiny run pools under (its index in `configs`: the manifests
+    without their per-run keys, compared with ==), or None when it is checked alone
     (anything unusual: problems, not finished, several files, big, odd manifest)."""
     m = rf.manifest
     if (rf.problems or not isinstance(m, dict) or not m.get("finished_at") or len(rf.step_files) != 1
@@ -1124,9 +1125,16 @@ def _pool_key(rf: RunFiles) -> str | None:
         return None
     try:
         run_config(m)
-        return json.dumps({k: v for k, v in m.items() if k not in _PER_RUN_KEYS}, sort_keys=True)
-    except (TypeError, ValueError, OverflowError, RecursionError):
+    except (TypeError, ValueError, OverflowError):
         return None
+    cfg = {k: v for k, v in m.items() if k not in _PER_RUN_KEYS}
+    for i, c in enumerate(configs):
+        if c == cfg:
+            return i
+    if len(configs) >= 64:   # many configurations: the rest are checked alone
+        return None
+    configs.append(cfg)
+    return len(configs) - 1
 
 
 def _pool_results(members: list, rules, cap: int, batch_rows: int) -> list:
@@ -1134,21 +1142,30 @@ def _pool_results(members: list, rules, cap: int, batch_rows: int) -> list:
     clean there, else from check_run on its own."""
     codes = [r.code for r in rules]
     got = [_pool_read(rf) for rf in members]
-    groups: dict[str, list] = {}    # one pool per schema, each within batch_rows rows
-    rows: dict[str, int] = {}
+    kinds: list = []                # distinct (steps schema, requests schema), each checked once
+    groups: list = []               # per kind: pools of member indices, each within batch_rows rows
+    rows: list = []
     for i, g in enumerate(got):
-        if g is not None:
-            k = g[0].schema.to_string() + "\x1f" + g[1].schema.to_string()
-            groups.setdefault(k, [[]])
-            if rows.get(k, 0) + g[0].num_rows > batch_rows:
-                groups[k].append([])
-                rows[k] = 0
-            groups[k][-1].append(i)
-            rows[k] = rows.get(k, 0) + g[0].num_rows
+        if g is None:
+            continue
+        k = next((j for j, (a, b) in enumerate(kinds) if a == g[2] and b == g[3]), None)
+        if k is None:
+            k = len(kinds)
+            kinds.append((g[2], g[3]))
+            groups.append([[]] if _plain_schemas(members[i], g[2], g[3]) else None)
+            rows.append(0)
+        if groups[k] is None:       # a schema the contract refuses: check_run reports it
+            got[i] = None
+            continue
+        if rows[k] + g[0].num_rows > batch_rows:
+            groups[k].append([])
+            rows[k] = 0
+        groups[k][-1].append(i)
+        rows[k] += g[0].num_rows
     clean = [False] * len(members)
-    for parts in groups.values():
-        for idx in parts:
-            ok = _check_pool([(members[i], *got[i]) for i in idx], rules, codes, batch_rows)
+    for parts in groups:
+        for idx in parts or ():
+            ok = _check_pool([(members[i], *got[i][:2]) for i in idx], rules, codes, batch_rows)
             for i, c in zip(idx, ok, strict=True):
                 clean[i] = c
     out = []
@@ -1164,28 +1181,36 @@ def _pool_results(members: list, rules, cap: int, batch_rows: int) -> list:
     return out
 
 
-def _pool_read(rf: RunFiles):
-    """(steps table, requests table) of a tiny run, or None when its files are anything
-    but plain (it is then checked alone, where whatever is odd gets reported)."""
+def _plain_schemas(rf: RunFiles, schema: pa.Schema, rschema: pa.Schema) -> bool:
+    """The files' schemas are the contract's (else the run is checked alone, and told)."""
     try:
-        sp, rp = rf.step_files[0], rf.request_files[0]
-        st, schema = _read_small(sp, STEP_READ_COLUMNS)
-        names = schema.names   # (a property that builds a new list on every access)
-        if st is None or "rank" in names or any(c in names for c in SAMPLING_COLUMNS):
-            return None   # per-rank partitions and sampled steps: the general path
-        _check_schema(sp, schema, STEPS_SCHEMA, SAMPLING_FIELDS, plain=True)
-        rq, rschema = _read_small(rp, (*REQUESTS_SCHEMA.names, *CLIENT_COLUMNS))
+        _check_schema(rf.step_files[0], schema, STEPS_SCHEMA, SAMPLING_FIELDS, plain=True)
+        _check_schema(rf.request_files[0], rschema, REQUESTS_SCHEMA)
+    except InputError:
+        return False
+    names = schema.names   # (a property that builds a new list on every access)
+    return "rank" not in names and not any(c in names for c in SAMPLING_COLUMNS)   # per-rank, sampled: alone
+
+
+def _pool_read(rf: RunFiles):
+    """(steps table, requests table, their files' schemas) of a tiny run, or None when its
+    files are anything but plain (it is then checked alone, where whatever is odd gets
+    reported). The schemas are checked once per distinct schema (_plain_schemas)."""
+    try:
+        st, schema = _read_small(rf.step_files[0], STEP_READ_COLUMNS)
+        if st is None:
+            return None
+        rq, rschema = _read_small(rf.request_files[0], (*REQUESTS_SCHEMA.names, *CLIENT_COLUMNS))
         if rq is None:
             return None
-        _check_schema(rp, rschema, REQUESTS_SCHEMA)
+        rid, sid, qid = st.column("run_id"), st.column("request_id"), rq.column("request_id")
     except Exception:   # noqa: BLE001  (any trouble: check_run reads it again and reports it)
         return None
-    rid, sid = st.column("run_id"), st.column("request_id")
-    if rid.null_count or sid.null_count or rq.column("request_id").null_count:
+    if rid.null_count or sid.null_count or qid.null_count:
         return None
     if set(rid.to_pylist()) - {str(rf.run_id)}:   # (a small table: no compute kernel's setup)
         return None   # a row of another run: SA108, reported by check_run
-    return st, rq
+    return st, rq, schema, rschema
 
 
 def _read_small(path, wanted):
