@@ -158,7 +158,8 @@ def request_facts(batches, carry: Carry, eos_id: int) -> dict:
         # fingerprint of output_tokens[1:] at positions 1.., as the commits' fingerprint
         ln = np.maximum(olen, 0)
         start = np.cumsum(ln) - ln
-        rows = np.repeat(np.arange(R), ln)
+        # the row of flat entries j (only the few that are looked up: no per-token row array)
+        row_of = lambda j, ends=start + ln: np.searchsorted(ends, j, side="right")
         k = np.arange(int(ln.sum())) - np.repeat(start, ln)
         flat = list_values(off, vals, olen)
         h = np.zeros(R, dtype=np.uint64)
@@ -179,8 +180,8 @@ def request_facts(batches, carry: Carry, eos_id: int) -> dict:
         eos_in = np.full(R, -1, dtype=np.int64)
         if len(flat):
             e = np.flatnonzero(flat == eos_id)           # few: the row test on those only
-            e = e[k[e] < ln[rows[e]] - 1][::-1]
-            eos_in[rows[e]] = k[e]
+            e = e[k[e] < ln[row_of(e)] - 1][::-1]
+            eos_in[row_of(e)] = k[e]
         put("eos_inside", eos_in)
         # lossless: reference_tokens, when present
         req_eq = np.full(R, -1, dtype=np.int64)
@@ -196,14 +197,15 @@ def request_facts(batches, carry: Carry, eos_id: int) -> dict:
                 rstart = np.cumsum(rln) - rln
                 m = np.minimum(ln, rln)
                 if np.array_equal(ln, rln):   # same lengths: the flat values line up as they are
-                    mrows, mk, a, bb = rows, k, flat, rflat
+                    d = np.flatnonzero(flat != rflat)[::-1]
+                    first_diff[row_of(d)] = k[d]
                 else:
                     mrows = np.repeat(np.arange(R), m)
                     mk = np.arange(int(m.sum())) - np.repeat(np.cumsum(m) - m, m)
                     a = flat[start[mrows] + mk] if len(flat) else np.zeros(0, np.int64)
                     bb = rflat[rstart[mrows] + mk] if len(rflat) else np.zeros(0, np.int64)
-                d = np.flatnonzero(a != bb)[::-1]
-                first_diff[mrows[d]] = mk[d]
+                    d = np.flatnonzero(a != bb)[::-1]
+                    first_diff[mrows[d]] = mk[d]
                 lendiff = (first_diff < 0) & (ln != rln)
                 first_diff[lendiff] = m[lendiff]
                 req_eq = np.where(present, (first_diff < 0).astype(np.int64), -1)
