@@ -64,6 +64,8 @@ REQUEST_BATCH_ROWS = 8192   # request rows per batch: each holds whole outputs
 CLIENT_COLUMNS = ("completion_tokens", "verify_steps", "accept_length")
 STEP_READ_COLUMNS = [c for c in STEPS_SCHEMA.names if c not in ("t_start", "draft_s", "verify_s", "step_s")]
 STEP_READ_COLUMNS += list(SAMPLING_COLUMNS)  # contract v2, read when present (SA8xx)
+# the requests table's columns request_facts reads (the latencies ttft_s/e2e_s are no rule's)
+REQUEST_READ_COLUMNS = [c for c in REQUESTS_SCHEMA.names if c not in ("ttft_s", "e2e_s")] + list(CLIENT_COLUMNS)
 
 
 @dataclass
@@ -811,7 +813,7 @@ def _open_requests(rf: RunFiles, result: CheckResult, batch_rows: int):
     def gen():
         for path, pf in opened:
             have = set(pf.schema_arrow.names)
-            cols = [c for c in REQUESTS_SCHEMA.names if c in have] + [c for c in CLIENT_COLUMNS if c in have]
+            cols = [c for c in REQUEST_READ_COLUMNS if c in have]
             n = 0
             note_input(path)
             try:
@@ -1035,7 +1037,9 @@ def check_runs(runs, rules, result: CheckResult, batch_rows: int = BATCH_ROWS,
                 slot = item[1]
                 if slot[0] is None:        # its pool is not a task yet: make it one now
                     submit(next(k for k, v in pending.items() if any(s is slot for _, s in v)), True)
-                merge_result(result, _task_result(tasks, slot[0])[slot[1]])
+                got = _task_result(tasks, slot[0])
+                merge_result(result, got[slot[1]])
+                got[slot[1]] = None        # merged: nothing of a checked run is kept
             elif item[0] == "alone":
                 check_run(item[1], rules, result, batch_rows)
             else:
@@ -1202,7 +1206,7 @@ def _pool_read(rf: RunFiles):
         st, schema = _read_small(rf.step_files[0], STEP_READ_COLUMNS)
         if st is None:
             return None
-        rq, rschema = _read_small(rf.request_files[0], (*REQUESTS_SCHEMA.names, *CLIENT_COLUMNS))
+        rq, rschema = _read_small(rf.request_files[0], REQUEST_READ_COLUMNS)
         if rq is None:
             return None
         rid, sid, qid = st.column("run_id"), st.column("request_id"), rq.column("request_id")
