@@ -166,3 +166,44 @@ def test_check_workers_bounds():
     assert C.check_workers(1) == 1
     assert C.check_workers(0) == 1
     assert 1 <= C.check_workers() <= 8
+
+
+USER_RULE = """
+from specaudit.invariants import Hits, Rule
+
+class RunNamed(Rule):
+    \"\"\"What: every step of run t3 (a user's rule that reads the run id).
+
+    Why: a user rule may read anything of the frame; pooling must not change its answer.
+
+    Example: run t3.
+    \"\"\"
+    code = "SA961"
+    name = "run-named-t3"
+    severity = "warning"
+    scope = "step"
+    message = "run {run}"
+
+    def check(self, f):
+        import numpy as np
+        return Hits(np.full(f.R, f.run_id == "t3"), run=f.run_id)
+"""
+
+
+def test_a_user_rule_sees_each_run_as_its_own(tmp_path):
+    """With a user rule loaded (it may read the frame's run id), runs are not pooled."""
+    from specaudit.invariants import DEFINED
+    saved = dict(DEFINED)
+    try:
+        d = tmp_path / "rules"
+        d.mkdir()
+        (d / "named.py").write_text(USER_RULE)
+        for i in range(6):
+            _tiny(tmp_path / "ds", i)
+        res = C.check_paths([tmp_path / "ds"], invariants_dirs=[d], workers=1)
+        steps_t3 = pq.read_table(tmp_path / "ds" / "run_id=t3" / "steps-000000.parquet").num_rows
+        assert steps_t3 and res.counts["SA961"] == steps_t3
+        assert {f.run_id for f in res.findings if f.code == "SA961"} == {"t3"}
+    finally:
+        DEFINED.clear()
+        DEFINED.update(saved)

@@ -1005,6 +1005,10 @@ def check_runs(runs, rules, result: CheckResult, batch_rows: int = BATCH_ROWS,
     workers: processes for pools (check_workers); started only once a dataset has
     filled a whole pool, so a small dataset never pays for them."""
     n_workers = check_workers(workers)
+    # only the catalog's own rules are known to read nothing of a run but its rows, config
+    # and conventions (tests/test_check_pool.py); a user rule (--invariants, an entry point)
+    # may read the frame's run id or file, so with one loaded every run is checked alone
+    pooling = all(type(r).__module__.startswith("specaudit.invariants.") for r in rules)
     configs: list = []              # the configurations seen (_pool_key)
     pending: dict[int, list] = {}   # configuration -> [(rf, slot)], not yet a task
     order: list = []                # ("pool", slot), ("alone", rf), ("listed", findings, bad)
@@ -1051,7 +1055,7 @@ def check_runs(runs, rules, result: CheckResult, batch_rows: int = BATCH_ROWS,
     try:
         for rf in runs:
             take_listed()
-            key = _pool_key(rf, configs)
+            key = _pool_key(rf, configs) if pooling else None
             if key is None:
                 order.append(("alone", rf))
             else:
