@@ -9,6 +9,8 @@ from specaudit.demo import BUSY_PER_CORE, busy_reason
 def test_quiet_machine_is_judged():
     assert busy_reason(0.0, 2) is None
     assert busy_reason(BUSY_PER_CORE * 2, 2) is None          # the threshold itself is quiet
+    assert busy_reason(1.1, 1) is None                         # one core: the demo alone is not busy
+    assert busy_reason(2.0, 1) is not None
 
 
 def test_busy_machine_is_not_judged_and_says_why():
