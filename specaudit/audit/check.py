@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -256,22 +256,30 @@ class _Derived:
         self.parts: dict[str, dict] = {}
         self.depth_hist = np.zeros(1, dtype=np.int64)
 
+    @staticmethod
+    def per_row(f: StepFrame) -> dict:
+        """Each step row's share of the run counters (all but the sampling sums): the one
+        definition check_group sums per batch and the tiny-run pool sums per run."""
+        return {"steps": np.ones(f.R, dtype=np.int64), "drafted": np.maximum(f.n - 1, 0),
+                "accepted": np.maximum(f.true_depth, 0), "accepted_counter": f.accepted_depth,
+                "committed": f.commit_n, "commit_len_sum": f.commit_len, "width_sum": np.maximum(f.budget, 0),
+                # rows refused as broken (SA1xx): their counters are not evidence, so run
+                # totals that include them are not compared with `reported` (see check_run_rules)
+                "refused": (~f.ok).astype(np.int64)}
+
+    @staticmethod
+    def depth_bins(f: StepFrame) -> np.ndarray:
+        """Each row's bin of the depth histogram (true depth, clipped to [0, 4096])."""
+        return np.clip(f.true_depth, 0, 4096)
+
     def add(self, f: StepFrame, part: str) -> None:
-        vals = {
-            "steps": f.R, "drafted": int(np.maximum(f.n - 1, 0).sum()),
-            "accepted": int(np.maximum(f.true_depth, 0).sum()),
-            "accepted_counter": int(f.accepted_depth.sum()), "committed": int(f.commit_n.sum()),
-            "commit_len_sum": int(f.commit_len.sum()), "width_sum": int(np.maximum(f.budget, 0).sum()),
-            **f.sampling_sums(),
-            # rows refused as broken (SA1xx): their counters are not evidence, so run
-            # totals that include them are not compared with `reported` (see check_run_rules)
-            "refused": int(f.R - np.count_nonzero(f.ok)),
-        }
+        vals = {k: int(v.sum()) for k, v in self.per_row(f).items()}
+        vals.update(f.sampling_sums())
         p = self.parts.setdefault(part, dict.fromkeys(self.KEYS, 0))
         for k, v in vals.items():
             self.total[k] += v
             p[k] += v
-        h = np.bincount(np.clip(f.true_depth, 0, 4096))
+        h = np.bincount(self.depth_bins(f))
         if len(h) > len(self.depth_hist):
             h[: len(self.depth_hist)] += self.depth_hist
             self.depth_hist = h
@@ -927,8 +935,8 @@ def iter_runs(paths, result: CheckResult, discover_fn=None):
             if key in seen:
                 continue
             seen.add(key)
-            first = first_key.setdefault(rf.run_id, (key, rf.run_dir))[1]
-            if key != first_key[rf.run_id][0] and "SA002" in result.rules:
+            first_k, first = first_key.setdefault(rf.run_id, (key, rf.run_dir))
+            if key != first_k and "SA002" in result.rules:
                 from specaudit.invariants import get_rule
                 result.add(get_rule("SA002").finding(run_id=rf.run_id, file=str(rf.run_dir), first=str(first),
                                                      run_id_again=rf.run_id))
@@ -1011,7 +1019,7 @@ def check_runs(runs, rules, result: CheckResult, batch_rows: int = BATCH_ROWS,
     pooling = all(type(r).__module__.startswith("specaudit.invariants.") for r in rules)
     configs: list = []              # the configurations seen (_pool_key)
     pending: dict[int, list] = {}   # configuration -> [(rf, slot)], not yet a task
-    order: list = []                # ("pool", slot), ("alone", rf), ("listed", findings, bad)
+    order: deque = deque()          # ("pool", slot), ("alone", rf), ("listed", findings, bad)
     tasks: list = []                # per task: a future, or the per-member results
     pool_exec = None
 
@@ -1025,7 +1033,7 @@ def check_runs(runs, rules, result: CheckResult, batch_rows: int = BATCH_ROWS,
         nonlocal pool_exec
         members = pending.pop(key)
         for i, (_, slot) in enumerate(members):
-            slot[:] = [len(tasks), i]
+            slot[:2] = [len(tasks), i]
         rfs = [rf for rf, _ in members]
         if parallel and n_workers > 1 and pool_exec is None:
             pool_exec = _start_workers(n_workers, rules, result.max_per_code, batch_rows)
@@ -1040,7 +1048,7 @@ def check_runs(runs, rules, result: CheckResult, batch_rows: int = BATCH_ROWS,
             if item[0] == "pool":
                 slot = item[1]
                 if slot[0] is None:        # its pool is not a task yet: make it one now
-                    submit(next(k for k, v in pending.items() if any(s is slot for _, s in v)), True)
+                    submit(slot[2], True)
                 got = _task_result(tasks, slot[0])
                 merge_result(result, got[slot[1]])
                 got[slot[1]] = None        # merged: nothing of a checked run is kept
@@ -1050,7 +1058,7 @@ def check_runs(runs, rules, result: CheckResult, batch_rows: int = BATCH_ROWS,
                 result.bad_files.extend(item[2])
                 for fd in item[1]:
                     result.add(fd)
-            order.pop(0)
+            order.popleft()
 
     try:
         for rf in runs:
@@ -1059,7 +1067,7 @@ def check_runs(runs, rules, result: CheckResult, batch_rows: int = BATCH_ROWS,
             if key is None:
                 order.append(("alone", rf))
             else:
-                slot = [None, None]
+                slot = [None, None, key]   # (task, member index) once submitted; its pool
                 pending.setdefault(key, []).append((rf, slot))
                 order.append(("pool", slot))
                 if len(pending[key]) >= POOL_RUNS:
@@ -1305,13 +1313,9 @@ def _pool_clean(members, rules, codes, batch_rows: int) -> list[bool]:
         for rule in by_scope["step"]:
             _emit_hits(rule, rule.check(f), f, pool, kind="step")
         run = _slot_runs(carry)[f.req]                      # [R] pool member of each sorted row
-        per_row = {"steps": np.ones(f.R, dtype=np.int64), "drafted": np.maximum(f.n - 1, 0),
-                   "accepted": np.maximum(f.true_depth, 0), "accepted_counter": f.accepted_depth,
-                   "committed": f.commit_n, "commit_len_sum": f.commit_len, "width_sum": np.maximum(f.budget, 0),
-                   "refused": (~f.ok).astype(np.int64)}
-        for k, v in per_row.items():    # as _Derived.add, per member (sampled runs are not pooled)
+        for k, v in _Derived.per_row(f).items():            # as _Derived.add, per member (sampled runs are not pooled)
             np.add.at(sums[k], run, np.asarray(v, dtype=np.int64))
-        d = np.clip(f.true_depth, 0, 4096)
+        d = _Derived.depth_bins(f)
         H = max(hist.shape[1], int(d.max(initial=0)) + 1)
         h = np.zeros((P, H), dtype=np.int64)
         h[:, : hist.shape[1]] = hist
