@@ -1,7 +1,9 @@
 """Fixed cost per run of `specaudit check`: N clean tiny runs (one request each),
-checked three ways side by side in one process, interleaved (A, B, C, A, B, C):
-pooled with worker processes (the default), pooled in this process (workers=1), and
-every run alone (pooling off: the path before issue 19's item 7). Prints one JSON line.
+checked four ways side by side in one process, interleaved (A, B, C, D, A, B, C, D):
+pooled with worker processes reading with polars (the default), the same workers
+reading file by file with Arrow (POOL_POLARS off), pooled in this process (workers=1,
+Arrow), and every run alone (pooling off: the path before issue 19's item 7). Prints
+one JSON line.
 
     python3 scripts/bench_tiny_runs.py --runs 10000        # the issue-19 target: under 20 s
 
@@ -23,11 +25,12 @@ from benchutil import guard_ratios, load_fields, quiet_machine  # noqa: E402  (t
 
 
 def make(out: Path, n: int) -> None:
-    """n clean tiny runs (one request, a few steps each), each run's rows carrying its own
-    run id (a copy of one run's files under other folders would be SA108 in every run)."""
+    """n clean tiny runs (one request, a few steps each), written as the Parquet sink
+    writes them (zstd, write_parquet_atomic), each run's rows carrying its own run id (a
+    copy of one run's files under other folders would be SA108 in every run)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
+    from specaudit.trace.parquet import write_parquet_atomic
     from specaudit.trace.synth import synth_run_rows
     s, r, m = synth_run_rows(1, run_id="t", seed=0, max_new_tokens=8)
     for i in range(n):
@@ -36,25 +39,26 @@ def make(out: Path, n: int) -> None:
         rid = f"t{i}"
         for name, t in (("steps-000000.parquet", s), ("requests.parquet", r)):
             col = pa.array([rid] * t.num_rows, pa.string())
-            pq.write_table(t.set_column(t.schema.get_field_index("run_id"), "run_id", col), d / name)
+            write_parquet_atomic(d / name, t.set_column(t.schema.get_field_index("run_id"), "run_id", col))
         (d / "run.json").write_text(json.dumps(dict(m, run_id=rid)))
 
 
 def timed(paths, mode: str) -> dict:
     from specaudit.audit import check as C
-    old = C.POOL_RUN_BYTES
+    old, old_polars = C.POOL_RUN_BYTES, C.POOL_POLARS
     if mode == "alone":
         C.POOL_RUN_BYTES = 0
+    C.POOL_POLARS = mode != "pooled_arrow"
     try:
         t0, c0 = time.perf_counter(), time.process_time()
         res = C.check_paths(paths, workers=1 if mode == "pooled_1" else None)
         assert res.exit_code == 0 and not res.findings, res.summary()   # clean runs: nothing to report
         return {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "runs": len(res.runs)}
     finally:
-        C.POOL_RUN_BYTES = old
+        C.POOL_RUN_BYTES, C.POOL_POLARS = old, old_polars
 
 
-MODES = ("pooled", "pooled_1", "alone")
+MODES = ("pooled", "pooled_arrow", "pooled_1", "alone")
 
 
 def main() -> None:
@@ -80,7 +84,8 @@ def main() -> None:
     res.update(load_fields())
     res["speedup_pooled"] = round(res["alone_wall_s"] / res["pooled_wall_s"], 3)
     res["speedup_pooled_1"] = round(res["alone_wall_s"] / res["pooled_1_wall_s"], 3)
-    print(json.dumps(guard_ratios(res, ["speedup_pooled", "speedup_pooled_1"])))
+    res["polars_over_arrow"] = round(res["pooled_arrow_wall_s"] / res["pooled_wall_s"], 3)
+    print(json.dumps(guard_ratios(res, ["speedup_pooled", "speedup_pooled_1", "polars_over_arrow"])))
 
 
 if __name__ == "__main__":

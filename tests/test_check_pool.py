@@ -207,3 +207,113 @@ def test_a_user_rule_sees_each_run_as_its_own(tmp_path):
     finally:
         DEFINED.clear()
         DEFINED.update(saved)
+
+
+# ------------------------------------------------ reading a task with polars (workers)
+#
+# Worker processes read a task's files with one polars scan per table (_read_batch);
+# the parent and a single-process check read file by file with Arrow (_pool_read).
+# These run the batch reader in a forked child, as a worker does: a test process that
+# imported polars would make every later worker fall back to Arrow.
+
+def _in_fork(fn, *args):
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("fork")) as ex:
+        return ex.submit(fn, *args).result()
+
+
+def _batch_and_files(members):
+    return C._read_batch(members), [C._pool_read(rf) for rf in members]
+
+
+def _members(ds):
+    from specaudit.trace.schema import discover
+    return sorted(discover([ds]), key=lambda rf: int(rf.run_id[1:]) if rf.run_id[1:].isdigit() else -1)
+
+
+def test_batch_read_gives_the_tables_arrow_reads(tmp_path):
+    """Same rows, same types, same per-run row counts as reading each file with Arrow;
+    folder names that are glob patterns or hive partitions change nothing."""
+    ds = tmp_path / "ds"
+    for i in range(9):
+        _tiny(ds, i)
+    (ds / "run_id=t4").rename(ds / "run_id=t4[*]?")        # a glob would match nothing here
+    members = _members(ds)
+    batch, files = _in_fork(_batch_and_files, members)
+    assert batch is not None, "plain tiny runs are read in one scan"
+    idx, steps, st_n, reqs, rq_n = batch
+    assert idx == list(range(9))
+    assert list(st_n) == [f[0].num_rows for f in files] and list(rq_n) == [f[1].num_rows for f in files]
+    assert steps.equals(pa.concat_tables([f[0] for f in files]), check_metadata=False)
+    assert reqs.equals(pa.concat_tables([f[1] for f in files]), check_metadata=False)
+
+
+def test_batch_read_leaves_out_a_run_holding_another_runs_rows(tmp_path):
+    """A step row of another run (SA108) is never pooled: the run is checked alone and
+    the finding made there, whatever the reader."""
+    ds = tmp_path / "ds"
+    for i in range(6):
+        _tiny(ds, i)
+    f = ds / "run_id=t2" / "steps-000000.parquet"
+    t = pq.read_table(f)
+    ids = t.column("run_id").to_pylist()
+    ids[-1] = "t9"
+    pq.write_table(t.set_column(t.schema.get_field_index("run_id"), "run_id", pa.array(ids)), f)
+    batch, _ = _in_fork(_batch_and_files, _members(ds))
+    assert batch is not None and batch[0] == [0, 1, 3, 4, 5]
+    assert batch[1].num_rows == sum(batch[2])
+    assert set(batch[1].column("run_id").to_pylist()) == {"t0", "t1", "t3", "t4", "t5"}
+
+
+def test_batch_read_refuses_files_of_another_schema(tmp_path):
+    """A column of another type in one run (here int64 steps): the scan fails, the task
+    is read file by file, and the checker's report is the one every run alone gives."""
+    ds = tmp_path / "ds"
+    for i in range(6):
+        _tiny(ds, i)
+    f = ds / "run_id=t3" / "steps-000000.parquet"
+    t = pq.read_table(f)
+    pq.write_table(t.set_column(t.schema.get_field_index("step"), "step", t.column("step").cast(pa.int64())), f)
+    batch, files = _in_fork(_batch_and_files, _members(ds))
+    assert batch is None and all(x is not None for x in files)
+
+
+def test_the_parent_never_loads_polars(tmp_path):
+    """polars is loaded by worker processes only (its threads do not survive a fork:
+    a parent that had it could not fork workers safely)."""
+    import subprocess
+    import sys
+    ds = tmp_path / "ds"
+    for i in range(8):
+        _tiny(ds, i)
+    code = ("import sys; from specaudit.audit import check as C; C.POOL_RUNS = 3; "
+            f"r = C.check_paths([{str(ds)!r}], workers=2); "
+            "assert r.exit_code == 0 and len(r.runs) == 8, r.summary(); "
+            "print('polars' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def _worker_flag():
+    return C._WORKER.get("polars")
+
+
+def test_workers_read_with_polars_unless_the_parent_has_it(monkeypatch):
+    import sys
+
+    def flag():
+        ex = C._start_workers(1, [], 0, 10)
+        try:
+            return ex.submit(_worker_flag).result()
+        finally:
+            ex.shutdown()
+    monkeypatch.delitem(sys.modules, "polars", raising=False)
+    assert flag() is True
+    monkeypatch.setitem(sys.modules, "polars", object())   # as if this process had loaded it
+    assert flag() is False
+    monkeypatch.delitem(sys.modules, "polars")
+    monkeypatch.setattr(C, "POOL_POLARS", False)
+    assert flag() is False
+    assert C._WORKER.get("polars") is None                 # this process never reads with it

@@ -125,6 +125,23 @@ def test_symlinked_run_is_followed_and_a_loop_is_visited_once(clean, tmp_path):
     assert res.runs == ["r0"] and res.exit_code == 0
 
 
+def test_a_run_reached_through_two_symlinked_folders_is_one_run(clean, tmp_path):
+    """discover's real path of a folder is its parent's plus its name unless the folder is
+    a symlink: a run reached through a symlinked parent and a symlinked run folder is
+    still one run, and every run's real path is what realpath gives."""
+    outside = tmp_path / "outside"
+    shutil.copytree(clean / "run_id=r0", outside / "group" / "run_id=r0")
+    d = tmp_path / "ds"
+    (d / "a").mkdir(parents=True)
+    os.symlink(outside / "group", d / "a" / "g")                        # a symlinked parent folder
+    os.symlink(outside / "group" / "run_id=r0", d / "run_id=r0")       # the same run, directly
+    runs = discover([d])
+    assert [str(rf.run_dir) for rf in runs] == [str(d / "a" / "g" / "run_id=r0")]
+    assert all(rf.real_dir == os.path.realpath(rf.run_dir) for rf in runs)
+    res = check_paths([d])
+    assert res.runs == ["r0"] and "SA002" not in res.counts
+
+
 def test_duplicate_run_warned_once(clean, tmp_path):
     d = _copy(clean, tmp_path)
     shutil.copytree(d / "run_id=r0", d / "backup" / "run_id=r0")

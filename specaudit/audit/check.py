@@ -931,7 +931,7 @@ def iter_runs(paths, result: CheckResult, discover_fn=None):
             result_bad(result, e.path, e.reason)
             continue
         for rf in runs:
-            key = _run_key(rf.run_dir)
+            key = _run_key(rf)
             if key in seen:
                 continue
             seen.add(key)
@@ -943,8 +943,12 @@ def iter_runs(paths, result: CheckResult, discover_fn=None):
             yield rf
 
 
-def _run_key(run_dir):
-    return Path(run_dir).resolve() if isinstance(run_dir, (str, Path)) else str(run_dir)
+def _run_key(rf: RunFiles):
+    """A run folder's identity: its real path (discover's, else resolved here), or a URI."""
+    if rf.real_dir is not None:
+        return rf.real_dir
+    d = rf.run_dir
+    return os.path.realpath(d) if isinstance(d, (str, Path)) else str(d)
 
 
 def check_tables(steps: pa.Table, requests: pa.Table | None, manifest: dict | None, *, select=(),
@@ -984,6 +988,7 @@ def check_tables(steps: pa.Table, requests: pa.Table | None, manifest: dict | No
 
 POOL_RUN_BYTES = 256 << 10   # a run whose step + requests files are below this may be pooled
 POOL_RUNS = 256              # runs per pool (one task; the pooled frame holds their rows)
+POOL_POLARS = True           # workers read a task's files with polars (_read_batch); False: Arrow
 _POOL_RUN_ID = "\x1fpool"    # the pooled frame's run id (no real run id holds \x1f)
 _PER_RUN_KEYS = ("run_id", "started_at", "finished_at", "reported")   # manifest keys only run rules read
 _WORKER: dict = {}           # what a forked worker inherits: rules, cap, batch_rows
@@ -1101,9 +1106,18 @@ def _task_result(tasks: list, t: int) -> list:
 
 def _start_workers(n: int, rules, cap: int, batch_rows: int):
     import multiprocessing as mp
+    import sys
     from concurrent.futures import ProcessPoolExecutor
     _WORKER.update(rules=rules, cap=cap, batch_rows=batch_rows)   # inherited by fork, never pickled
-    return ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("fork"))
+    # the workers read with polars (_read_batch) unless this process has loaded it: its
+    # threads do not survive a fork. This process itself never does (a later fork of it
+    # would inherit them)
+    return ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("fork"), initializer=_worker_init,
+                               initargs=(POOL_POLARS and "polars" not in sys.modules,))
+
+
+def _worker_init(use_polars: bool) -> None:
+    _WORKER["polars"] = use_polars
 
 
 def _pool_task(members: list) -> list:
@@ -1139,7 +1153,7 @@ def _pool_key(rf: RunFiles, configs: list) -> int | None:
     m = rf.manifest
     if (rf.problems or not isinstance(m, dict) or not m.get("finished_at") or len(rf.step_files) != 1
             or len(rf.request_files) != 1 or "\x1f" in str(rf.run_id) or rf.duplicate_of is not None
-            or _size(rf.step_files[0]) + _size(rf.request_files[0]) > POOL_RUN_BYTES):
+            or _listed_size(rf, rf.step_files[0]) + _listed_size(rf, rf.request_files[0]) > POOL_RUN_BYTES):
         return None
     try:
         run_config(m)
@@ -1155,13 +1169,61 @@ def _pool_key(rf: RunFiles, configs: list) -> int | None:
     return len(configs) - 1
 
 
+def _listed_size(rf: RunFiles, path) -> int:
+    """A file's size as discover saw it (a stat saved per file), else read now."""
+    n = rf.sizes.get(str(path))
+    return _size(path) if n is None else n
+
+
 def _pool_results(members: list, rules, cap: int, batch_rows: int) -> list:
     """Per member (RunFiles of one configuration), its CheckResult: from the pool when
     clean there, else from check_run on its own."""
     codes = [r.code for r in rules]
+    clean = [False] * len(members)
+    rows: list = [None] * len(members)   # per pooled member: (step rows, request rows)
+    for idx, steps, st_n, reqs, rq_n in _pool_groups(members, batch_rows):
+        ok = _check_pool([members[i] for i in idx], steps, st_n, reqs, rq_n, rules, codes, batch_rows)
+        for i, c, a, b in zip(idx, ok, st_n, rq_n, strict=True):
+            clean[i], rows[i] = c, (int(a), int(b))
+    out = []
+    for rf, c, n in zip(members, clean, rows, strict=True):
+        res = CheckResult(max_per_code=cap, rules=codes)
+        if c:
+            res.steps, res.requests = n
+            res.files_checked = [str(p) for p in rf.request_files] + [str(p) for p in rf.step_files]
+            res.runs = [rf.run_id]
+        else:
+            check_run(rf, rules, res, batch_rows)
+        out.append(res)
+    return out
+
+
+def _pool_groups(members: list, batch_rows: int):
+    """The pools of a task: (member indices, steps table, per-member step rows, requests
+    table, per-member request rows), each within batch_rows step rows, the members'
+    rows in member order. A member in no pool is checked alone."""
+    batch = _read_batch(members) if _WORKER.get("polars") else None
+    if batch is not None:
+        idx, steps, st_n, reqs, rq_n = batch
+        groups: list = [[]]
+        n = 0
+        for j, c in enumerate(st_n):
+            if groups[-1] and n + c > batch_rows:
+                groups.append([])
+                n = 0
+            groups[-1].append(j)
+            n += int(c)
+        s0 = np.concatenate([[0], np.cumsum(st_n)])
+        q0 = np.concatenate([[0], np.cumsum(rq_n)])
+        for g in groups:
+            if g:
+                a, b = g[0], g[-1] + 1
+                yield ([idx[j] for j in g], steps.slice(s0[a], s0[b] - s0[a]), st_n[a:b],
+                       reqs.slice(q0[a], q0[b] - q0[a]), rq_n[a:b])
+        return
     got = [_pool_read(rf) for rf in members]
     kinds: list = []                # distinct (steps schema, requests schema), each checked once
-    groups: list = []               # per kind: pools of member indices, each within batch_rows rows
+    groups = []                     # per kind: pools of member indices, each within batch_rows rows
     rows: list = []
     for i, g in enumerate(got):
         if g is None:
@@ -1173,30 +1235,17 @@ def _pool_results(members: list, rules, cap: int, batch_rows: int) -> list:
             groups.append([[]] if _plain_schemas(members[i], g[2], g[3]) else None)
             rows.append(0)
         if groups[k] is None:       # a schema the contract refuses: check_run reports it
-            got[i] = None
             continue
         if rows[k] + g[0].num_rows > batch_rows:
             groups[k].append([])
             rows[k] = 0
         groups[k][-1].append(i)
         rows[k] += g[0].num_rows
-    clean = [False] * len(members)
     for parts in groups:
         for idx in parts or ():
-            ok = _check_pool([(members[i], *got[i][:2]) for i in idx], rules, codes, batch_rows)
-            for i, c in zip(idx, ok, strict=True):
-                clean[i] = c
-    out = []
-    for rf, g, c in zip(members, got, clean, strict=True):
-        res = CheckResult(max_per_code=cap, rules=codes)
-        if c:
-            res.requests, res.steps = g[1].num_rows, g[0].num_rows
-            res.files_checked = [str(p) for p in rf.request_files] + [str(p) for p in rf.step_files]
-            res.runs = [rf.run_id]
-        else:
-            check_run(rf, rules, res, batch_rows)
-        out.append(res)
-    return out
+            if idx:
+                yield (idx, pa.concat_tables([got[i][0] for i in idx]), np.array([got[i][0].num_rows for i in idx]),
+                       pa.concat_tables([got[i][1] for i in idx]), np.array([got[i][1].num_rows for i in idx]))
 
 
 def _plain_schemas(rf: RunFiles, schema: pa.Schema, rschema: pa.Schema) -> bool:
@@ -1253,12 +1302,98 @@ def _read_small(path, wanted):
     return r.read_all(column_indices=idx, use_threads=False), schema
 
 
-def _pooled(tables: list) -> pa.Table:
-    """The members' tables as one, request_id -> "<k>\\x1f<request_id>" for member k:
-    distinct across the pool's runs."""
-    t = pa.concat_tables(tables).combine_chunks()
-    k = np.repeat(np.arange(len(tables), dtype=np.int32), [x.num_rows for x in tables])
-    prefix = _strings_of([str(j) for j in range(len(tables))]).take(_int32s(k))
+# Reading a task's files. Arrow's Parquet reader spends ~0.4 ms opening a file and
+# ~60 us per column chunk, whatever the rows: ~2.5 ms for a tiny run's two files, most
+# of a pool's time. Polars scans a list of files in one plan at ~1 ms per run (measured
+# side by side: scripts/bench_tiny_runs.py), so worker processes read a task with it.
+# Only forked workers do, and only when the parent has not loaded polars itself: its
+# thread pool does not survive a fork. Polars is strict where it matters here: a file
+# whose columns or types differ from the task's first file fails the scan (missing or
+# extra column, another type; a large_string where the first has string is the same
+# column to both readers), and any failure means the task is read file by file with
+# Arrow (_pool_read), as before.
+_PATH_COL = "\x1fpath"   # the scan's file-path column (no trace column holds \x1f)
+
+
+def _polars():
+    """polars, imported in this worker with one thread (a worker per core already)."""
+    os.environ.setdefault("POLARS_MAX_THREADS", "1")
+    import polars
+    return polars
+
+
+def _read_batch(members: list):
+    """(member indices, steps, per-member step rows, requests, per-member request rows)
+    of a task's tiny runs, read by one polars scan per table; members whose rows are
+    not plain (a null id, a step row of another run) are left out, to be checked
+    alone. None when the scan cannot be made (then _pool_read reads file by file)."""
+    try:
+        pl = _polars()
+        sf = [str(rf.step_files[0]) for rf in members]
+        qf = [str(rf.request_files[0]) for rf in members]
+        schema, rschema = pq.read_schema(sf[0]), pq.read_schema(qf[0])
+        if (any(pa.types.is_dictionary(f.type) for f in (*schema, *rschema))
+                or not _plain_schemas(members[0], schema, rschema)):
+            return None
+        steps, ks = _scan(pl, sf, [c for c in STEP_READ_COLUMNS if c in schema.names])
+        reqs, kq = _scan(pl, qf, [c for c in REQUEST_READ_COLUMNS if c in rschema.names])
+        P = len(members)
+        bad = np.zeros(P, dtype=bool)
+        for t, k, cols in ((steps, ks, ("run_id", "request_id")), (reqs, kq, ("request_id",))):
+            for c in cols:
+                col = t.column(c)
+                if col.null_count:
+                    bad[k[col.is_null().to_numpy(zero_copy_only=False)]] = True
+        want = _strings_of([str(rf.run_id) for rf in members]).take(_int32s(ks))
+        other = pc.fill_null(pc.not_equal(steps.column("run_id"), want), True).to_numpy(zero_copy_only=False)
+        bad[ks[other]] = True                       # a row of another run: SA108, found alone
+        if bad.any():
+            steps, reqs = steps.filter(_bools(~bad[ks])), reqs.filter(_bools(~bad[kq]))
+            ks, kq = ks[~bad[ks]], kq[~bad[kq]]
+        keep = np.flatnonzero(~bad)
+        return (keep.tolist(), steps, np.bincount(ks, minlength=P)[keep], reqs,
+                np.bincount(kq, minlength=P)[keep])
+    except Exception:   # noqa: BLE001  (any trouble: the files are read one by one, as before)
+        return None
+
+
+def _scan(pl, files: list[str], cols: list[str]) -> tuple[pa.Table, np.ndarray]:
+    """(the files' rows as one Arrow table with the Arrow reader's types, each row's file
+    index), raising when a file's rows are not in file order."""
+    df = pl.scan_parquet(files, hive_partitioning=False, glob=False, include_file_paths=_PATH_COL,
+                         missing_columns="raise", extra_columns="raise", cast_options=None,
+                         credential_provider=None).select([*cols, _PATH_COL]).collect().rechunk()
+    t = df.to_arrow()
+    enc = t.column(_PATH_COL).combine_chunks().dictionary_encode()
+    where = {f: i for i, f in enumerate(files)}
+    k = np.array([where[f] for f in enc.dictionary.to_pylist()], dtype=np.int64)[
+        enc.indices.to_numpy(zero_copy_only=False)]
+    if len(k) and (np.diff(k) < 0).any():
+        raise ValueError("rows out of file order")
+    t = t.drop_columns([_PATH_COL])
+    return t.cast(pa.schema([pa.field(f.name, _arrow_type(f.type)) for f in t.schema])), k
+
+
+def _arrow_type(t: pa.DataType) -> pa.DataType:
+    """The type Arrow's Parquet reader gives a column polars hands back (large or view
+    strings and lists -> the plain ones)."""
+    if pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return pa.string()
+    if pa.types.is_large_list(t) or pa.types.is_list_view(t) or pa.types.is_large_list_view(t):
+        return pa.list_(pa.field("element", _arrow_type(t.value_type)))
+    return t
+
+
+def _bools(a: np.ndarray) -> pa.Array:
+    return pa.Array.from_buffers(pa.bool_(), len(a), [None, pa.py_buffer(np.packbits(a, bitorder="little"))])
+
+
+def _pooled(t: pa.Table, counts) -> pa.Table:
+    """A pool's table (its members' rows in member order, counts[k] rows of member k),
+    request_id -> "<k>\\x1f<request_id>" for member k: distinct across the pool's runs."""
+    t = t.combine_chunks()
+    k = np.repeat(np.arange(len(counts), dtype=np.int32), np.asarray(counts, dtype=np.int64))
+    prefix = _strings_of([str(j) for j in range(len(counts))]).take(_int32s(k))
     i = t.schema.get_field_index("request_id")
     return t.set_column(i, "request_id", pc.binary_join_element_wise(prefix, t.column(i),
                                                                      _strings_of(["\x1f"])[0]))
@@ -1279,26 +1414,25 @@ def _strings_of(xs: list[str]) -> pa.Array:
     return pa.Array.from_buffers(pa.string(), len(b), [None, pa.py_buffer(off), pa.py_buffer(b"".join(b))])
 
 
-def _check_pool(members, rules, codes, batch_rows: int) -> list[bool]:
-    """Check a pool of tiny runs (rf, steps, requests) of one configuration and schema;
-    per member, whether it came out clean (no finding of any severity). Never raises:
-    an error makes every member come out not clean (each is then checked alone)."""
+def _check_pool(members, steps, st_n, reqs, rq_n, rules, codes, batch_rows: int) -> list[bool]:
+    """Check a pool of tiny runs (RunFiles) of one configuration and schema, their rows
+    in `steps` and `reqs` (st_n[k] and rq_n[k] rows of member k, in member order); per
+    member, whether it came out clean (no finding of any severity). Never raises: an
+    error makes every member come out not clean (each is then checked alone)."""
     try:
-        return _pool_clean(members, rules, codes, batch_rows)
+        return _pool_clean(members, _pooled(steps, st_n), _pooled(reqs, rq_n), rules, codes, batch_rows)
     except Exception:   # noqa: BLE001  (check_run, run alone, reports or raises it properly)
         return [False] * len(members)
 
 
-def _pool_clean(members, rules, codes, batch_rows: int) -> list[bool]:
+def _pool_clean(members, steps, reqs, rules, codes, batch_rows: int) -> list[bool]:
     P = len(members)
-    m0 = {k: v for k, v in members[0][0].manifest.items() if k not in _PER_RUN_KEYS}
+    m0 = {k: v for k, v in members[0].manifest.items() if k not in _PER_RUN_KEYS}
     m0["run_id"] = _POOL_RUN_ID
     eos_id, max_new, conv = run_config(m0)
     pool = CheckResult(max_per_code=0, rules=codes)   # uncapped: every finding flags its run
-    steps = _pooled([st for _, st, _ in members])
     i = steps.schema.get_field_index("run_id")
     steps = steps.set_column(i, "run_id", _strings_of([_POOL_RUN_ID]).take(_int32s(np.zeros(steps.num_rows))))
-    reqs = _pooled([rq for _, _, rq in members])
     by_scope = {s: [r for r in rules if r.scope == s] for s in ("step", "request", "run")}
     carry = Carry()
     facts = request_facts(reqs.to_batches(max_chunksize=REQUEST_BATCH_ROWS), carry, eos_id)
@@ -1333,7 +1467,7 @@ def _pool_clean(members, rules, codes, batch_rows: int) -> list[bool]:
             return [False] * P
         clean[int(k)] = False
     slots = _slot_runs(carry)
-    for k, (rf, _, _) in enumerate(members):
+    for k, rf in enumerate(members):
         if not clean[k]:
             continue
         mine = slots == k

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -288,6 +289,8 @@ class RunFiles:
     problems: list[InputError] = field(default_factory=list)
     duplicate_of: Path | None = None   # an earlier folder holding the same run id
     request_parts: list[Path] = field(default_factory=list)   # requests-<seq>.parquet (a run not closed)
+    real_dir: str | None = None   # the folder after symlinks (discover: a folder reached twice is one run)
+    sizes: dict = field(default_factory=dict, repr=False)   # str(file) -> bytes, as listing saw them
 
     @property
     def request_files(self) -> list[Path]:
@@ -314,17 +317,22 @@ def regular_file_problem(path) -> str | None:
 
     Devices (a symlink to /dev/zero), FIFOs and sockets are refused before any read:
     a size read from them means nothing, and a FIFO blocks the reader forever."""
+    return _regular_file(path)[0]
+
+
+def _regular_file(path) -> tuple[str | None, int]:
+    """(regular_file_problem's answer, the file's size in bytes: -1 when refused)."""
     import stat
     try:
         st = os.stat(path)
     except OSError as e:
-        return f"cannot read: {e.strerror or e}"
+        return f"cannot read: {e.strerror or e}", -1
     if stat.S_ISREG(st.st_mode):
-        return None
+        return None, st.st_size
     kind = ("a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
             else "a socket" if stat.S_ISSOCK(st.st_mode) else "a device" if
             (stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)) else "not a regular file")
-    return f"not a regular file ({kind}); refused"
+    return f"not a regular file ({kind}); refused", -1
 
 
 def read_limited(path, limit: int) -> bytes:
@@ -394,7 +402,7 @@ def parse_json_bounded(data: bytes, path=None, max_depth: int = MAX_JSON_DEPTH):
 
     def big_float(s):
         v = float(s)
-        if not np.isfinite(v):
+        if not math.isfinite(v):
             raise ValueError(f"number {s[:20]} is beyond float range")
         return v
 
@@ -411,7 +419,23 @@ def _finite(v) -> bool:
         return False
     if isinstance(v, int):
         return abs(v) < 2**63
-    return isinstance(v, float) and np.isfinite(v)
+    return isinstance(v, float) and math.isfinite(v)
+
+
+def _all_finite(vals) -> bool:
+    """Every value None or _finite (a loop with the common types first: a manifest's
+    reported lists are validated for every run a check lists)."""
+    for x in vals:
+        t = type(x)
+        if t is float:
+            if not math.isfinite(x):
+                return False
+        elif t is int:
+            if not -(2**63) < x < 2**63:
+                return False
+        elif x is not None and not _finite(x):
+            return False
+    return True
 
 
 def validate_manifest(m: dict) -> str | None:
@@ -445,7 +469,7 @@ def validate_manifest(m: dict) -> str | None:
         vals = v if isinstance(v, list) else [v]
         if isinstance(v, list) and len(v) > MAX_NODES:
             return f"reported.{k} holds {len(v)} entries; at most {MAX_NODES}"
-        if not all(x is None or _finite(x) for x in vals):
+        if not _all_finite(vals):
             return f"reported.{k} = {str(v)[:40]}: expected a finite number"
     for k in ("started_at", "finished_at"):
         v = m.get(k)
@@ -483,27 +507,51 @@ def manifest_from_bytes(data: bytes, path) -> dict:
 
 
 def step_file_key(p: Path):
-    stem = p.stem.split("-", 1)[-1]
-    return (int(stem) if stem.isdigit() else 1 << 62, p.name)
+    return _step_name_key(p.name)
+
+
+def _step_name_key(name: str):
+    """(sequence number, name) of steps-<seq>.parquet / requests-<seq>.parquet: files in
+    the order they were written (a name without a number last)."""
+    stem = name.rsplit(".", 1)[0] if "." in name else name
+    stem = stem.split("-", 1)[-1]
+    return (int(stem) if stem.isdigit() else 1 << 62, name)
 
 
 def _trace_dirs(root: Path):
-    """(folder, names of its trace files) under root, following symlinked folders once
-    (a folder reached twice, or a symlink loop, is visited once)."""
+    """(folder, its real path, names of its trace files, names of all its files) under
+    root, top-down in name order, following symlinked folders once (a folder reached
+    twice, or a symlink loop, is visited once). The real path of a folder reached by no
+    symlink is its parent's plus its name: no per-folder realpath (a lstat per part)."""
     seen = set()
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+    stack = [(os.fspath(root), os.path.realpath(root))]
+    while stack:
+        top, real = stack.pop()
         try:
-            st = os.stat(dirpath)
+            st = os.stat(top)
+            with os.scandir(top) as it:
+                entries = list(it)
         except OSError:
-            dirnames[:] = []
             continue
         key = (st.st_dev, st.st_ino)
         if key in seen:
-            dirnames[:] = []
             continue
         seen.add(key)
-        dirnames.sort()
-        yield Path(dirpath), [f for f in filenames if _trace_name(f)], filenames
+        dirs, files = [], []
+        for e in entries:
+            try:
+                is_dir = e.is_dir()   # (after symlinks, as os.walk(followlinks=True))
+            except OSError:
+                is_dir = False
+            (dirs if is_dir else files).append(e)
+        yield Path(top), real, [e.name for e in files if _trace_name(e.name)], [e.name for e in files]
+        dirs.sort(key=lambda e: e.name, reverse=True)   # popped in name order
+        for e in dirs:
+            try:
+                link = e.is_symlink()
+            except OSError:
+                link = True
+            stack.append((e.path, os.path.realpath(e.path) if link else os.path.join(real, e.name)))
 
 
 def _trace_name(f: str) -> bool:
@@ -523,8 +571,8 @@ def discover(paths) -> list[RunFiles]:
     and `duplicate_of` (readers that sum over runs leave it out). Raises InputError
     when a path does not exist or holds no run at all.
     """
-    runs: dict[Path, RunFiles] = {}
-    listed: dict[Path, list] = {}   # folder -> its trace files' names, as the walk saw them
+    runs: dict[str, RunFiles] = {}
+    listed: dict[str, tuple] = {}   # folder -> (its real path, its trace files' names), as the walk saw them
     real_seen: set = set()
     by_id: dict[str, Path] = {}
     for raw in paths:
@@ -538,10 +586,10 @@ def discover(paths) -> list[RunFiles]:
             dirs = [p.parent]
         else:
             dirs, n_stray = [], 0
-            for d, names, filenames in _trace_dirs(p):
+            for d, real, names, filenames in _trace_dirs(p):
                 if names:
                     dirs.append(d)
-                    listed[d] = names
+                    listed[str(d)] = (real, names)
                 else:
                     n_stray += sum(1 for f in filenames if not f.startswith("."))
             if not dirs:
@@ -549,14 +597,21 @@ def discover(paths) -> list[RunFiles]:
                 raise InputError(p, f"no trace runs found ({what}; expected run_id=<id>/run.json "
                                     "and steps-*.parquet)")
         for d in dirs:
-            real = os.path.realpath(d)
-            if d in runs or real in real_seen:
+            ds = str(d)
+            real, names = listed.get(ds) or (None, None)
+            if ds in runs:
+                continue
+            if real is None:
+                real = os.path.realpath(d)
+            if real in real_seen:
                 continue
             real_seen.add(real)
             rid = d.name.split("=", 1)[1] if d.name.startswith("run_id=") else d.name
-            rf = RunFiles(run_dir=d, run_id=rid)
-            mpath = d / "run.json"
-            if os.path.lexists(mpath):
+            rf = RunFiles(run_dir=d, run_id=rid, real_dir=real)
+            if names is None:   # a file's folder: list it (the walk saw only folders given)
+                names = [f for f in os.listdir(d) if _trace_name(f)]
+            mpath = os.path.join(ds, "run.json")
+            if "run.json" in names or os.path.lexists(mpath):
                 try:
                     rf.manifest = read_manifest(mpath)
                     rf.run_id = str(rf.manifest.get("run_id", rid))
@@ -564,25 +619,29 @@ def discover(paths) -> list[RunFiles]:
                     rf.problems.append(e)
             else:
                 rf.problems.append(InputError(mpath, "missing run.json (manifest)"))
-            def regular(f: Path, problems=rf.problems) -> bool:   # a device or FIFO is a problem, not data
-                why = regular_file_problem(f)
+
+            # a device or FIFO is a problem, not data
+            def regular(f: Path, problems=rf.problems, sizes=rf.sizes) -> bool:
+                why, size = _regular_file(f)
                 if why:
                     problems.append(InputError(f, why))
+                else:
+                    sizes[str(f)] = size
                 return not why
-            names = listed.get(d)
-            if names is None:   # a file's folder: list it (the walk saw only folders given)
-                names = [f for f in os.listdir(d) if _trace_name(f)]
-            named = lambda pat, d=d, names=names: sorted((d / f for f in names if fnmatch.fnmatchcase(f, pat)),
-                                                         key=step_file_key)
-            rf.step_files += [f for f in named("steps-*.parquet") if regular(f)]
-            rq = d / "requests.parquet"
-            if "requests.parquet" in names and os.path.lexists(rq) and regular(rq):
-                rf.requests_file = rq
-            rf.request_parts += [f for f in named("requests-*.parquet") if regular(f)]
+            steps = sorted((f for f in names if f.startswith("steps-")
+                            and fnmatch.fnmatchcase(f, "steps-*.parquet")), key=_step_name_key)
+            rf.step_files += [f for f in (d / n for n in steps) if regular(f)]
+            if "requests.parquet" in names:
+                rq = d / "requests.parquet"
+                if os.path.lexists(rq) and regular(rq):
+                    rf.requests_file = rq
+            parts = sorted((f for f in names if f.startswith("requests-")
+                            and fnmatch.fnmatchcase(f, "requests-*.parquet")), key=_step_name_key)
+            rf.request_parts += [f for f in (d / n for n in parts) if regular(f)]
             first = by_id.setdefault(rf.run_id, d)
             if first != d:
                 rf.duplicate_of = first
-            runs[d] = rf
+            runs[ds] = rf
     return list(runs.values())
 
 
