@@ -184,6 +184,33 @@ def test_streamed_in_chunks_with_the_same_findings(tmp_path):
     assert codes(whole, "error") == {"SA721"}
 
 
+@pytest.mark.parametrize("name", ["vllm-ascend-13640-dspark-k7.log", "sglang-pr21723-hybrid-mamba-nextn.log",
+                                  "llamacpp-pr24536-slot-eagle3.log"])
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the peak RSS from /proc")
+def test_memory_does_not_grow_with_the_log(tmp_path, name):
+    """Issue 19 item 7: a log is streamed and audited CHUNK_WINDOWS windows at a time, one
+    chunk in memory at a time, so once a log holds more than one chunk its peak RSS no
+    longer grows: a log 3x longer peaks within a few MB (each audited sequentially in its
+    own process). Fails with the rules run over all windows at once (+24 to +71 MB here)
+    and with the previous chunk kept alive while the next is read (SGLang +17 MB)."""
+    import os
+    import subprocess
+    src = (CORPUS / name).read_text()
+    peaks = []
+    for mb in (6, 18):                       # both over one chunk (10,000 windows)
+        f = tmp_path / f"{mb}-{name}"
+        f.write_text(src * (mb * 1_000_000 // len(src) + 1))
+        # VmHWM: this process's own peak (ru_maxrss would carry pytest's across the exec)
+        code = ("from specaudit.audit.sources import audit_file; "
+                f"fs = audit_file({str(f)!r}); "
+                "print([int(x.split()[1]) // 1024 for x in open('/proc/self/status') if x.startswith('VmHWM')][0])")
+        env = dict(os.environ, SPECAUDIT_WORKERS="1")   # one process: its own peak is the peak
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+        assert out.returncode == 0, out.stderr
+        peaks.append(int(out.stdout.split()[-1]))
+    assert peaks[1] - peaks[0] < 12, peaks   # 12 MB more log
+
+
 def test_no_progress_bar_off_a_terminal(tmp_path):
     f = tmp_path / "v.log"
     f.write_text(VLLM.read_text())

@@ -512,6 +512,7 @@ def _stream(path, source: str, forced: bool, lines, parser, chunk: int, stats: d
             notes_total += len(r.notes)
             emitted = True
             yield r
+            del r   # (held here, the chunk would live on while the next one is read: two in memory)
     r = parser.finish()
     r.notes = lines.notes + r.notes
     total += len(r.windows)
@@ -545,6 +546,7 @@ def _iter(p: Path, path, source: str, forced: bool, chunk: int = CHUNK_WINDOWS):
         if "windows" in stats and stats["windows"] == 0:
             raise _no_figures(path, source, stats)
         yield r
+        del r   # one chunk in memory at a time (see _stream)
     if stats.get("windows", 0) == 0:
         raise _no_figures(path, source, stats)
 
@@ -593,6 +595,7 @@ def _audit_range(path, source, forced, start, end, first_line, seed, select, ign
     out: list = []
     for r in _stream(path, source, forced, lines, parser, chunk, stats):
         out += audit_reading(r, select=select, ignore=ignore)
+        del r   # audited: not kept while the next chunk is read
     return out, stats
 
 
@@ -712,6 +715,7 @@ def audit_file(path, source: str | None = None, select=(), ignore=()) -> list[Fi
     out: list[Finding] = []
     for r in _iter(p, path, src, source is not None):
         out += audit_reading(r, select=select, ignore=ignore)
+        del r   # audited: not kept while the next chunk is read
     return out
 
 
