@@ -249,9 +249,13 @@ def test_batch_read_gives_the_tables_arrow_reads(tmp_path):
     assert reqs.equals(pa.concat_tables([f[1] for f in files]), check_metadata=False)
 
 
-def test_batch_read_leaves_out_a_run_holding_another_runs_rows(tmp_path):
-    """A step row of another run (SA108) is never pooled: the run is checked alone and
-    the finding made there, whatever the reader."""
+def _plain_batch(members):
+    return C._plain_rows(members, *C._read_batch(members))
+
+
+def test_a_run_holding_another_runs_rows_is_left_out_of_the_pool(tmp_path):
+    """A step row of another run (SA108) is never pooled, whichever reader read it: the
+    run is checked alone and the finding made there."""
     ds = tmp_path / "ds"
     for i in range(6):
         _tiny(ds, i)
@@ -260,13 +264,16 @@ def test_batch_read_leaves_out_a_run_holding_another_runs_rows(tmp_path):
     ids = t.column("run_id").to_pylist()
     ids[-1] = "t9"
     pq.write_table(t.set_column(t.schema.get_field_index("run_id"), "run_id", pa.array(ids)), f)
-    batch, _ = _in_fork(_batch_and_files, _members(ds))
-    assert batch is not None and batch[0] == [0, 1, 3, 4, 5]
-    assert batch[1].num_rows == sum(batch[2])
-    assert set(batch[1].column("run_id").to_pylist()) == {"t0", "t1", "t3", "t4", "t5"}
+    members = _members(ds)
+    (arrow,) = [C._plain_rows(members, *read) for read in C._read_task(members)]   # this process: Arrow
+    batch = _in_fork(_plain_batch, members)
+    for idx, steps, st_n, _, _ in (batch, arrow):
+        assert idx == [0, 1, 3, 4, 5]
+        assert steps.num_rows == sum(st_n)
+        assert set(steps.column("run_id").to_pylist()) == {"t0", "t1", "t3", "t4", "t5"}
 
 
-def test_batch_read_refuses_files_of_another_schema(tmp_path):
+def test_batch_read_refuses_files_of_another_schema(tmp_path, monkeypatch):
     """A column of another type in one run (here int64 steps): the scan fails, the task
     is read file by file, and the checker's report is the one every run alone gives."""
     ds = tmp_path / "ds"
@@ -277,6 +284,9 @@ def test_batch_read_refuses_files_of_another_schema(tmp_path):
     pq.write_table(t.set_column(t.schema.get_field_index("step"), "step", t.column("step").cast(pa.int64())), f)
     batch, files = _in_fork(_batch_and_files, _members(ds))
     assert batch is None and all(x is not None for x in files)
+    alone, pooled, workers = _three_ways(monkeypatch, [ds])
+    assert alone["exit"] == 0 and len(alone["runs"]) == 6
+    assert pooled == alone and workers == alone
 
 
 def test_the_parent_never_loads_polars(tmp_path):

@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 
 from specaudit.audit.findings import Finding
 from specaudit.invariants import Hits, load_rules
+from specaudit.invariants.arrow import valid_mask
 from specaudit.invariants.frame import (
     DIAGNOSTIC_RANGES,
     Carry,
@@ -1202,50 +1203,76 @@ def _pool_groups(members: list, batch_rows: int):
     """The pools of a task: (member indices, steps table, per-member step rows, requests
     table, per-member request rows), each within batch_rows step rows, the members'
     rows in member order. A member in no pool is checked alone."""
-    batch = _read_batch(members) if _WORKER.get("polars") else None
-    if batch is not None:
-        idx, steps, st_n, reqs, rq_n = batch
-        groups: list = [[]]
-        n = 0
-        for j, c in enumerate(st_n):
-            if groups[-1] and n + c > batch_rows:
-                groups.append([])
-                n = 0
-            groups[-1].append(j)
-            n += int(c)
+    for read in _read_task(members):
+        try:
+            idx, steps, st_n, reqs, rq_n = _plain_rows(members, *read)
+        except Exception:   # noqa: BLE001  (e.g. a run id no Arrow string can hold: each member alone)
+            continue
         s0 = np.concatenate([[0], np.cumsum(st_n)])
         q0 = np.concatenate([[0], np.cumsum(rq_n)])
-        for g in groups:
-            if g:
-                a, b = g[0], g[-1] + 1
-                yield ([idx[j] for j in g], steps.slice(s0[a], s0[b] - s0[a]), st_n[a:b],
-                       reqs.slice(q0[a], q0[b] - q0[a]), rq_n[a:b])
+        for a, b in _row_ranges(st_n, batch_rows):
+            yield (idx[a:b], steps.slice(s0[a], s0[b] - s0[a]), st_n[a:b],
+                   reqs.slice(q0[a], q0[b] - q0[a]), rq_n[a:b])
+
+
+def _row_ranges(counts, limit: int) -> list[tuple[int, int]]:
+    """Consecutive [a, b) ranges of members, each within `limit` rows (a member with more
+    rows than that alone in its range)."""
+    out, a, n = [], 0, 0
+    for j, c in enumerate(counts):
+        if j > a and n + c > limit:
+            out.append((a, j))
+            a, n = j, 0
+        n += int(c)
+    if a < len(counts):
+        out.append((a, len(counts)))
+    return out
+
+
+def _read_task(members: list):
+    """A task's rows, per schema the contract accepts: (member indices, steps, per-member
+    step rows, requests, per-member request rows). Workers read with one polars scan per
+    table (_read_batch); otherwise, or when that scan fails, each file is read with Arrow
+    and the members are grouped by their files' schemas (each schema checked once). A
+    member in none of them is checked alone, where whatever is odd gets reported."""
+    batch = _read_batch(members) if _WORKER.get("polars") else None
+    if batch is not None:
+        yield batch
         return
     got = [_pool_read(rf) for rf in members]
-    kinds: list = []                # distinct (steps schema, requests schema), each checked once
-    groups = []                     # per kind: pools of member indices, each within batch_rows rows
-    rows: list = []
+    kinds: list = []                # distinct (steps schema, requests schema, member indices)
     for i, g in enumerate(got):
         if g is None:
             continue
-        k = next((j for j, (a, b) in enumerate(kinds) if a == g[2] and b == g[3]), None)
+        k = next((kind for kind in kinds if kind[0] == g[2] and kind[1] == g[3]), None)
         if k is None:
-            k = len(kinds)
-            kinds.append((g[2], g[3]))
-            groups.append([[]] if _plain_schemas(members[i], g[2], g[3]) else None)
-            rows.append(0)
-        if groups[k] is None:       # a schema the contract refuses: check_run reports it
-            continue
-        if rows[k] + g[0].num_rows > batch_rows:
-            groups[k].append([])
-            rows[k] = 0
-        groups[k][-1].append(i)
-        rows[k] += g[0].num_rows
-    for parts in groups:
-        for idx in parts or ():
-            if idx:
-                yield (idx, pa.concat_tables([got[i][0] for i in idx]), np.array([got[i][0].num_rows for i in idx]),
-                       pa.concat_tables([got[i][1] for i in idx]), np.array([got[i][1].num_rows for i in idx]))
+            k = (g[2], g[3], [])
+            kinds.append(k)
+        k[2].append(i)
+    for schema, rschema, idx in kinds:
+        if _plain_schemas(members[idx[0]], schema, rschema):   # else check_run reports the schema
+            yield (idx, pa.concat_tables([got[i][0] for i in idx]), np.array([got[i][0].num_rows for i in idx]),
+                   pa.concat_tables([got[i][1] for i in idx]), np.array([got[i][1].num_rows for i in idx]))
+
+
+def _plain_rows(members: list, idx: list, steps: pa.Table, st_n, reqs: pa.Table, rq_n):
+    """The read rows without the members whose rows are not plain (a null run or request
+    id, a step row of another run: SA108), who are left to be checked alone."""
+    ks = np.repeat(np.arange(len(idx)), st_n)    # [S] position in idx of each step row's member
+    kq = np.repeat(np.arange(len(idx)), rq_n)    # [Q] the same for request rows
+    bad = np.zeros(len(idx), dtype=bool)
+    for t, k, cols in ((steps, ks, ("run_id", "request_id")), (reqs, kq, ("request_id",))):
+        for c in cols:
+            valid = valid_mask(t.column(c).combine_chunks())
+            if valid is not None:
+                bad[k[~valid]] = True
+    want = _strings_of([str(members[i].run_id) for i in idx]).take(_int32s(ks))
+    bad[ks[to_np(pc.not_equal(steps.column("run_id"), want), fill=True)]] = True   # (to_np: no pandas import)
+    if not bad.any():
+        return idx, steps, np.asarray(st_n), reqs, np.asarray(rq_n)
+    keep = ~bad
+    return ([i for i, ok in zip(idx, keep) if ok], steps.filter(_bools(keep[ks])), np.asarray(st_n)[keep],
+            reqs.filter(_bools(keep[kq])), np.asarray(rq_n)[keep])
 
 
 def _plain_schemas(rf: RunFiles, schema: pa.Schema, rschema: pa.Schema) -> bool:
@@ -1260,9 +1287,9 @@ def _plain_schemas(rf: RunFiles, schema: pa.Schema, rschema: pa.Schema) -> bool:
 
 
 def _pool_read(rf: RunFiles):
-    """(steps table, requests table, their files' schemas) of a tiny run, or None when its
-    files are anything but plain (it is then checked alone, where whatever is odd gets
-    reported). The schemas are checked once per distinct schema (_plain_schemas)."""
+    """(steps table, requests table, their files' schemas) of a tiny run read with Arrow,
+    or None when its files read unusually (it is then checked alone, where whatever is odd
+    gets reported)."""
     try:
         st, schema = _read_small(rf.step_files[0], STEP_READ_COLUMNS)
         if st is None:
@@ -1270,13 +1297,8 @@ def _pool_read(rf: RunFiles):
         rq, rschema = _read_small(rf.request_files[0], REQUEST_READ_COLUMNS)
         if rq is None:
             return None
-        rid, sid, qid = st.column("run_id"), st.column("request_id"), rq.column("request_id")
     except Exception:   # noqa: BLE001  (any trouble: check_run reads it again and reports it)
         return None
-    if rid.null_count or sid.null_count or qid.null_count:
-        return None
-    if set(rid.to_pylist()) - {str(rf.run_id)}:   # (a small table: no compute kernel's setup)
-        return None   # a row of another run: SA108, reported by check_run
     return st, rq, schema, rschema
 
 
@@ -1324,9 +1346,8 @@ def _polars():
 
 def _read_batch(members: list):
     """(member indices, steps, per-member step rows, requests, per-member request rows)
-    of a task's tiny runs, read by one polars scan per table; members whose rows are
-    not plain (a null id, a step row of another run) are left out, to be checked
-    alone. None when the scan cannot be made (then _pool_read reads file by file)."""
+    of a task's tiny runs, read by one polars scan per table; None when the scan cannot
+    be made (then _read_task reads file by file)."""
     try:
         pl = _polars()
         sf = [str(rf.step_files[0]) for rf in members]
@@ -1338,21 +1359,7 @@ def _read_batch(members: list):
         steps, ks = _scan(pl, sf, [c for c in STEP_READ_COLUMNS if c in schema.names])
         reqs, kq = _scan(pl, qf, [c for c in REQUEST_READ_COLUMNS if c in rschema.names])
         P = len(members)
-        bad = np.zeros(P, dtype=bool)
-        for t, k, cols in ((steps, ks, ("run_id", "request_id")), (reqs, kq, ("request_id",))):
-            for c in cols:
-                col = t.column(c)
-                if col.null_count:
-                    bad[k[col.is_null().to_numpy(zero_copy_only=False)]] = True
-        want = _strings_of([str(rf.run_id) for rf in members]).take(_int32s(ks))
-        other = pc.fill_null(pc.not_equal(steps.column("run_id"), want), True).to_numpy(zero_copy_only=False)
-        bad[ks[other]] = True                       # a row of another run: SA108, found alone
-        if bad.any():
-            steps, reqs = steps.filter(_bools(~bad[ks])), reqs.filter(_bools(~bad[kq]))
-            ks, kq = ks[~bad[ks]], kq[~bad[kq]]
-        keep = np.flatnonzero(~bad)
-        return (keep.tolist(), steps, np.bincount(ks, minlength=P)[keep], reqs,
-                np.bincount(kq, minlength=P)[keep])
+        return list(range(P)), steps, np.bincount(ks, minlength=P), reqs, np.bincount(kq, minlength=P)
     except Exception:   # noqa: BLE001  (any trouble: the files are read one by one, as before)
         return None
 
@@ -1367,7 +1374,7 @@ def _scan(pl, files: list[str], cols: list[str]) -> tuple[pa.Table, np.ndarray]:
     enc = t.column(_PATH_COL).combine_chunks().dictionary_encode()
     where = {f: i for i, f in enumerate(files)}
     k = np.array([where[f] for f in enc.dictionary.to_pylist()], dtype=np.int64)[
-        enc.indices.to_numpy(zero_copy_only=False)]
+        to_np(enc.indices)]
     if len(k) and (np.diff(k) < 0).any():
         raise ValueError("rows out of file order")
     t = t.drop_columns([_PATH_COL])

@@ -422,22 +422,6 @@ def _finite(v) -> bool:
     return isinstance(v, float) and math.isfinite(v)
 
 
-def _all_finite(vals) -> bool:
-    """Every value None or _finite (a loop with the common types first: a manifest's
-    reported lists are validated for every run a check lists)."""
-    for x in vals:
-        t = type(x)
-        if t is float:
-            if not math.isfinite(x):
-                return False
-        elif t is int:
-            if not -(2**63) < x < 2**63:
-                return False
-        elif x is not None and not _finite(x):
-            return False
-    return True
-
-
 def validate_manifest(m: dict) -> str | None:
     """None when a parsed manifest has the contract's types; else the first problem.
 
@@ -469,7 +453,7 @@ def validate_manifest(m: dict) -> str | None:
         vals = v if isinstance(v, list) else [v]
         if isinstance(v, list) and len(v) > MAX_NODES:
             return f"reported.{k} holds {len(v)} entries; at most {MAX_NODES}"
-        if not _all_finite(vals):
+        if not all(x is None or _finite(x) for x in vals):
             return f"reported.{k} = {str(v)[:40]}: expected a finite number"
     for k in ("started_at", "finished_at"):
         v = m.get(k)
@@ -513,8 +497,7 @@ def step_file_key(p: Path):
 def _step_name_key(name: str):
     """(sequence number, name) of steps-<seq>.parquet / requests-<seq>.parquet: files in
     the order they were written (a name without a number last)."""
-    stem = name.rsplit(".", 1)[0] if "." in name else name
-    stem = stem.split("-", 1)[-1]
+    stem = name.rsplit(".", 1)[0].split("-", 1)[-1]
     return (int(stem) if stem.isdigit() else 1 << 62, name)
 
 
@@ -628,16 +611,13 @@ def discover(paths) -> list[RunFiles]:
                 else:
                     sizes[str(f)] = size
                 return not why
-            steps = sorted((f for f in names if f.startswith("steps-")
-                            and fnmatch.fnmatchcase(f, "steps-*.parquet")), key=_step_name_key)
-            rf.step_files += [f for f in (d / n for n in steps) if regular(f)]
-            if "requests.parquet" in names:
-                rq = d / "requests.parquet"
-                if os.path.lexists(rq) and regular(rq):
-                    rf.requests_file = rq
-            parts = sorted((f for f in names if f.startswith("requests-")
-                            and fnmatch.fnmatchcase(f, "requests-*.parquet")), key=_step_name_key)
-            rf.request_parts += [f for f in (d / n for n in parts) if regular(f)]
+            named = lambda pat, d=d, names=names: [d / f for f in sorted(
+                (f for f in names if fnmatch.fnmatchcase(f, pat)), key=_step_name_key)]
+            rf.step_files += [f for f in named("steps-*.parquet") if regular(f)]
+            rq = d / "requests.parquet"
+            if "requests.parquet" in names and os.path.lexists(rq) and regular(rq):
+                rf.requests_file = rq
+            rf.request_parts += [f for f in named("requests-*.parquet") if regular(f)]
             first = by_id.setdefault(rf.run_id, d)
             if first != d:
                 rf.duplicate_of = first
