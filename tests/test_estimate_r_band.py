@@ -58,9 +58,6 @@ def test_seed_with_a_measured_profile_names_the_commit_counter(tmp_path, capsys)
                        profile=prof, n_nodes=8, concurrency=1)
     st = {f["counter"]: f["status"] for f in rep.results[0]["r_band"]["figures"]}
     assert st == {"commit length": "contradicted", "accepted depth": "possible"}
-    # --calibration is the same flag (one vocabulary with serve)
-    assert main(["estimate", *SEED, "--calibration", prof, "--n-nodes", "8", "--concurrency", "1"]) == 1
-    capsys.readouterr()
 
 
 def test_hardware_class_alone_says_both_possible_and_what_decides(capsys):

@@ -73,7 +73,7 @@ def add_arguments(p) -> None:
     g.add_argument("--cost-factor", type=float, help="r given by hand (the seed's is 1.5)")
     g.add_argument("--cost-factor-std", type=float, default=None,
                    help="spread (1 sd) of a hand-given r (default: 10%% of r)")
-    g.add_argument("--profile", "--calibration", metavar="FILE", dest="profile",
+    g.add_argument("--profile", metavar="FILE",
                    help="cost profile JSON written by `specaudit calibrate` (measured r)")
     g.add_argument("--hardware", choices=["gpu", "cpu"],
                    help="no measured r: judge each counter by the r it implies against the plausible band of "

@@ -26,7 +26,7 @@ the `duckdb` CLI: pip install duckdb-cli) gets the same views and settings plus 
 CLI's safe mode; DuckDB there still lets COPY ... TO name a trace file itself, so use
 the shell on a copy when that matters.
 
-Output: --output-format table (default; at most --max-rows rows), csv, json (an array
+Output: --output-format text (default: a table; at most --max-rows rows), csv, json (an array
 of objects) or parquet (needs -o). SQL errors: DuckDB's message on one line, exit 2.
 """
 from __future__ import annotations
@@ -44,8 +44,9 @@ def add_arguments(p) -> None:
     p.add_argument("-f", "--file", metavar="SQLFILE", help="read the SQL from a file")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="set a variable for getvariable('KEY') (canned queries list theirs)")
-    p.add_argument("--output-format", choices=["table", "csv", "json", "parquet"], default="table",
-                   help="table (default), csv, json or parquet (parquet needs -o)")
+    p.add_argument("--output-format", choices=["text", "csv", "json", "parquet"], default="text",
+                   type=lambda v: "text" if v == "table" else v,      # `table`: the old name of text
+                   help="text (default: an aligned table), csv, json or parquet (parquet needs -o)")
     p.add_argument("-o", "--output", metavar="FILE", help="write the result here (atomically) instead of stdout")
     p.add_argument("--max-rows", type=int, default=1000,
                    help="table format: rows to print (default 1000; 0 = all)")
@@ -86,6 +87,7 @@ def run_checker(paths):
 
 def main(args) -> int:
     from specaudit.postmortem.run_query import run_query
-    return run_query(args.args, sql_file=args.file, params=args.param, output_format=args.output_format,
+    fmt = "table" if args.output_format == "text" else args.output_format
+    return run_query(args.args, sql_file=args.file, params=args.param, output_format=fmt,
                      output=args.output, max_rows=args.max_rows, threads=args.threads,
                      checker=None if args.no_check else run_checker, list_canned=args.list, show=args.show)
