@@ -64,6 +64,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from specaudit.audit.r_band import RBand
 from specaudit.numfmt import fixed as _f  # two decimals, as engines print their figures
 from specaudit.stats import mean_se
 from specaudit.trace.schema import InputError
@@ -695,6 +696,26 @@ def cost_for(obs: Observation, *, cost_factor=None, cost_factor_std=None, profil
                      "(judge each counter by the r it implies), or --cost-factor R")
 
 
+def band_for(*, profile=None, cost_factor=None, cost_factor_std=None, hardware=None, n_nodes=None,
+             concurrency=None, tolerance: float = 0.1) -> RBand | None:
+    """The r band from what the user gave (profile > hand > hardware class), or None."""
+    from specaudit.audit.r_band import band_from_hardware, band_from_r
+    if profile is not None:
+        prof = profile if isinstance(profile, CostProfile) else CostProfile.load(profile)
+        r, sd = prof.lookup(n_nodes, concurrency)
+        how = "measured" if prof.source == "measured" else prof.source
+        return band_from_r(r, sd, tolerance, f"profile {Path(prof.path or 'profile').name} at N={n_nodes}, "
+                                             f"c={concurrency}: {how} r {_f(r)}, sd {_f(sd)}", "profile")
+    if cost_factor is not None:
+        prof = CostProfile.manual(cost_factor, cost_factor_std)
+        r, sd = prof.lookup()
+        return band_from_r(r, sd, tolerance, f"--cost-factor {_f(r)} by hand (sd {_f(sd)}): a guess unless "
+                                             "measured", "hand")
+    if hardware is not None:
+        return band_from_hardware(hardware, n_nodes)
+    return None
+
+
 def _rivals(est: Estimate, ok: list, derived, tolerance: float, n_nodes) -> list:
     """The admitted figures that a derived commit length inside the band disagrees with. A
     depth counter agrees when the derived commit length sits where the identity puts it
@@ -926,7 +947,6 @@ def run_estimate(input=None, *, observed_tps=None, observed_std=0.0, load=None, 
         raise ValueError(f"--concurrency must be at least 1, got {concurrency}")
     obs = gather(input, observed_tps=observed_tps, observed_std=observed_std, load=load, source=source,
                  concurrency=concurrency, n_nodes=n_nodes)
-    from specaudit.audit.r_band import band_for
     prof = CostProfile.load(profile) if profile else None
     results = []
     for o in obs:

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 from specaudit.numfmt import fixed as _f
 
@@ -149,26 +148,6 @@ def decider(out: list, band: RBand) -> str:
     if band.kind == "hand":
         what += "; the --cost-factor given by hand is not such a measurement"
     return what + "."
-
-
-def band_for(*, profile=None, cost_factor=None, cost_factor_std=None, hardware=None, n_nodes=None,
-             concurrency=None, tolerance: float = 0.1) -> RBand | None:
-    """The r band from what the user gave (profile > hand > hardware class), or None."""
-    from specaudit.audit.estimate import CostProfile
-    if profile is not None:
-        prof = profile if isinstance(profile, CostProfile) else CostProfile.load(profile)
-        r, sd = prof.lookup(n_nodes, concurrency)
-        how = "measured" if prof.source == "measured" else prof.source
-        return band_from_r(r, sd, tolerance, f"profile {Path(prof.path or 'profile').name} at N={n_nodes}, "
-                                             f"c={concurrency}: {how} r {_f(r)}, sd {_f(sd)}", "profile")
-    if cost_factor is not None:
-        prof = CostProfile.manual(cost_factor, cost_factor_std)
-        r, sd = prof.lookup()
-        return band_from_r(r, sd, tolerance, f"--cost-factor {_f(r)} by hand (sd {_f(sd)}): a guess unless "
-                                             "measured", "hand")
-    if hardware is not None:
-        return band_from_hardware(hardware, n_nodes)
-    return None
 
 
 def format_r(rj: dict) -> list[str]:
