@@ -144,4 +144,6 @@ def main(args) -> int:
         print(format_text(res))
         for w in res["warnings"]:
             print(f"specaudit ab: warning: {w}", file=sys.stderr)
+    from specaudit.outfile import say_wrote
+    say_wrote(f"{args.out}/ab.json")          # beside the a/ and b/ trace datasets
     return 0

@@ -1,4 +1,5 @@
-"""Ask a trace dataset anything in SQL: DuckDB views, read-only and offline.
+"""Ask a trace dataset, an engine log, a scrape or an AIPerf export anything in SQL:
+DuckDB views, read-only and offline.
 
 Examples:
   specaudit query --list                                   # the canned queries
@@ -9,6 +10,9 @@ Examples:
   specaudit query traces/ throughput_over_time --output-format csv -o over_time.csv
   specaudit query traces/ violations_by_code               # runs the checker first
   specaudit query traces/                                  # interactive duckdb shell
+  # engine outputs (SGLang/vLLM/llama.cpp logs, Prometheus scrapes, JSON/AIPerf records)
+  specaudit query sglang.log "SELECT concurrency, avg(accept_len), count(*) FROM windows GROUP BY ALL"
+  specaudit query sglang.log "SELECT code, line, message FROM findings"
 
 Views: steps (the contract's step rows), requests, runs (one row per run: config label,
 models, reported_* counters, the manifest as JSON), nodes (one row per node: node,
@@ -16,7 +20,13 @@ depth from parents, token, parent, position, draft_logprob, target_argmax,
 target_margin, accepted, parent_accepted) and violations (the checker's findings:
 code, name, severity, message, run_id, request_id, step, file, line, values as JSON).
 The checker runs only when the SQL names `violations` (and for the shell); --no-check
-skips it.
+skips it. Engine outputs given as PATHs (any file that is not part of a trace) become
+two more: windows (one row per log line or scrape interval: file, source, engine,
+version, line, time, concurrency, rank, cuda_graph, k, and every figure read:
+accept_len, accept_rate, verify_steps, drafted, accepted, gen_tps, per_pos, histogram,
+...; NULL where the engine printed nothing) and findings (the engine readers' SA7xx
+findings, with the checker's on traces; empty with --no-check). Traces and logs may be
+given together.
 
 Read-only and offline, also when the SQL asks otherwise: COPY, EXPORT, ATTACH,
 INSTALL/LOAD and friends are refused with one line (exit 2), DuckDB can read nothing
@@ -31,7 +41,8 @@ of objects) or parquet (needs -o). SQL errors: DuckDB's message on one line, exi
 """
 from __future__ import annotations
 
-HELP = "SQL over traces (DuckDB views steps/requests/runs/nodes/violations) and canned queries"
+HELP = ("SQL over traces (views steps/requests/runs/nodes/violations) and engine logs, scrapes, AIPerf "
+        "exports (views windows/findings), and canned queries")
 ORDER = 60
 
 
