@@ -5,7 +5,7 @@ The seed logs (tests/fixtures/engines/seed_linear.log, seed_chain.log, from _mak
 linear's 4 windows at 1 running request are each faster than each of the DDTree chain's
 8. Its 4 windows drift together, so their lag-1 correlation reads high; the moving-block
 bootstrap with an effective sample size floored at 2 (a t with 1 df) made linear's
-interval about ten times wider than its windows' spread and called the stratum
+interval many times wider than its windows' spread and called the stratum
 "undecided".
 """
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Two methods, chosen per sample of windows and named in the output:
 
     t          fewer than BLOCK_MIN_WINDOWS windows: their lag-1 correlation cannot be
-               estimated (its standard error is about 1/sqrt(n), so 4 windows can show
-               anything from -0.9 to 0.9), so the mean's interval is Student's t with
+               estimated (its standard error is about 1/sqrt(n): from 4 windows it can
+               come out almost anywhere), so the mean's interval is Student's t with
                n - 1 degrees of freedom over the windows' own spread. Replicates are
                drawn from that t (mean + se * T_{n-1}), so differences and weighted
                pools of strata combine as the bootstrap ones do (B - A: about Welch).
