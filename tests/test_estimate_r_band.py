@@ -85,6 +85,9 @@ def test_hardware_band_names_a_counter_only_outside_it(capsys):
                "--hardware", "cpu", "--n-nodes", "8"])
     assert rc == 0 and "Possible:" in capsys.readouterr().out
     assert band_from_hardware("cpu", 8).high == 15.0
+    # --budget B is N = B + 1 (k drafted tokens a step)
+    rep = run_estimate(observed_tps=109, baseline_tps=98, reported_accept_depth=3, hardware="cpu", budget=7)
+    assert rep.results[0]["r_band"]["band"]["high"] == 15.0
 
 
 def test_band_excluding_both_counters_is_one_clear_line_with_the_account(tmp_path, capsys):
@@ -106,6 +109,8 @@ def test_band_excluding_both_counters_is_one_clear_line_with_the_account(tmp_pat
     (["--hardware", "gpu"], "--hardware needs the verify width"),
     (["--hardware", "gpu", "--n-nodes", "8", "--cost-factor", "1.5"], "give one source of r"),
     ([], "no cost factor: give --profile FILE"),
+    (["--hardware", "gpu", "--budget", "7", "--n-nodes", "4"], "--budget 7 means N = 8"),
+    (["--hardware", "gpu", "--budget", "0"], "--budget must be at least 1"),
 ])
 def test_bad_r_inputs_one_line_exit_2(args, msg, capsys):
     assert main(["estimate", *SEED, *args]) == 2

@@ -932,7 +932,7 @@ def run_estimate(input=None, *, observed_tps=None, observed_std=0.0, load=None, 
                  baseline_std=0.0, baseline_file=None, baseline_from_profile=False, cost_factor=None,
                  cost_factor_std=None, profile=None, n_nodes=None, concurrency=None, reported_commit_len=None,
                  reported_accept_depth=None, tolerance: float = DEFAULT_TOLERANCE,
-                 hardware: str | None = None) -> EstimateReport:
+                 hardware: str | None = None, budget: int | None = None) -> EstimateReport:
     """The whole estimator: inputs -> observations -> estimate -> judgement of one or both
     counters. Without a cost factor or a profile, `hardware` (a class of
     specaudit.audit.r_band.HARDWARE) judges each counter by the r it implies instead.
@@ -941,6 +941,12 @@ def run_estimate(input=None, *, observed_tps=None, observed_std=0.0, load=None, 
         raise ValueError(f"--tolerance must be in [0, 1), got {tolerance}")
     reported_commit_len = reported_figure("--reported-commit-len", reported_commit_len)
     reported_accept_depth = reported_figure("--reported-accept-depth", reported_accept_depth)
+    if budget is not None:
+        if budget < 1:
+            raise ValueError(f"--budget must be at least 1 drafted token per step, got {budget}")
+        if n_nodes is not None and n_nodes != budget + 1:
+            raise ValueError(f"--budget {budget} means N = {budget + 1} verify nodes, but --n-nodes is {n_nodes}")
+        n_nodes = budget + 1
     if n_nodes is not None and n_nodes < 1:
         raise ValueError(f"--n-nodes must be at least 1, got {n_nodes}")
     if concurrency is not None and concurrency < 1:

@@ -16,7 +16,7 @@ Examples:
   specaudit estimate --observed-tps 109 --baseline-tps 98 --reported-commit-len 2 \\
       --reported-accept-depth 7 --profile cost.json --n-nodes 8 --concurrency 1
   specaudit estimate --observed-tps 109 --baseline-tps 98 --reported-commit-len 2 \\
-      --reported-accept-depth 7 --hardware gpu --n-nodes 8     # both possible: says what decides
+      --reported-accept-depth 7 --hardware gpu --budget 7      # both possible: says what decides
 
   # a trace dataset (steady-state throughput from its timestamps; N, c and the reported
   # figure from run.json); a profile measured on this machine also gives the baseline
@@ -79,7 +79,10 @@ def add_arguments(p) -> None:
                    help="no measured r: judge each counter by the r it implies against the plausible band of "
                         "this hardware class (gpu: memory-bound decode; cpu: compute-bound); needs --n-nodes "
                         "or a log that states N")
-    g.add_argument("--n-nodes", type=int, help="verify nodes per step N = draft budget + 1 (for --profile)")
+    g.add_argument("--n-nodes", type=int, help="verify nodes per step N = draft budget + 1 (for --profile, "
+                                               "--hardware)")
+    g.add_argument("--budget", type=int, help="drafted tokens per step (chain: k; tree: its node budget), "
+                                              "the same as --n-nodes BUDGET+1")
     g.add_argument("--concurrency", type=int, help="running requests c (for --profile; for a log, use only "
                                                    "windows at this concurrency)")
     g = p.add_argument_group("the figure under audit")
@@ -102,7 +105,7 @@ def main(args) -> int:
                        source=args.source, baseline_tps=args.baseline_tps, baseline_std=args.baseline_std,
                        baseline_file=args.baseline, baseline_from_profile=args.baseline_from_profile,
                        cost_factor=args.cost_factor, cost_factor_std=args.cost_factor_std, profile=args.profile,
-                       n_nodes=args.n_nodes, concurrency=args.concurrency,
+                       n_nodes=args.n_nodes, budget=args.budget, concurrency=args.concurrency,
                        reported_commit_len=args.reported_commit_len,
                        reported_accept_depth=args.reported_accept_depth, tolerance=args.tolerance,
                        hardware=args.hardware)
