@@ -42,8 +42,6 @@ WINDOW_COLUMNS = [
     ("conventions", pa.string()), ("extra", pa.string()), ("text", pa.string()),
 ]
 WINDOW_SCHEMA = pa.schema(WINDOW_COLUMNS)
-# Window attribute for each column that is not read straight off the window
-_ATTR = {"verify_steps": "drafts", "drafted": "draft_tokens", "accepted": "accepted_tokens"}
 
 
 def is_engine_path(p) -> bool:
@@ -87,32 +85,54 @@ def _json(d) -> str | None:
 
 def windows_table(paths, source: str | None = None) -> pa.Table:
     """Every window of every engine-output path as one Arrow table (WINDOW_SCHEMA).
-    InputError (one line) for a file that is no engine's output, or mixes two engines."""
+    InputError (one line) for a file that is no engine's output, or mixes two engines.
+    Streams: one chunk of windows (specaudit.audit.sources.CHUNK_WINDOWS) is held as
+    Python objects at a time; what is kept is Arrow."""
     from specaudit.audit.sources import iter_readings
-    cols: dict = {name: [] for name, _ in WINDOW_COLUMNS}
-    for path in paths:
-        for r in iter_readings(path, source):
-            for w in r.windows:
-                row = {"file": str(path), "source": r.source, "engine": w.engine or r.engine,
-                       "version": w.version or r.version, "line": w.line, "time": w.time, "t": w.t,
-                       "rank": w.rank, "concurrency": w.concurrency, "cuda_graph": w.cuda_graph, "k": w.k,
-                       "kind": w.kind, "per_pos": _lst(w.per_pos), "per_pos_counts": _lst(w.per_pos_counts),
-                       "per_pos_drafted": _lst(w.per_pos_drafted), "histogram": _lst(w.histogram),
-                       "step_rate": w.step_rate, "conventions": _json({**r.conventions, **w.conventions}),
-                       "extra": _json(w.extra), "text": w.text or None}
-                for name in ("accept_len", "accept_rate", "verify_steps", "drafted", "accepted", "gen_tps",
-                             "printed_rate_pct", "per_pos_kind"):
-                    row[name] = getattr(w, _ATTR.get(name, name))
-                for name in cols:
-                    cols[name].append(row[name])
-    for name, typ in WINDOW_COLUMNS:     # the readers keep ints and floats as printed
-        if typ == _F:
-            cols[name] = [None if v is None else float(v) for v in cols[name]]
-        elif typ == pa.int64():
-            cols[name] = [None if v is None else int(v) for v in cols[name]]
-        elif typ == pa.string():
-            cols[name] = [None if v is None else str(v) for v in cols[name]]
-    return pa.table(cols, schema=WINDOW_SCHEMA)
+    parts = [_chunk_table(r, str(path)) for path in paths for r in iter_readings(path, source)]
+    return pa.concat_tables(parts) if parts else WINDOW_SCHEMA.empty_table()
+
+
+def _chunk_table(r, path: str) -> pa.Table:
+    """One Reading's windows as WINDOW_SCHEMA rows, built column by column."""
+    ws = r.windows
+    n = len(ws)
+    cache: dict = {}
+
+    def js(d: dict):
+        # windows repeat the same few dicts (the file's conventions, the same extras): one
+        # json.dumps per distinct content, not per window
+        if not d:
+            return None
+        try:
+            key = tuple(sorted(d.items()))
+            hash(key)
+        except TypeError:                  # a list or dict value: not hashable, dump it
+            return _json(d)
+        if key not in cache:
+            cache[key] = _json(d)
+        return cache[key]
+
+    def num(attr):
+        return [None if (v := getattr(w, attr)) is None else float(v) for w in ws]
+
+    cols = {
+        "file": [path] * n, "source": [r.source] * n,
+        "engine": [w.engine or r.engine for w in ws], "version": [w.version or r.version for w in ws],
+        "line": [w.line for w in ws], "time": [None if w.time is None else str(w.time) for w in ws],
+        "t": num("t"), "rank": [None if w.rank is None else str(w.rank) for w in ws],
+        "concurrency": num("concurrency"), "cuda_graph": [w.cuda_graph for w in ws], "k": [w.k for w in ws],
+        "kind": [w.kind for w in ws], "accept_len": num("accept_len"), "accept_rate": num("accept_rate"),
+        "verify_steps": num("drafts"), "drafted": num("draft_tokens"), "accepted": num("accepted_tokens"),
+        "gen_tps": num("gen_tps"), "printed_rate_pct": num("printed_rate_pct"),
+        "per_pos": [_lst(w.per_pos) for w in ws], "per_pos_counts": [_lst(w.per_pos_counts) for w in ws],
+        "per_pos_kind": [w.per_pos_kind for w in ws], "per_pos_drafted": [_lst(w.per_pos_drafted) for w in ws],
+        "histogram": [_lst(w.histogram) for w in ws], "step_rate": [w.step_rate for w in ws],
+        "conventions": [js({**r.conventions, **w.conventions}) for w in ws], "extra": [js(w.extra) for w in ws],
+        "text": [w.text or None for w in ws],
+    }
+    return pa.Table.from_arrays([pa.array(cols[name], type=typ) for name, typ in WINDOW_COLUMNS],
+                                schema=WINDOW_SCHEMA)
 
 
 def engine_findings(paths, source: str | None = None) -> list:

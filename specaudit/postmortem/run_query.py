@@ -119,7 +119,8 @@ def run_query(args: list[str], *, sql_file: str | None = None, params=(), output
         findings, _ = checker(traces)
     if sql is None:
         return open_shell(cli, paths, findings, ds)
-    tables = engine_tables(engines, findings, with_findings=checker is not None)
+    # the readers' rules run only when the SQL asks for findings (as the checker for violations)
+    tables = engine_tables(engines, findings, with_findings=checker is not None and needs_findings(sql))
     if ds is None:
         con = Q.connect_tables(tables, threads=threads, variables=params)
     else:
