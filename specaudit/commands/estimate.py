@@ -49,7 +49,8 @@ from __future__ import annotations
 import json
 import sys
 
-HELP = "estimate the commit length from throughput and judge the reported one"
+HELP = ("estimate the commit length from throughput; judge each reported counter by the step cost r it implies "
+        "against a measured, given or hardware-class band")
 ORDER = 35
 
 
