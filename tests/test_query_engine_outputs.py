@@ -4,7 +4,6 @@ DuckDB session as the trace views."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -14,8 +13,8 @@ from specaudit.postmortem.engine_views import WINDOW_SCHEMA, split_paths, window
 from specaudit.trace.synth import synth_run_rows, write_run
 
 ENGINES = Path(__file__).parent / "fixtures" / "engines"
-CHAIN = str(ENGINES / "seed_chain.log")
-BAD_RATE = str(ENGINES / "sglang_rate_above_one.log")
+CHAIN = str((ENGINES / "seed_chain.log").resolve())
+BAD_RATE = str((ENGINES / "sglang_rate_above_one.log").resolve())
 
 
 def _json(capsys):
@@ -95,8 +94,8 @@ def test_traces_and_logs_in_one_session(tmp_path, capsys):
     ("INSTALL httpfs", "refused"),
     ("SET enable_external_access = true", "lock"),
 ])
-def test_engine_session_is_read_only_and_offline(sql, msg, capsys, tmp_path):
-    os.chdir(tmp_path)
+def test_engine_session_is_read_only_and_offline(sql, msg, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)            # a COPY would land here; restored after the test
     assert main(["query", CHAIN, sql]) == 2
     assert msg in _one_line_err(capsys)
     assert not (tmp_path / "w.csv").exists()

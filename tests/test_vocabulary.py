@@ -49,7 +49,7 @@ def test_branching_and_sampling_top_k_are_named_apart():
 def test_list_faults_wherever_inject_is(cmd):
     assert "--inject" in _help(cmd) and "--list-faults" in _help(cmd)
     p = subprocess.run([sys.executable, "-m", "specaudit", cmd, "--list-faults"], capture_output=True, text=True,
-                       timeout=120)
+                       timeout=120, cwd=Path(__file__).resolve().parents[1])   # this source tree
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines()[0].startswith("commit-counter") and "Traceback" not in p.stderr
 
