@@ -47,7 +47,7 @@ SCRAPE_CPU_RE = re.compile(r"^specaudit_metrics_scrape_cpu_seconds_total\s+(\S+)
 def start_server(args) -> tuple[subprocess.Popen, str, str]:
     """`specaudit serve --port 0` in a subprocess; returns (process, url, trace dir)."""
     trace_dir = tempfile.mkdtemp(prefix="bench-scrape-")
-    cmd = [sys.executable, "-m", "specaudit", "serve", "--port", "0", "--trace-dir", trace_dir,
+    cmd = [sys.executable, "-m", "specaudit", "serve", "--port", "0", "--out", trace_dir,
            "--algo", args.algo, "--budget", str(args.budget), "--concurrency", str(args.slots),
            "--max-new-tokens", str(max(args.max_tokens, 64))]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

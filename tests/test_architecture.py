@@ -37,6 +37,8 @@ ALLOWED_READER_EDGES = {
     ("ab-evidence", "sources"): "A/B from evidence reads both sides' engine logs",
     ("ab-evidence", "estimate"): "throughput-derived commit length per stratum",
     ("client-vs-trace", "sources"): "a client's export (AIPerf) is read like any engine output",
+    ("postmortem", "sources"): "query and report read engine outputs into the windows and findings views "
+                               "through the sources' public API (iter_readings, audit_file)",
 }
 RUNTIME = ("specaudit.runtime", "specaudit.run", "specaudit.integrations")
 TRACE_SINKS = ("specaudit.trace", "specaudit.tracer", "specaudit.store")

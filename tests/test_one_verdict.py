@@ -301,7 +301,7 @@ def test_known_prefixes_still_select(table_ds, capsys):
 @pytest.mark.parametrize("argv,hint", [
     (["check", "x", "--format", "json"], "--output-format (text, json, junit, github, sarif)"),
     (["estimate", "--json"], "--output-format (text, json)"),
-    (["query", "x", "--format=csv"], "--output-format (table, csv, json, parquet)"),
+    (["query", "x", "--format=csv"], "--output-format (text, csv, json, parquet)"),
     (["demo", "--json"], "has no machine output option"),
     (["check", "x", "--selct", "SA3"], "did you mean --select?"),
     (["ab", "--a=--algo chain", "--b=--algo tree", "--max-new-tokens", "64", "--out", "o"],

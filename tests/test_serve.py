@@ -682,7 +682,8 @@ def test_live_estimator_baseline_is_the_profiles_t_ar():
 def test_cli_help_and_input_errors(tmp_path, capsys):
     h = subprocess.run([sys.executable, "-m", "specaudit", "serve", "--help"], capture_output=True, text=True,
                        timeout=120)
-    assert h.returncode == 0 and "--trace-dir" in h.stdout and "Examples:" in h.stdout and "--concurrency" in h.stdout
+    assert h.returncode == 0 and "--out DIR" in h.stdout and "Examples:" in h.stdout and "--concurrency" in h.stdout
+    assert "--trace-dir" not in h.stdout and "--calibration" not in h.stdout   # hidden old spellings
     from specaudit.cli import main
     for args, msg in ((["--trace-dir", str(tmp_path), "--inject", "nope", "--port", "0"], "unknown fault"),
                       (["--trace-dir", str(tmp_path), "--baseline-tps", "10", "--port", "0"], "--cost-factor"),
@@ -691,6 +692,5 @@ def test_cli_help_and_input_errors(tmp_path, capsys):
         assert main(["serve", *args]) == 2, args
         err = capsys.readouterr().err
         assert msg in err and "Traceback" not in err and err.count("\n") == 1, err
-    with pytest.raises(SystemExit) as e:     # argparse: --trace-dir is required
-        main(["serve", "--port", "1"])
-    assert e.value.code == 2 and "--trace-dir" in capsys.readouterr().err
+    assert main(["serve", "--port", "1"]) == 2     # --out (old: --trace-dir) is required
+    assert "--out DIR is required" in capsys.readouterr().err
