@@ -112,7 +112,8 @@ else spells a code by hand without a test tying it back here. A built-in rule to
   5. specaudit/audit/compare.py    when the rule compares a reported figure with a
                                    derived one: call compare.agrees, never a tolerance
                                    of its own
-  6. README.md                     the catalog section names the family's codes
+  6. docs/commands/check.md         the families table names the family's codes (each
+                                   rule's own page is generated: scripts/render_docs.py)
 tests/test_one_verdict.py checks this list against the catalog: every SA1xx-SA4xx code
 has its oracle line, every "prom" rule is computed by the sink and nothing else is, every
 "kernel:<flag>" names a real flag, and every path above exists.

@@ -1,6 +1,6 @@
 """The corpus of real engine output, audited: one row per engine and format.
 
-    python scripts/engine_corpus.py            # print the Markdown table (README) and a JSON line
+    python scripts/engine_corpus.py            # print the Markdown table (docs/reading-engines.md) and a JSON line
     python scripts/engine_corpus.py --render   # rewrite tests/fixtures/engines/corpus/rendered/ first
 
 Every case of tests/fixtures/engines/corpus/*.json is rendered back to the engine's text
@@ -96,8 +96,8 @@ def table(render=None) -> tuple[str, dict]:
     return "\n".join(lines) + "\n", dict(tot)
 
 
-def readme_table(readme: Path = ROOT / "README.md") -> str | None:
-    text = readme.read_text()
+def docs_table(page: Path = ROOT / "docs" / "reading-engines.md") -> str | None:
+    text = page.read_text()
     if BEGIN not in text or END not in text:
         return None
     return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n") + "\n"
