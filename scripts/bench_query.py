@@ -5,7 +5,7 @@
     python3 scripts/bench_query.py --dataset DIR        # an existing dataset (nothing generated)
     taskset -c 0,1 python3 scripts/bench_query.py --threads 2 ...   # pin to 2 cores
 
-The dataset comes from specaudit.synth (contract-valid rows, vectorised): four runs,
+The dataset comes from specaudit.trace.synth (contract-valid rows, vectorised): four runs,
 two chains of 8 nodes (concurrency 1 and 8), a chain of 16 nodes and a branching tree of 13
 nodes (topk 3), each a quarter of --steps. It is generated once into --workdir and reused
 while --steps and --seed match. DuckDB runs on --threads threads (default 2, the target).

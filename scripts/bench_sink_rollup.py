@@ -6,7 +6,7 @@
 The tracer's background thread hands the sink Arrow batches and the sink writes one
 steps file per flush; that thread shares the GIL with the decode loop, so the sink's CPU
 per step is what tracing takes from decoding. Three sinks write the same batches
-(contract-valid rows from specaudit.synth: a chain of 8 nodes and a tree of 13, topk 3,
+(contract-valid rows from specaudit.trace.synth: a chain of 8 nodes and a tree of 13, topk 3,
 concurrency 8), interleaved round by round:
 
     plain      ParquetSink(rollups=False)

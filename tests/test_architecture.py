@@ -39,7 +39,7 @@ ALLOWED_READER_EDGES = {
     ("client-vs-trace", "sources"): "a client's export (AIPerf) is read like any engine output",
 }
 RUNTIME = ("specaudit.runtime", "specaudit.run", "specaudit.integrations")
-TRACE_SINKS = ("specaudit.trace", "specaudit.tracer", "specaudit.store")
+TRACE_SINKS = ("specaudit.trace",)
 COMMAND_LAYER = ("specaudit.cli", "specaudit.commands", "specaudit.__main__")
 
 
