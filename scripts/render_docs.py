@@ -111,9 +111,25 @@ def _fmt(v) -> str:
         return "withheld"
     if isinstance(v, bool):
         return "yes" if v else "no"
+    if _is_rows(v):
+        return "(table below)"
     if isinstance(v, (dict, list)):
         return "`" + json.dumps(v, separators=(", ", ": ")) + "`"
     return str(v)
+
+
+def _is_rows(v) -> bool:
+    return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
+
+
+def _rows_table(label: str, rows: list[dict]) -> list[str]:
+    """A list of records (per configuration, per size) as its own table."""
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    out = ["", f"{label}:", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        cell = lambda v: "`" + json.dumps(v, separators=(", ", ": ")) + "`" if _is_rows(v) else _fmt(v)
+        out.append("| " + " | ".join(cell(r[c]) if c in r else "" for c in cols) + " |")
+    return out
 
 
 def render_benchmark(name: str, doc: dict, title: str, script: str, what: str, keys) -> str:
@@ -140,6 +156,9 @@ def render_benchmark(name: str, doc: dict, title: str, script: str, what: str, k
              f"`{doc['command']}` at commit `{commit}`, {doc['date']}, {m.get('cpu', 'unknown CPU')}, {load}.", "",
              "| figure | value |", "|---|---|"]
     lines += [f"| {label} (`{k}`) | {_fmt(figs[k])} |" for k, label in keys]
+    for k, label in keys:
+        if _is_rows(figs[k]):
+            lines += _rows_table(f"{label} (`{k}`)", figs[k])
     if figs.get("withheld"):
         lines += ["", f"Withheld: {figs['withheld']}"]
     for note in ("load_note",):

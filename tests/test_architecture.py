@@ -1,4 +1,4 @@
-"""The import rules the README's data-flow paragraph states, enforced on the source.
+"""The import rules of docs/architecture.md's data-flow paragraph, enforced on the source.
 
 Data flows one way: model -> runtime -> tracer -> sinks. Sinks never import readers;
 readers never import the runtime or each other (they share the contract and the few
