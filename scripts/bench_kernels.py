@@ -34,6 +34,8 @@ import time
 import numpy as np
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchutil, beside this script
+
 SIZES = [(B, N) for B in (1, 64, 256) for N in (8, 64)]
 KERNELS = ("chain_accept", "tree_walk", "mask_hash", "audit_step")
 
