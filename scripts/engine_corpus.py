@@ -2,6 +2,7 @@
 
     python scripts/engine_corpus.py            # print the Markdown table (docs/reading-engines.md) and a JSON line
     python scripts/engine_corpus.py --render   # rewrite tests/fixtures/engines/corpus/rendered/ first
+    python scripts/engine_corpus.py --write    # also put the table into docs/reading-engines.md
 
 Every case of tests/fixtures/engines/corpus/*.json is rendered back to the engine's text
 and audited with specaudit.audit.sources.audit_file. A case is
@@ -109,6 +110,11 @@ def main(argv=None) -> int:
     if "--render" in argv:
         render.render_all()
     md, tot = table(render)
+    if "--write" in argv:
+        page = ROOT / "docs" / "reading-engines.md"
+        text = page.read_text()
+        head, rest = text.split(BEGIN, 1)
+        page.write_text(head + BEGIN + "\n" + md + rest[rest.index(END):])
     sys.stdout.write(md)
     print(json.dumps({"real_cases": tot["real"], "caught": tot["caught"], "flagged": tot["flagged"],
                       "false_alarms": tot["false"], "mutated": tot["mutated"], "mutated_caught": tot["mut_caught"]}))

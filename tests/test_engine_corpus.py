@@ -87,4 +87,4 @@ def test_convention_is_named_in_the_finding():
 def test_docs_table_matches_the_corpus():
     md, tot = engine_corpus.table(render)
     assert tot["false"] == 0 and tot["caught"] == tot["flagged"] and tot["mut_caught"] == tot["mutated"]
-    assert engine_corpus.docs_table() == md, "docs/reading-engines.md table is stale: python scripts/engine_corpus.py"
+    assert engine_corpus.docs_table() == md, "docs/reading-engines.md table is stale: scripts/engine_corpus.py --write"
