@@ -1,7 +1,8 @@
 """The corpus of real engine output, audited: one row per engine and format.
 
-    python scripts/engine_corpus.py            # print the Markdown table (README) and a JSON line
+    python scripts/engine_corpus.py            # print the Markdown table (docs/reading-engines.md) and a JSON line
     python scripts/engine_corpus.py --render   # rewrite tests/fixtures/engines/corpus/rendered/ first
+    python scripts/engine_corpus.py --write    # also put the table into docs/reading-engines.md
 
 Every case of tests/fixtures/engines/corpus/*.json is rendered back to the engine's text
 and audited with specaudit.audit.sources.audit_file. A case is
@@ -96,8 +97,8 @@ def table(render=None) -> tuple[str, dict]:
     return "\n".join(lines) + "\n", dict(tot)
 
 
-def readme_table(readme: Path = ROOT / "README.md") -> str | None:
-    text = readme.read_text()
+def docs_table(page: Path = ROOT / "docs" / "reading-engines.md") -> str | None:
+    text = page.read_text()
     if BEGIN not in text or END not in text:
         return None
     return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n") + "\n"
@@ -109,6 +110,11 @@ def main(argv=None) -> int:
     if "--render" in argv:
         render.render_all()
     md, tot = table(render)
+    if "--write" in argv:
+        page = ROOT / "docs" / "reading-engines.md"
+        text = page.read_text()
+        head, rest = text.split(BEGIN, 1)
+        page.write_text(head + BEGIN + "\n" + md + rest[rest.index(END):])
     sys.stdout.write(md)
     print(json.dumps({"real_cases": tot["real"], "caught": tot["caught"], "flagged": tot["flagged"],
                       "false_alarms": tot["false"], "mutated": tot["mutated"], "mutated_caught": tot["mut_caught"]}))

@@ -1,4 +1,4 @@
-"""The import rules the README's data-flow paragraph states, enforced on the source.
+"""The import rules of docs/architecture.md's data-flow paragraph, enforced on the source.
 
 Data flows one way: model -> runtime -> tracer -> sinks. Sinks never import readers;
 readers never import the runtime or each other (they share the contract and the few
@@ -41,7 +41,7 @@ ALLOWED_READER_EDGES = {
                                "through the sources' public API (iter_readings, audit_file)",
 }
 RUNTIME = ("specaudit.runtime", "specaudit.run", "specaudit.integrations")
-TRACE_SINKS = ("specaudit.trace", "specaudit.tracer", "specaudit.store")
+TRACE_SINKS = ("specaudit.trace",)
 COMMAND_LAYER = ("specaudit.cli", "specaudit.commands", "specaudit.__main__")
 
 

@@ -510,16 +510,6 @@ def observations_from_traces(path) -> list[Observation]:
     return out
 
 
-def timing_cost_factor(draft_s, verify_s, t_ar_s: float) -> tuple[float, float]:
-    """r from a trace's own per-step timings against a plain decode step time:
-    r = mean(draft_s + verify_s) / t_ar, with the standard error of that mean."""
-    t_ar = _finite_positive("plain decode step time", t_ar_s)
-    m, se, n = mean_se([a + b for a, b in zip(draft_s, verify_s)])
-    if n == 0:
-        raise ValueError("no step timings to derive a cost factor from")
-    return m / t_ar, se / t_ar
-
-
 # ------------------------------------------------------------------ the pipeline
 
 

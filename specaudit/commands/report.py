@@ -60,5 +60,5 @@ def main(args) -> int:
                                    title=args.title, threads=args.threads)
     note = "" if summary is None else f" (checker: {summary.get('violations', 0)} violation(s))"
     print(f"report: {path}{note}", file=sys.stdout)
-    # the README's rule: 1 when the checker found errors (the report is written either way)
+    # the documented rule (docs/commands/report.md): 1 when the checker found errors (the report is written either way)
     return 0 if args.exit_zero else rc
