@@ -160,6 +160,7 @@ def _computed() -> set[str]:
     tps, base, r = 109.0, 98.0, 1.5          # the worked example of docs/commands/estimate.md (its inputs)
     return {f"{tps / base:.2f}x",            # a chain step that runs this much faster than plain decoding
             f"{8 / r * base:.0f} tokens/s",  # the throughput a commit length of 8 would need
+            f"{tps:.0f} tokens/s", f"{base:.0f} tokens/s",  # the seed's own inputs (docs/estimate.md)
             "20 us"}                          # the fused audit's target (docs/kernels.md), not a measurement
 
 
