@@ -20,7 +20,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 # CPU torch first (a bare `torch` requirement would pull a multi-GB CUDA build).
 python3 -m pip install -q torch==2.13.0
-python3 -m pip install -q -e ".[test]"
+python3 -m pip install -q -e ".[all,test]"   # every extra (pyproject.toml) and the test tools
 # AIPerf, the benchmark client tests/test_serve_aiperf.py drives, in its own venv: it pins
 # its own versions of packages we share (prometheus-client, orjson, pandas, ...) and must
 # not import our torch (it pulls no torch itself).

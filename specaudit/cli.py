@@ -19,8 +19,6 @@ import pkgutil
 import sys
 
 from specaudit import __version__
-from specaudit.audit.formats import printable
-from specaudit.trace.schema import InputError
 
 EPILOG = """\
 exit codes: 0 clean, 1 violations or findings, 2 usage or input error,
@@ -53,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=mod.HELP, description=(mod.__doc__ or mod.HELP),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         mod.add_arguments(p)
-        p.set_defaults(_main=mod.main)
+        p.set_defaults(_main=mod.main, _extra=getattr(mod, "EXTRA", None))
         ap.subparsers[name] = p
     return ap
 
@@ -113,20 +111,29 @@ def main(argv=None) -> int:
     if not getattr(args, "_main", None):
         ap.print_help()
         return 2
+    from specaudit.commands._extras import missing_for, missing_module
+    why = missing_for(args._extra)   # an optional dependency group this command needs
+    if why:
+        print(f"specaudit {args.command}: error: {why}", file=sys.stderr)
+        return 2
     try:
         return int(args._main(args) or 0)
-    except InputError as e:
-        print(f"specaudit {args.command}: error: {printable(e)}", file=sys.stderr)
-        return 2
-    except (ValueError, FileNotFoundError, PermissionError, IsADirectoryError) as e:
-        print(f"specaudit {args.command}: error: {printable(e)}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print(f"specaudit {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         return 0
     except Exception as e:
+        # imported here, not at the top: `specaudit check --help` starts without numpy/pyarrow
+        from specaudit.audit.formats import printable
+        from specaudit.trace.schema import InputError
+        if isinstance(e, (InputError, ValueError, FileNotFoundError, PermissionError, IsADirectoryError)):
+            print(f"specaudit {args.command}: error: {printable(e)}", file=sys.stderr)
+            return 2
+        why = missing_module(e)   # an optional dependency reached on a path the command check misses
+        if why:
+            print(f"specaudit {args.command}: error: {why}", file=sys.stderr)
+            return 2
         return internal_error(args.command, e)
 
 
@@ -139,6 +146,7 @@ def internal_error(command: str, e: BaseException) -> int:
     SPECAUDIT_DEBUG=1 prints the traceback as well (for the bug report)."""
     import os
 
+    from specaudit.audit.formats import printable
     from specaudit.trace.schema import last_input
     if os.environ.get("SPECAUDIT_DEBUG"):
         import traceback

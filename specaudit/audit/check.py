@@ -1112,9 +1112,12 @@ def _start_workers(n: int, rules, cap: int, batch_rows: int):
     _WORKER.update(rules=rules, cap=cap, batch_rows=batch_rows)   # inherited by fork, never pickled
     # the workers read with polars (_read_batch) unless this process has loaded it: its
     # threads do not survive a fork. This process itself never does (a later fork of it
-    # would inherit them)
+    # would inherit them). polars is optional (pip install specaudit[fast]): without it the
+    # workers read with Arrow from the start instead of failing an import per task
+    import importlib.util
+    have = importlib.util.find_spec("polars") is not None
     return ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("fork"), initializer=_worker_init,
-                               initargs=(POOL_POLARS and "polars" not in sys.modules,))
+                               initargs=(POOL_POLARS and have and "polars" not in sys.modules,))
 
 
 def _worker_init(use_polars: bool) -> None:

@@ -18,6 +18,7 @@ Takes about a minute on 2 CPU cores; exit 0 when the clean runs are clean.
 from __future__ import annotations
 
 HELP = "run the main job on the embedded models (chain + tree, traced) and summarise"
+EXTRA = "demo"   # torch and matplotlib: pip install specaudit[demo] (specaudit/commands/_extras.py)
 ORDER = 5
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 
 HELP = "test whether speculative sampling keeps the target's output distribution (two-sample test)"
+EXTRA = "runtime"   # torch: pip install specaudit[runtime] (specaudit/commands/_extras.py)
 ORDER = 35
 
 

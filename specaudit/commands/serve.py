@@ -41,6 +41,7 @@ import threading
 from specaudit.runtime.options import add_runtime_arguments, apply_host_options, model_kwargs, resolve_topk
 
 HELP = "serve the runtime over an OpenAI-compatible API (completions, chat) with /metrics and OTel spans"
+EXTRA = "serve"   # FastAPI, uvicorn and torch: pip install specaudit[serve]
 ORDER = 30
 
 
