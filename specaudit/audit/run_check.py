@@ -87,18 +87,39 @@ def audit_live(url, select, ignore, result, *, range="6h", step="30s", timeout="
 
 def run_check(paths=(), *, select=(), ignore=(), invariants=(), entry_points=True, source=None,
               max_per_code=1000, output_format="text", statistics=False, examples=3, engine="local",
-              spark_master=None, out=None, prometheus=None, live=None):
+              spark_master=None, out=None, prometheus=None, live=None, config=None):
     """-> (CheckResult, the rendered report). select / ignore: code prefixes (validated:
     ValueError names an unknown one); live: keyword arguments of audit_live (range, step,
-    timeout, match, headers, insecure, ca_file)."""
-    from specaudit.audit.check import CheckResult, check_paths, result_bad
+    timeout, match, headers, insecure, ca_file); config: a specaudit.config.CheckConfig
+    (its per-path ignores, severities and tolerances; select / ignore / output format
+    come merged with the flags by the caller)."""
     from specaudit.audit.formats import format_findings
     from specaudit.invariants import load_rules
     from specaudit.invariants.registry import check_selectors
     select, ignore = tuple(select), tuple(ignore)
     load_rules(dirs=invariants, entry_points=entry_points)   # user rules count as known
+    for label, codes in (config.code_lists() if config is not None else ()):   # named by file and key
+        check_selectors(label, codes)
     check_selectors("--select", select)
     check_selectors("--ignore", ignore)
+    # per-path ignores drop findings after the check: it keeps every finding then (exact
+    # counts), and the cap is applied after the drop
+    keep_all = config is not None and bool(config.per_path_ignores)
+    with _tolerances(config.tolerances if config is not None else {}):
+        res = _check(paths, select, ignore, invariants=invariants, entry_points=entry_points, source=source,
+                     max_per_code=0 if keep_all else max_per_code, engine=engine, spark_master=spark_master,
+                     out=out, prometheus=prometheus, live=live)
+    if config is not None:
+        apply_config(res, config, max_per_code)
+    text = format_findings(res.findings, output_format, counts=res.counts, summary=res.summary(),
+                           statistics=statistics, examples=examples, checked=res.rules)
+    return res, text
+
+
+def _check(paths, select, ignore, *, invariants, entry_points, source, max_per_code, engine, spark_master, out,
+           prometheus, live):
+    """The readers over the inputs -> CheckResult."""
+    from specaudit.audit.check import CheckResult, check_paths, result_bad
     if engine == "spark":
         res = run_check_spark(paths, select, ignore, invariants=invariants, entry_points=entry_points,
                               max_per_code=max_per_code, spark_master=spark_master, out=out)
@@ -120,9 +141,51 @@ def run_check(paths=(), *, select=(), ignore=(), invariants=(), entry_points=Tru
                 cross_check(traces, present, select, ignore, res)
         if prometheus:
             audit_live(prometheus, select, ignore, res, **(live or {}))
-    text = format_findings(res.findings, output_format, counts=res.counts, summary=res.summary(),
-                           statistics=statistics, examples=examples, checked=res.rules)
-    return res, text
+    return res
+
+
+def apply_config(res, config, max_per_code: int) -> None:
+    """The file's per-path ignores and severity overrides on a finished CheckResult. With
+    per-path ignores the check kept every finding (max_per_code=0), so the counts rebuilt
+    from the findings left are exact; the cap is applied here."""
+    from collections import Counter
+    if config.per_path_ignores:
+        kept = [f for f in res.findings if not config.path_ignored(f.code, f.file)]
+        res.counts = Counter(f.code for f in kept)
+        shown: Counter = Counter()
+        res.findings = []
+        for f in kept:
+            shown[f.code] += 1
+            if max_per_code <= 0 or shown[f.code] <= max_per_code:
+                res.findings.append(f)
+        res.max_per_code = max_per_code
+    if config.severity:
+        for f in res.findings:
+            f.severity = config.severity_of(f.code, f.severity)
+        res.severities = {c: config.severity_of(c, s) for c, s in res.severities.items()}
+
+
+class _tolerances:
+    """Set the rule modules' tolerance constants for one check, and put them back after."""
+
+    def __init__(self, values: dict):
+        self.values, self.saved = values, []
+
+    def __enter__(self):
+        import importlib
+
+        from specaudit.config import TOLERANCES
+        for name, x in self.values.items():
+            mod = importlib.import_module(f"specaudit.invariants.{TOLERANCES[name][0]}")
+            attr = TOLERANCES[name][1]
+            self.saved.append((mod, attr, getattr(mod, attr)))
+            setattr(mod, attr, x)
+        return self
+
+    def __exit__(self, *exc):
+        for mod, attr, x in reversed(self.saved):
+            setattr(mod, attr, x)
+        return False
 
 
 def run_check_spark(paths, select, ignore, *, invariants=(), entry_points=True, max_per_code=1000,

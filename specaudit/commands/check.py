@@ -13,6 +13,7 @@ Examples:
   specaudit check traces/ --output-format sarif -o check.sarif
   specaudit check traces/ --output-format github          # annotations in GitHub Actions
   specaudit check traces/ --invariants my_rules/          # add your own rules (README)
+  specaudit check traces/ --config ci/specaudit.toml      # settings from this file (else found, see below)
   specaudit check sglang_server.log metrics.txt           # engine logs, Prometheus text
   specaudit check server.log --source vllm-log            # force the source kind
   specaudit check --prometheus http://127.0.0.1:9090 --range 6h --match '{job="vllm"}'
@@ -21,6 +22,10 @@ Examples:
 Inputs: a folder (dataset or run), a steps-*.parquet / requests.parquet / run.json
 file (its run is checked), or a text file that is an engine log or a Prometheus
 scrape (--source sglang-log|vllm-log|prom-text, detected when omitted).
+
+Settings: [tool.specaudit] in pyproject.toml, or specaudit.toml, found from the working
+directory upwards (select, ignore, per-path-ignores, severity, output-format, tolerances;
+docs/ci.md). Flags override the file; --isolated ignores it.
 
 A run killed mid-way (no finished_at, no requests table) is checked for what it holds
 and reported as incomplete (SA001, info) without failing. Unreadable files are named
@@ -43,8 +48,12 @@ def add_arguments(p) -> None:
     p.add_argument("--select", action="append", metavar="CODES",
                    help="only these code prefixes, comma-separated (e.g. SA3,SA501)")
     p.add_argument("--ignore", action="append", metavar="CODES", help="skip these code prefixes")
-    p.add_argument("--output-format", choices=["text", "json", "junit", "github", "sarif"], default="text",
+    p.add_argument("--output-format", choices=["text", "json", "junit", "github", "sarif"], default=None,
                    help="text (default), json, junit (XML), github (workflow annotations), sarif (2.1.0)")
+    p.add_argument("--config", metavar="FILE",
+                   help="read settings from this specaudit.toml or pyproject.toml ([tool.specaudit]) "
+                        "instead of the one found from the working directory upwards")
+    p.add_argument("--isolated", action="store_true", help="ignore every configuration file")
     p.add_argument("--statistics", action="store_true", help="text: one line per code with its count")
     p.add_argument("--exit-zero", action="store_true", help="exit 0 even when violations are found")
     p.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
@@ -85,11 +94,14 @@ def add_arguments(p) -> None:
 def run_check(args):
     """The check as the CLI runs it -> (CheckResult, rendered report): specaudit.audit.run_check."""
     from specaudit.audit.run_check import parse_codes, run_check
+    from specaudit.config import resolve
+    cfg = resolve(args.config, args.isolated)   # flags override the file's select / ignore / format
     live = dict(range=args.range, step=args.step, timeout=args.timeout, match=args.match, headers=args.header,
                 insecure=args.insecure, ca_file=args.ca_file)
-    return run_check(args.paths, select=parse_codes(args.select), ignore=parse_codes(args.ignore),
+    return run_check(args.paths, select=parse_codes(args.select) if args.select else (cfg.select or ()),
+                     ignore=parse_codes(args.ignore) if args.ignore else (cfg.ignore or ()), config=cfg,
                      invariants=args.invariants, entry_points=not args.no_entry_points, source=args.source,
-                     max_per_code=args.max_per_code, output_format=args.output_format,
+                     max_per_code=args.max_per_code, output_format=args.output_format or cfg.output_format or "text",
                      statistics=args.statistics, examples=args.examples, engine=args.engine,
                      spark_master=args.spark_master, out=args.out, prometheus=args.prometheus, live=live)
 
