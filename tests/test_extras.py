@@ -130,7 +130,7 @@ def dataset(tmp_path_factory):
 @pytest.mark.parametrize("argv, want", [
     (["check", "{ds}"], 0), (["check", ENGINES / "vllm_clean.log"], 0), (["check", ENGINES / "sglang_clean.prom"], 0),
     (["rules", "SA3"], 0), (["query", "{ds}", "acceptance_by_depth"], 0),
-    (["estimate", ENGINES / "sglang_clean.log", "--baseline-tps", "100", "--cost-factor", "1.5"], None),
+    (["estimate", ENGINES / "sglang_clean.log", "--baseline-tps", "1000", "--cost-factor", "1.5"], None),
     (["diff", "{ds}", "{ds}"], 0), (["dashboards", "--out", "{tmp}/dash"], 0),
     (["ab", ENGINES / "vllm_clean.log", ENGINES / "vllm_clean_k5.log"], None),
 ])
