@@ -1115,9 +1115,9 @@ def _start_workers(n: int, rules, cap: int, batch_rows: int):
     # would inherit them). polars is optional (pip install specaudit[fast]): without it the
     # workers read with Arrow from the start instead of failing an import per task
     import importlib.util
-    have = importlib.util.find_spec("polars") is not None
+    use = POOL_POLARS and "polars" not in sys.modules and importlib.util.find_spec("polars") is not None
     return ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("fork"), initializer=_worker_init,
-                               initargs=(POOL_POLARS and have and "polars" not in sys.modules,))
+                               initargs=(use,))
 
 
 def _worker_init(use_polars: bool) -> None:
