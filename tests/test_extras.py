@@ -172,3 +172,51 @@ def test_check_help_lists_the_config_options():
     r = subprocess.run([sys.executable, "-m", "specaudit", "check", "--help"], capture_output=True, text=True,
                        cwd=REPO, timeout=60)
     assert r.returncode == 0 and "--config" in r.stdout and "--isolated" in r.stdout
+
+
+def test_pool_workers_without_polars_give_the_same_report(tmp_path):
+    """polars is the `fast` extra: without it check's tiny-run pool reads with Arrow, and the
+    report (one run broken among clean tiny runs) is the one the polars workers give."""
+    import json as _json
+
+    import pyarrow.parquet as pq
+
+    from specaudit.trace.synth import synth_run_rows
+    ds = tmp_path / "ds"
+    for i in range(8):
+        s, r, m = synth_run_rows(1, run_id=f"t{i}", seed=i, max_new_tokens=8)
+        if i == 5:
+            m["reported"]["mean_commit_len"] = m["reported"]["mean_commit_len"] + 2
+        d = ds / f"run_id=t{i}"
+        d.mkdir(parents=True)
+        pq.write_table(s, d / "steps-000000.parquet")
+        pq.write_table(r, d / "requests.parquet")
+        (d / "run.json").write_text(_json.dumps(m))
+    code = textwrap.dedent(f"""
+        import importlib.abc, json, sys
+        if sys.argv[1] == "blocked":
+            class Block(importlib.abc.MetaPathFinder):
+                def find_spec(self, name, path=None, target=None):
+                    if name.split(".")[0] == "polars":
+                        raise ModuleNotFoundError("No module named 'polars'", name="polars")
+            sys.meta_path.insert(0, Block())
+        from specaudit.audit import check as C
+        C.POOL_RUNS = 3                                    # several tasks: worker processes start
+        r = C.check_paths([{str(ds)!r}], workers=2)
+        ex = C._start_workers(1, [], 0, 10)
+        def worker_flag():
+            return C._WORKER.get("polars")
+        flag = ex.submit(worker_flag).result()
+        ex.shutdown()
+        print(json.dumps([flag, [f.to_dict() for f in r.findings], dict(r.counts), r.exit_code, len(r.runs)]))
+    """)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    got = {}
+    for mode in ("blocked", "with"):
+        out = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, env=env,
+                             cwd=tmp_path, timeout=300)
+        assert out.returncode == 0, out.stderr
+        got[mode] = __import__("json").loads(out.stdout)
+    assert got["blocked"][0] is False and got["with"][0] is True   # Arrow without polars, polars with it
+    assert got["blocked"][1:] == got["with"][1:]
+    assert got["with"][2] == {"SA507": 1} and got["with"][3] == 1 and got["with"][4] == 8
