@@ -79,11 +79,25 @@ def wheelhouse() -> Path:
     return d
 
 
+SOURCES = ("specaudit", "invariants", "kernels", "dashboards", "pyproject.toml", "README.md")
+
+
 def build_wheel(out: Path) -> Path:
+    """specaudit's wheel, built from a copy of the sources: setuptools writes build/ and
+    *.egg-info beside them, and a stale build/lib would ship modules deleted since."""
+    import tempfile
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("specaudit-*.whl"):
         old.unlink()
-    _pip(sys.executable, "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(REPO))
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "specaudit-src"
+        src.mkdir()
+        for name in SOURCES:
+            if (REPO / name).is_dir():
+                shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            else:
+                shutil.copy(REPO / name, src / name)
+        _pip(sys.executable, "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(src))
     (whl,) = out.glob("specaudit-*.whl")
     return whl
 

@@ -146,10 +146,11 @@ def source_repo(tmp_path_factory):
     d = tmp_path_factory.mktemp("hookrepo") / "specaudit"
     d.mkdir()
     skip = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
-    for name in ("specaudit", "invariants", "kernels", "dashboards"):
-        shutil.copytree(REPO / name, d / name, ignore=skip)
-    for name in ("pyproject.toml", "README.md", "action.yml", ".pre-commit-hooks.yaml"):
-        shutil.copy(REPO / name, d / name)
+    for name in base_install.SOURCES + ("action.yml", ".pre-commit-hooks.yaml"):
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, d / name, ignore=skip)
+        else:
+            shutil.copy(REPO / name, d / name)
     subprocess.run([*GIT, "init", "-q", str(d)], check=True)
     subprocess.run([*GIT, "-C", str(d), "add", "-A"], check=True)
     subprocess.run([*GIT, "-C", str(d), "commit", "-q", "-m", "specaudit"], check=True)
