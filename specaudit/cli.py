@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import pkgutil
+import os
 import sys
 
 from specaudit import __version__
@@ -30,11 +30,11 @@ docs:        specaudit COMMAND --help;  specaudit rules (the invariant catalog)
 
 def command_modules():
     from specaudit import commands
-    mods = []
-    for info in pkgutil.iter_modules(commands.__path__):
-        if info.name.startswith("_"):
-            continue
-        mods.append(importlib.import_module(f"{commands.__name__}.{info.name}"))
+    # the folder listed directly: pkgutil.iter_modules imports inspect (a third of the
+    # start-up of `specaudit check --help` in a fresh venv)
+    names = sorted({f[:-3] for d in commands.__path__ for f in os.listdir(d)
+                    if f.endswith(".py") and not f.startswith("_")})
+    mods = [importlib.import_module(f"{commands.__name__}.{name}") for name in names]
     mods.sort(key=lambda m: (getattr(m, "ORDER", 50), m.__name__))
     return mods
 
@@ -144,8 +144,6 @@ def internal_error(command: str, e: BaseException) -> int:
     """One line naming the bug and the input that triggered it; exit 3.
 
     SPECAUDIT_DEBUG=1 prints the traceback as well (for the bug report)."""
-    import os
-
     from specaudit.audit.formats import printable
     from specaudit.trace.schema import last_input
     if os.environ.get("SPECAUDIT_DEBUG"):
