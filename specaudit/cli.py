@@ -19,6 +19,7 @@ import os
 import sys
 
 from specaudit import __version__
+from specaudit.audit.formats import printable
 
 EPILOG = """\
 exit codes: 0 clean, 1 violations or findings, 2 usage or input error,
@@ -51,9 +52,33 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=mod.HELP, description=(mod.__doc__ or mod.HELP),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         mod.add_arguments(p)
-        p.set_defaults(_main=mod.main, _extra=getattr(mod, "EXTRA", None))
+        p.set_defaults(_main=_entry(mod))
         ap.subparsers[name] = p
     return ap
+
+
+def _entry(mod):
+    """The command's main, preceded by the check that its extra (EXTRA, e.g. "runtime") is
+    installed: a missing one is named in one line (exit 2) before anything runs."""
+    extra = getattr(mod, "EXTRA", None)
+    if extra is None:
+        return mod.main
+
+    def main(args):
+        from specaudit.commands._extras import missing_for
+        why = missing_for(extra)
+        if why:
+            print(f"specaudit {args.command}: error: {why}", file=sys.stderr)
+            return 2
+        return mod.main(args)
+    return main
+
+
+def _input_error():
+    """InputError, imported when an exception is being handled: the contract module
+    (numpy, pyarrow) stays out of `specaudit check --help`."""
+    from specaudit.trace.schema import InputError
+    return InputError
 
 
 def _options(p: argparse.ArgumentParser) -> dict:
@@ -111,29 +136,20 @@ def main(argv=None) -> int:
     if not getattr(args, "_main", None):
         ap.print_help()
         return 2
-    from specaudit.commands._extras import missing_for, missing_module
-    why = missing_for(args._extra)   # an optional dependency group this command needs
-    if why:
-        print(f"specaudit {args.command}: error: {why}", file=sys.stderr)
-        return 2
     try:
         return int(args._main(args) or 0)
+    except _input_error() as e:
+        print(f"specaudit {args.command}: error: {printable(e)}", file=sys.stderr)
+        return 2
+    except (ValueError, FileNotFoundError, PermissionError, IsADirectoryError) as e:
+        print(f"specaudit {args.command}: error: {printable(e)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"specaudit {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         return 0
     except Exception as e:
-        # imported here, not at the top: `specaudit check --help` starts without numpy/pyarrow
-        from specaudit.audit.formats import printable
-        from specaudit.trace.schema import InputError
-        if isinstance(e, (InputError, ValueError, FileNotFoundError, PermissionError, IsADirectoryError)):
-            print(f"specaudit {args.command}: error: {printable(e)}", file=sys.stderr)
-            return 2
-        why = missing_module(e)   # an optional dependency reached on a path the command check misses
-        if why:
-            print(f"specaudit {args.command}: error: {why}", file=sys.stderr)
-            return 2
         return internal_error(args.command, e)
 
 
@@ -143,9 +159,14 @@ EXIT_INTERNAL = 3
 def internal_error(command: str, e: BaseException) -> int:
     """One line naming the bug and the input that triggered it; exit 3.
 
-    SPECAUDIT_DEBUG=1 prints the traceback as well (for the bug report)."""
-    from specaudit.audit.formats import printable
+    SPECAUDIT_DEBUG=1 prints the traceback as well (for the bug report). A missing optional
+    dependency is not a bug: one line names the extra that installs it, exit 2."""
+    from specaudit.commands._extras import missing_module
     from specaudit.trace.schema import last_input
+    why = missing_module(e)   # an extra's module reached on a path the command-level check misses
+    if why:
+        print(f"specaudit {command}: error: {why}", file=sys.stderr)
+        return 2
     if os.environ.get("SPECAUDIT_DEBUG"):
         import traceback
         traceback.print_exc()

@@ -93,6 +93,7 @@ def run_check(paths=(), *, select=(), ignore=(), invariants=(), entry_points=Tru
     timeout, match, headers, insecure, ca_file); config: a specaudit.config.CheckConfig
     (its per-path ignores, severities and tolerances; select / ignore / output format
     come merged with the flags by the caller)."""
+    from specaudit.audit.check import CheckResult, check_paths, result_bad
     from specaudit.audit.formats import format_findings
     from specaudit.invariants import load_rules
     from specaudit.invariants.registry import check_selectors
@@ -102,24 +103,10 @@ def run_check(paths=(), *, select=(), ignore=(), invariants=(), entry_points=Tru
         check_selectors(label, codes)
     check_selectors("--select", select)
     check_selectors("--ignore", ignore)
-    # per-path ignores drop findings after the check: it keeps every finding then (exact
-    # counts), and the cap is applied after the drop
-    keep_all = config is not None and bool(config.per_path_ignores)
-    with _tolerances(config.tolerances if config is not None else {}):
-        res = _check(paths, select, ignore, invariants=invariants, entry_points=entry_points, source=source,
-                     max_per_code=0 if keep_all else max_per_code, engine=engine, spark_master=spark_master,
-                     out=out, prometheus=prometheus, live=live)
-    if config is not None:
-        apply_config(res, config, max_per_code)
-    text = format_findings(res.findings, output_format, counts=res.counts, summary=res.summary(),
-                           statistics=statistics, examples=examples, checked=res.rules)
-    return res, text
-
-
-def _check(paths, select, ignore, *, invariants, entry_points, source, max_per_code, engine, spark_master, out,
-           prometheus, live):
-    """The readers over the inputs -> CheckResult."""
-    from specaudit.audit.check import CheckResult, check_paths, result_bad
+    cap = max_per_code
+    if config is not None and config.per_path_ignores:
+        max_per_code = 0   # per-path ignores drop findings after the check: it keeps them all (exact counts)
+    set_tolerances(config.tolerances if config is not None else {})
     if engine == "spark":
         res = run_check_spark(paths, select, ignore, invariants=invariants, entry_points=entry_points,
                               max_per_code=max_per_code, spark_master=spark_master, out=out)
@@ -141,7 +128,23 @@ def _check(paths, select, ignore, *, invariants, entry_points, source, max_per_c
                 cross_check(traces, present, select, ignore, res)
         if prometheus:
             audit_live(prometheus, select, ignore, res, **(live or {}))
-    return res
+    restore_tolerances()
+    if config is not None:
+        apply_config(res, config, cap)
+    text = format_findings(res.findings, output_format, counts=res.counts, summary=res.summary(),
+                           statistics=statistics, examples=examples, checked=res.rules)
+    return res, text
+
+
+def run_check_spark(paths, select, ignore, *, invariants=(), entry_points=True, max_per_code=1000,
+                    spark_master=None, out=None):
+    """engine="spark": every path (folder or URI) is a trace dataset, checked on Spark -> CheckResult."""
+    from specaudit.audit.spark import check_spark, session
+    if not paths:
+        raise ValueError("--engine spark needs PATHs or URIs of trace datasets")
+    spark = session(spark_master)
+    return check_spark(spark, list(paths), select=select, ignore=ignore, out=out, invariants_dirs=invariants,
+                       entry_points=entry_points, max_per_code=max_per_code)
 
 
 def apply_config(res, config, max_per_code: int) -> None:
@@ -165,35 +168,24 @@ def apply_config(res, config, max_per_code: int) -> None:
         res.severities = {c: config.severity_of(c, s) for c, s in res.severities.items()}
 
 
-class _tolerances:
-    """Set the rule modules' tolerance constants for one check, and put them back after."""
-
-    def __init__(self, values: dict):
-        self.values, self.saved = values, []
-
-    def __enter__(self):
-        import importlib
-
-        from specaudit.config import TOLERANCES
-        for name, x in self.values.items():
-            mod = importlib.import_module(f"specaudit.invariants.{TOLERANCES[name][0]}")
-            attr = TOLERANCES[name][1]
-            self.saved.append((mod, attr, getattr(mod, attr)))
-            setattr(mod, attr, x)
-        return self
-
-    def __exit__(self, *exc):
-        for mod, attr, x in reversed(self.saved):
-            setattr(mod, attr, x)
-        return False
+_TOLERANCES_SET: list = []   # (rule module, constant, its value before) for each tolerance a check set
 
 
-def run_check_spark(paths, select, ignore, *, invariants=(), entry_points=True, max_per_code=1000,
-                    spark_master=None, out=None):
-    """engine="spark": every path (folder or URI) is a trace dataset, checked on Spark -> CheckResult."""
-    from specaudit.audit.spark import check_spark, session
-    if not paths:
-        raise ValueError("--engine spark needs PATHs or URIs of trace datasets")
-    spark = session(spark_master)
-    return check_spark(spark, list(paths), select=select, ignore=ignore, out=out, invariants_dirs=invariants,
-                       entry_points=entry_points, max_per_code=max_per_code)
+def set_tolerances(values: dict) -> None:
+    """Set the rule modules' tolerance constants (specaudit.config.TOLERANCES) for one check;
+    restore_tolerances() puts them back. A check that raised left them set: put back first."""
+    import importlib
+
+    from specaudit.config import TOLERANCES
+    restore_tolerances()
+    for name, x in values.items():
+        mod = importlib.import_module(f"specaudit.invariants.{TOLERANCES[name][0]}")
+        attr = TOLERANCES[name][1]
+        _TOLERANCES_SET.append((mod, attr, getattr(mod, attr)))
+        setattr(mod, attr, x)
+
+
+def restore_tolerances() -> None:
+    while _TOLERANCES_SET:
+        mod, attr, x = _TOLERANCES_SET.pop()
+        setattr(mod, attr, x)

@@ -21,15 +21,13 @@ MODULE_EXTRA = {
     "transformers": "hf",
     "triton": "triton",
 }
-# extra -> the top-level modules a command of that extra imports (checked before it runs)
+# extra -> the top-level modules a command of that extra imports (checked before it runs;
+# spark, hf and triton are reached inside commands and named by MODULE_EXTRA when missing)
 EXTRA_MODULES = {
     "runtime": ("torch", "safetensors", "scipy"),
     "serve": ("torch", "safetensors", "fastapi", "uvicorn", "pydantic", "opentelemetry"),
     "report": ("matplotlib",),
     "demo": ("torch", "safetensors", "scipy", "matplotlib"),   # run, check, estimate and report in one
-    "spark": ("pyspark",),
-    "hf": ("torch", "transformers"),
-    "triton": ("torch", "triton"),
 }
 
 

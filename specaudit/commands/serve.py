@@ -33,6 +33,7 @@ standard OTEL_* variables; OTLP needs `pip install 'specaudit[otlp]'`.
 """
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 import threading
@@ -40,7 +41,6 @@ import threading
 from specaudit.runtime.options import add_runtime_arguments, apply_host_options, model_kwargs, resolve_topk
 
 HELP = "serve the runtime over an OpenAI-compatible API (completions, chat) with /metrics and OTel spans"
-EXTRA = "serve"   # FastAPI, uvicorn and torch: pip install specaudit[serve]
 ORDER = 30
 
 
@@ -80,20 +80,14 @@ def add_arguments(p) -> None:
                    help="seconds of throughput per estimate (default 30)")
 
 
-def _logging(host: str) -> None:
-    """The server's log lines on stderr; a warning when it binds beyond loopback."""
-    import logging  # here, not at the top: every command's --help builds this module's parser
-    logging.basicConfig(level=logging.INFO, format="specaudit serve: %(message)s", stream=sys.stderr)
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        logging.getLogger("specaudit.serve").warning(
-            "binding %s: the API has no authentication; anyone who reaches this port can use it", host)
-
-
 def main(args) -> int:
     from specaudit.serve.server import SpecServer
     from specaudit.trace.otel_sink import env_requests_otel
 
-    _logging(args.host)
+    logging.basicConfig(level=logging.INFO, format="specaudit serve: %(message)s", stream=sys.stderr)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        logging.getLogger("specaudit.serve").warning(
+            "binding %s: the API has no authentication; anyone who reaches this port can use it", args.host)
     apply_host_options(args)
     if (args.cost_factor is None) != (args.baseline_tps is None) and args.calibration is None:
         raise ValueError("--baseline-tps and --cost-factor go together (or give --calibration PROFILE)")
