@@ -90,9 +90,7 @@ def run_check(paths=(), *, select=(), ignore=(), invariants=(), entry_points=Tru
               spark_master=None, out=None, prometheus=None, live=None, config=None):
     """-> (CheckResult, the rendered report). select / ignore: code prefixes (validated:
     ValueError names an unknown one); live: keyword arguments of audit_live (range, step,
-    timeout, match, headers, insecure, ca_file); config: a specaudit.config.CheckConfig
-    (its per-path ignores, severities and tolerances; select / ignore / output format
-    come merged with the flags by the caller)."""
+    timeout, match, headers, insecure, ca_file)."""
     from specaudit.audit.check import CheckResult, check_paths, result_bad
     from specaudit.audit.formats import format_findings
     from specaudit.invariants import load_rules
@@ -103,6 +101,8 @@ def run_check(paths=(), *, select=(), ignore=(), invariants=(), entry_points=Tru
         check_selectors(label, codes)
     check_selectors("--select", select)
     check_selectors("--ignore", ignore)
+    # config: a specaudit.config.CheckConfig, its per-path ignores, severities and tolerances
+    # (select / ignore / output format come merged with the flags by the caller)
     cap = max_per_code
     if config is not None and config.per_path_ignores:
         max_per_code = 0   # per-path ignores drop findings after the check: it keeps them all (exact counts)
