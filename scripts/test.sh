@@ -11,10 +11,10 @@ need=()
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v git >/dev/null 2>&1 || need+=(git)   # tests/test_ci_install.py: pre-commit in a temporary repository
 # A Java runtime for Spark (tests/test_spark.py runs the checker on Spark local[2]).
 command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)   # a self-signed cert for check --prometheus over TLS
-command -v git >/dev/null 2>&1 || need+=(git)   # tests/test_ci_install.py: pre-commit in a temporary repository
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
