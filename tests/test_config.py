@@ -151,3 +151,12 @@ def test_pyproject_key_errors_name_the_table(proj, capsys):
     (proj / "a" / "pyproject.toml").write_text('[project]\nname = "x"\n')
     code, _, err = check(capsys, proj / LOG, "--config", proj / "a" / "pyproject.toml")
     assert code == 2 and "has no [tool.specaudit] table" in err
+
+
+def test_output_format_default_stays_text_and_only_a_typed_flag_overrides(proj, capsys):
+    from specaudit.cli import build_parser
+    sp = build_parser().subparsers["check"]
+    assert next(a for a in sp._actions if "--output-format" in a.option_strings).default == "text"
+    (proj / "specaudit.toml").write_text('output-format = "json"\n')
+    assert check(capsys, proj / LOG)[1].lstrip().startswith("{")                    # the file's format
+    assert not check(capsys, proj / LOG, "--output-format", "text")[1].lstrip().startswith("{")   # the flag's

@@ -33,6 +33,7 @@ with their reason (SA000); the others are still checked.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 
 HELP = "check trace datasets (or engine logs) against the invariant catalog"
@@ -43,13 +44,23 @@ ORDER = 20
 SOURCES = ("sglang-log", "vllm-log", "llamacpp-log", "prom-text", "json-records")
 
 
+class _Given(argparse.Action):
+    """Stores the value and notes that the flag was typed: a flag overrides the configuration
+    file's setting, the flag's default does not."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_given", True)
+
+
 def add_arguments(p) -> None:
     p.add_argument("paths", nargs="*", metavar="PATH", help="dataset folders, run folders, trace files or log files")
     p.add_argument("--select", action="append", metavar="CODES",
                    help="only these code prefixes, comma-separated (e.g. SA3,SA501)")
     p.add_argument("--ignore", action="append", metavar="CODES", help="skip these code prefixes")
-    p.add_argument("--output-format", choices=["text", "json", "junit", "github", "sarif"], default=None,
-                   help="text (default), json, junit (XML), github (workflow annotations), sarif (2.1.0)")
+    p.add_argument("--output-format", choices=["text", "json", "junit", "github", "sarif"], default="text",
+                   help="text (default), json, junit (XML), github (workflow annotations), sarif (2.1.0)",
+                   action=_Given)   # typed, it overrides the configuration file's output-format
     p.add_argument("--config", metavar="FILE",
                    help="read settings from this specaudit.toml or pyproject.toml ([tool.specaudit]) "
                         "instead of the one found from the working directory upwards")
@@ -96,12 +107,13 @@ def run_check(args):
     from specaudit.audit.run_check import parse_codes, run_check
     from specaudit.config import resolve
     cfg = resolve(args.config, args.isolated)   # flags override the file's select / ignore / format
+    fmt = args.output_format if getattr(args, "output_format_given", False) else cfg.output_format or args.output_format
     live = dict(range=args.range, step=args.step, timeout=args.timeout, match=args.match, headers=args.header,
                 insecure=args.insecure, ca_file=args.ca_file)
     return run_check(args.paths, select=parse_codes(args.select) if args.select else (cfg.select or ()),
                      ignore=parse_codes(args.ignore) if args.ignore else (cfg.ignore or ()), config=cfg,
                      invariants=args.invariants, entry_points=not args.no_entry_points, source=args.source,
-                     max_per_code=args.max_per_code, output_format=args.output_format or cfg.output_format or "text",
+                     max_per_code=args.max_per_code, output_format=fmt,
                      statistics=args.statistics, examples=args.examples, engine=args.engine,
                      spark_master=args.spark_master, out=args.out, prometheus=args.prometheus, live=live)
 
