@@ -33,8 +33,9 @@ with their reason (SA000); the others are still checked.
 """
 from __future__ import annotations
 
-import argparse
 import sys
+
+from specaudit.cli_flags import Given
 
 HELP = "check trace datasets (or engine logs) against the invariant catalog"
 ORDER = 20
@@ -44,15 +45,6 @@ ORDER = 20
 SOURCES = ("sglang-log", "vllm-log", "llamacpp-log", "prom-text", "json-records")
 
 
-class _Given(argparse.Action):
-    """Stores the value and notes that the flag was typed: a flag overrides the configuration
-    file's setting, the flag's default does not."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        setattr(namespace, self.dest, values)
-        setattr(namespace, f"{self.dest}_given", True)
-
-
 def add_arguments(p) -> None:
     p.add_argument("paths", nargs="*", metavar="PATH", help="dataset folders, run folders, trace files or log files")
     p.add_argument("--select", action="append", metavar="CODES",
@@ -60,7 +52,7 @@ def add_arguments(p) -> None:
     p.add_argument("--ignore", action="append", metavar="CODES", help="skip these code prefixes")
     p.add_argument("--output-format", choices=["text", "json", "junit", "github", "sarif"], default="text",
                    help="text (default), json, junit (XML), github (workflow annotations), sarif (2.1.0)",
-                   action=_Given)   # typed, it overrides the configuration file's output-format
+                   action=Given)   # typed, it overrides the configuration file's output-format
     p.add_argument("--config", metavar="FILE",
                    help="read settings from this specaudit.toml or pyproject.toml ([tool.specaudit]) "
                         "instead of the one found from the working directory upwards")
