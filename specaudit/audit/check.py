@@ -1112,9 +1112,20 @@ def _start_workers(n: int, rules, cap: int, batch_rows: int):
     _WORKER.update(rules=rules, cap=cap, batch_rows=batch_rows)   # inherited by fork, never pickled
     # the workers read with polars (_read_batch) unless this process has loaded it: its
     # threads do not survive a fork. This process itself never does (a later fork of it
-    # would inherit them)
+    # would inherit them). polars is optional (pip install specaudit[fast]): without it the
+    # workers read with Arrow from the start instead of failing an import per task
+    use = POOL_POLARS and "polars" not in sys.modules and _findable("polars")
     return ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("fork"), initializer=_worker_init,
-                               initargs=(POOL_POLARS and "polars" not in sys.modules,))
+                               initargs=(use,))
+
+
+def _findable(module: str) -> bool:
+    """Whether `module` could be imported, without importing it."""
+    import importlib.util
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _worker_init(use_polars: bool) -> None:

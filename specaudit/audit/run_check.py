@@ -87,7 +87,7 @@ def audit_live(url, select, ignore, result, *, range="6h", step="30s", timeout="
 
 def run_check(paths=(), *, select=(), ignore=(), invariants=(), entry_points=True, source=None,
               max_per_code=1000, output_format="text", statistics=False, examples=3, engine="local",
-              spark_master=None, out=None, prometheus=None, live=None):
+              spark_master=None, out=None, prometheus=None, live=None, config=None):
     """-> (CheckResult, the rendered report). select / ignore: code prefixes (validated:
     ValueError names an unknown one); live: keyword arguments of audit_live (range, step,
     timeout, match, headers, insecure, ca_file)."""
@@ -97,8 +97,16 @@ def run_check(paths=(), *, select=(), ignore=(), invariants=(), entry_points=Tru
     from specaudit.invariants.registry import check_selectors
     select, ignore = tuple(select), tuple(ignore)
     load_rules(dirs=invariants, entry_points=entry_points)   # user rules count as known
+    for label, codes in (config.code_lists() if config is not None else ()):   # named by file and key
+        check_selectors(label, codes)
     check_selectors("--select", select)
     check_selectors("--ignore", ignore)
+    # config: a specaudit.config.CheckConfig, its per-path ignores, severities and tolerances
+    # (select / ignore / output format come merged with the flags by the caller)
+    cap = max_per_code
+    if config is not None and config.per_path_ignores:
+        max_per_code = 0   # per-path ignores drop findings after the check: it keeps them all (exact counts)
+    set_tolerances(config.tolerances if config is not None else {})
     if engine == "spark":
         res = run_check_spark(paths, select, ignore, invariants=invariants, entry_points=entry_points,
                               max_per_code=max_per_code, spark_master=spark_master, out=out)
@@ -120,6 +128,9 @@ def run_check(paths=(), *, select=(), ignore=(), invariants=(), entry_points=Tru
                 cross_check(traces, present, select, ignore, res)
         if prometheus:
             audit_live(prometheus, select, ignore, res, **(live or {}))
+    restore_tolerances()
+    if config is not None:
+        apply_config(res, config, cap)
     text = format_findings(res.findings, output_format, counts=res.counts, summary=res.summary(),
                            statistics=statistics, examples=examples, checked=res.rules)
     return res, text
@@ -134,3 +145,47 @@ def run_check_spark(paths, select, ignore, *, invariants=(), entry_points=True, 
     spark = session(spark_master)
     return check_spark(spark, list(paths), select=select, ignore=ignore, out=out, invariants_dirs=invariants,
                        entry_points=entry_points, max_per_code=max_per_code)
+
+
+def apply_config(res, config, max_per_code: int) -> None:
+    """The file's per-path ignores and severity overrides on a finished CheckResult. With
+    per-path ignores the check kept every finding (max_per_code=0), so the counts rebuilt
+    from the findings left are exact; the cap is applied here."""
+    from collections import Counter
+    if config.per_path_ignores:
+        kept = [f for f in res.findings if not config.path_ignored(f.code, f.file)]
+        res.counts = Counter(f.code for f in kept)
+        shown: Counter = Counter()
+        res.findings = []
+        for f in kept:
+            shown[f.code] += 1
+            if max_per_code <= 0 or shown[f.code] <= max_per_code:
+                res.findings.append(f)
+        res.max_per_code = max_per_code
+    if config.severity:
+        for f in res.findings:
+            f.severity = config.severity_of(f.code, f.severity)
+        res.severities = {c: config.severity_of(c, s) for c, s in res.severities.items()}
+
+
+_TOLERANCES_SET: list = []   # (rule module, constant, its value before) for each tolerance a check set
+
+
+def set_tolerances(values: dict) -> None:
+    """Set the rule modules' tolerance constants (specaudit.config.TOLERANCES) for one check;
+    restore_tolerances() puts them back. A check that raised left them set: put back first."""
+    import importlib
+
+    from specaudit.config import TOLERANCES
+    restore_tolerances()
+    for name, x in values.items():
+        mod = importlib.import_module(f"specaudit.invariants.{TOLERANCES[name][0]}")
+        attr = TOLERANCES[name][1]
+        _TOLERANCES_SET.append((mod, attr, getattr(mod, attr)))
+        setattr(mod, attr, x)
+
+
+def restore_tolerances() -> None:
+    while _TOLERANCES_SET:
+        mod, attr, x = _TOLERANCES_SET.pop()
+        setattr(mod, attr, x)

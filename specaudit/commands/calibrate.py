@@ -21,6 +21,7 @@ import json
 import sys
 
 HELP = "measure the step cost factor r(N, c) and write a cost profile"
+EXTRA = "runtime"   # torch: pip install specaudit[runtime] (specaudit/commands/_extras.py)
 ORDER = 36
 
 

@@ -19,6 +19,7 @@ named by SA301, SA506 and SA507, the report written; 1 (with the reason) otherwi
 from __future__ import annotations
 
 HELP = "run the main job on the embedded models (chain + tree, traced) and summarise"
+EXTRA = "demo"   # torch and matplotlib: pip install specaudit[demo] (specaudit/commands/_extras.py)
 ORDER = 5
 
 

@@ -24,6 +24,7 @@ import json
 from specaudit.cli_vocab import add_list_faults, hidden_alias
 
 HELP = "test whether speculative sampling keeps the target's output distribution (two-sample test)"
+EXTRA = "runtime"   # torch: pip install specaudit[runtime] (specaudit/commands/_extras.py)
 ORDER = 35
 
 

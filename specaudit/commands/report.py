@@ -34,6 +34,7 @@ from __future__ import annotations
 import sys
 
 HELP = "self-contained HTML report with plots (acceptance, commit lengths, calibration, latency, findings)"
+EXTRA = "report"   # matplotlib: pip install specaudit[report]
 ORDER = 62
 
 

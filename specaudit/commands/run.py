@@ -28,6 +28,7 @@ from specaudit.runtime.options import (
 )
 
 HELP = "run the reference runtime (chain or tree) and write a trace dataset"
+EXTRA = "runtime"   # torch: pip install specaudit[runtime] (specaudit/commands/_extras.py)
 ORDER = 10
 
 

@@ -43,6 +43,7 @@ from specaudit.runtime.options import add_runtime_arguments, apply_host_options,
 
 HELP = "serve the runtime over an OpenAI-compatible API (completions, chat) with /metrics and OTel spans"
 ORDER = 30
+EXTRA = "serve"   # FastAPI, uvicorn and torch: pip install specaudit[serve] (specaudit/commands/_extras.py)
 
 
 def add_arguments(p) -> None:
