@@ -105,7 +105,6 @@ def test_messages_show_the_numbers():
     ("bad_no_matching_lines.log", "not a recognised"),
     ("bad_mixed_engines.log", "mixed engines"),
     ("bad_all_truncated.log", "truncated SGLang decode line"),
-    ("bad_vllm_missing_series.prom", "lack vllm:spec_decode_num_accepted_tokens_total"),
 ])
 def test_bad_input(name, word):
     with pytest.raises(InputError) as ei:

@@ -102,7 +102,8 @@ def summary_line(counts, sev, summary: dict) -> str:
             parts.append(_plural(summary[k], word))
     what = f"checked {', '.join(parts)}" if parts else "checked"
     head = (f"Found {_plural(errors, 'violation')} of {_plural(len(codes), 'rule')}" if errors
-            else "No violations")
+            else "No violations in what could be checked (see each reading's account above)"
+            if summary.get("readings") else "No violations")
     tail = []
     if warns:
         tail.append(_plural(warns, "warning"))
@@ -119,6 +120,11 @@ def _text(findings, *, counts, summary, statistics, examples, rules, checked, ti
     for f in findings:
         by_code.setdefault(f.code, []).append(f)
     lines = []
+    if summary.get("readings"):   # engine inputs: what was read, checked and not checkable, first
+        from specaudit.audit.sources.account import render
+        for doc in summary["readings"]:
+            lines += [printable(x) for x in render(doc)]
+        lines.append("")
     if statistics:
         w = max((len(f"{n:,}") for n in counts.values()), default=1)
         nw = max((len(names.get(c, "")) for c in counts), default=1)
@@ -188,6 +194,11 @@ def _junit(findings, *, counts, summary, statistics, examples, rules, checked, t
     if summary:
         props = ET.SubElement(suite, "properties")
         for k, v in summary.items():
+            if k == "readings":   # engine inputs' accounts: one property per file, its verdict
+                for doc in v:
+                    ET.SubElement(props, "property", name=printable(f"reading {doc['file']}"),
+                                  value=printable(doc["verdict"]))
+                continue
             ET.SubElement(props, "property", name=printable(k), value=printable(v))
     for c in codes:
         r = meta.get(c)

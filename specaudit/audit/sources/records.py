@@ -268,6 +268,22 @@ def window_of(obj, line: int) -> tuple[Window | None, str | None]:
     return None, None
 
 
+def engine_shape(obj) -> str | None:
+    """The engine record a JSON object is by its own keys, figures or not (TensorRT-LLM
+    iteration stats with specDecodingStats null, an SGLang response's meta_info, a vLLM
+    per-request record, llama.cpp timings), or None."""
+    if not isinstance(obj, dict):
+        return None
+    if "specDecodingStats" in obj and "iter" in obj:
+        return "TensorRT-LLM iteration stats"
+    if isinstance(obj.get("meta_info"), dict) and ("completion_tokens" in obj["meta_info"]
+                                                   or "prompt_tokens" in obj["meta_info"]):
+        return "SGLang response meta_info"
+    if isinstance(obj.get("timings"), dict) and "predicted_n" in obj["timings"]:
+        return "llama.cpp response timings"
+    return None
+
+
 class Parser(LineParser):
     source = "json-records"
     engine = "json"
@@ -280,7 +296,11 @@ class Parser(LineParser):
         self.doc_line = 1
         self.too_big = False
 
+    recognised = None   # an engine's record shape seen without figures (sources.NoFigures)
+
     def _record(self, obj, line):
+        if self.recognised is None:
+            self.recognised = engine_shape(obj)
         w, why = window_of(obj, line)
         if why:
             self.skip(line, why, json.dumps(obj)[:200] if isinstance(obj, dict) else "")
