@@ -9,7 +9,7 @@ files they must stay quiet on (`pass_fixture`).
 from __future__ import annotations
 
 from .base import Rule
-from .sa7xx_common import LEN_TOL, PCT_TOL, POS_TOL, RATE_TOL, count, fmt, mean, usable, where
+from .sa7xx_common import LEN_TOL, PCT_TOL, RATE_TOL, count, fmt, mean, pos_tol, usable, where
 
 MAX_PER_RULE = 10  # findings listed per rule and file; the rest are summarised in one more
 
@@ -100,7 +100,7 @@ class AcceptRateAboveOne(SourceRule):
                 elif w.printed_rate_pct is None and w.accept_rate is not None and w.accept_rate > 1 + RATE_TOL:
                     yield w, dict(what=f"accept rate{where(w)}", value=fmt(w.accept_rate))
                 for i, r in enumerate(w.per_pos or []):
-                    if r > 1 + POS_TOL:
+                    if r > 1 + pos_tol(w):
                         yield w, dict(what=f"per-position acceptance rate at position {i}{where(w)}", value=fmt(r, 3))
                         break
         return self.emit(reading, items())
@@ -253,7 +253,7 @@ class AcceptLengthBonus(SourceRule):
                     continue
                 if w.per_pos and _unconditional(w):
                     s = sum(w.per_pos)
-                    tol = LEN_TOL + len(w.per_pos) * POS_TOL + 1e-9
+                    tol = LEN_TOL + len(w.per_pos) * pos_tol(w) + 1e-9
                     if abs(L - (1 + s)) > tol and abs(L - s) <= tol and s > 0:
                         yield w, dict(what=f"Mean acceptance length{where(w)}",
                                       detail=f"{fmt(L)} equals the sum of the per-position rates ({fmt(s, 3)}); "
@@ -312,7 +312,7 @@ class AcceptLengthIdentity(SourceRule):
                     continue
                 if L is not None and w.per_pos and _unconditional(w):
                     s = sum(w.per_pos)
-                    tol = LEN_TOL + len(w.per_pos) * POS_TOL + 1e-9
+                    tol = LEN_TOL + len(w.per_pos) * pos_tol(w) + 1e-9
                     gap = L - (1 + s)
                     if abs(gap) > tol and abs(L - s) > tol and not _rank_multiple(L - 1, s, tol):
                         yield w, dict(what=f"Mean acceptance length{where(w)}",
@@ -427,7 +427,7 @@ class RankPartial(SourceRule):
                 L = w.accept_len
                 if L is not None and w.per_pos and _unconditional(w):
                     s = sum(w.per_pos)
-                    tol = LEN_TOL + len(w.per_pos) * POS_TOL + 1e-9
+                    tol = LEN_TOL + len(w.per_pos) * pos_tol(w) + 1e-9
                     R = _rank_multiple(L - 1, s, tol)
                     if R and abs(L - (1 + s)) > tol:
                         yield w, dict(what=f"per-position acceptance{where(w)}",

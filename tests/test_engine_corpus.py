@@ -87,4 +87,7 @@ def test_convention_is_named_in_the_finding():
 def test_readme_table_matches_the_corpus():
     md, tot = engine_corpus.table(render)
     assert tot["false"] == 0 and tot["caught"] == tot["flagged"] and tot["mut_caught"] == tot["mutated"]
-    assert engine_corpus.readme_table() == md, "README engine table is stale: python scripts/engine_corpus.py"
+    files = engine_corpus.table_files()
+    assert files, "no file holds the engine table markers (README.md or docs/*.md)"
+    for f in files:   # README.md today; docs/ pages as the README content moves there
+        assert engine_corpus.readme_table(f) == md, f"{f.name}: table stale: python scripts/engine_corpus.py --write"

@@ -35,7 +35,7 @@ ORDER = 20
 
 # the engine-output readers' --source names (specaudit.audit.sources.SOURCES; spelled here so
 # `check --help` does not import the readers)
-SOURCES = ("sglang-log", "vllm-log", "llamacpp-log", "prom-text", "json-records")
+SOURCES = ("sglang-log", "vllm-log", "llamacpp-log", "vllm-bench", "tokenspeed-log", "prom-text", "json-records")
 
 
 def add_arguments(p) -> None:

@@ -87,6 +87,14 @@ SOURCES = {
                      "slot print_timing: id  1 | task 0 | draft acceptance = 0.64479 (  167 accepted /   259 "
                      "generated), mean acceptance length =  2.92, acceptance rate per position = "
                      "(0.805, 0.632, 0.483)"),
+    "vllm-bench": ("vllm_bench", "log", "vLLM benchmark summaries: `vllm bench serve`'s 'Speculative Decoding' "
+                   "section and the summary of examples/offline_inference/spec_decode.py",
+                   "Acceptance rate (%):  61.02 / Acceptance length:  2.83 / Drafts:  1234 / Draft tokens:  3702 / "
+                   "Accepted tokens:  2259  (or num_drafts: / num_accepted_tokens: / mean acceptance length:)"),
+    "tokenspeed-log": ("tokenspeed", "log", "TokenSpeed scheduler log: 'Decode batch.' lines with avg_accept_len and "
+                       "accept_rate",
+                       "Decode batch. #running-req: 8, #pages(active/cached/total): 412/96/8192, page ratio: 0.05, "
+                       "gen throughput (token/s): 812.45, avg_accept_len: 3.21, accept_rate: 0.74, #queue-req: 0"),
     "prom-text": ("prom_text", "prom", "Prometheus text: vllm:spec_decode_*, sglang:spec_accept_*, "
                   "trtllm_spec_decode_*, "
                   "llamacpp:spec_decode_*, specaudit_*",

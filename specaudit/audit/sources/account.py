@@ -24,9 +24,12 @@ IDENTITIES = {
     "k": ("drafted <= draft length x verify steps", ("SA722",)),
     "sglang_rate": ("SGLang accept rate = accept len / D (bonus counted) or (accept len - 1) / (D - 1)",
                     ("SA720",)),
+    "ts_rate": ("TokenSpeed accept_rate = (avg_accept_len - 1) / k, one whole k for every line", ("SA732",)),
     "hist": ("histogram: sum(h) = verify steps, sum(i*h_i) = accepted", ("SA723",)),
     "monotone": ("cumulative counters never go down", ("SA724",)),
     "emitted": ("V0: accepted drafts <= emitted - verify steps (what the emitted tokens can hold)", ("SA729",)),
+    "output": ("output tokens >= verify steps + accepted drafts", ("SA731",)),
+    "window": ("accepted and drafted throughputs cover the line's own window", ("SA730",)),
     "throughput": ("accept length agrees with throughput at one concurrency", ("SA708", "SA709", "SA710")),
     "collapse": ("drafting continues only while something is accepted", ("SA727",)),
     "ranks": ("ranks of one server agree", ("SA707", "SA711")),
@@ -82,6 +85,10 @@ def _numbers(ident: str, w, cfg: dict) -> str | None:
         f = w.extra.get("rate_formula")
         return (f"accept len {L:.2f}, accept rate {r:.2f}, D unknown (no server_args line): "
                 f"{'fits ' + f if f else 'fits neither formula for a whole D'}")
+    if ident == "ts_rate" and w.engine == "tokenspeed" and _ok(L, r):
+        if w.k:
+            return f"({L:.2f} - 1) / {w.k} = {(L - 1) / w.k:.3f} vs printed {r:.2f}"
+        return f"avg_accept_len {L:.2f}, accept_rate {r:.2f}: no whole k fits every line"
     if ident == "hist" and w.histogram:
         h = w.histogram
         return f"sum(h) = {_g(sum(h))} vs steps {_g(s)}, sum(i*h_i) = {_g(sum(i * x for i, x in enumerate(h)))} " \
@@ -91,6 +98,12 @@ def _numbers(ident: str, w, cfg: dict) -> str | None:
     if ident == "emitted" and w.extra.get("emitted") is not None and _ok(a, s):
         e = w.extra["emitted"]
         return f"accepted {_g(a)} <= emitted {_g(e)} - verify steps {_g(s)} = {_g(e - s)}"
+    if ident == "output" and w.extra.get("output_tokens") is not None and _ok(a, s) \
+            and not w.extra.get("drafts_derived"):
+        return f"{_g(w.extra['output_tokens'])} >= {_g(s)} + {_g(a)} = {_g(s + a)}"
+    if ident == "window" and w.extra.get("acc_tps") and w.extra.get("dr_tps") and _ok(a, d):
+        return (f"{_g(a)} / {w.extra['acc_tps']:.2f} = {a / w.extra['acc_tps']:.1f} s, "
+                f"{_g(d)} / {w.extra['dr_tps']:.2f} = {d / w.extra['dr_tps']:.1f} s")
     if ident == "throughput" and w.step_rate is not None:
         return (f"{_g(w.gen_tps)} tokens/s / ({_g(w.concurrency)} requests x {L:.2f}) = {w.step_rate:.3g} "
                 "verify steps/s per request")
@@ -255,6 +268,7 @@ class Account:
         if self.histograms:
             figures["acceptance histogram"] = {"windows": self.histograms}
         errors = sum(1 for fd in findings if fd.severity == "error")
+        warns = sum(1 for fd in findings if fd.severity != "error")
         if not self.windows:
             verdict = "no speculative figures in it: nothing to judge (speculative decoding off, or not exported)"
         elif errors:
@@ -262,6 +276,9 @@ class Account:
         elif checked:
             verdict = (f"nothing contradicts the {len(checked)} identit{'ies' if len(checked) != 1 else 'y'} "
                        "checked; see what could not be checked")
+            if warns:
+                verdict += (f"; {warns} warning{'s name' if warns != 1 else ' names'} a definition, a convention "
+                            "or a skipped line (listed below)")
         else:
             verdict = "read, but no identity applies to these figures alone: see what could not be checked"
         return {

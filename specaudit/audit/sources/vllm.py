@@ -220,6 +220,9 @@ class Parser(LineParser):
             first_pct = kv.get("Draft acceptance rate%") if w.printed_rate_pct is None else None
             frac = kv.get("Draft acceptance rate") if w.printed_rate_pct is None and first_pct is None else None
             depth = kv.get("Current speculative depth")
+            for key, name in (("Accepted throughput", "acc_tps"), ("Drafted throughput", "dr_tps")):
+                if key in kv:
+                    w.extra[name] = kv[key]
             w.per_pos = per_pos
             if not _all_finite(kv, per_pos) and not _finite(w.accept_len, w.accepted_tokens, w.draft_tokens,
                                                             w.printed_rate_pct, first_pct, frac, *(w.per_pos or [])):
