@@ -12,7 +12,9 @@ from .sa7xx_identities import SourceRule
 
 class V0AcceptedOverstated(SourceRule):
     """What: vLLM V0's "Number of accepted tokens" exceeds what its own "Number of emitted
-    tokens" can hold: accepted > emitted - verify steps (verify steps = draft tokens / k).
+    tokens" can hold: accepted > emitted - verify steps (verify steps = draft tokens / k);
+    or a printed acceptance ratio over another denominator than the drafted tokens (FastDeploy's
+    accept_ratio: accepted drafts over emitted tokens, proven by its per-head counts).
 
     Why: every verify step emits its accepted prefix plus one token, so the accepted prefix
     is emitted - steps. V0's "accepted" also counts draft tokens that matched after the first
@@ -22,6 +24,9 @@ class V0AcceptedOverstated(SourceRule):
     Example: `Number of speculative tokens: 3, Number of accepted tokens: 8547, Number of
     draft tokens: 13311, Number of emitted tokens: 10616` (steps 4437: at most 6179 accepted
     in the prefix; 2368 counted after a rejection; rate 0.642 vs prefix rate 0.464).
+    FastDeploy: `"accepted_tokens": 128, "rejected_tokens": 112, "accept_ratio": 0.53125,
+    "accepted_tokens_per_head": [60, 36, 23, 9]` (0.53125 = 68 accepted drafts / 128 emitted
+    tokens; accepted / drafted = 68 / 180 = 0.378).
     """
 
     code = "SA729"
@@ -34,6 +39,23 @@ class V0AcceptedOverstated(SourceRule):
     def check(self, reading):
         def items():
             for w in self.windows(reading):
+                r = w.extra.get("ratio_with_bonus")
+                if r is not None and _ok(w.accepted_tokens, w.drafts, w.draft_tokens) and w.draft_tokens > 0:
+                    a, st, d = w.accepted_tokens, w.drafts, w.draft_tokens
+                    drafts_only = a / d
+                    if abs(r - drafts_only) > 1e-4 + 1e-9:
+                        forms = (((a + st) / (d + st), "= (accepted drafts {a} + verify steps {s}) / (drafted {d} + "
+                                  "verify steps {s}): the target's own token of every step counted as accepted"),
+                                 (a / (a + st), "= accepted drafts {a} / emitted tokens {e} (1 - 1 / mean length): the "
+                                  "share of the output that came from drafts, not a rate over what was drafted"))
+                        how = next((h for v, h in forms if abs(r - v) <= 1e-4),
+                                   "fits neither accepted / drafted nor a known variant")
+                        yield w, dict(what=f"printed acceptance ratio{where(w)}",
+                                      detail=f"{r:.4g} "
+                                             + how.format(a=count(a), s=count(st), d=count(d), e=count(a + st))
+                                             + f"; accepted drafts / drafted = {drafts_only:.4f} "
+                                             f"(overstated by {r - drafts_only:+.4f})")
+                    continue
                 e = w.extra.get("emitted")
                 if e is None or not _ok(w.accepted_tokens, w.drafts, w.draft_tokens) or not w.draft_tokens:
                     continue

@@ -36,7 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "fixtures" / "engines" / "corpus"
 BEGIN = "<!-- engine-corpus-table:begin -->"
 END = "<!-- engine-corpus-table:end -->"
-NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM", "llamacpp": "llama.cpp"}
+NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM", "llamacpp": "llama.cpp",
+         "fastdeploy": "FastDeploy"}
 
 
 def _render():

@@ -82,9 +82,11 @@ def _numbers(ident: str, w, cfg: dict) -> str | None:
         D = cfg.get("num_draft_tokens")
         if D:
             return f"accept len {L:.2f}, D = {D}: {L / D:.3f} or {(L - 1) / max(D - 1, 1):.3f} vs printed {r:.2f}"
-        f = w.extra.get("rate_formula")
+        if "rate_formula" not in w.extra:
+            return f"accept len {L:.2f}, accept rate {r:.2f}, D unknown (no server_args line)"
+        f = w.extra["rate_formula"]
         return (f"accept len {L:.2f}, accept rate {r:.2f}, D unknown (no server_args line): "
-                f"{'fits ' + f if f else 'fits neither formula for a whole D'}")
+                f"{'fits ' + f if f else 'no whole D fits either formula'}")
     if ident == "ts_rate" and w.engine == "tokenspeed" and _ok(L, r):
         if w.k:
             return f"({L:.2f} - 1) / {w.k} = {(L - 1) / w.k:.3f} vs printed {r:.2f}"

@@ -182,6 +182,10 @@ def window_of(obj, line: int) -> tuple[Window | None, str | None]:
                 w.version = f"AIPerf profile_export record ({sda['engine'][:20]} stats)"
         w.text = "AIPerf record " + json.dumps({k: m.get(k) for k in keys})[:200]
         return w, None
+    # FastDeploy speculate_metrics (per request, PR 5518 / 5952)
+    holder = _find(obj, ("speculate_metrics",))
+    if holder is not None and isinstance(holder.get("speculate_metrics"), dict):
+        return _fastdeploy(holder["speculate_metrics"], line)
     # vLLM per-request metrics.speculative_decoding / TensorRT-LLM per-request payload
     sd = _find(obj, ("num_spec_steps", "total_draft_tokens", "num_accepted_draft_tokens"))
     if sd is not None:
@@ -266,6 +270,47 @@ def window_of(obj, line: int) -> tuple[Window | None, str | None]:
         w.text = json.dumps({k: t.get(k) for k in ("predicted_n", "draft_n", "draft_n_accepted")})
         return w, None
     return None, None
+
+
+FD_RATIO = ("accept_ratio as FastDeploy prints it; with per-head counts it reads as accepted drafts / emitted tokens "
+            "(1 - 1 / average_accept_length), not accepted / drafted (SA729 sizes the difference)")
+FD_LEN = "accepted_tokens / verify steps (head 0 counts every step): counts the bonus token"
+
+
+def _fastdeploy(sm: dict, line: int):
+    """FastDeploy's speculate_metrics: accepted_tokens, rejected_tokens, accept_ratio,
+    average_accept_length, accepted_tokens_per_head [h0, h1, ...] (h0 = verify steps: the
+    target's own token, accepted every step; h_i = steps accepting draft i) and
+    accept_ratio_per_head (h_(i+1) / h_i, conditional)."""
+    keys = ("accepted_tokens", "rejected_tokens", "accept_ratio", "average_accept_length")
+    heads = sm.get("accepted_tokens_per_head")
+    if _bad(*(sm.get(k) for k in keys)) or (heads is not None and _hist(heads) is None):
+        return None, "FastDeploy speculate_metrics value that is not a finite number"
+    acc, rej, ratio, avg = (_num(sm.get(k)) for k in keys)
+    w = Window(line=line, engine="fastdeploy", kind="interval", version="speculate_metrics (PR 5952: per head)"
+               if heads is not None else "speculate_metrics (PR 5518)")
+    w.accept_len = avg
+    w.conventions = {"accept_len": FD_LEN, "accept_rate": FD_RATIO}
+    h = _hist(heads) if heads is not None else None
+    if h and h[0] > 0 and acc is not None and rej is not None:
+        steps, drafts_acc = h[0], sum(h[1:])
+        w.drafts, w.accepted_tokens = steps, drafts_acc
+        w.draft_tokens = rej + drafts_acc          # drafted = accepted drafts + rejected
+        w.k = len(h) - 1 if len(h) > 1 else None
+        w.per_pos_counts = h[1:]
+        w.per_pos = [c / steps for c in h[1:]]
+        w.per_pos_kind = "verify_steps"
+        w.extra["fixed_block"] = False
+        w.extra["emitted_total"] = acc              # the printed accepted_tokens: drafts + one per step
+        if ratio is not None:
+            w.extra["ratio_with_bonus"] = ratio
+        cond = sm.get("accept_ratio_per_head")
+        if isinstance(cond, list) and not _bad(*cond):
+            w.extra["conditional_per_head"] = [_num(x) for x in cond]
+    else:
+        w.accept_rate = ratio                       # no per-head counts: the ratio as printed
+    w.text = "speculate_metrics " + json.dumps({k: sm.get(k) for k in keys})[:200]
+    return w, None
 
 
 def engine_shape(obj) -> str | None:

@@ -68,7 +68,12 @@ CONFIG_MARKERS = (b"server_args=", b"ServerArgs(")
 
 
 def looks_like_line(line: str) -> bool:
-    return "Decode batch" in line and "accept len:" in line
+    """A decode-statistics line: with `accept len` (speculative), or without it (speculative
+    decoding off: the log is still SGLang's, judged on what it holds). TokenSpeed's lines
+    (`#pages(`, `avg_accept_len`) are its own."""
+    return "Decode batch" in line and ("accept len:" in line or (
+        "#running-req:" in line and "gen throughput" in line and "#pages(" not in line
+        and "avg_accept_len" not in line))
 
 
 def looks_like(text: str) -> bool:
