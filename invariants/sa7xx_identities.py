@@ -81,7 +81,8 @@ class AcceptRateAboveOne(SourceRule):
     """What: an acceptance rate (overall or per position) is above 1.
 
     Why: a rate is accepted drafts over drafted tokens; above 1 means the numerator counts
-    something that was never drafted, usually the bonus token counted as an accepted draft.
+    something that was never drafted, usually the bonus token counted as an accepted draft,
+    or counters read without a lock while they move (vllm-mlx PR 473: transient rates > 1).
 
     Example: `Avg Draft acceptance rate: 114.3%`, or SGLang `accept rate: 1.12`.
     """
@@ -111,7 +112,8 @@ class AcceptedExceedsDrafted(SourceRule):
     there were drafts.
 
     Why: every accepted draft token was drafted first; accepted > drafted is the counter
-    form of a rate above one.
+    form of a rate above one. A replayed correction token counted as an accepted draft on
+    a checkpoint restore (llama.cpp PR 26320) pushes accepted past drafted once restores pile up.
 
     Example: `Accepted: 1203 tokens, Drafted: 1050 tokens`.
     """
@@ -368,7 +370,9 @@ class NegativeCounter(SourceRule):
 
     Why: a step that generated nothing once reported -1 accepted tokens and crashed the
     counter; every step commits at least one token, so an interval that generated tokens
-    cannot have committed 0 per step.
+    cannot have committed 0 per step. A live accept length that reads 0 until requests
+    finish (its numerator from finished requests, its denominator from live verifies: sfllm
+    PR 33) is this case.
 
     Example: `Accepted: -3 tokens`, or `accept len: 0.00, ... gen throughput (token/s): 410.22`.
     """

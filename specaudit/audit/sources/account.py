@@ -78,7 +78,7 @@ def _numbers(ident: str, w, cfg: dict) -> str | None:
         k = w.k or cfg.get("num_spec_tokens")
         if _ok(d, s, k) and s > 0:
             return f"{_g(d)} <= {_g(k)} x {_g(s)} = {_g(k * s)}"
-    if ident == "sglang_rate" and w.engine == "sglang" and _ok(L, r):
+    if ident == "sglang_rate" and w.engine == "sglang" and _ok(L, r) and not w.extra.get("request"):
         D = cfg.get("num_draft_tokens")
         if D:
             return f"accept len {L:.2f}, D = {D}: {L / D:.3f} or {(L - 1) / max(D - 1, 1):.3f} vs printed {r:.2f}"

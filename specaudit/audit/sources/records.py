@@ -31,6 +31,7 @@ import math
 
 from specaudit.audit.sources import MAX_BYTES, LineParser, Reading, Window
 
+TOKENSPEED_KEYS = ("spec_accepted_tokens", "spec_draft_tokens")   # TokenSpeed PR 1443 (Sep 2026)
 SGLANG_KEYS = (  # (accepted, proposed, version) by release
     ("spec_num_correct_drafts", "spec_num_proposed_drafts", ">= 0.5.12 (spec_num_correct_drafts)"),
     ("spec_accepted_drafts", "spec_proposed_drafts", "0.5.11 (spec_accepted_drafts)"),
@@ -226,7 +227,9 @@ def window_of(obj, line: int) -> tuple[Window | None, str | None]:
         return w, None
     # SGLang meta_info
     mi = _find(obj, ("spec_verify_ct", "spec_accept_length", "spec_accept_token_num", "spec_accepted_drafts",
-                     "spec_num_correct_drafts"))
+                     "spec_num_correct_drafts", "spec_accepted_tokens"))
+    if mi is not None and TOKENSPEED_KEYS[0] in mi:
+        return _tokenspeed_meta(mi, line)
     if mi is not None:
         names = [k for k in mi if str(k).startswith("spec_")]
         if _bad(*(mi.get(k) for k in names if k != "spec_correct_drafts_histogram")):
@@ -310,6 +313,35 @@ def _fastdeploy(sm: dict, line: int):
     else:
         w.accept_rate = ratio                       # no per-head counts: the ratio as printed
     w.text = "speculate_metrics " + json.dumps({k: sm.get(k) for k in keys})[:200]
+    return w, None
+
+
+def _tokenspeed_meta(mi: dict, line: int):
+    """TokenSpeed's meta_info (PR 1443): spec_verify_ct, spec_accepted_tokens = completion
+    tokens - 1 - verify steps (one token from prefill, one bonus per step), spec_draft_tokens
+    = verify steps x (num_draft_tokens - 1) (slot 0 is the verified root, no draft)."""
+    names = [k for k in mi if str(k).startswith("spec_")] + ["completion_tokens"]
+    if _bad(*(mi.get(k) for k in names)):
+        return None, "TokenSpeed meta_info value that is not a finite number"
+    w = Window(line=line, engine="tokenspeed", kind="interval", version="meta_info spec_accepted_tokens (PR 1443)")
+    w.drafts = _num(mi.get("spec_verify_ct"))
+    w.accepted_tokens, w.draft_tokens = _num(mi.get(TOKENSPEED_KEYS[0])), _num(mi.get(TOKENSPEED_KEYS[1]))
+    ct = _num(mi.get("completion_tokens"))
+    if ct is not None:
+        w.extra["output_tokens"] = ct          # >= verify steps + accepted (SA731)
+    if w.drafts and w.drafts > 0 and w.accepted_tokens is not None:
+        w.accept_len = 1 + w.accepted_tokens / w.drafts
+        w.extra["printed_len"] = (w.accept_len, 1e-9)
+    if w.drafts and w.draft_tokens is not None and w.drafts > 0:
+        per = w.draft_tokens / w.drafts
+        if abs(per - round(per)) < 1e-9 and per >= 1:
+            w.k = int(round(per))              # a fixed block: drafted = steps x (num_draft_tokens - 1)
+            w.extra["fixed_block"] = True
+    w.conventions = {"accept_rate": "spec_accepted_tokens / spec_draft_tokens (drafts only, root slot excluded)",
+                     "accept_len": "1 + spec_accepted_tokens / spec_verify_ct (bonus counted)"}
+    w.text = json.dumps({k: mi.get(k) for k in names})[:300]
+    if w.drafts is None and w.accepted_tokens is None:
+        return None, None
     return w, None
 
 

@@ -83,6 +83,14 @@ def _val(s: str):
     return x
 
 
+def _whole(key: str, tok: str) -> bool:
+    """A last line's value is whole when it shows the decimals vLLM prints (two for rates
+    and lengths); a count shows nothing that tells a cut, so a count on a cut line is not."""
+    if key in ("drafts", "draft_tokens", "accepted", "output"):
+        return False
+    return tok == "N/A" or ("." in tok and len(tok) - tok.index(".") - 1 == 2)
+
+
 class Parser(LineParser):
     source = "vllm-bench"
     engine = "vllm"
@@ -100,6 +108,12 @@ class Parser(LineParser):
         w.drafts, w.draft_tokens, w.accepted_tokens = v.get("drafts"), v.get("draft_tokens"), v.get("accepted")
         w.accept_len = v.get("length")
         pos = [p for _i, p in sorted(b["pos"].items())]
+        if b.get("pos_cut"):
+            pos = []   # a position was cut: k and the sum of the rates cannot be told
+        elif b["pos"] and sorted(b["pos"]) != list(range(len(b["pos"]))):
+            # a position missing (a cut or reordered paste): k and the rates cannot be told
+            self.skip(first, f"per-position rates with a gap (positions {sorted(b['pos'])}): not read", b["text"])
+            pos = []
         if kind == "bench":
             w.version = BENCH_VERSION
             if v.get("rate_pct") is not None:
@@ -116,6 +130,14 @@ class Parser(LineParser):
                 w.per_pos = pos
                 w.extra["pos_tol"] = 0.005   # two decimals
             w.conventions.pop("accept_rate")
+        if w.per_pos and w.drafts and w.draft_tokens:
+            ratio = w.draft_tokens / w.drafts
+            if abs(ratio - round(ratio)) < 1e-9 and len(w.per_pos) < round(ratio):
+                # vLLM drafts k per step: fewer rates than k means the paste stops early
+                self.skip(first, f"{len(w.per_pos)} per-position rates but drafted / drafts = {round(ratio)}: "
+                                 "the list is incomplete (not read)", b.get("text", ""))
+                w.per_pos = None
+                w.extra.pop("pos_tol", None)
         if w.per_pos:
             w.per_pos_kind = "verify_steps"
             w.k = len(w.per_pos)
@@ -140,6 +162,7 @@ class Parser(LineParser):
         if b is None:
             return
         table = BENCH if b["kind"] == "bench" else EX
+        cut = i == self.unterminated   # the file's last line, without its newline: maybe cut mid-number
         try:
             for key, r in table.items():
                 m = r.match(s)
@@ -147,13 +170,25 @@ class Parser(LineParser):
                     if key in b["v"]:   # a second summary without its header line
                         self._close()
                         return self.feed(i, raw)
+                    if cut and not _whole(key, m.group(1)):
+                        self.skip(i, "truncated vLLM benchmark summary line (the file ends inside it)", raw)
+                        return
                     b["v"][key] = _val(m.group(1))
                     return
             m = (BENCH_POS if b["kind"] == "bench" else EX_POS).match(raw if b["kind"] == "bench" else s)
             if m:
+                if cut and not _whole("pos", m.group(2)):
+                    self.skip(i, "truncated vLLM benchmark summary line (the file ends inside it)", raw)
+                    b["pos_cut"] = True
+                    return
                 b["pos"][int(m.group(1))] = _val(m.group(2))
                 return
             if b["kind"] == "bench" and BENCH_POS_HEAD.match(s):
+                return
+            if s.startswith("acceptance at token") or s.startswith("Position "):
+                # a per-position line without its value: the list is incomplete
+                self.skip(i, "truncated vLLM benchmark per-position line", raw)
+                b["pos_cut"] = True
                 return
         except ValueError:
             self.skip(i, "vLLM benchmark summary value that is not a finite number", raw)
