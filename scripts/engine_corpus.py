@@ -37,7 +37,7 @@ CORPUS = ROOT / "tests" / "fixtures" / "engines" / "corpus"
 BEGIN = "<!-- engine-corpus-table:begin -->"
 END = "<!-- engine-corpus-table:end -->"
 NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM", "llamacpp": "llama.cpp",
-         "fastdeploy": "FastDeploy"}
+         "fastdeploy": "FastDeploy", "mlxvlm": "mlx-vlm"}
 
 
 def _render():

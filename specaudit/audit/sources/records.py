@@ -265,6 +265,8 @@ def window_of(obj, line: int) -> tuple[Window | None, str | None]:
     if t is not None:
         if _bad(t.get("draft_n"), t.get("draft_n_accepted"), t.get("predicted_n")):
             return None, "llama.cpp timings value that is not a finite number"
+        if "draft_rounds" in t or "draft_kind" in t:
+            return _mlx_vlm_timings(t, line)
         w = Window(line=line, engine="llamacpp", kind="interval", version="timings (draft_n, PR 12603)")
         w.draft_tokens, w.accepted_tokens = _num(t.get("draft_n")), _num(t.get("draft_n_accepted"))
         if _num(t.get("predicted_n")) is not None:
@@ -273,6 +275,27 @@ def window_of(obj, line: int) -> tuple[Window | None, str | None]:
         w.text = json.dumps({k: t.get(k) for k in ("predicted_n", "draft_n", "draft_n_accepted")})
         return w, None
     return None, None
+
+
+def _mlx_vlm_timings(t: dict, line: int):
+    """mlx-vlm's response timings (PR 1788): llama.cpp's names plus draft_kind and
+    draft_rounds (verify steps). Generated tokens = accepted drafts + one per round (and
+    the first token, when the request's count includes it): predicted_n >= rounds + accepted."""
+    if _bad(t.get("draft_rounds"), t.get("draft_n"), t.get("draft_n_accepted"), t.get("predicted_n")):
+        return None, "mlx-vlm timings value that is not a finite number"
+    kind = t.get("draft_kind") if isinstance(t.get("draft_kind"), str) else None
+    w = Window(line=line, engine="mlx-vlm", kind="interval",
+               version=f"response timings with draft_rounds (PR 1788){', ' + kind[:20] if kind else ''}")
+    w.drafts = _num(t.get("draft_rounds"))
+    w.draft_tokens, w.accepted_tokens = _num(t.get("draft_n")), _num(t.get("draft_n_accepted"))
+    if w.drafts is None and w.draft_tokens is None and w.accepted_tokens is None:
+        return None, None   # a run without a drafter: every field null
+    if _num(t.get("predicted_n")) is not None:
+        w.extra["output_tokens"] = _num(t.get("predicted_n"))   # SA731: >= rounds + accepted
+    w.conventions = {"accept_rate": "draft_n_accepted / draft_n (no rate or length printed: the counts only)"}
+    w.text = json.dumps({k: t.get(k) for k in ("predicted_n", "draft_kind", "draft_rounds", "draft_n",
+                                               "draft_n_accepted")})
+    return w, None
 
 
 FD_RATIO = ("accept_ratio as FastDeploy prints it; with per-head counts it reads as accepted drafts / emitted tokens "
@@ -329,16 +352,12 @@ def _tokenspeed_meta(mi: dict, line: int):
     ct = _num(mi.get("completion_tokens"))
     if ct is not None:
         w.extra["output_tokens"] = ct          # >= verify steps + accepted (SA731)
-    if w.drafts and w.drafts > 0 and w.accepted_tokens is not None:
-        w.accept_len = 1 + w.accepted_tokens / w.drafts
-        w.extra["printed_len"] = (w.accept_len, 1e-9)
     if w.drafts and w.draft_tokens is not None and w.drafts > 0:
         per = w.draft_tokens / w.drafts
         if abs(per - round(per)) < 1e-9 and per >= 1:
             w.k = int(round(per))              # a fixed block: drafted = steps x (num_draft_tokens - 1)
             w.extra["fixed_block"] = True
-    w.conventions = {"accept_rate": "spec_accepted_tokens / spec_draft_tokens (drafts only, root slot excluded)",
-                     "accept_len": "1 + spec_accepted_tokens / spec_verify_ct (bonus counted)"}
+    w.conventions = {"accept_rate": "spec_accepted_tokens / spec_draft_tokens (drafts only, root slot excluded)"}
     w.text = json.dumps({k: mi.get(k) for k in names})[:300]
     if w.drafts is None and w.accepted_tokens is None:
         return None, None
