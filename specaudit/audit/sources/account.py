@@ -99,10 +99,10 @@ def _numbers(ident: str, w, cfg: dict) -> str | None:
         return f"accepted {_g(a)}, drafted {_g(d)} (since start-up)"
     if ident == "emitted" and w.extra.get("emitted") is not None and _ok(a, s):
         e = w.extra["emitted"]
-        return f"accepted {_g(a)} <= emitted {_g(e)} - verify steps {_g(s)} = {_g(e - s)}"
+        return f"accepted {_g(a)} vs emitted {_g(e)} - verify steps {_g(s)} = {_g(e - s)}"
     if ident == "output" and w.extra.get("output_tokens") is not None and _ok(a, s) \
             and not w.extra.get("drafts_derived"):
-        return f"{_g(w.extra['output_tokens'])} >= {_g(s)} + {_g(a)} = {_g(s + a)}"
+        return f"output {_g(w.extra['output_tokens'])} vs steps {_g(s)} + accepted {_g(a)} = {_g(s + a)}"
     if ident == "window" and w.extra.get("acc_tps") and w.extra.get("dr_tps") and _ok(a, d):
         return (f"{_g(a)} / {w.extra['acc_tps']:.2f} = {a / w.extra['acc_tps']:.1f} s, "
                 f"{_g(d)} / {w.extra['dr_tps']:.2f} = {d / w.extra['dr_tps']:.1f} s")
