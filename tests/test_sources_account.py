@@ -87,3 +87,18 @@ def test_json_that_is_no_engines_output_is_exit_2(tmp_path, capsys):
     f.write_text('{"hello": 1}\n')
     rc, out, err = _check(capsys, f)
     assert rc == 2 and "no usable spec-decoding figures" in err and len(err.strip().splitlines()) == 1
+
+
+def test_logs_with_no_speculative_lines_are_recognised_exit_0(tmp_path, capsys):
+    """A vLLM or llama.cpp log with speculative decoding off is still that engine's: the
+    account says there was nothing to judge, exit 0 (issue 28: judged on what it holds)."""
+    v = tmp_path / "vllm.log"
+    v.write_text("INFO 10-02 14:11:08 [loggers.py:123] Engine 000: Avg prompt throughput: 37.3 tokens/s, Avg "
+                 "generation throughput: 1717.6 tokens/s, Running: 8 reqs, Waiting: 0 reqs\n")
+    ll = tmp_path / "llama.log"
+    ll.write_text("slot print_timing: id  0 | task 0 |        eval time =    2296.72 ms /   256 tokens (    8.97 ms "
+                  "per token,   111.46 tokens per second)\n")
+    for f, what in ((v, "vLLM log"), (ll, "llama.cpp")):
+        rc, out, err = _check(capsys, f)
+        assert rc == 0 and not err, (f, err)
+        assert what in out and "no speculative figures in it" in out

@@ -54,6 +54,7 @@ MARKERS = (b"accept", b"#gen drafts", b"n_draft", b"n_predict", b"print_timing")
 
 def looks_like_line(line: str) -> bool:
     return (("draft acceptance" in line and "accepted /" in line) or "#gen drafts" in line
+            or ("print_timing" in line and ("eval time =" in line or "total time =" in line))
             or ("draft tokens" in line and bool(ROUND_RE.search(line)))
             or line.lstrip().startswith("n_drafted ") or line.lstrip().startswith("n_drafted="))
 

@@ -71,7 +71,10 @@ MARKERS = (b"metrics:", b"Avg prompt throughput")
 
 
 def looks_like_line(line: str) -> bool:
-    return "SpecDecoding metrics:" in line or "Speculative metrics: Draft acceptance rate" in line
+    """A spec-decoding line, or the engine stats line every vLLM server logs (a log with
+    speculative decoding off is still vLLM's: judged on what it holds)."""
+    return ("SpecDecoding metrics:" in line or "Speculative metrics: Draft acceptance rate" in line
+            or ("Avg prompt throughput:" in line and "Avg generation throughput:" in line))
 
 
 def looks_like(text: str) -> bool:
