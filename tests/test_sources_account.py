@@ -102,3 +102,20 @@ def test_logs_with_no_speculative_lines_are_recognised_exit_0(tmp_path, capsys):
         rc, out, err = _check(capsys, f)
         assert rc == 0 and not err, (f, err)
         assert what in out and "no speculative figures in it" in out
+
+
+def test_parallel_audit_gives_the_same_account(tmp_path, monkeypatch):
+    """A large log is audited in byte ranges by worker processes: the merged account is
+    the sequential one (windows, lines, figures, identities)."""
+    import specaudit.audit.sources as sources
+    src = (CORPUS / "vllm-ascend-13640-dspark-k7.log").read_text()
+    f = tmp_path / "big.log"
+    f.write_text(src * 40)
+    seq_f, seq = sources.audit_file_account(f)
+    monkeypatch.setattr(sources, "PARALLEL_MIN", 1)
+    monkeypatch.setenv("SPECAUDIT_WORKERS", "2")
+    par_f, par = sources.audit_file_account(f)
+    assert [x.code for x in par_f] == [x.code for x in seq_f]
+    for key in ("windows", "lines", "figures", "skipped", "versions"):
+        assert par[key] == seq[key], key
+    assert [c["result"] for c in par["checked"]] == [c["result"] for c in seq["checked"]]

@@ -15,6 +15,9 @@ Sources (`--source` names; `specaudit check --list-sources` prints one example e
     llamacpp-log llama.cpp: per-slot `draft acceptance [rate] = ...` lines (old and PR 24536),
                  `statistics <drafter>:` lines, per-round `accepted A/B draft tokens`, and the
                  llama-speculative / llama-lookup summary
+    vllm-bench   vLLM's benchmark summaries: `vllm bench serve`'s Speculative Decoding section
+                 and examples/offline_inference/spec_decode.py's summary
+    tokenspeed-log TokenSpeed `Decode batch.` lines (avg_accept_len, accept_rate; k inferred)
     prom-text    Prometheus text (one scrape, or several appended): vllm:spec_decode_*,
                  sglang:spec_accept_* gauges, trtllm_spec_decode_*, llamacpp:spec_decode_*,
                  specaudit_*
@@ -59,7 +62,10 @@ reported, in ONE vocabulary (field names are stable; other tools code against th
                      the bonus token"}; copied into every finding about that figure
 
 The SA7xx rules of the invariant catalog (invariants/sa7xx_*.py, scope "source") then
-check the identities that hold without traces. This package is a reader: it imports
+check the identities that hold without traces. audit_file_account() adds the reading's
+account (sources/account.py: what was recognised, read and skipped, each identity with its
+numbers, what could not be checked and why); `specaudit check` prints it for every input.
+A paste's Markdown, CRLF and colour codes are unwrapped line by line (unwrap()). This package is a reader: it imports
 schema.py, findings.py and the rule catalog, never another reader.
 """
 from __future__ import annotations
