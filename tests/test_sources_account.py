@@ -36,6 +36,8 @@ def test_text_account_names_source_version_identities_and_what_is_missing(capsys
     assert "no depth counter in this output" in out and "--reported-accept-depth" in out
     assert "verdict: nothing contradicts the" in out
     assert "No violations in what could be checked" in out
+    rc, out, _ = _check(capsys, f, "--output-format", "github")
+    assert rc == 0 and "::notice" in out and "nothing contradicts" in out
 
 
 def test_json_account_and_broken_identity(capsys):

@@ -102,7 +102,7 @@ def summary_line(counts, sev, summary: dict) -> str:
             parts.append(_plural(summary[k], word))
     what = f"checked {', '.join(parts)}" if parts else "checked"
     head = (f"Found {_plural(errors, 'violation')} of {_plural(len(codes), 'rule')}" if errors
-            else "No violations in what could be checked (see each reading's account above)"
+            else "No violations in what could be checked (each reading's account says what that was)"
             if summary.get("readings") else "No violations")
     tail = []
     if warns:
@@ -244,6 +244,9 @@ def _github(findings, *, counts, summary, statistics, examples, rules, checked, 
         props.append(f"title={_gh_prop(f'{f.code} {f.name}')}")
         lines.append(f"::{cmd.get(f.severity, 'error')} {','.join(props)}::{_gh_data(f.message)}")
     counts, sev, _ = _meta(findings, counts)
+    for doc in summary.get("readings") or ():   # each engine input's verdict, as a notice
+        lines.append(f"::notice file={_gh_prop(_rel(doc['file']))},title={_gh_prop('specaudit reading')}::"
+                     f"{_gh_data(doc['verdict'])}")
     lines.append(summary_line(counts, sev, summary))
     return "\n".join(lines) + "\n"
 
