@@ -121,3 +121,21 @@ def test_parallel_audit_gives_the_same_account(tmp_path, monkeypatch):
     for key in ("windows", "lines", "figures", "skipped", "versions"):
         assert par[key] == seq[key], key
     assert [c["result"] for c in par["checked"]] == [c["result"] for c in seq["checked"]]
+
+
+def test_applicable_matches_numbers_on_every_fixture_window():
+    """The account counts windows with _applicable() and writes the first one's arithmetic
+    with _numbers(): both must agree on which identities apply, on every real and fixture window."""
+    from specaudit.audit.sources import read_source
+    from specaudit.audit.sources.account import IDENTITIES, _applicable, _numbers
+    from specaudit.trace.schema import InputError
+    n = 0
+    for f in sorted([*CORPUS.iterdir(), *FIX.glob("*.log"), *FIX.glob("*.prom")]):
+        try:
+            r = read_source(f)
+        except InputError:
+            continue
+        for w in r.windows:
+            assert set(_applicable(w, r.config)) == {i for i in IDENTITIES if _numbers(i, w, r.config) is not None}, f
+            n += 1
+    assert n > 100

@@ -12,8 +12,6 @@ identity's verdict from the rules' findings, so the two can never disagree.
 """
 from __future__ import annotations
 
-import math
-
 # identity id -> (what it says, rule codes that judge it)
 IDENTITIES = {
     "rate": ("acceptance rate = accepted / drafted", ("SA703", "SA726")),
@@ -51,8 +49,15 @@ def _g(x) -> str:
     return f"{x:.4g}"
 
 
+_INF = float("inf")
+
+
 def _ok(*xs) -> bool:
-    return all(x is not None and isinstance(x, (int, float)) and math.isfinite(x) for x in xs)
+    """Every x a finite number (the hot path of the account: no generator, no isfinite call)."""
+    for x in xs:
+        if x is None or x.__class__ not in (float, int) or x != x or x == _INF or x == -_INF:
+            return False
+    return True
 
 
 def _numbers(ident: str, w, cfg: dict) -> str | None:
@@ -116,6 +121,56 @@ def _numbers(ident: str, w, cfg: dict) -> str | None:
     return None
 
 
+def _applicable(w, cfg: dict) -> list:
+    """The identities whose arithmetic _numbers() can give on window w: the same
+    conditions, evaluated once per window without building any text (the account's hot
+    path: every window after an identity's first only counts)."""
+    a, d, s, L, r = w.accepted_tokens, w.draft_tokens, w.drafts, w.accept_len, w.accept_rate
+    x = w.extra
+    ok_a, ok_d, ok_s, ok_L, ok_r = _ok(a), _ok(d), _ok(s), _ok(L), _ok(r)
+    out = []
+    if ok_a and ok_d:
+        if ok_r and d > 0:
+            out.append("rate")
+        out.append("bounds")
+        if d > 0:
+            out.append("collapse")
+        if x and x.get("acc_tps") and x.get("dr_tps"):
+            out.append("window")
+    elif ok_r:
+        out.append("bounds")
+    derived = x.get("drafts_derived") if x else None
+    if ok_a and ok_s and ok_L and s > 0 and not derived and not (x and x.get("accepted_not_prefix")):
+        out.append("len")
+    pp = w.per_pos
+    if pp and w.per_pos_kind == "verify_steps":
+        if ok_L:
+            out.append("len_pos")
+        if len(pp) > 1:
+            out.append("pos")
+    if ok_d and ok_s and s > 0 and _ok(w.k or cfg.get("num_spec_tokens")):
+        out.append("k")
+    if ok_L and ok_r:
+        if w.engine == "sglang" and not (x and x.get("request")):
+            out.append("sglang_rate")
+        elif w.engine == "tokenspeed":
+            out.append("ts_rate")
+    if w.histogram:
+        out.append("hist")
+    if w.kind == "cumulative" and (ok_a or ok_d):
+        out.append("monotone")
+    if x and ok_a and ok_s:
+        if x.get("emitted") is not None:
+            out.append("emitted")
+        if x.get("output_tokens") is not None and not derived:
+            out.append("output")
+    if w.step_rate is not None:
+        out.append("throughput")
+    if w.rank and ok_L:
+        out.append("ranks")
+    return out
+
+
 class Account:
     """Counters of what a file held; streamed readings are added one chunk at a time."""
 
@@ -149,6 +204,7 @@ class Account:
             self.skipped += 1
             if self.first_skipped is None:
                 self.first_skipped = {"line": n["line"], "reason": n["reason"], "text": n["text"][:120]}
+        idents, cfg = self.idents, reading.config
         for w in reading.windows:
             self.windows += 1
             if w.line is not None:
@@ -162,12 +218,20 @@ class Account:
             self.kinds[w.kind] = self.kinds.get(w.kind, 0) + 1
             if w.rank and len(self.ranks) < 64:
                 self.ranks.add(w.rank)
+            figs = self.figures
             for attr, _name in FIGURES:
                 x = getattr(w, attr)
-                if _ok(x):
-                    f = self.figures.setdefault(attr, [0, x, x])
-                    f[0] += 1
-                    f[1], f[2] = min(f[1], x), max(f[2], x)
+                if x is None or x.__class__ not in (float, int) or x != x or x == _INF or x == -_INF:
+                    continue
+                f = figs.get(attr)
+                if f is None:
+                    figs[attr] = [1, x, x]
+                    continue
+                f[0] += 1
+                if x < f[1]:
+                    f[1] = x
+                elif x > f[2]:
+                    f[2] = x
             if w.extra.get("drafts_derived"):
                 self.derived_steps += 1
             elif _ok(w.drafts, w.draft_tokens) and (w.kind == "interval" or self.windows == 1):
@@ -176,14 +240,14 @@ class Account:
                 self.pooled_n += 1
             self.per_pos += bool(w.per_pos)
             self.histograms += bool(w.histogram)
-            for ident in IDENTITIES:
-                num = _numbers(ident, w, reading.config)
-                if num is None:
+            for ident in _applicable(w, cfg):
+                e = idents.get(ident)
+                if e is not None:          # the example is kept: count the window only
+                    e[0] += 1
                     continue
-                e = self.idents.setdefault(ident, [0, None])
-                e[0] += 1
-                if e[1] is None:
-                    e[1] = (f"line {w.line}: " if w.line else "") + num
+                num = _numbers(ident, w, cfg)
+                if num is not None:
+                    idents[ident] = [1, (f"line {w.line}: " if w.line else "") + num]
 
     def merge(self, o: Account) -> None:
         """Add another range's account of the same file (the parallel audit)."""
