@@ -20,7 +20,10 @@ Examples:
 
 Inputs: a folder (dataset or run), a steps-*.parquet / requests.parquet / run.json
 file (its run is checked), or a text file that is an engine log or a Prometheus
-scrape (--source sglang-log|vllm-log|prom-text, detected when omitted).
+scrape, a benchmark summary or JSON responses (detected when omitted; --list-sources names
+every reader, --source forces one). Each engine input's report starts with its account:
+the reader and version recognised, windows read and skipped, each identity checked with
+its numbers, and what could not be checked and why.
 
 A run killed mid-way (no finished_at, no requests table) is checked for what it holds
 and reported as incomplete (SA001, info) without failing. Unreadable files are named

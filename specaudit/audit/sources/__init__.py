@@ -106,8 +106,9 @@ SOURCES = {
                   "llamacpp:spec_decode_*, specaudit_*",
                   "vllm:spec_decode_num_drafts_total{engine=\"0\",model_name=\"m\"} 106.0"),
     "json-records": ("records", "json", "JSON / JSONL records: vLLM metrics.speculative_decoding, SGLang meta_info "
-                     "spec_* (every key name), TensorRT-LLM iteration stats and per-request perf metrics, llama.cpp "
-                     "timings, AIPerf profile_export records",
+                     "spec_* (every key name), TokenSpeed meta_info, TensorRT-LLM iteration stats and per-request perf "
+                     "metrics, llama.cpp and mlx-vlm timings, FastDeploy speculate_metrics, AIPerf profile_export "
+                     "records",
                      '{"meta_info": {"spec_verify_ct": 43, "spec_num_correct_drafts": 63, '
                      '"spec_num_proposed_drafts": 215, "spec_accept_length": 2.465}}'),
 }
@@ -501,8 +502,9 @@ def _unrecognised(p: Path) -> str:
 def list_sources() -> str:
     """`specaudit check --list-sources`: each source, what it reads, and an example line."""
     out = []
+    width = max(map(len, SOURCES)) + 1
     for name, (_mod, _kind, what, example) in SOURCES.items():
-        out.append(f"{name:13} {what}\n{'':13} e.g. {example}")
+        out.append(f"{name:{width}}{what}\n{'':{width}}e.g. {example}")
     return "\n".join(out) + "\n"
 
 
