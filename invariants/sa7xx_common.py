@@ -1,6 +1,6 @@
 """Shared helpers of the SA7xx rules (engine logs and Prometheus text; no rules here).
 
-Every SA7xx rule has scope "source": check(reading) receives a specaudit.sources.Reading
+Every SA7xx rule has scope "source": check(reading) receives a specaudit.audit.sources.Reading
 (windows of what an engine reported, one per log line or scrape interval) and returns
 Findings that point at the file and line.
 """

@@ -1,6 +1,6 @@
 """SA700-SA707, SA711: identities that hold in an engine's own log lines and counters.
 
-Scope "source": check(reading) gets a specaudit.sources.Reading (see that package for the
+Scope "source": check(reading) gets a specaudit.audit.sources.Reading (see that package for the
 vocabulary: accept_len, accept_rate, drafts, draft_tokens, accepted_tokens, per_pos).
 Each rule names one bug class of shared/spec/metric-bug-classes.md; the fixtures under
 tests/fixtures/engines/ show one log or scrape per class (`fail_fixture`) and the clean

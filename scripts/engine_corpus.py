@@ -1,9 +1,9 @@
 """The corpus of real engine output, audited: one row per engine and format.
 
-    python scripts/engine_corpus.py            # print the Markdown table (README) and a JSON line
+    python scripts/engine_corpus.py            # print the Markdown table (docs/reading-engines.md) and a JSON line
     python scripts/engine_corpus.py --render   # rewrite tests/fixtures/engines/corpus/rendered/ first
     python scripts/engine_corpus.py --write    # and rewrite the table in every file that holds its
-                                               # markers (README.md, docs/*.md)
+                                               # markers (docs/reading-engines.md, any docs/*.md, README.md)
 
 Every case of tests/fixtures/engines/corpus/*.json is rendered back to the engine's text
 and audited with specaudit.audit.sources.audit_file. A case is
@@ -124,6 +124,11 @@ def readme_table(readme: Path | None = None) -> str | None:
     if BEGIN not in text or END not in text:
         return None
     return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n") + "\n"
+
+
+def docs_table(page: Path = ROOT / "docs" / "reading-engines.md") -> str | None:
+    """The table as docs/reading-engines.md holds it (the site's page for it), or None."""
+    return readme_table(page) if page.exists() else None
 
 
 def write_tables(md: str) -> list[Path]:

@@ -30,4 +30,7 @@ if [ ! -x .venv-aiperf/bin/aiperf ]; then
 fi
 # Lint first (ruff, configured in pyproject.toml): a style slip fails in seconds, not after the suite.
 python3 -m ruff check .
+# The docs site (mkdocs.yml): a broken link, a missing anchor or a page outside the nav fails
+# here in seconds (tests/test_docs.py builds it again and checks the generated pages).
+NO_MKDOCS_2_WARNING=1 python3 -m mkdocs build --strict --site-dir "$(mktemp -d)"
 exec python3 -m pytest -q -p no:cacheprovider "$@"

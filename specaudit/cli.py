@@ -114,6 +114,9 @@ def main(argv=None) -> int:
         ap.print_help()
         return 2
     try:
+        if getattr(args, "list_faults", False):     # beside every --inject (specaudit.cli_vocab)
+            from specaudit.cli_vocab import list_faults
+            return list_faults()
         return int(args._main(args) or 0)
     except InputError as e:
         print(f"specaudit {args.command}: error: {printable(e)}", file=sys.stderr)

@@ -11,7 +11,7 @@ rule catalog, the readers, the post-mortem report, the commands.
     cell(1234567)         '1,234,567'  a table cell of the HTML report ('' when missing)
     signed(0.0123, True)  '+0.0123'  a mean or a gap of the A/B evidence (3 significant digits)
 
-Each style keeps the output that the tests and the README pin; they differ on purpose:
+Each style keeps the output that the tests and the docs pin; they differ on purpose:
 a message shows a figure to 4 significant digits, an engine log's identity is shown to
 the decimals the engine printed (a recomputed 2.35 beside the printed 2.35), a table
 groups thousands.

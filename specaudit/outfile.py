@@ -101,8 +101,20 @@ def atomic_write(path, data: bytes | str) -> None:
         raise InputError(path, f"cannot write: {e.strerror or e}") from None
 
 
-def write_output(path, data: bytes | str, inputs=(), flag: str = "-o") -> Path:
-    """guard_output, then atomic_write."""
+def write_output(path, data: bytes | str, inputs=(), flag: str = "-o", announce: bool = True) -> Path:
+    """guard_output, then atomic_write; says what it wrote on stderr (every writer does)."""
     path = guard_output(path, inputs, flag)
     atomic_write(path, data)
+    if announce:
+        say_wrote(path)
     return path
+
+
+def say_wrote(path) -> None:
+    """`wrote PATH (N bytes)` on stderr: stdout stays the command's answer."""
+    import sys
+    try:
+        size = f" ({Path(path).stat().st_size:,} bytes)"
+    except OSError:
+        size = ""
+    print(f"wrote {path}{size}", file=sys.stderr)

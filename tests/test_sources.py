@@ -23,6 +23,9 @@ CASES = {
     "sglang_clean_old_format.log": ((), ()),
     "vllm_clean.log": ((), ()),
     "vllm_clean_k5.log": ((), ()),
+    # the seed case's two arms (issue 28): healthy logs, linear at 16 then 1 request, DDTree at 1
+    "seed_linear.log": ((), ()),
+    "seed_chain.log": ((), ()),
     "vllm_clean_dp2.log": ((), ()),
     "vllm_v0_clean.log": ((), ("SA729",)),   # V0's accepted counts drafts after a rejection (sized)
     "vllm_clean.prom": ((), ()),

@@ -66,6 +66,8 @@ def main(args) -> int:
     prof.save(args.out)
     if args.json or args.output_format == "json":
         print(json.dumps(prof.to_dict()))
+        from specaudit.outfile import say_wrote
+        say_wrote(args.out)
     else:
         sys.stdout.write(format_profile(prof, args.out))
     return 0

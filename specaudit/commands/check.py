@@ -12,7 +12,7 @@ Examples:
   specaudit check traces/ --statistics                    # one line per code
   specaudit check traces/ --output-format sarif -o check.sarif
   specaudit check traces/ --output-format github          # annotations in GitHub Actions
-  specaudit check traces/ --invariants my_rules/          # add your own rules (README)
+  specaudit check traces/ --invariants my_rules/          # add your own rules (docs/commands/check.md)
   specaudit check sglang_server.log metrics.txt           # engine logs, Prometheus text
   specaudit check server.log --source vllm-log            # force the source kind
   specaudit check --prometheus http://127.0.0.1:9090 --range 6h --match '{job="vllm"}'

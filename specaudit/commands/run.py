@@ -2,7 +2,7 @@
 
 Examples:
   specaudit run --algo chain --budget 7 --out traces/
-  specaudit run --algo tree --budget 15 --topk 4 --concurrency 4 --oracle --out traces/
+  specaudit run --algo tree --budget 15 --branching 4 --concurrency 4 --oracle --out traces/
   specaudit run --algo chain --inject commit-counter --out traces/   # a known bug
   specaudit run --list-faults
   specaudit run --temperature 0.7 --top-p 0.95 --seed 3 --out traces/   # speculative sampling
@@ -42,7 +42,6 @@ def add_arguments(p) -> None:
     p.add_argument("--run-id", help="run id (default: config + timestamp)")
     p.add_argument("--flush-steps", type=int, default=4096, help="flush step rows every N rows (default 4096)")
     p.add_argument("--flush-seconds", type=float, default=5.0, help="... or every S seconds (default 5)")
-    p.add_argument("--list-faults", action="store_true", help="list injectable faults and exit")
     p.add_argument("--output-format", choices=["text", "json"], default="text",
                    help="text (default) or json: the summary as one JSON object")
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)   # old spelling of --output-format json
@@ -55,10 +54,6 @@ def print_summary(s: dict, file=None) -> None:
 
 
 def main(args) -> int:
-    if args.list_faults:
-        from specaudit.runtime.faults import describe_faults
-        print(describe_faults())
-        return 0
     if not args.out:
         raise ValueError("--out DIR is required (the dataset folder)")
     apply_host_options(args)

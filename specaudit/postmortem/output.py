@@ -100,12 +100,12 @@ def write_json(schema, batches, out) -> None:
     out.write("\n]\n" if not first else "]\n")
 
 
-def _check_output_path(path: Path, ds) -> Path:
+def _check_output_path(path: Path, ds, inputs=()) -> Path:
     from specaudit.outfile import guard_output
-    return guard_output(path, [str(rf.run_dir) for rf in ds.runs])
+    return guard_output(path, [str(rf.run_dir) for rf in (ds.runs if ds is not None else ())] + list(inputs))
 
 
-def emit(schema, batches, fmt: str, output: str | None, max_rows: int, ds) -> None:
+def emit(schema, batches, fmt: str, output: str | None, max_rows: int, ds, inputs=()) -> None:
     """Write the result in fmt to output (atomic: temporary name then rename) or stdout."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -118,7 +118,7 @@ def emit(schema, batches, fmt: str, output: str | None, max_rows: int, ds) -> No
          "csv": lambda: write_csv(schema, batches, sys.stdout),
          "json": lambda: write_json(schema, batches, sys.stdout)}[fmt]()
         return
-    path = _check_output_path(Path(output), ds)
+    path = _check_output_path(Path(output), ds, inputs)   # never over a trace or a log read
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         if fmt == "parquet":

@@ -165,7 +165,7 @@ class SpecServer:
                                        cost_factor=cost_factor, cost_factor_std=cost_factor_std, profile=profile,
                                        window_s=estimate_window_s)
         if not self.estimator.enabled:
-            log.info("no --baseline-tps with --cost-factor or --calibration: "
+            log.info("no --baseline-tps with --cost-factor or --profile: "
                      "specaudit_estimated_commit_length stays 0")
         self.loop = EngineLoop(self.engine, self.prom, self.otel, self.estimator, max_queue=max_queue)
         self.started_at = time.time()

@@ -414,15 +414,6 @@ class Lines:
             yield i + 1 + newlines, unwrap(buf[ls:spans[ls]].decode("ascii"))
 
 
-def _read_text(path) -> str:
-    """The whole file as text (for JSON documents and small inputs); bounded by MAX_BYTES."""
-    p = _check_path(path)
-    size = p.stat().st_size
-    if size > MAX_BYTES:
-        raise InputError(p, f"file of {size / 2**20:.0f} MiB is too large to parse whole; cut the window you need")
-    return "\n".join(t for _, t in Lines(p, progress=False))
-
-
 def _modules():
     import importlib
     return {name: importlib.import_module(f"specaudit.audit.sources.{mod}") for name, (mod, *_r) in SOURCES.items()}
@@ -467,11 +458,6 @@ def detect_lines(lines, majority: bool = False) -> str | None:
         raise ValueError(f"holds lines of more than one engine ({names}: mixed engines); split the file per engine "
                          "or pass --source")
     return next(iter(found), None)
-
-
-def detect_text(text: str) -> str | None:
-    """Which source a text is, or None. Mixed engines raise ValueError."""
-    return detect_lines(enumerate(text.splitlines(), 1))
 
 
 def detect(path) -> str:

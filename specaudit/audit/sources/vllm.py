@@ -47,7 +47,6 @@ F = {
     "rate_frac": re.compile(r"(?<!Avg )Draft acceptance rate: (-?\d+\.\d+|-?\d+|nan|inf)(?![\d.%])"),
     "depth": re.compile(r"Current speculative depth: " + NUM),
 }
-PER_POS_RE = re.compile(r"Per-position acceptance rate: (?P<list>[-0-9.naif, ]+)")
 V0 = {
     "rate": re.compile(r"Draft acceptance rate: " + NUM),
     "k": re.compile(r"Number of speculative tokens: " + NUM),
@@ -84,22 +83,6 @@ def looks_like(text: str) -> bool:
 def _num(rx, body):
     m = rx.search(body)
     return float(m.group(1)) if m else None
-
-
-def _per_pos(body: str):
-    m = PER_POS_RE.search(body)
-    if not m:
-        return None
-    out = []
-    for tok in m.group("list").split(","):
-        tok = tok.strip()
-        if not tok:
-            continue
-        try:
-            out.append(float(tok))
-        except ValueError:
-            break
-    return out
 
 
 _KEYS = {"Mean acceptance length", "Current speculative depth", "Accepted", "Drafted", "Avg Draft acceptance rate",
