@@ -17,6 +17,13 @@ POS_TOL = 0.0005      # vLLM per-position rate: three decimals
 PCT_TOL = 0.05        # vLLM "Avg Draft acceptance rate": one decimal, in percent
 
 
+def pos_tol(w) -> float:
+    """Half a unit of the last printed digit of a window's per-position rates: POS_TOL
+    (three decimals, vLLM's log), or the reader's own (`extra["pos_tol"]`: vLLM's
+    spec_decode.py example prints two decimals)."""
+    return w.extra.get("pos_tol", POS_TOL)
+
+
 def where(w) -> str:
     """'(DP1 TP0, 10-02 14:03:11)' context for a message, or ''."""
     parts = [p for p in (w.rank, w.time) if p]

@@ -79,6 +79,7 @@ class CheckResult:
     bad_files: list = field(default_factory=list)     # (path, reason)
     incomplete_runs: list = field(default_factory=list)  # (run_id, reason)
     runs: list = field(default_factory=list)          # run ids checked
+    readings: list = field(default_factory=list)      # engine inputs: their accounts (sources.account)
     steps: int = 0
     requests: int = 0
     rules: list = field(default_factory=list)         # codes run

@@ -45,7 +45,7 @@ def audit_sources(files, source, select, ignore, result) -> None:
     """Engine logs / metrics text through specaudit.audit.sources, into the same result."""
     from specaudit.audit.check import result_bad
     try:
-        from specaudit.audit.sources import audit_file
+        from specaudit.audit.sources import audit_file_account
     except ImportError as e:
         for f in files:
             result_bad(result, f, f"not a trace file, and the engine-log readers (specaudit.sources) "
@@ -54,7 +54,7 @@ def audit_sources(files, source, select, ignore, result) -> None:
     from specaudit.trace.schema import InputError
     for f in files:
         try:
-            found = audit_file(f, source=source, select=select, ignore=ignore)
+            found, account = audit_file_account(f, source=source, select=select, ignore=ignore)
         except InputError as e:
             result_bad(result, e.path or f, e.reason)
             continue
@@ -62,6 +62,7 @@ def audit_sources(files, source, select, ignore, result) -> None:
             result_bad(result, f, str(e))
             continue
         result.files_checked.append(str(f))
+        result.readings.append(account)   # what was read and checked (printed before the findings)
         for fd in found:
             result.add(fd)
 
@@ -131,7 +132,10 @@ def run_check(paths=(), *, select=(), ignore=(), invariants=(), entry_points=Tru
     restore_tolerances()
     if config is not None:
         apply_config(res, config, cap)
-    text = format_findings(res.findings, output_format, counts=res.counts, summary=res.summary(),
+    summary = res.summary()
+    if res.readings:   # engine inputs: each reading's account (text: printed first; json: summary.readings)
+        summary["readings"] = res.readings
+    text = format_findings(res.findings, output_format, counts=res.counts, summary=summary,
                            statistics=statistics, examples=examples, checked=res.rules)
     return res, text
 

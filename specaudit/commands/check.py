@@ -21,7 +21,10 @@ Examples:
 
 Inputs: a folder (dataset or run), a steps-*.parquet / requests.parquet / run.json
 file (its run is checked), or a text file that is an engine log or a Prometheus
-scrape (--source sglang-log|vllm-log|prom-text, detected when omitted).
+scrape, a benchmark summary or JSON responses (detected when omitted; --list-sources names
+every reader, --source forces one). Each engine input's report starts with its account:
+the reader and version recognised, windows read and skipped, each identity checked with
+its numbers, and what could not be checked and why.
 
 Settings: [tool.specaudit] in pyproject.toml, or specaudit.toml, found from the working
 directory upwards (select, ignore, per-path-ignores, severity, output-format, tolerances;
@@ -42,7 +45,7 @@ ORDER = 20
 
 # the engine-output readers' --source names (specaudit.audit.sources.SOURCES; spelled here so
 # `check --help` does not import the readers)
-SOURCES = ("sglang-log", "vllm-log", "llamacpp-log", "prom-text", "json-records")
+SOURCES = ("sglang-log", "vllm-log", "llamacpp-log", "vllm-bench", "tokenspeed-log", "prom-text", "json-records")
 
 
 def add_arguments(p) -> None:

@@ -34,8 +34,9 @@ from specaudit.audit.sources import LineParser, Reading, Window
 NUM = r"(-?(?:\d+(?:\.\d*)?|\.\d+)|nan|inf)"
 SPEC_RE = re.compile(r"SpecDecoding metrics:\s*(?P<body>.*)$")
 V0_RE = re.compile(r"Speculative metrics:\s*(?P<body>.*)$")
-ENGINE_RE = re.compile(r"(?:Engine (?P<eng>\d+):\s*)?Avg prompt throughput: [^,]*, Avg generation throughput: "
-                       + NUM + r" tokens/s, Running: (?P<run>\d+) reqs")
+ENGINE_RE = re.compile(r"(?:Engine (?P<eng>\d+):\s*|(?P<agg>\d+) Engines Aggregated:\s*)?Avg prompt throughput: [^,]*, "
+                       r"Avg generation throughput: " + NUM + r" tokens/s, Running: (?P<run>\d+) reqs"
+                       r"(?:, Waiting: (?P<wait>\d+) reqs)?(?:, Deferred: (?P<defer>\d+) reqs)?")
 TS_RE = re.compile(r"\b(?:INFO|WARNING|DEBUG|ERROR)\s+(?P<ts>\d\d-\d\d \d\d:\d\d:\d\d)")
 F = {
     "mean": re.compile(r"Mean acceptance length: " + NUM),
@@ -69,7 +70,10 @@ MARKERS = (b"metrics:", b"Avg prompt throughput")
 
 
 def looks_like_line(line: str) -> bool:
-    return "SpecDecoding metrics:" in line or "Speculative metrics: Draft acceptance rate" in line
+    """A spec-decoding line, or the engine stats line every vLLM server logs (a log with
+    speculative decoding off is still vLLM's: judged on what it holds)."""
+    return ("SpecDecoding metrics:" in line or "Speculative metrics: Draft acceptance rate" in line
+            or ("Avg prompt throughput:" in line and "Avg generation throughput:" in line))
 
 
 def looks_like(text: str) -> bool:
@@ -163,18 +167,23 @@ class Parser(LineParser):
         self.last_engine: dict = {}  # engine -> (gen tps, running, line)
         self.current = None
         self.engines: set = set()
+        self.queue: dict = {}        # engine -> {"waiting": n, "deferred": n} of its last stats line
 
     def feed(self, i: int, raw: str) -> None:
         if "metrics:" not in raw and "Avg prompt throughput" not in raw:
             return  # most lines of a server log: nothing for this reader (fast path)
         em = ENGINE_RE.search(raw) if "Avg prompt throughput" in raw else None
         if em:
-            eng = em.group("eng")
-            self.current = str(int(eng)) if eng is not None else None
+            eng, agg = em.group("eng"), em.group("agg")
+            # data parallel: per-engine lines (`Engine 00N:`) or one line for all engines
+            # (`N Engines Aggregated:`, its SpecDecoding line summed over them)
+            self.current = str(int(eng)) if eng is not None else (f"agg{int(agg)}" if agg is not None else None)
             try:
-                self.last_engine[self.current] = (float(em.group(2)), float(em.group("run")), i)
+                self.last_engine[self.current] = (float(em.group(3)), float(em.group("run")), i)   # 3: NUM
             except ValueError:
                 pass
+            self.queue[self.current] = {k: int(em.group(g)) for k, g in (("waiting", "wait"), ("deferred", "defer"))
+                                        if em.group(g) is not None}
             return
         sm = SPEC_RE.search(raw)
         vm = V0_RE.search(raw) if not sm else None
@@ -203,6 +212,9 @@ class Parser(LineParser):
             first_pct = kv.get("Draft acceptance rate%") if w.printed_rate_pct is None else None
             frac = kv.get("Draft acceptance rate") if w.printed_rate_pct is None and first_pct is None else None
             depth = kv.get("Current speculative depth")
+            for key, name in (("Accepted throughput", "acc_tps"), ("Drafted throughput", "dr_tps")):
+                if key in kv:
+                    w.extra[name] = kv[key]
             w.per_pos = per_pos
             if not _all_finite(kv, per_pos) and not _finite(w.accept_len, w.accepted_tokens, w.draft_tokens,
                                                             w.printed_rate_pct, first_pct, frac, *(w.per_pos or [])):
@@ -286,7 +298,12 @@ class Parser(LineParser):
         cur = self.current
         if cur in self.last_engine and i - self.last_engine[cur][2] <= 5:
             w.gen_tps, w.concurrency, _ = self.last_engine[cur]
-        w.rank = f"engine {cur}" if cur is not None else None
+            w.extra.update(self.queue.get(cur, {}))
+        if cur is not None and cur.startswith("agg"):
+            w.rank = f"{cur[3:]} engines aggregated"
+            w.version = (w.version or "V1") + ", data parallel aggregated"
+        else:
+            w.rank = f"engine {cur}" if cur is not None else None
         self.engines.add(w.rank)
         self.reading.windows.append(w)
 
