@@ -17,10 +17,11 @@ Run it with the vLLM venv's python (scripts/vllm_env.sh on branch i36-vllm build
 
     $VENV/bin/python scripts/vllm_sampling_probe.py --model DIR [--seed 1] [--fix-expand]
 
-It prints one JSON object: the set-up (date, machine, load, vLLM and torch versions), one row
-per drafted position (request, step, position, drafted token, the temperature vLLM used there,
-vLLM's target probability of the draft, the probability under the request's own temperature
-from the raw logits, the uniform, vLLM's decision, the token vLLM emitted), and a summary
+It writes one JSON object (--out; its summary also goes to stdout, after vLLM's own lines):
+the set-up (date, machine, load, vLLM and torch versions); one row per drafted position
+(request, step, position, drafted token, the temperature vLLM used there, vLLM's target
+probability of the draft, its probability under the request's own temperature from the
+raw logits, the uniform, vLLM's decision, the token vLLM emitted); and a summary
 (per-position acceptance, expected acceptance under the request's temperature).
 """
 from __future__ import annotations
@@ -55,13 +56,37 @@ def build(args):
 
     calls: list[dict] = []      # one entry per rejection_sample call (one verify batch)
     cur: dict = {}              # filled by the wrappers of one forward, then moved into calls
+    steps: list[dict] = []      # one entry per (request, sampling forward): the trace's raw material
 
     orig_sample = gmr.GPUModelRunner._sample
 
-    def _sample(self, logits, spec_decode_metadata):
+    def _sample(self, logits, meta):
         cur.clear()
-        cur["req_ids"] = list(self.input_batch.req_ids)
-        return orig_sample(self, logits, spec_decode_metadata)
+        req_ids = list(self.input_batch.req_ids)
+        cur["req_ids"] = req_ids
+        B = len(req_ids)
+        qsl = self.query_start_loc.cpu[: B + 1].tolist()
+        ids = self.input_ids.gpu if hasattr(self.input_ids, "gpu") else self.input_ids
+        pos = self.positions.gpu if hasattr(self.positions, "gpu") else self.positions
+        nd = list(meta.num_draft_tokens) if meta is not None else [0] * B
+        cu = meta.cu_num_sampled_tokens.tolist() if meta is not None else list(range(1, B + 1))
+        lg = logits.detach().float().clone() if logits is not None else None     # [rows, vocab] raw
+        out = orig_sample(self, logits, meta)
+        toks = out.sampled_token_ids.tolist()                                     # [B, max_spec + 1]
+        u = cur.get("u")
+        u_at = 0
+        for r, rid in enumerate(req_ids):
+            if rid is None or lg is None:
+                continue
+            n = nd[r] + 1                                  # root + drafts
+            lo = qsl[r + 1] - n
+            steps.append(dict(rid=rid, t=time.time(), batch=B, node_tokens=ids[lo:qsl[r + 1]].tolist(),
+                              positions=pos[lo:qsl[r + 1]].tolist(), raw=lg[cu[r] - n:cu[r]],
+                              out=toks[r], u=(u[u_at:u_at + nd[r]].tolist() if u is not None and nd[r] else []),
+                              temp_used=(cur["temp_used"][u_at:u_at + nd[r]].tolist()
+                                         if "temp_used" in cur and nd[r] else [])))
+            u_at += nd[r]
+        return out
 
     orig_expand = rs.expand_batch_to_tokens
 
@@ -113,7 +138,7 @@ def build(args):
     rs.apply_sampling_constraints = asc
     rs.generate_uniform_probs = uni
     rs.rejection_sample = rej
-    return calls
+    return calls, steps
 
 
 def rows_of(calls, req_temp):
@@ -189,13 +214,16 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=None, help="per-request seed base (request i gets seed+i)")
     ap.add_argument("--fix-expand", action="store_true",
                     help="control run: replace expand_batch_to_tokens by repeat_interleave")
-    ap.add_argument("--rows", type=int, default=200, help="rows printed in full (the summary covers all)")
+    ap.add_argument("--rows", type=int, default=200, help="rows kept in full (the summary covers all)")
+    ap.add_argument("--out", default=None, help="write the JSON here (vLLM logs to stdout too)")
+    ap.add_argument("--trace", default=None, metavar="DIR",
+                    help="also write the run as a contract v2 trace dataset here (scripts/vllm_probe_trace.py)")
     args = ap.parse_args(argv)
     if not os.path.isdir(args.model):
         print(f"vllm_sampling_probe: --model {args.model}: not a folder", file=sys.stderr)
         return 2
 
-    calls = build(args)
+    calls, steps = build(args)
     import torch
     import vllm
     from vllm import LLM, SamplingParams
@@ -207,7 +235,16 @@ def main(argv=None) -> int:
                              seed=None if args.seed is None else args.seed + i)
               for i in range(args.requests)]
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.requests)]
+    t_gen = time.time()
     outs = llm.generate(prompts, params, use_tqdm=False)
+    trace = None
+    if args.trace:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from vllm_probe_trace import write_trace
+        got = [dict(request_id=o.request_id, prompt=list(o.prompt_token_ids), gen=list(o.outputs[0].token_ids),
+                    t0=t_gen) for o in outs]
+        trace = write_trace(steps, got, args.trace, temperature=args.temperature, model=args.model, k=args.k,
+                            seed=args.seed, vllm_version=vllm.__version__)
     rows = rows_of(calls, args.temperature)
     res = dict(
         what="vLLM rejection-sampling probe (scripts/vllm_sampling_probe.py)",
@@ -217,10 +254,13 @@ def main(argv=None) -> int:
         setup=dict(model=args.model, drafter=args.drafter or args.model, k=args.k, requests=args.requests,
                    max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
                    fix_expand=args.fix_expand),
-        summary=summary(rows, args.k),
+        summary=summary(rows, args.k), trace=trace,
         outputs=[o.outputs[0].text for o in outs][:4],
         rows=rows[:args.rows])
-    print(json.dumps(res))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+    print(json.dumps(res["summary"]))
     return 0
 
 
