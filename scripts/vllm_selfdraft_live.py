@@ -32,6 +32,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+FIX_DIR = Path(__file__).resolve().parent / "vllm_fix_expand"
 PROMPTS = [
     "def ", "import os\n", "class Foo:\n    ", "    return ", "for i in range(", "if __name__ == ",
     "# Copyright ", "from collections import ", "    def __init__(self", "try:\n    ", "x = [", "\"\"\"",
@@ -58,7 +59,7 @@ def _post(url: str, body: dict, timeout: float) -> dict:
 class Server:
     """vLLM's OpenAI server in its own process group, its output in a file."""
 
-    def __init__(self, python: str, model: str, k: int, log: Path, port: int, extra=()):
+    def __init__(self, python: str, model: str, k: int, log: Path, port: int, extra=(), fix_expand=False):
         spec = json.dumps({"model": model, "num_speculative_tokens": k})
         self.cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1",
                     "--port", str(port), "--enforce-eager", "--max-model-len", "512", "--max-num-seqs", "16",
@@ -67,6 +68,8 @@ class Server:
         self.log = log
         env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
                    VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        if fix_expand:   # the control: a correct expand_batch_to_tokens in every vLLM process
+            env["PYTHONPATH"] = os.pathsep.join([str(FIX_DIR), *filter(None, [os.environ.get("PYTHONPATH")])])
         self._out = open(log, "wb")
         self.proc = subprocess.Popen(self.cmd, stdout=self._out, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
@@ -105,11 +108,11 @@ class Server:
 
 
 def run(python: str, model: str, out: Path, *, temperature: float, seed, requests: int, max_tokens: int,
-        k: int = 4, ready_timeout: float = 300.0, request_timeout: float = 300.0) -> dict:
+        k: int = 4, ready_timeout: float = 300.0, request_timeout: float = 300.0, fix_expand: bool = False) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     log = out / "server.log"
     t0 = time.time()
-    srv = Server(python, model, k, log, free_port())
+    srv = Server(python, model, k, log, free_port(), fix_expand=fix_expand)
     try:
         srv.wait_ready(ready_timeout)
         t_ready = time.time()
@@ -158,7 +161,8 @@ def run(python: str, model: str, out: Path, *, temperature: float, seed, request
         what="vLLM self-draft live run (scripts/vllm_selfdraft_live.py)",
         date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         machine=dict(cores=os.cpu_count(), load_avg_1m=os.getloadavg()[0]),
-        setup=dict(model=model, k=k, temperature=temperature, seed=seed, requests=requests, max_tokens=max_tokens),
+        setup=dict(model=model, k=k, temperature=temperature, seed=seed, requests=requests, max_tokens=max_tokens,
+                   fix_expand=fix_expand),
         startup_s=round(t_ready - t0, 1), requests_s=round(t_done - t_ready, 1),
         verify_steps=steps, accepted_at_position=per_pos,
         rate_at_position=[round(c / steps, 4) if steps else None for c in per_pos],
@@ -179,6 +183,8 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=12)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    ap.add_argument("--fix-expand", action="store_true",
+                    help="control run: scripts/vllm_fix_expand/ on PYTHONPATH (a correct expand_batch_to_tokens)")
     args = ap.parse_args(argv)
     if not os.access(args.python, os.X_OK):
         print(f"vllm_selfdraft_live: --python {args.python}: not an executable", file=sys.stderr)
@@ -188,7 +194,7 @@ def main(argv=None) -> int:
         return 2
     try:
         s = run(args.python, args.model, args.out, temperature=args.temperature, seed=args.seed,
-                requests=args.requests, max_tokens=args.max_tokens, k=args.k)
+                requests=args.requests, max_tokens=args.max_tokens, k=args.k, fix_expand=args.fix_expand)
     except RuntimeError as e:
         log = args.out / "server.log"
         tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
