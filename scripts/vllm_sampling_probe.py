@@ -47,6 +47,9 @@ def _p_of(logits_row, temp, token):
     return float(torch.softmax(z, dim=-1)[token])
 
 
+state: dict = {}   # {"fix": bool}: whether expand_batch_to_tokens is replaced (flipped by --control)
+
+
 def build(args):
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -96,10 +99,11 @@ def build(args):
         out = torch.repeat_interleave(x, counts, output_size=num_tokens)
         return torch.where(out == replace_from, torch.full_like(out, replace_to), out)
 
-    expand_impl = expand_fixed if args.fix_expand else orig_expand
+    state["fix"] = bool(args.fix_expand)
 
     def expand(x, cu_num_tokens, num_tokens, replace_from=0, replace_to=0):
-        out = expand_impl(x, cu_num_tokens, num_tokens, replace_from, replace_to)
+        impl = expand_fixed if state["fix"] else orig_expand
+        out = impl(x, cu_num_tokens, num_tokens, replace_from, replace_to)
         if x.is_floating_point() and replace_to == 1:     # the temperature call
             cur["temp_in"] = x.detach().clone()
             cur["temp_used"] = out.detach().clone()
@@ -202,6 +206,36 @@ def summary(rows, k):
     return out
 
 
+def one_pass(args, llm, prompts, params, calls, steps, t0, trace_dir) -> dict:
+    """Generate once, then the JSON of that pass (and its trace when trace_dir is set)."""
+    import torch
+    import vllm
+    t_gen = time.time()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    trace = None
+    if trace_dir:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from vllm_probe_trace import write_trace
+        got = [dict(request_id=o.request_id, prompt=list(o.prompt_token_ids), gen=list(o.outputs[0].token_ids),
+                    t0=t_gen) for o in outs]
+        trace = write_trace(steps, got, trace_dir, temperature=args.temperature, model=args.model, k=args.k,
+                            seed=args.seed, vllm_version=vllm.__version__,
+                            run_id=f"vllm-probe-{'control' if state['fix'] else 'shipped'}-"
+                                   f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}")
+    rows = rows_of(calls, args.temperature)
+    return dict(
+        what="vLLM rejection-sampling probe (scripts/vllm_sampling_probe.py)",
+        date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        machine=dict(cores=os.cpu_count(), load_avg_1m=os.getloadavg()[0], platform=platform.platform()),
+        vllm=vllm.__version__, torch=torch.__version__, wall_s=round(time.time() - t0, 1),
+        setup=dict(model=args.model, drafter=args.drafter or args.model, k=args.k, requests=args.requests,
+                   max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
+                   fix_expand=state["fix"]),
+        summary=summary(rows, args.k), trace=trace,
+        outputs=[o.outputs[0].text for o in outs][:4],
+        rows=rows[:args.rows])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  epilog="Prints one JSON object (see the module docstring).")
@@ -218,14 +252,15 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="write the JSON here (vLLM logs to stdout too)")
     ap.add_argument("--trace", default=None, metavar="DIR",
                     help="also write the run as a contract v2 trace dataset here (scripts/vllm_probe_trace.py)")
+    ap.add_argument("--control", action="store_true",
+                    help="then run the same requests again with expand_batch_to_tokens replaced (JSON key control)")
+    ap.add_argument("--control-trace", default=None, metavar="DIR", help="the control pass's trace dataset")
     args = ap.parse_args(argv)
     if not os.path.isdir(args.model):
         print(f"vllm_sampling_probe: --model {args.model}: not a folder", file=sys.stderr)
         return 2
 
     calls, steps = build(args)
-    import torch
-    import vllm
     from vllm import LLM, SamplingParams
 
     t0 = time.time()
@@ -235,28 +270,12 @@ def main(argv=None) -> int:
                              seed=None if args.seed is None else args.seed + i)
               for i in range(args.requests)]
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.requests)]
-    t_gen = time.time()
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    trace = None
-    if args.trace:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from vllm_probe_trace import write_trace
-        got = [dict(request_id=o.request_id, prompt=list(o.prompt_token_ids), gen=list(o.outputs[0].token_ids),
-                    t0=t_gen) for o in outs]
-        trace = write_trace(steps, got, args.trace, temperature=args.temperature, model=args.model, k=args.k,
-                            seed=args.seed, vllm_version=vllm.__version__)
-    rows = rows_of(calls, args.temperature)
-    res = dict(
-        what="vLLM rejection-sampling probe (scripts/vllm_sampling_probe.py)",
-        date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        machine=dict(cores=os.cpu_count(), load_avg_1m=os.getloadavg()[0], platform=platform.platform()),
-        vllm=vllm.__version__, torch=torch.__version__, wall_s=round(time.time() - t0, 1),
-        setup=dict(model=args.model, drafter=args.drafter or args.model, k=args.k, requests=args.requests,
-                   max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
-                   fix_expand=args.fix_expand),
-        summary=summary(rows, args.k), trace=trace,
-        outputs=[o.outputs[0].text for o in outs][:4],
-        rows=rows[:args.rows])
+    res = one_pass(args, llm, prompts, params, calls, steps, t0, args.trace)
+    if args.control:   # the same requests again, expand_batch_to_tokens replaced
+        state["fix"] = True
+        calls.clear()
+        steps.clear()
+        res["control"] = one_pass(args, llm, prompts, params, calls, steps, time.time(), args.control_trace)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)
