@@ -2,11 +2,12 @@
 
     python3 scripts/vllm_anomaly_report.py tests/data/vllm_anomaly/
 
-reads, from that folder, probe_seed.json, probe_noseed.json, probe_fix.json (written by
-scripts/vllm_sampling_probe.py --out) and live_*.json (the summary.json files of
-scripts/vllm_selfdraft_live.py), and prints Markdown: for each run its date, machine and
-load, per-position acceptance, and for the seeded probe the first verify steps position by
-position. Exit 2 when the folder or a file is missing or unreadable.
+reads, from that folder, probe_seed.json (written by scripts/vllm_sampling_probe.py --out;
+its key "control" is the --control pass), probe_noseed.json and probe_fix.json when present,
+and live_*.json (the summary.json files of scripts/vllm_selfdraft_live.py), and prints
+Markdown: for each run its date, machine and load, per-position acceptance, and for the
+seeded probe the first verify steps position by position. Exit 2 when the folder or a
+file is missing or unreadable.
 """
 from __future__ import annotations
 
@@ -80,7 +81,10 @@ def main(argv=None) -> int:
         seed = json.loads((root / "probe_seed.json").read_text())
         lines += steps_block(seed)
         for name, what in PROBES:
-            lines += probe_block(name, what, json.loads((root / name).read_text()))
+            if name == "probe_fix.json" and not (root / name).is_file() and "control" in seed:
+                lines += probe_block("probe_seed.json, key control", what, seed["control"])
+            elif (root / name).is_file() or name == "probe_seed.json":
+                lines += probe_block(name, what, json.loads((root / name).read_text()))
         for name, what in LIVES:
             if (root / name).is_file():
                 lines += live_block(name, what, json.loads((root / name).read_text()))
