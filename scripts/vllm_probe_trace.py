@@ -105,6 +105,7 @@ def write_trace(steps: list, outputs: list, dataset: str, *, temperature: float,
     tr = Tracer([ParquetSink(dataset, run_id)], manifest, run_id)
     by_user = {o["request_id"]: o for o in outputs}
     rows = mismatch = 0
+    tally = {"drafted": 0, "accepted": 0, "vllm_counted": 0, "no_drawn_token": 0}
     order: list = []
     per: dict = {}
     for s in steps:
@@ -140,8 +141,15 @@ def write_trace(steps: list, outputs: list, dataset: str, *, temperature: float,
                 t_start=s["t"], draft_s=0.0, verify_s=0.0, step_s=0.0, batch_size=s["batch"])
             i += 1
             rows += 1
+            tally["drafted"] += N - 1
+            tally["accepted"] += len(f["path"]) - 1
+            tally["vllm_counted"] += f["depth"]
+            tally["no_drawn_token"] += f["sampling"]["sampled_token"] == -1
         tr.end_request(rid, output_tokens=gen, finish_reason="length", ttft_s=0.0,
                        e2e_s=max(0.0, per[rid][-1]["t"] - o["t0"]))
     tr.close()
+    # accepted: drafts the sampler returned unchanged; vllm_counted: what vLLM's metrics
+    # counted for the same steps (one less on a step that drew no token after a rejection)
     return {"run_id": run_id, "dir": str(Path(dataset) / f"run_id={run_id}"), "rows": rows,
-            "mismatch": int(mismatch), "nan_steps": sum(1 for s in steps if math.isnan(float(s["raw"].sum())))}
+            "mismatch": int(mismatch), "nan_steps": sum(1 for s in steps if math.isnan(float(s["raw"].sum()))),
+            **{k: int(v) for k, v in tally.items()}}

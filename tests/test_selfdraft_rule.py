@@ -119,9 +119,14 @@ def _live(d):
 
 def test_measured_runs(tmp_path):
     import json
-    # vLLM as shipped on a live server, as measured here: fires
-    steps, counts = _live(json.loads((DATA / "live_seed.json").read_text()))
-    assert sa735(tmp_path, head() + spec_line(steps, counts)), counts
+    # vLLM as shipped on a live server, as measured here (seeded and not): fires
+    for name in ("live_seed.json", "live_noseed.json"):
+        steps, counts = _live(json.loads((DATA / name).read_text()))
+        assert sa735(tmp_path, head() + spec_line(steps, counts)), (name, counts)
+    # healthy: temperature 0, and the live server with the control patch at temperature 0.8
+    for name in ("live_greedy.json", "live_fix.json"):
+        steps, counts = _live(json.loads((DATA / name).read_text()))
+        assert sa735(tmp_path, head() + spec_line(steps, counts)) == [], (name, counts)
     # the control pass of the probe (the same requests, the temperature expanded correctly):
     # its per-position acceptance as a log line stays quiet
     pp = json.loads((DATA / "probe_seed.json").read_text())["control"]["summary"]["per_position"]
