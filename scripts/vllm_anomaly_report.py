@@ -47,6 +47,11 @@ def probe_block(name, what, d) -> list[str]:
         t = d["trace"]
         out.append(f"trace: {t['rows']} step rows, {t['mismatch']} steps whose returned tokens differ "
                    "from what vLLM appended")
+        if "vllm_counted" in t:
+            out.append(f"drafted {t['drafted']}, accepted by the sampler {t['accepted']}, counted by vLLM's metrics "
+                       f"{t['vllm_counted']}; steps with no token drawn after a rejection {t['no_drawn_token']}")
+    if d.get("outputs"):
+        out.append(f"first output: {d['outputs'][0]!r}")
     out += ["```", ""]
     return out
 
