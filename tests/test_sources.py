@@ -65,6 +65,9 @@ CASES = {
     "sglang_concurrency_shift.log": ((), ("SA710",)),
     # unreadable lines are reported, the rest is audited
     "sglang_truncated.log": ((), ("SA700",)),
+    # the drafter is the target itself (live vLLM 0.32.0 CPU, issue 37): sampled, rejected; greedy, exact
+    "vllm_selfdraft_cpu_sampled.log": ((), ("SA735", "SA727")),
+    "vllm_selfdraft_greedy.log": ((), ()),
 }
 
 
