@@ -94,8 +94,9 @@ class SelfDraftRejected(SourceRule):
     probabilities than it samples from (a temperature applied to one side only or not at
     all, uninitialised or misaligned per-token parameters, probabilities of another
     position): vLLM 0.32.0 on CPU expands the per-request temperature into uninitialised
-    memory (docs/vllm-sampling-anomaly.md). A warning: the log does not carry the
-    requests' temperature; a trace of the run proves it (SA801, SA804).
+    memory, and its counters then also miss one accepted draft on each step that drew no
+    token after a rejection (docs/vllm-sampling-anomaly.md). A warning: the log does not
+    carry the requests' temperature; a trace of the run proves it (SA801, SA804).
 
     Example: `SpecDecoding metrics: Mean acceptance length: 1.50, ..., Per-position
     acceptance rate: 0.496, 0.000, 0.000, 0.000` with `speculative_config=SpeculativeConfig(
