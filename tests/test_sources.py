@@ -72,6 +72,9 @@ CASES = {
     "vllm_throughput_window.log": ((), ("SA730",)),
     "tokenspeed_clean.log": ((), ()),
     "tokenspeed_rate_two_k.log": ((), ("SA732",)),
+    # the drafter is the target itself (live vLLM 0.32.0 CPU, issue 37): sampled, rejected; greedy, exact
+    "vllm_selfdraft_cpu_sampled.log": ((), ("SA735", "SA727")),
+    "vllm_selfdraft_greedy.log": ((), ()),
 }
 
 

@@ -30,6 +30,7 @@ import math
 import re
 
 from specaudit.audit.sources import LineParser, Reading, Window
+from specaudit.audit.sources.vllm_startup import startup
 
 NUM = r"(-?(?:\d+(?:\.\d*)?|\.\d+)|nan|inf)"
 SPEC_RE = re.compile(r"SpecDecoding metrics:\s*(?P<body>.*)$")
@@ -66,7 +67,9 @@ V0_LEN = "V0: emitted tokens / (draft tokens / k) (accepted prefix + bonus per p
 
 
 # substrings every line this reader uses holds (Lines' prefilter: other lines are never decoded)
-MARKERS = (b"metrics:", b"Avg prompt throughput")
+MARKERS = (b"metrics:", b"Avg prompt throughput", b"non-default args:", b"Initializing a V1 LLM engine")
+# the start-up lines that name the models (seeded into every range of a large log)
+CONFIG_MARKERS = (b"non-default args:", b"Initializing a V1 LLM engine")
 
 
 def looks_like_line(line: str) -> bool:
@@ -171,6 +174,8 @@ class Parser(LineParser):
 
     def feed(self, i: int, raw: str) -> None:
         if "metrics:" not in raw and "Avg prompt throughput" not in raw:
+            if "non-default args:" in raw or "Initializing a V1 LLM engine" in raw:
+                self.reading.config.update(startup(raw, i))
             return  # most lines of a server log: nothing for this reader (fast path)
         em = ENGINE_RE.search(raw) if "Avg prompt throughput" in raw else None
         if em:
