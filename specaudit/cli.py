@@ -114,6 +114,8 @@ def main(argv=None) -> int:
         ap.print_help()
         return 2
     try:
+        from specaudit.bounds import check_args
+        check_args(args.command, ap.subparsers.get(args.command), args)   # every typed size, up front
         return int(args._main(args) or 0)
     except InputError as e:
         print(f"specaudit {args.command}: error: {printable(e)}", file=sys.stderr)

@@ -109,8 +109,10 @@ def natural_key(rid: str):
 def _raw_version(run: RunFiles):
     """schema_version as written, even when read_manifest refused it (None if unreadable)."""
     try:
-        return json.loads((run.run_dir / "run.json").read_text()).get("schema_version")
-    except (OSError, ValueError, AttributeError):
+        from specaudit.trace.schema import MAX_MANIFEST_BYTES, read_limited
+        # read_limited: a FIFO or a device named run.json is refused, never waited on
+        return json.loads(read_limited(run.run_dir / "run.json", MAX_MANIFEST_BYTES)).get("schema_version")
+    except (OSError, ValueError, AttributeError, RecursionError, InputError):
         return None
 
 

@@ -118,7 +118,7 @@ def emit(schema, batches, fmt: str, output: str | None, max_rows: int, ds) -> No
          "csv": lambda: write_csv(schema, batches, sys.stdout),
          "json": lambda: write_json(schema, batches, sys.stdout)}[fmt]()
         return
-    path = _check_output_path(Path(output), ds)
+    path = _check_output_path(Path(output), ds)   # refuses a device or FIFO target too
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         if fmt == "parquet":

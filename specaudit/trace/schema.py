@@ -659,9 +659,35 @@ def _type_compatible(got: pa.DataType, want: pa.DataType) -> bool:
     return False
 
 
+def target_problem(path) -> str | None:
+    """None when a file may be written at `path` by rename (nothing there, or a regular file,
+    after links); else why not, in words."""
+    import stat
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"cannot write: {e.strerror or e}"
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "is a folder; give a file name"
+    kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device" if (stat.S_ISCHR(mode) or stat.S_ISBLK(mode)) else "not a regular file")
+    return f"exists and is not a regular file ({kind}); refusing to replace it (write to a regular file)"
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temporary name then rename: readers see nothing or the whole file."""
+    """Write to a temporary name then rename: readers see nothing or the whole file.
+
+    An existing target that is not a regular file (a device such as /dev/null, a FIFO, a
+    socket; after links) is refused with InputError: renaming over it would replace the
+    device node itself (as root, `--out /dev/null` replaced the system's null device)."""
     path = Path(path)
+    why = target_problem(path)
+    if why:
+        raise InputError(path, why)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
