@@ -123,6 +123,9 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError, PermissionError, IsADirectoryError) as e:
         print(f"specaudit {args.command}: error: {printable(e)}", file=sys.stderr)
         return 2
+    except Terminated:
+        print(f"specaudit {args.command}: terminated (SIGTERM); what was written so far is readable", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print(f"specaudit {args.command}: interrupted", file=sys.stderr)
         return 130
@@ -130,6 +133,22 @@ def main(argv=None) -> int:
         return 0
     except Exception as e:
         return internal_error(args.command, e)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread like Ctrl-C so cleanup (the final flush) runs."""
+
+
+def terminate_as_interrupt() -> None:
+    """From now on SIGTERM raises Terminated in the main thread (exit 143 after cleanup)."""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def on_term(signum, frame):
+        raise Terminated()
+    signal.signal(signal.SIGTERM, on_term)
 
 
 EXIT_INTERNAL = 3

@@ -353,3 +353,186 @@ def test_ab_counts_a_copied_trace_run_once(tmp_path):
     both, facts = read_side(f"{tmp_path / 'a'},{tmp_path / 'copy'}", "A")
     assert len(both) == len(one) > 0
     assert any("already counted" in n for n in facts["notes"])
+
+
+# ------------------------------------------------------------------ the server: nothing lost, no traceback
+
+def _post_raw_head(port: int, length: int, first: bytes = b""):
+    import socket
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n%s" % (length, first))
+    return s
+
+
+def _tracebacks(records) -> list:
+    return [r for r in records if r.exc_info or "Traceback" in r.getMessage()
+            or "Exception in ASGI application" in r.getMessage()]
+
+
+@pytest.fixture
+def serving(models, tmp_path):
+    from specaudit.serve.server import SpecServer
+    made = []
+
+    def make(**kw):
+        kw.setdefault("concurrency", 2)
+        srv = SpecServer(trace_dir=tmp_path / "traces", models=models, port=0, max_new_tokens=64,
+                         run_id=f"g-{time.time_ns()}", **kw)
+        made.append(srv)
+        return srv.start()
+    yield make
+    for s in made:
+        s.close()
+
+
+def test_a_client_leaving_mid_body_prints_no_traceback(serving, caplog):
+    import httpx
+    srv = serving()
+    caplog.set_level("INFO")
+    for _ in range(3):
+        s = _post_raw_head(srv.port, 1000, b'{"prompt": "x", ')
+        time.sleep(0.2)
+        s.close()
+    time.sleep(0.5)
+    r = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=30)
+    assert r.status_code == 200
+    assert not _tracebacks(caplog.records), [r.getMessage()[:200] for r in _tracebacks(caplog.records)]
+
+
+def test_a_slow_body_is_cut_at_the_body_deadline(serving, monkeypatch, caplog):
+    from specaudit.serve import http
+    monkeypatch.setattr(http, "BODY_READ_S", 1.5)
+    srv = serving()
+    caplog.set_level("INFO")
+    s = _post_raw_head(srv.port, 100, b"{")
+    t = time.monotonic()
+    got = b""
+    while b"\r\n\r\n" not in got and time.monotonic() - t < 10:
+        try:
+            s.sendall(b" ")
+        except OSError:
+            pass
+        s.settimeout(0.3)
+        try:
+            got += s.recv(4096)
+        except OSError:
+            pass
+    s.close()
+    assert got.startswith(b"HTTP/1.1 408"), got[:100]
+    assert time.monotonic() - t < 4
+    assert not _tracebacks(caplog.records)
+
+
+def test_burst_fills_every_free_slot_and_the_queue(serving, monkeypatch):
+    """--concurrency 2 --max-queue 2: a burst of 8 is 4 admitted (2 running, 2 waiting), 4 refused."""
+    import threading
+
+    import httpx
+    srv = serving(concurrency=2, max_queue=2)
+    eng = srv.loop.engine
+    real_add = eng.add
+
+    def slow_add(req):   # a long prefill: the burst arrives while the loop is busy with the first
+        time.sleep(0.4)
+        return real_add(req)
+    monkeypatch.setattr(eng, "add", slow_add)
+    codes = []
+
+    def go():
+        r = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "x", "max_tokens": 4}, timeout=60)
+        codes.append(r.status_code)
+    first = threading.Thread(target=go)
+    first.start()
+    time.sleep(0.15)   # the first request is being prefilled
+    ts = [threading.Thread(target=go) for _ in range(7)]
+    for t in ts:
+        t.start()
+    for t in [first, *ts]:
+        t.join(60)
+    assert sorted(codes) == [200] * 4 + [429] * 4, codes
+
+
+def test_an_idle_server_flushes_by_the_clock(serving):
+    """--flush-seconds 1: finished work is on disk within ~1 s, with no further step to trigger it."""
+    import httpx
+    import pyarrow.parquet as pq
+    srv = serving(flush_s=1.0)
+    for i in range(4):
+        r = httpx.post(f"{srv.url}/v1/completions", json={"prompt": f"def f{i}(x):\n", "max_tokens": 6}, timeout=60)
+        assert r.status_code == 200
+    time.sleep(3.0)   # idle: no request, no step
+    d = Path(srv.run_dir)
+    req_rows = sum(pq.read_metadata(p).num_rows for p in d.glob("requests-*.parquet"))
+    step_ids = set()
+    for p in d.glob("steps-*.parquet"):
+        step_ids |= set(pq.read_table(p, columns=["request_id"]).column("request_id").to_pylist())
+    assert req_rows == 4, f"{req_rows} of 4 finished requests on disk after 3 s idle"
+    assert len(step_ids) == 4
+
+
+def _spawn(*argv):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "specaudit", *map(str, argv)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_serve_sigterm_with_slow_bodies_is_quiet_and_within_the_drain(tmp_path):
+    import re
+    import signal
+    p = _spawn("serve", "--trace-dir", tmp_path / "t", "--port", "0", "--drain-seconds", "2")
+    try:
+        url = None
+        t0 = time.monotonic()
+        lines = []
+        while url is None and time.monotonic() - t0 < 120:
+            ln = p.stderr.readline()
+            if not ln:
+                break
+            lines.append(ln)
+            m = re.search(r"listening on (http://\S+)", ln)
+            url = m.group(1) if m else None
+        assert url, "".join(lines)
+        port = int(url.rsplit(":", 1)[1])
+        socks = [_post_raw_head(port, 1000, b'{"prompt"') for _ in range(3)]
+        time.sleep(0.5)
+        t = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+        took = time.monotonic() - t
+        for s in socks:
+            s.close()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, err
+    assert "Traceback" not in err and "Exception in ASGI" not in err, err
+    assert took < 2 + 3, f"stopped {took:.1f} s after SIGTERM with --drain-seconds 2"
+
+
+def test_run_sigterm_still_flushes_what_was_decoded(tmp_path):
+    import signal
+    out = tmp_path / "t"
+    p = _spawn("run", "--out", out, "--num-prompts", "64", "--max-new-tokens", "200", "--no-progress",
+               "--flush-seconds", "0.5", "--run-id", "term")
+    try:
+        t0 = time.monotonic()
+        while not list(out.glob("run_id=term/steps-*.parquet")) and time.monotonic() - t0 < 120:
+            if p.poll() is not None:
+                break
+            time.sleep(0.2)
+        assert p.poll() is None, p.communicate()
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 143 and "terminated" in err and "Traceback" not in err, err
+    run = out / "run_id=term"
+    man = json.loads((run / "run.json").read_text())
+    assert man.get("finished_at") and (run / "requests.parquet").exists()
+    import pyarrow.parquet as pq
+    rows = pq.read_table(run / "requests.parquet").to_pylist()
+    assert rows and any(r["finish_reason"] == "abort" for r in rows)

@@ -62,6 +62,8 @@ def main(args) -> int:
     if not args.out:
         raise ValueError("--out DIR is required (the dataset folder)")
     apply_host_options(args)
+    from specaudit.cli import terminate_as_interrupt
+    terminate_as_interrupt()   # SIGTERM: the final flush runs (specaudit.run), then exit 143
     from specaudit.run import run_traced
     res = run_traced(threads=args.threads, algo=args.algo, budget=args.budget, topk=resolve_topk(args),
                      concurrency=args.concurrency, num_prompts=args.num_prompts,
