@@ -536,3 +536,90 @@ def test_run_sigterm_still_flushes_what_was_decoded(tmp_path):
     import pyarrow.parquet as pq
     rows = pq.read_table(run / "requests.parquet").to_pylist()
     assert rows and any(r["finish_reason"] == "abort" for r in rows)
+
+
+# ------------------------------------------------------------------ terminal escapes, wrong answers, small ones
+
+EVIL = "\x1b]0;owned\x07\x1b[2Jx"
+
+
+def test_query_table_and_csv_to_a_terminal_show_escapes_never_obey_them(clean, capsys, monkeypatch):
+    sql = f"SELECT '{EVIL}' AS s"
+    assert main(["query", "--no-check", str(clean), sql]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "\\x1b]0;owned" in out
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
+    assert main(["query", "--no-check", str(clean), sql, "--output-format", "csv"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\\x1b" in out
+
+
+def test_csv_to_a_file_keeps_the_data_exact(clean, tmp_path):
+    out = tmp_path / "q.csv"
+    assert main(["query", "--no-check", str(clean), f"SELECT '{EVIL}' AS s", "--output-format", "csv",
+                 "-o", str(out)]) == 0
+    assert EVIL in out.read_text()
+
+
+def test_a_path_with_esc_and_newline_stays_one_visible_line(tmp_path, capsys):
+    p = tmp_path / "a\x1b[31mb\nc.log"
+    p.write_text("nothing an engine prints\n")
+    assert main(["check", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "\x1b" not in err and "\\x1b[31mb\\x0ac.log" in err
+
+
+@pytest.mark.parametrize("cmd", [["diff", "{f}", "{clean}"], ["query", "{f}"], ["lossless", "{f}", "{clean}"]])
+def test_a_binary_or_log_file_is_not_a_trace(cmd, clean, tmp_path, capsys):
+    f = tmp_path / "x.bin"
+    f.write_bytes(bytes(range(256)) * 4)
+    assert main([a.format(f=f, clean=clean) for a in cmd]) == 2
+    err = capsys.readouterr().err
+    assert "not a trace file" in err and "missing run.json" not in err and err.count("\n") == 1
+
+
+def test_prometheus_with_series_but_no_window_names_the_url():
+    one = _matrix(["5"])   # one sample per series: no interval
+    with HostilePeer("bodies", bodies={"/api/v1/series": SERIES_OK, "/api/v1/query": one}) as peer:
+        rc, out, err = cli("check", "--prometheus", peer.url, "--range", "100000d", "--step", "0")
+    assert rc == 2 and "give PATHs" not in err and "none has two samples" in err, err
+
+
+def test_an_unreachable_spark_master_is_one_line_at_once(clean):
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t = time.monotonic()
+    rc, out, err = cli("check", "--engine", "spark", "--spark-master", f"spark://127.0.0.1:{port}", clean)
+    one_line_exit_2(rc, out, err, "cannot reach the Spark master")
+    assert "Java" not in err and time.monotonic() - t < 30
+
+
+def test_an_input_missing_for_a_moment_is_classified_when_it_appears(tmp_path):
+    """A log replaced without an atomic rename (rotation) is missing for a moment: the
+    classification looks again before calling it missing, and stats it once."""
+    import threading
+
+    from specaudit.audit.run_check import split_inputs
+    p = tmp_path / "server.log"
+    threading.Timer(0.2, lambda: p.write_text("INFO started\n")).start()
+    traces, logs = split_inputs([p])
+    assert logs == [p] and traces == []
+    traces, logs = split_inputs([tmp_path / "never.log"])
+    assert traces == [tmp_path / "never.log"]
+
+
+def test_a_log_gone_between_classification_and_read_is_named_not_dropped(tmp_path, monkeypatch):
+    from specaudit.audit import run_check as rc_mod
+    p = tmp_path / "server.log"
+    p.write_text("INFO started\n")
+    real = rc_mod.split_inputs
+
+    def split_then_rotate(paths, source=None):
+        out = real(paths, source)
+        p.unlink()   # the server rotates its log right after the classification
+        return out
+    monkeypatch.setattr(rc_mod, "split_inputs", split_then_rotate)
+    res, _ = rc_mod.run_check([str(p)])
+    assert [(str(a), b) for a, b in res.bad_files] == [(str(p), "no such file")]

@@ -566,6 +566,10 @@ def discover(paths) -> list[RunFiles]:
             why = regular_file_problem(p)
             if why:
                 raise InputError(p, why)
+            if not (_trace_name(p.name) or p.suffix == ".parquet"):
+                # a log, a binary, a scrape: not its folder's run (that answered "./run.json: missing")
+                raise InputError(p, "not a trace file; give a dataset or run folder, a run.json or a "
+                                    "steps/requests Parquet file (engine logs and scrapes go to `specaudit check`)")
             dirs = [p.parent]
         else:
             dirs, n_stray = [], 0
