@@ -623,3 +623,56 @@ def test_a_log_gone_between_classification_and_read_is_named_not_dropped(tmp_pat
     monkeypatch.setattr(rc_mod, "split_inputs", split_then_rotate)
     res, _ = rc_mod.run_check([str(p)])
     assert [(str(a), b) for a, b in res.bad_files] == [(str(p), "no such file")]
+
+
+# ------------------------------------------------------------------ memory: a tiny file declaring a giant row
+
+@pytest.fixture(scope="module")
+def giant_row(tmp_path_factory):
+    """A run whose steps file (KBs on disk) declares one row of 20M nodes."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    d = tmp_path_factory.mktemp("giant")
+    s, q, m = synth_run_rows(2, run_id="giant", seed=0)
+    run = write_run(d, s, q, m)
+    t = s.slice(0, 1)
+    N = 20_000_000
+    i = t.schema.get_field_index("node_tokens")
+    big = pa.ListArray.from_arrays(pa.array([0, N], pa.int32()), pa.array(np.ones(N, np.int32)))
+    t = t.set_column(i, t.schema.field(i), big)
+    for f in Path(run).glob("steps-*.parquet"):
+        f.unlink()
+    for f in Path(run).glob("rollup*"):
+        f.unlink()
+    pq.write_table(t, Path(run) / "steps-000000.parquet", compression="zstd")
+    assert (Path(run) / "steps-000000.parquet").stat().st_size < 200_000
+    return d
+
+
+@pytest.mark.parametrize("cmd", ["check", "diff"])
+def test_a_giant_declared_row_is_refused_from_the_footer(giant_row, clean, cmd):
+    code = f"""
+import sys
+from specaudit.cli import main
+argv = {[cmd, str(giant_row)] if cmd == "check" else [cmd, str(clean), str(giant_row)]!r}
+rc = main(argv)
+# VmHWM, not ru_maxrss: after fork + exec ru_maxrss still carries pytest's peak
+hwm = [ln for ln in open("/proc/self/status") if ln.startswith("VmHWM")][0].split()[1]
+print("RC", rc, int(hwm) // 1024)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    last = [ln for ln in r.stdout.splitlines() if ln.startswith("RC ")][-1].split()
+    rc, rss_mb = int(last[1]), int(last[2])
+    assert rc in (1, 2) and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "refused before reading it" in r.stdout + r.stderr
+    assert rss_mb < 700, f"peak RSS {rss_mb} MB for a file of KBs"
+
+
+def test_declared_size_passes_a_healthy_file(clean):
+    import pyarrow.parquet as pq
+
+    from specaudit.trace.schema import declared_size_problem
+    for f in clean.glob("run_id=*/steps-*.parquet"):
+        assert declared_size_problem(pq.read_metadata(f)) is None

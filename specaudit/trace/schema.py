@@ -312,6 +312,26 @@ CONFIG_INT_KEYS = ("eos_id", "max_new_tokens", "budget", "topk", "concurrency", 
                    "threads")
 
 
+def declared_size_problem(md) -> str | None:
+    """From a Parquet footer alone (pyarrow FileMetaData), before any value is read: None, or
+    why a row group is refused. Every list column of a trace holds at most one entry per
+    node (committed_tokens one more), so a row group whose list column declares more values
+    than rows x (MAX_NODES + 1) holds a row above MAX_NODES: a 7.7 KB file can declare a
+    20M-node row (run-length encoded) that takes GBs once materialised."""
+    cap = MAX_NODES + 1
+    schema = md.schema
+    lists = [i for i in range(md.num_columns) if schema.column(i).max_repetition_level > 0]
+    for g in range(md.num_row_groups):
+        rg = md.row_group(g)
+        for i in lists:
+            n = rg.column(i).num_values
+            if n > rg.num_rows * cap:
+                name = schema.column(i).path.split(".", 1)[0]
+                return (f"row group {g} declares {n} {name} values over {rg.num_rows} rows: a row above "
+                        f"{MAX_NODES} nodes; refused before reading it")
+    return None
+
+
 def regular_file_problem(path) -> str | None:
     """None for a regular file (after symlinks); else why it is refused, in words.
 
