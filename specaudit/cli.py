@@ -139,16 +139,17 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread like Ctrl-C so cleanup (the final flush) runs."""
 
 
-def terminate_as_interrupt() -> None:
-    """From now on SIGTERM raises Terminated in the main thread (exit 143 after cleanup)."""
+def terminate_as_interrupt():
+    """From now on SIGTERM raises Terminated in the main thread (exit 143 after cleanup).
+    Returns the handler it replaced (restore it with signal.signal), None off the main thread."""
     import signal
     import threading
     if threading.current_thread() is not threading.main_thread():
-        return
+        return None
 
     def on_term(signum, frame):
         raise Terminated()
-    signal.signal(signal.SIGTERM, on_term)
+    return signal.signal(signal.SIGTERM, on_term)
 
 
 EXIT_INTERNAL = 3

@@ -676,3 +676,15 @@ def test_declared_size_passes_a_healthy_file(clean):
     from specaudit.trace.schema import declared_size_problem
     for f in clean.glob("run_id=*/steps-*.parquet"):
         assert declared_size_problem(pq.read_metadata(f)) is None
+
+
+def test_guarantees_page_matches_the_bounds():
+    """docs/guarantees.md's table of flag bounds is the code's (specaudit/bounds.py)."""
+    import re
+
+    from specaudit.bounds import BOUNDS
+    text = (ROOT / "docs" / "guarantees.md").read_text()
+    rows = re.findall(r"^\| `--([a-z-]+)` \| (above )?(\S+) \| (\S+) \|$", text, re.M)
+    got = {name.replace("-", "_"): (float(lo), float(hi), bool(above)) for name, above, lo, hi in rows}
+    want = {k: (float(v[0]), float(v[1]), len(v) > 2) for k, v in BOUNDS.items()}
+    assert got == want
