@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import math
 
+from specaudit.numfmt import typed
+
 INT32 = 2**31 - 1
 DEFAULT_INT = (-INT32, INT32)
 DEFAULT_FLOAT = (-1e12, 1e12)
@@ -83,22 +85,16 @@ def bound_of(command: str | None, dest: str, kind: type):
     return (b[0], b[1], b[2] if len(b) > 2 else "")
 
 
-def _fmt(x) -> str:
-    if isinstance(x, float):   # the short spelling when it reads back the same, else repr's
-        return f"{x:g}" if math.isfinite(x) and float(f"{x:g}") == x else repr(x)
-    return str(x)
-
-
 def check_value(flag: str, v, lo, hi, open_low: str = "") -> None:
     """ValueError (one line: the flag, its bounds, the value) when v is not finite or out of bounds."""
     bad = isinstance(v, float) and not math.isfinite(v)
     if not bad:
         bad = not ((v > lo if open_low else v >= lo) and v <= hi)
     if bad:
-        rng = f"above {_fmt(lo)} and at most {_fmt(hi)}" if open_low else f"between {_fmt(lo)} and {_fmt(hi)}"
+        rng = f"above {typed(lo)} and at most {typed(hi)}" if open_low else f"between {typed(lo)} and {typed(hi)}"
         what = "positive; " if lo > 0 else ""
         fin = ": not a finite number" if isinstance(v, float) and not math.isfinite(v) else ""
-        raise ValueError(f"{flag} must be {rng} ({what}got {_fmt(v)}{fin})")
+        raise ValueError(f"{flag} must be {rng} ({what}got {typed(v)}{fin})")
 
 
 def _flag(action) -> str:

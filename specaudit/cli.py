@@ -20,6 +20,7 @@ import sys
 
 from specaudit import __version__
 from specaudit.audit.formats import printable
+from specaudit.interrupts import Terminated
 from specaudit.trace.schema import InputError
 
 EPILOG = """\
@@ -133,23 +134,6 @@ def main(argv=None) -> int:
         return 0
     except Exception as e:
         return internal_error(args.command, e)
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised in the main thread like Ctrl-C so cleanup (the final flush) runs."""
-
-
-def terminate_as_interrupt():
-    """From now on SIGTERM raises Terminated in the main thread (exit 143 after cleanup).
-    Returns the handler it replaced (restore it with signal.signal), None off the main thread."""
-    import signal
-    import threading
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def on_term(signum, frame):
-        raise Terminated()
-    return signal.signal(signal.SIGTERM, on_term)
 
 
 EXIT_INTERNAL = 3

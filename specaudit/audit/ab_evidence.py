@@ -55,6 +55,7 @@ values the sides never share is inseparable: no window can say what it does.
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -447,8 +448,22 @@ def read_side(spec, side: str, *, source: str | None = None, bins: str = "pow2",
     engines: dict = {}
     seen_runs: dict = {}    # run id -> the folder it was first read from
     seen_files: dict = {}   # content digest (or URL) -> the input it was first read from
+    sizes: dict = {}        # only files whose size another input shares are hashed
     for p in paths:
-        ident = str(p) if is_url(p) else _content_id(p)
+        if not is_url(p):
+            try:
+                sizes.setdefault(os.stat(p).st_size, []).append(str(p))
+            except OSError:
+                pass
+    for p in paths:
+        if is_url(p):
+            ident = str(p)
+        else:
+            try:
+                shared = len(sizes.get(os.stat(p).st_size, ())) > 1
+            except OSError:
+                shared = False
+            ident = _content_id(p) if shared else None
         if ident is not None and ident in seen_files:
             # the same log twice (or a copy of it) would double the windows and narrow the intervals
             notes.append(f"{side}: {p}: the same evidence as {seen_files[ident]}; counted once")

@@ -64,7 +64,7 @@ def main(args) -> int:
     apply_host_options(args)
     import signal
 
-    from specaudit.cli import terminate_as_interrupt
+    from specaudit.interrupts import terminate_as_interrupt
     old = terminate_as_interrupt()   # SIGTERM: the final flush runs (specaudit.run), then exit 143
     try:
         res = _run(args)
