@@ -693,3 +693,11 @@ def test_guarantees_page_matches_the_bounds():
     got = {name.replace("-", "_"): (float(lo), float(hi), bool(above)) for name, above, lo, hi in rows}
     want = {k: (float(v[0]), float(v[1]), len(v) > 2) for k, v in BOUNDS.items()}
     assert got == want
+
+
+def test_a_fifo_among_a_checkpoints_weights_is_refused(tmp_path):
+    from specaudit.runtime.hf import _check_model_dir
+    (tmp_path / "config.json").write_text("{}")
+    os.mkfifo(tmp_path / "model.safetensors")
+    with pytest.raises(InputError, match="FIFO"):
+        _check_model_dir(tmp_path)
