@@ -72,7 +72,7 @@ def test_helper_refuses_a_fifo_a_device_and_a_folder_and_opens_a_file(tmp_path, 
     dev.symlink_to("/dev/zero")
     for p, kind in ((fifo, "a FIFO"), (dev, "a device"), (tmp_path, "a folder")):
         with pytest.raises(InputError) as e:
-            open_input(p, "--x")
+            _alarmed(lambda p=p: open_input(p, "--x"))
         assert kind in e.value.reason and e.value.reason.startswith("--x: ")
     f = tmp_path / "ok.txt"
     f.write_bytes(b"hello")
@@ -123,13 +123,29 @@ def test_special_file_at_an_input_is_one_line_not_a_hang(case, tmp_path, fifo, c
     assert "FIFO" in err or "device" in err or "not a regular file" in err or case == "diff-run-json", err
 
 
+def _alarmed(fn, seconds=10):
+    """fn() in this process, cut by SIGALRM: a blocking open of a FIFO fails the test
+    instead of hanging the suite (the handler raises, so the call is not retried)."""
+    import signal
+
+    def on_alarm(signum, frame):
+        raise TimeoutError(f"hung for {seconds}s")
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(seconds)
+    try:
+        return fn()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
 def test_prompts_and_ca_file_refuse_a_fifo(fifo):
     from specaudit.audit.sources.prom_http import Client
     from specaudit.tokenizer import load_prompts
     with pytest.raises(InputError, match="FIFO"):
-        load_prompts(fifo)
+        _alarmed(lambda: load_prompts(fifo))
     with pytest.raises(InputError, match="cannot load --ca-file .*FIFO"):
-        Client("https://127.0.0.1:9", ca_file=str(fifo))
+        _alarmed(lambda: Client("https://127.0.0.1:9", ca_file=str(fifo)))
 
 
 # ------------------------------------------------------------------ writers never replace special files
@@ -700,4 +716,20 @@ def test_a_fifo_among_a_checkpoints_weights_is_refused(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     os.mkfifo(tmp_path / "model.safetensors")
     with pytest.raises(InputError, match="FIFO"):
-        _check_model_dir(tmp_path)
+        _alarmed(lambda: _check_model_dir(tmp_path))
+
+
+@pytest.mark.parametrize("argv", [
+    ["estimate", "--observed-tps", "100", "--baseline", "{f}", "--cost-factor", "1.5"],
+    ["estimate", "--load", "{f}", "--baseline-tps", "98", "--cost-factor", "1.5"],
+    ["estimate", "--observed-tps", "100", "--baseline-tps", "98", "--profile", "{f}", "--n-nodes", "8"],
+    ["estimate", "{f}", "--baseline-tps", "98", "--cost-factor", "1.5"],
+    ["check", "{f}"], ["ab", "{f}", "{f}"],
+])
+@pytest.mark.parametrize("depth", [30_000, 100_000])
+def test_json_nested_deep_in_any_json_input_is_exit_2(argv, depth, tmp_path, capsys):
+    f = tmp_path / "deep.json"
+    f.write_text("[" * depth + "]" * depth + "\n")
+    assert main([a.format(f=f) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert "internal error" not in err and err.count("\n") == 1, err

@@ -382,7 +382,7 @@ def observation_from_load_json(path) -> Observation:
     for ln in reversed(lines):
         try:
             obj = json.loads(ln)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):   # not JSON, or nested past the decoder's depth
             continue
         if isinstance(obj, dict):
             break
@@ -629,7 +629,7 @@ def _is_load_json(path: Path) -> bool:
     for ln in reversed([x for x in tail.splitlines() if x.strip()]):
         try:
             obj = json.loads(ln)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             return False
         return isinstance(obj, dict) and "tokens_per_s" in obj
     return False
