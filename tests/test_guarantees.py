@@ -733,3 +733,11 @@ def test_json_nested_deep_in_any_json_input_is_exit_2(argv, depth, tmp_path, cap
     assert main([a.format(f=f) for a in argv]) == 2
     err = capsys.readouterr().err
     assert "internal error" not in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("tps", ["1e308", "1e-320"])
+def test_an_absurd_throughput_in_a_load_file_is_exit_2(tps, tmp_path, capsys):
+    f = tmp_path / "load.json"
+    f.write_text('{"tokens_per_s": %s}\n' % tps)
+    assert main(["estimate", "--load", str(f), "--baseline", str(f), "--cost-factor", "1.5"]) == 2
+    assert "tokens_per_s must be between" in capsys.readouterr().err

@@ -392,8 +392,13 @@ def observation_from_load_json(path) -> Observation:
     if "tokens_per_s" not in obj:
         raise InputError(p, "load output lacks tokens_per_s")
     tps = obj["tokens_per_s"]
-    if not isinstance(tps, (int, float)) or not math.isfinite(tps) or tps <= 0:
+    if not isinstance(tps, (int, float)) or isinstance(tps, bool) or not math.isfinite(tps) or tps <= 0:
         raise InputError(p, f"tokens_per_s must be positive, got {tps!r}")
+    from specaudit.bounds import BOUNDS, check_value
+    try:   # the bounds --observed-tps has: 1e308 or 1e-320 tokens/s is no throughput
+        check_value("tokens_per_s", float(tps), *BOUNDS["observed_tps"])
+    except ValueError as e:
+        raise InputError(p, str(e)) from None
     per = obj.get("per_request_tokens_per_s")
     se = 0.0
     n = int(obj.get("requests") or 1)
