@@ -86,15 +86,17 @@ def bound_of(command: str | None, dest: str, kind: type):
 
 
 def check_value(flag: str, v, lo, hi, open_low: str = "") -> None:
-    """ValueError (one line: the flag, its bounds, the value) when v is not finite or out of bounds."""
-    bad = isinstance(v, float) and not math.isfinite(v)
-    if not bad:
-        bad = not ((v > lo if open_low else v >= lo) and v <= hi)
-    if bad:
-        rng = f"above {typed(lo)} and at most {typed(hi)}" if open_low else f"between {typed(lo)} and {typed(hi)}"
-        what = "positive; " if lo > 0 else ""
-        fin = ": not a finite number" if isinstance(v, float) and not math.isfinite(v) else ""
-        raise ValueError(f"{flag} must be {rng} ({what}got {typed(v)}{fin})")
+    """ValueError (one line: the flag, the bound it broke, the other bound, the value) when v
+    is not finite or out of bounds."""
+    finite = not (isinstance(v, float) and not math.isfinite(v))
+    low = f"above {typed(lo)}" if open_low else f"at least {typed(lo)}"
+    pos = "positive, " if lo > 0 or (open_low and lo == 0) else ""
+    if not finite:
+        raise ValueError(f"{flag} must be a finite number {low} and at most {typed(hi)} (got {typed(v)})")
+    if not (v > lo if open_low else v >= lo):
+        raise ValueError(f"{flag} must be {low} ({pos}at most {typed(hi)}; got {typed(v)})")
+    if v > hi:
+        raise ValueError(f"{flag} must be at most {typed(hi)} ({low}; got {typed(v)})")
 
 
 def _flag(action) -> str:
