@@ -20,6 +20,7 @@ import sys
 
 from specaudit import __version__
 from specaudit.audit.formats import printable
+from specaudit.interrupts import Terminated
 
 EPILOG = """\
 exit codes: 0 clean, 1 violations or findings, 2 usage or input error,
@@ -140,6 +141,8 @@ def main(argv=None) -> int:
         if getattr(args, "list_faults", False):     # beside every --inject (specaudit.cli_vocab)
             from specaudit.cli_vocab import list_faults
             return list_faults()
+        from specaudit.bounds import check_args
+        check_args(args.command, ap.subparsers.get(args.command), args)   # every typed size, up front
         return int(args._main(args) or 0)
     except _input_error() as e:
         print(f"specaudit {args.command}: error: {printable(e)}", file=sys.stderr)
@@ -147,6 +150,9 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError, PermissionError, IsADirectoryError) as e:
         print(f"specaudit {args.command}: error: {printable(e)}", file=sys.stderr)
         return 2
+    except Terminated:
+        print(f"specaudit {args.command}: terminated (SIGTERM); what was written so far is readable", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print(f"specaudit {args.command}: interrupted", file=sys.stderr)
         return 130

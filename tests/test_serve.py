@@ -130,7 +130,7 @@ BAD = [
     ("max_tokens over the limit", {"prompt": "x", "max_tokens": 201}, None, 422, "invalid_value"),
     ("max_tokens not an int", {"prompt": "x", "max_tokens": "8"}, None, 422, "invalid_type"),
     ("prompt longer than the context", {"prompt": "x" * 600, "max_tokens": 4}, None, 413, "prompt_too_long"),
-    ("prompt + max_tokens past the context", {"prompt": "x" * 400, "max_tokens": 150}, None, 400,
+    ("prompt + max_tokens past the context", {"prompt": "x" * 400, "max_tokens": 150}, None, 422,
      "context_length_exceeded"),
     ("empty prompt", {"prompt": "", "max_tokens": 4}, None, 422, "invalid_value"),
     ("several prompts", {"prompt": ["a", "b"], "max_tokens": 4}, None, 422, "invalid_type"),

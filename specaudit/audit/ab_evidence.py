@@ -58,6 +58,7 @@ values the sides never share is inseparable: no window can say what it does.
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -203,27 +204,28 @@ def expand_side(spec) -> list:
 
 
 def read_url(url: str) -> list:
-    """A Prometheus server as a side: URL[?match={job="a"}&range=6h&step=30s] -> Readings
+    """A Prometheus server as a side: URL[?match={job="a"}&range=6h&step=30s&timeout=30s] -> Readings
     (specaudit.audit.sources.prom_http; every interval between samples a window)."""
     from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
     from specaudit.audit.sources.prom_http import parse_duration, read_prometheus
     u = urlsplit(url)
-    ours = {"match": [], "range": "6h", "step": "30s"}
+    ours = {"match": [], "range": "6h", "step": "30s", "timeout": "30s"}
     rest = []
     for k, v in parse_qsl(u.query, keep_blank_values=True):
         if k == "match":
             ours["match"].append(v)
-        elif k in ("range", "step"):
+        elif k in ("range", "step", "timeout"):
             ours[k] = v
         else:
             rest.append((k, v))
     base = urlunsplit((u.scheme, u.netloc, u.path, urlencode(rest), ""))
     try:
         rng, step = parse_duration(ours["range"], "range"), parse_duration(ours["step"], "step")
+        timeout = parse_duration(ours["timeout"], "timeout")   # the whole of each request, not one read
     except ValueError as e:
         raise InputError(url, str(e)) from None
-    return read_prometheus(base, range_s=rng, step_s=step, match=ours["match"])
+    return read_prometheus(base, range_s=rng, step_s=step, match=ours["match"], timeout=max(timeout, 0.1))
 
 
 def _config_k(reading) -> tuple:
@@ -315,7 +317,8 @@ def windows_from_reading(reading, side: str, bins: str = "pow2") -> tuple[list[E
     return out, dropped
 
 
-def windows_from_traces(path, side: str, bins: str = "pow2", window_forwards: int = WINDOW_FORWARDS) -> list:
+def windows_from_traces(path, side: str, bins: str = "pow2", window_forwards: int = WINDOW_FORWARDS,
+                        seen_runs: dict | None = None, notes: list | None = None) -> list:
     """A trace dataset (or run folder / file) -> EvWindows from its step rows.
 
     A verify forward is the rows of one run sharing t_start (one row per request in the
@@ -335,6 +338,14 @@ def windows_from_traces(path, side: str, bins: str = "pow2", window_forwards: in
     for rf in runs:
         if not rf.step_files:
             continue
+        if seen_runs is not None:   # a run listed twice on a side (a copy, the same folder) counts once
+            first = seen_runs.get(rf.run_id) or (str(rf.duplicate_of) if rf.duplicate_of else None)
+            if first is not None:
+                if notes is not None:
+                    notes.append(f"{side}: {rf.run_dir}: run {rf.run_id} is already counted from {first}; "
+                                 "counted once")
+                continue
+            seen_runs[rf.run_id] = str(rf.run_dir)
         man = rf.manifest or {}
         eng = man.get("engine") or {}
         engine = eng.get("name") if isinstance(eng, dict) else str(eng)
@@ -411,6 +422,24 @@ def windows_from_traces(path, side: str, bins: str = "pow2", window_forwards: in
     return out
 
 
+def _content_id(p) -> str | None:
+    """A digest of a regular file's bytes (two copies of one log are one piece of evidence);
+    None for a folder or anything unreadable (its reader reports it)."""
+    import hashlib
+
+    from specaudit.inputs import open_input
+    if Path(p).is_dir():
+        return None
+    h = hashlib.sha256()
+    try:
+        with open_input(p) as f:
+            for b in iter(lambda: f.read(1 << 20), b""):
+                h.update(b)
+    except (InputError, OSError):
+        return None
+    return "sha256:" + h.hexdigest()
+
+
 def read_side(spec, side: str, *, source: str | None = None, bins: str = "pow2",
               window_forwards: int = WINDOW_FORWARDS) -> tuple[list[EvWindow], dict]:
     """One side's files -> (windows, facts about the side). InputError for bad input."""
@@ -421,7 +450,30 @@ def read_side(spec, side: str, *, source: str | None = None, bins: str = "pow2",
     windows: list[EvWindow] = []
     files, notes = [], []
     engines: dict = {}
+    seen_runs: dict = {}    # run id -> the folder it was first read from
+    seen_files: dict = {}   # content digest (or URL) -> the input it was first read from
+    sizes: dict = {}        # only files whose size another input shares are hashed
     for p in paths:
+        if not is_url(p):
+            try:
+                sizes.setdefault(os.stat(p).st_size, []).append(str(p))
+            except OSError:
+                pass
+    for p in paths:
+        if is_url(p):
+            ident = str(p)
+        else:
+            try:
+                shared = len(sizes.get(os.stat(p).st_size, ())) > 1
+            except OSError:
+                shared = False
+            ident = _content_id(p) if shared else None
+        if ident is not None and ident in seen_files:
+            # the same log twice (or a copy of it) would double the windows and narrow the intervals
+            notes.append(f"{side}: {p}: the same evidence as {seen_files[ident]}; counted once")
+            continue
+        if ident is not None:
+            seen_files[ident] = str(p)
         if is_url(p):
             rs = read_url(p)
             ws = []
@@ -435,7 +487,10 @@ def read_side(spec, side: str, *, source: str | None = None, bins: str = "pow2",
             windows += ws
             continue
         if source is None and p.exists() and is_trace_path(p):
-            ws = windows_from_traces(p, side, bins, window_forwards)
+            n0 = len(notes)
+            ws = windows_from_traces(p, side, bins, window_forwards, seen_runs, notes)
+            if not ws and len(notes) > n0:
+                continue   # its runs were copies of runs already counted
             if not ws:
                 raise InputError(p, f"side {side}: no trace windows of {max(2, window_forwards // 4)}+ "
                                     "verify forwards at one batch size in it (too few step rows)")

@@ -53,6 +53,7 @@ from specaudit.trace.schema import (
     InputError,
     RunFiles,
     check_table_schema,
+    declared_size_problem,
     discover,
     manifest_conventions,
     note_input,
@@ -584,6 +585,9 @@ def _iter_step_batches(rf: RunFiles, batch_rows: int, columns):
             pf = pq.ParquetFile(path, read_dictionary=["run_id", "request_id", "algo"])
             schema = pf.schema_arrow                  # a property that rebuilds: read once
             _check_schema(path, schema, STEPS_SCHEMA, SAMPLING_FIELDS, plain=True)
+            too_big = declared_size_problem(pf.metadata)   # from the footer: nothing materialised
+            if too_big:
+                raise InputError(path, too_big)
         except InputError as e:
             yield _Bad(path, e.reason)
             continue
@@ -1329,8 +1333,8 @@ def _read_small(path, wanted):
         schema = pf.schema_arrow
         return pf.read(columns=[c for c in wanted if c in schema.names], use_threads=False), schema
     schema = r.schema_arrow
-    if r.metadata.num_columns != len(schema):
-        return None, schema
+    if r.metadata.num_columns != len(schema) or declared_size_problem(r.metadata):
+        return None, schema   # read the general way, which reports the problem
     names = schema.names
     idx = [names.index(c) for c in wanted if c in names]
     return r.read_all(column_indices=idx, use_threads=False), schema

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -88,6 +89,7 @@ EXIT_CODES = {CONSISTENT: 0, INCONSISTENT: 1, NOT_ENOUGH_DATA: 2, MISMATCH: 2}
 SEVERITY = {CONSISTENT: 0, NOT_ENOUGH_DATA: 1, MISMATCH: 2, INCONSISTENT: 3}
 PROFILE_KIND = "specaudit-cost-profile"
 PROFILE_VERSION = 1
+MAX_PROFILE_BYTES = 16 << 20   # a cost profile or a load.py output: KBs; more is not one
 
 
 def _finite_positive(name: str, x) -> float:
@@ -242,15 +244,16 @@ class CostProfile:
 
     @classmethod
     def load(cls, path) -> CostProfile:
+        from specaudit.inputs import read_input_bytes
+        from specaudit.trace.schema import parse_json_bounded
         p = Path(path)
+        if not os.path.lexists(p):
+            raise InputError(p, "cost profile not found (make one with `specaudit calibrate`)")
+        data = read_input_bytes(p, MAX_PROFILE_BYTES, "--profile")   # a FIFO or a device: refused
         try:
-            d = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise InputError(p, "cost profile not found (make one with `specaudit calibrate`)") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise InputError(p, f"cannot read cost profile: {e}") from None
-        except json.JSONDecodeError as e:
-            raise InputError(p, f"cost profile is not JSON ({e.msg} at line {e.lineno})") from None
+            d = parse_json_bounded(data, p)
+        except InputError as e:
+            raise InputError(p, f"cost profile is {e.reason}") from None
         if not isinstance(d, dict) or d.get("kind") != PROFILE_KIND:
             raise InputError(p, f"not a cost profile (expected \"kind\": \"{PROFILE_KIND}\")")
         if d.get("version") != PROFILE_VERSION:
@@ -372,16 +375,15 @@ def observation_from_load_json(path) -> Observation:
 
     Uses tokens_per_s (aggregate, client-measured); when per_request_tokens_per_s is a
     list, its spread gives the standard error (relative, applied to the aggregate)."""
+    from specaudit.inputs import read_input_text
     p = Path(path)
-    try:
-        lines = [ln for ln in p.read_text().splitlines() if ln.strip()]
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(p, f"cannot read: {e}") from None
+    lines = [ln for ln in read_input_text(p, MAX_PROFILE_BYTES, "--load", errors="replace").splitlines()
+             if ln.strip()]
     obj = None
     for ln in reversed(lines):
         try:
             obj = json.loads(ln)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):   # not JSON, or nested past the decoder's depth
             continue
         if isinstance(obj, dict):
             break
@@ -391,8 +393,13 @@ def observation_from_load_json(path) -> Observation:
     if "tokens_per_s" not in obj:
         raise InputError(p, "load output lacks tokens_per_s")
     tps = obj["tokens_per_s"]
-    if not isinstance(tps, (int, float)) or not math.isfinite(tps) or tps <= 0:
+    if not isinstance(tps, (int, float)) or isinstance(tps, bool) or not math.isfinite(tps) or tps <= 0:
         raise InputError(p, f"tokens_per_s must be positive, got {tps!r}")
+    from specaudit.bounds import BOUNDS, check_value
+    try:   # the bounds --observed-tps has: 1e308 or 1e-320 tokens/s is no throughput
+        check_value("tokens_per_s", float(tps), *BOUNDS["observed_tps"])
+    except ValueError as e:
+        raise InputError(p, str(e)) from None
     per = obj.get("per_request_tokens_per_s")
     se = 0.0
     n = int(obj.get("requests") or 1)
@@ -606,18 +613,19 @@ def _observation(reading, ws, label: str) -> Observation:
 
 
 def _is_load_json(path: Path) -> bool:
+    from specaudit.inputs import open_input
     try:
-        with open(path, "rb") as f:
+        with open_input(path) as f:
             f.seek(0, 2)
             size = f.tell()
             f.seek(max(0, size - 65536))
             tail = f.read().decode("utf-8", errors="replace")
-    except OSError:
+    except (OSError, InputError):
         return False
     for ln in reversed([x for x in tail.splitlines() if x.strip()]):
         try:
             obj = json.loads(ln)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             return False
         return isinstance(obj, dict) and "tokens_per_s" in obj
     return False

@@ -23,21 +23,52 @@ def parse_codes(parts) -> tuple[str, ...]:
     return tuple(out)
 
 
-def is_trace_path(p: Path) -> bool:
-    return p.is_dir() or p.suffix == ".parquet" or p.name == "run.json"
+def is_trace_path(p: Path, st=None) -> bool:
+    """A folder, a .parquet or a run.json. `st`: the path's os.stat result when the caller
+    has one (classification stats each input once)."""
+    import stat as _stat
+    is_dir = _stat.S_ISDIR(st.st_mode) if st is not None else p.is_dir()
+    return is_dir or p.suffix == ".parquet" or p.name == "run.json"
+
+
+SETTLE_S = 0.5   # how long a missing input is looked for again before it is called missing
+
+
+def _stat_settled(p: Path, settle_s: float = SETTLE_S):
+    """os.stat(p), or None when it is missing for `settle_s`: a writer that replaces its file
+    without an atomic rename (log rotation: rename, then create) leaves a moment with no
+    file at all, and a check started right then must not answer "no such file"."""
+    import os
+    import time
+    end = time.monotonic() + settle_s
+    while True:
+        try:
+            return os.stat(p)
+        except FileNotFoundError:
+            if time.monotonic() >= end:
+                return None
+            time.sleep(0.05)
+        except OSError:
+            return None
 
 
 def split_inputs(paths, source: str | None = None) -> tuple[list[Path], list[Path]]:
     """-> (trace paths, engine-output paths). A path that does not exist goes with the traces
-    (the checker names it) unless `source` says every path is engine output."""
+    (the checker names it) unless `source` says every path is engine output.
+
+    One stat per path: the kind is decided once and the reader opens the path itself, so
+    a log that a server renames or rewrites at exit is either read or named with the
+    reader's own error, never classified as present and then dropped as missing."""
     traces, logs = [], []
     for p in map(Path, paths):
         if source is not None:
             logs.append(p)
-        elif not p.exists() or is_trace_path(p):
-            traces.append(p)
-        else:
-            logs.append(p)
+            continue
+        st = _stat_settled(p)
+        if st is None:
+            traces.append(p)   # missing: the checker names it
+            continue
+        (traces if is_trace_path(p, st) else logs).append(p)
     return traces, logs
 
 
@@ -61,6 +92,10 @@ def audit_sources(files, source, select, ignore, result) -> None:
         except ValueError as e:
             result_bad(result, f, str(e))
             continue
+        except OSError as e:   # gone or unreadable between the listing and the read
+            result_bad(result, f, "no such file" if isinstance(e, FileNotFoundError) else
+                       f"cannot read: {e.strerror or e}")
+            continue
         result.files_checked.append(str(f))
         result.readings.append(account)   # what was read and checked (printed before the findings)
         for fd in found:
@@ -81,6 +116,10 @@ def audit_live(url, select, ignore, result, *, range="6h", step="30s", timeout="
     except (InputError, ValueError) as e:
         result_bad(result, url, getattr(e, "reason", None) or str(e))
         return
+    if not readings:   # series exist, but none gave a window: say so about this URL
+        result_bad(result, url, "Prometheus holds spec-decoding series, but none has two samples in the "
+                                "range to make a window; give a longer --range (or check --match)")
+        return
     result.files_checked += [r.path for r in readings]
     for fd in found:
         result.add(fd)
@@ -92,7 +131,7 @@ def run_check(paths=(), *, select=(), ignore=(), invariants=(), entry_points=Tru
     """-> (CheckResult, the rendered report). select / ignore: code prefixes (validated:
     ValueError names an unknown one); live: keyword arguments of audit_live (range, step,
     timeout, match, headers, insecure, ca_file)."""
-    from specaudit.audit.check import CheckResult, check_paths, result_bad
+    from specaudit.audit.check import CheckResult, check_paths
     from specaudit.audit.formats import format_findings
     from specaudit.invariants import load_rules
     from specaudit.invariants.registry import check_selectors
@@ -118,15 +157,11 @@ def run_check(paths=(), *, select=(), ignore=(), invariants=(), entry_points=Tru
                               entry_points=entry_points, max_per_code=max_per_code)
         else:
             res = CheckResult(max_per_code=max_per_code)
-        if logs:
-            for p in logs:
-                if not p.exists():
-                    result_bad(res, p, "no such file or folder")
-            present = [p for p in logs if p.exists()]
-            audit_sources(present, source, select, ignore, res)
+        if logs:   # each reader opens its file once and names what is wrong with it (missing included)
+            audit_sources(logs, source, select, ignore, res)
             if traces:   # a benchmark client's per-request figures against the same run's trace
                 from specaudit.audit.client_vs_trace import cross_check
-                cross_check(traces, present, select, ignore, res)
+                cross_check(traces, logs, select, ignore, res)
         if prometheus:
             audit_live(prometheus, select, ignore, res, **(live or {}))
     restore_tolerances()

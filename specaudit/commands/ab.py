@@ -2,7 +2,7 @@
 
 Evidence mode, `specaudit ab A B`: A and B are anything `specaudit check` reads (trace
 datasets, SGLang/vLLM/llama.cpp logs, JSON records, Prometheus scrape files, or a
-Prometheus server's range as URL?match=...&range=6h&step=30s), each one path, a
+Prometheus server's range as URL?match=...&range=6h&step=30s&timeout=30s), each one path, a
 comma-separated list or a quoted glob, one engine per side. Nothing is rerun: the
 windows of each side are matched by stratum (concurrency, cuda graph, rank, k, topk,
 algo, engine, version, model) and compared only where both sides have windows; see

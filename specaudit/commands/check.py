@@ -121,8 +121,9 @@ def main(args) -> int:
     res, text = run_check(args)
     if not res.checked_anything:
         # nothing could be checked: one line per bad input, exit 2
-        for path, reason in res.bad_files:
-            print(f"specaudit check: error: {path}: {reason}", file=sys.stderr)
+        from specaudit.audit.formats import printable
+        for path, reason in res.bad_files:   # a path or reason with ESC or a newline stays one line
+            print(f"specaudit check: error: {printable(path)}: {printable(reason)}", file=sys.stderr)
         if not res.bad_files:
             print("specaudit check: error: nothing to check (give PATHs or --prometheus URL)", file=sys.stderr)
         return 2

@@ -58,8 +58,26 @@ def main(args) -> int:
     if not args.out:
         raise ValueError("--out DIR is required (the dataset folder)")
     apply_host_options(args)
+    import signal
+
+    from specaudit.interrupts import terminate_as_interrupt
+    old = terminate_as_interrupt()   # SIGTERM: the final flush runs (specaudit.run), then exit 143
+    try:
+        res = _run(args)
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+    if args.json or args.output_format == "json":
+        print(json.dumps(res.summary))
+    else:
+        print_summary(res.summary)
+        print(f"trace: {res.run_dir}")
+    return 0
+
+
+def _run(args):
     from specaudit.run import run_traced
-    res = run_traced(threads=args.threads, algo=args.algo, budget=args.budget, topk=resolve_topk(args),
+    return run_traced(threads=args.threads, algo=args.algo, budget=args.budget, topk=resolve_topk(args),
                      concurrency=args.concurrency, num_prompts=args.num_prompts,
                      max_new_tokens=args.max_new_tokens, prompts_file=args.prompts, oracle=args.oracle,
                      inject=args.inject, seed=args.seed, device=args.device, dtype=args.dtype,
@@ -67,9 +85,3 @@ def main(args) -> int:
                      progress=not args.no_progress and sys.stderr.isatty(),
                      flush_steps=args.flush_steps, flush_s=args.flush_seconds, **sampling_kwargs(args),
                      **model_kwargs(args))
-    if args.json or args.output_format == "json":
-        print(json.dumps(res.summary))
-    else:
-        print_summary(res.summary)
-        print(f"trace: {res.run_dir}")
-    return 0

@@ -14,8 +14,8 @@ import math
 import os
 import re
 import sys
-from pathlib import Path
 
+MAX_SQL_BYTES = 1 << 20   # a query file; more is not one
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 
 
@@ -24,10 +24,8 @@ def split_args(args: list[str], sql_file: str | None):
     if not args:
         raise ValueError("give a dataset path (specaudit query PATH [SQL|NAME]; --list for canned queries)")
     if sql_file:
-        try:
-            return args, Path(sql_file).read_text(encoding="utf-8"), None
-        except (OSError, UnicodeDecodeError) as e:
-            raise ValueError(f"{sql_file}: cannot read the SQL file: {e}") from None
+        from specaudit.inputs import read_input_text
+        return args, read_input_text(sql_file, MAX_SQL_BYTES, "-f (the SQL file)"), None
     if len(args) == 1:
         only = args[0]
         if not os.path.exists(only) and (NAME_RE.match(only) is None or " " in only) and _looks_like_sql(only):

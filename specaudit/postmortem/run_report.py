@@ -8,7 +8,6 @@ never imports the checker: readers never import each other); None skips it (exit
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 
@@ -18,10 +17,12 @@ def load_ab_result(path) -> dict | None:
     p = Path(path)
     if p.suffix != ".json" or p.name == "run.json" or not p.is_file():
         return None
+    from specaudit.inputs import read_input_bytes
+    from specaudit.trace.schema import InputError, parse_json_bounded
     try:
-        d = json.loads(p.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{p}: not an A/B result: {e}") from None
+        d = parse_json_bounded(read_input_bytes(p, 256 << 20), p)
+    except InputError as e:
+        raise ValueError(f"{p}: not an A/B result: {e.reason}") from None
     if isinstance(d, dict) and (d.get("kind") == "specaudit-ab-evidence"
                                 or {"a", "b", "metrics", "verdict"} <= set(d)):
         return d

@@ -75,6 +75,7 @@ from specaudit.trace.schema import (
     STEPS_SCHEMA,
     InputError,
     check_table_schema,
+    declared_size_problem,
     discover,
     tree_depths,
 )
@@ -583,6 +584,9 @@ def _usable(rf, path: Path, expected: pa.Schema, ds: Dataset) -> int | None:
         md = pq.read_metadata(path)
         schema = md.schema.to_arrow_schema()
         check_table_schema(path, schema, expected)
+        too_big = declared_size_problem(md)   # a row declared above MAX_NODES: never given to DuckDB
+        if too_big:
+            raise InputError(path, too_big)
         ds.schemas[path.resolve()] = schema.remove_metadata()
         return md.num_rows
     except InputError as e:

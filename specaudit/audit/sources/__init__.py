@@ -71,6 +71,7 @@ schema.py, findings.py and the rule catalog, never another reader.
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -244,13 +245,12 @@ def unwrap(text: str) -> str:
 
 
 def _check_path(path) -> Path:
+    from specaudit.inputs import open_input
     p = Path(path)
-    if not p.exists():
-        raise InputError(p, "no such file")
-    if p.is_dir():
+    if os.path.isdir(p):
         raise InputError(p, "is a folder; an engine log or a metrics scrape is one file")
     try:
-        with open(p, "rb") as f:
+        with open_input(p) as f:   # regular files only: a FIFO or a device would block or never end
             head = f.read(4096)
     except OSError as e:
         raise InputError(p, f"cannot read: {e.strerror or e}") from None
@@ -312,7 +312,8 @@ class Lines:
         i = self.first_line - 1
         left = self.end - self.start if self.end is not None else None
         try:
-            with open(self.path, "rb") as f:
+            from specaudit.inputs import open_input
+            with open_input(self.path) as f:
                 if self.start:
                     f.seek(self.start)
                 rest = b""            # the unfinished last line of the previous block
@@ -663,8 +664,9 @@ def _audit_range(path, source, forced, start, end, first_line, seed, select, ign
 def _ranges(p: Path, n: int) -> list[tuple[int, int, int]]:
     """n byte ranges (start, end, first line number), each starting at a line start."""
     size = p.stat().st_size
+    from specaudit.inputs import open_input
     cuts = [0]
-    with open(p, "rb") as f:
+    with open_input(p) as f:
         for j in range(1, n):
             f.seek(max(size * j // n, cuts[-1]))
             f.readline(MAX_LINE + 1)  # to the next line start (a long line: its part is noted by one range)
