@@ -29,11 +29,12 @@ from .base import Rule
 class ServerEvidence:
     """requests: per response, in the order the client received them: {"slot", "draft_n",
     "draft_n_accepted", "predicted_n"}. lines: the log's per-request lines, in log order:
-    {"slot", "task", "accepted", "generated", "steps" (derived from mean len, or None),
-    "line", "rounds": [(accepted, drafted), ...] the per-round (-v) lines of that request, or
-    None when the log has none}. metrics: counter deltas over the same requests
-    ({"drafts", "draft_tokens", "accepted_tokens", "tokens_predicted"}) or None. k: the
-    longest draft, or None."""
+    {"slot", "task", "accepted", "generated", "steps" (the rounds counted, else derived from
+    mean len, else None), "steps_printed" (derived from mean len where only one count
+    prints as it, else None), "line", "rounds": [(accepted, drafted), ...] the per-round
+    (-v) lines of that request, or None when the log has none}. metrics: counter deltas over
+    the same requests ({"drafts", "draft_tokens", "accepted_tokens", "tokens_predicted"}) or
+    None. k: the longest draft, or None."""
     requests: list = field(default_factory=list)
     lines: list = field(default_factory=list)
     metrics: dict | None = None
@@ -63,9 +64,9 @@ class ServerEvidence:
     def example(cls) -> ServerEvidence:
         """Two healthy requests, k = 6: 20 and 18 verify steps, each committing accepted + 1
         tokens after the first token of the prompt."""
-        lines = [dict(slot=0, task=1, accepted=44, generated=96, steps=20, line=10,
+        lines = [dict(slot=0, task=1, accepted=44, generated=96, steps=20, steps_printed=20, line=10,
                       rounds=[(3, 6)] * 8 + [(2, 4)] * 4 + [(1, 4)] * 4 + [(2, 4)] * 4),
-                 dict(slot=0, task=2, accepted=29, generated=80, steps=18, line=20, rounds=None)]
+                 dict(slot=0, task=2, accepted=29, generated=80, steps=18, steps_printed=18, line=20, rounds=None)]
         requests = [dict(slot=0, draft_n=96, draft_n_accepted=44, predicted_n=65),
                     dict(slot=0, draft_n=80, draft_n_accepted=29, predicted_n=48)]
         metrics = dict(drafts=38, draft_tokens=176, accepted_tokens=73, tokens_predicted=113)
@@ -105,7 +106,7 @@ class ClientVsServerLog(_ServerRule):
     name = "llamacpp-client-vs-log"
     severity = "error"
     message = ("request {request} (slot {slot}, task {task}): the client received {figure} {client:g}, "
-               "the server's log line {line} says {logged:g}")
+               "the server's log line {log_line} says {logged:g}")
 
     def findings(self, ctx):
         out = []
@@ -114,7 +115,7 @@ class ClientVsServerLog(_ServerRule):
                 c, lg = r.get(fig), ln.get(key)
                 if c is not None and lg is not None and c != lg:
                     out.append(dict(request=i + 1, slot=ln.get("slot", 0), task=ln.get("task"), figure=fig,
-                                    client=c, logged=lg, line=ln.get("line"), file=ctx.file))
+                                    client=c, logged=lg, log_line=ln.get("line"), file=ctx.file))
         return out
 
     def fail(self, ctx):
@@ -215,7 +216,7 @@ class RoundsVsRequestLine(_ServerRule):
     code = "SA595"
     name = "llamacpp-rounds-vs-request-line"
     severity = "error"
-    message = ("request line {line} (slot {slot}, task {task}): its {rounds} per-round lines add up to {figure} "
+    message = ("request line {log_line} (slot {slot}, task {task}): its {rounds} per-round lines add up to {figure} "
                "{summed:g}, the line says {logged:g}")
 
     def findings(self, ctx):
@@ -226,9 +227,9 @@ class RoundsVsRequestLine(_ServerRule):
                 continue
             sums = {"accepted": sum(a for a, _ in rs), "generated": sum(d for _, d in rs), "steps": len(rs)}
             for fig, s in sums.items():
-                lg = ln.get(fig)
+                lg = ln.get("steps_printed" if fig == "steps" else fig)
                 if lg is not None and s != lg:
-                    out.append(dict(line=ln.get("line"), slot=ln.get("slot", 0), task=ln.get("task"),
+                    out.append(dict(log_line=ln.get("line"), slot=ln.get("slot", 0), task=ln.get("task"),
                                     rounds=len(rs), figure=fig, summed=s, logged=lg, file=ctx.file))
         return out
 

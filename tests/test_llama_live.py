@@ -116,9 +116,12 @@ def test_every_acceptance_line_read_and_the_identities_hold_to_the_token(recorde
     for ln, resp in zip(lines, r.responses):
         t = resp["timings"]
         assert (ln["generated"], ln["accepted"]) == (t["draft_n"], t["draft_n_accepted"])
-        assert ln["steps"] is not None
+        if ln["steps"] is None:   # mean len 1.00: the steps are not in a plain line
+            assert ln["accepted"] == 0 and run == "plain"
+            continue
         assert ln["steps"] + ln["accepted"] <= t["predicted_n"] - 1 + K
-    steps = sum(ln["steps"] for ln in lines)
+    known = all(ln["steps"] is not None for ln in lines)
+    steps = sum(ln["steps"] for ln in lines) if known else r.delta("llamacpp:spec_decode_num_drafts_total")
     # /metrics deltas: the sums of the responses, token for token
     assert r.delta("llamacpp:spec_decode_num_draft_tokens_total") == sum(x["timings"]["draft_n"] for x in r.responses)
     assert r.delta("llamacpp:spec_decode_num_accepted_tokens_total") == sum(

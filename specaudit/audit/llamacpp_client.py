@@ -16,6 +16,7 @@ The rules are the catalog's (invariants/sa59_llamacpp.py); this module only read
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -95,11 +96,9 @@ def read_log(path) -> list[dict]:
         if m:
             acc, gen = float(m.group(3)), float(m.group(4))
             mm = MEAN_RE.search(m.group("rest"))
-            steps = None
-            if mm and float(mm.group(1)) > 1.005 and acc > 0:
-                steps = round(acc / (float(mm.group(1)) - 1.0))
+            steps = steps_from_len(acc, float(mm.group(1))) if mm else None
             lines.append({"slot": int(sid.group("id")) if sid else 0, "task": task, "accepted": acc,
-                          "generated": gen, "steps": steps, "line": i})
+                          "generated": gen, "steps": steps, "steps_printed": steps, "line": i})
             continue
         r = ROUND_RE.search(raw) if "draft tokens" in raw and "new n_tokens" in raw else None
         if r:
@@ -107,9 +106,20 @@ def read_log(path) -> list[dict]:
     for ln in lines:
         rs = rounds.get(ln["task"])
         ln["rounds"] = rs
-        if rs and ln["steps"] is None:
+        if rs:
             ln["steps"] = len(rs)
     return lines
+
+
+def steps_from_len(accepted: float, mean_len: float) -> int | None:
+    """The verify steps n with 1 + accepted / n printed as mean_len (two decimals), when only
+    one n does; None when the rounding leaves several (few accepted tokens) or none."""
+    if accepted <= 0 or mean_len <= 1.005:
+        return None
+    lo = max(1, math.ceil(accepted / (mean_len + 0.005 - 1.0) - 1e-9))
+    hi = math.floor(accepted / max(mean_len - 0.005 - 1.0, 1e-9) + 1e-9)
+    cands = [n for n in range(lo, min(hi, lo + 1000) + 1) if abs(1.0 + accepted / n - mean_len) <= 0.005 + 1e-9]
+    return cands[0] if len(cands) == 1 else None
 
 
 def read_scrape(path) -> tuple[dict, int]:
