@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -116,8 +117,8 @@ def test_every_acceptance_line_read_and_the_identities_hold_to_the_token(recorde
     for ln, resp in zip(lines, r.responses):
         t = resp["timings"]
         assert (ln["generated"], ln["accepted"]) == (t["draft_n"], t["draft_n_accepted"])
-        if ln["steps"] is None:   # mean len 1.00: the steps are not in a plain line
-            assert ln["accepted"] == 0 and run == "plain"
+        if ln["steps"] is None:   # few accepted: several step counts print the same mean len
+            assert run == "plain" and ln["accepted"] < 20
             continue
         assert ln["steps"] + ln["accepted"] <= t["predicted_n"] - 1 + K
     known = all(ln["steps"] is not None for ln in lines)
@@ -238,24 +239,40 @@ class Fleet:
             time.sleep(0.2)
         raise AssertionError("prometheus not ready in 30 s:\n" + "".join(self.prom.lines[-20:]))
 
-    def load(self, seconds: float, max_rounds: int = 60):
-        """Each round: one request to every server in turn (the order rotates), so a drift of
-        the machine's load lands on all of them; bounded by time and by rounds."""
-        names = list(self.servers)
+    def load(self, seconds: float, max_requests: int = 400):
+        """One client thread per server, one request at a time (each server always has one
+        running: matched concurrency 1), all at once so the machine's load lands on all of
+        them alike; bounded by time and by requests."""
         end = time.monotonic() + seconds
-        for i in range(max_rounds):
-            if time.monotonic() > end:
-                break
-            order = names[i % len(names):] + names[:i % len(names)]
-            for n in order:
-                r = self.servers[n].complete(PROMPTS[i % len(PROMPTS)], N_PREDICT)
-                self.times[n].append((r["timings"]["predicted_n"], r["timings"]["predicted_ms"]))
+        errors = []
+
+        def run(name):
+            try:
+                for i in range(max_requests):
+                    if time.monotonic() > end:
+                        return
+                    r = self.servers[name].complete(PROMPTS[i % len(PROMPTS)], N_PREDICT)
+                    self.times[name].append((r["timings"]["predicted_n"], r["timings"]["predicted_ms"]))
+            except Exception as e:   # noqa: BLE001  (reported by the caller)
+                errors.append(f"{name}: {e}")
+        threads = [threading.Thread(target=run, args=(n,), daemon=True) for n in self.servers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(seconds + 120)
+        assert not errors and not any(t.is_alive() for t in threads), errors
 
     def tps(self, name: str) -> tuple[float, float]:
-        """Per-request generation tokens/s: mean over requests and its standard error."""
+        """Generation tokens/s over all requests (tokens / seconds), and its standard error from
+        8 consecutive batches of requests (the machine's load drifts between them)."""
         import statistics
-        xs = [n / (ms / 1000.0) for n, ms in self.times[name]]
-        return statistics.fmean(xs), statistics.stdev(xs) / len(xs) ** 0.5
+        ts = self.times[name]
+        assert len(ts) >= 16, (name, len(ts))
+        total = sum(n for n, _ in ts) / (sum(ms for _, ms in ts) / 1000.0)
+        size = len(ts) // 8
+        parts = [ts[i * size:(i + 1) * size] for i in range(8)]
+        xs = [sum(n for n, _ in p) / (sum(ms for _, ms in p) / 1000.0) for p in parts]
+        return total, statistics.stdev(xs) / len(xs) ** 0.5
 
     def close(self):
         if self.prom is not None:
@@ -314,8 +331,8 @@ def test_llamacpp_dashboard_panels_have_data_and_alerts_stay_quiet(fleet):
 
 
 def test_ab_two_draft_lengths_gives_a_decided_verdict(fleet, tmp_path):
-    a = f'{fleet.url}?match={{job="k2"}}&range=2m&step=2s'
-    b = f'{fleet.url}?match={{job="k6"}}&range=2m&step=2s'
+    a = f'{fleet.url}?match={{job="k2"}}&range=2m&step=0'
+    b = f'{fleet.url}?match={{job="k6"}}&range=2m&step=0'
     out = tmp_path / "ab.json"
     res = cli("ab", a, b, "--output-format", "json", "-o", out)
     assert res.returncode == 0, res.stdout + res.stderr
