@@ -32,7 +32,7 @@ if [ ! -x .venv-aiperf/bin/aiperf ]; then
   python3 -m venv .venv-aiperf
   .venv-aiperf/bin/pip install -q aiperf==0.13.0
 fi
-# llama-server (built once per llama-cpp-python version, ~15 min on 2 cores the first time, then
+# llama-server (built once per llama-cpp-python version, the first time minutes of compiling, then
 # cached under $SPECAUDIT_CACHE/llama.cpp) and the tiny GGUF pair it serves (trained, converted,
 # cached): before pytest, so a failure names its step here and the live tests fail, never skip.
 python3 scripts/llama_server_build.py
