@@ -396,3 +396,33 @@ def test_estimate_recovers_the_commit_length_from_throughput(fleet):
     assert res.returncode == 0, res.stdout + res.stderr
     assert out["verdict"] == "consistent"
     assert abs(est - proven) / proven <= 0.10, (est, proven)
+
+
+# ---------------------------------------------------------------- failures: named, never a hang
+
+def test_a_model_the_server_refuses_is_named_not_waited_for(llama_bin, tmp_path):
+    from llama_live import ServerError
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 64)
+    t0 = time.monotonic()
+    with pytest.raises(ServerError) as e:
+        LlamaServer(llama_bin, ["-m", str(bad), "-t", "1"], tmp_path / "server.log", ready_timeout=60)
+    assert time.monotonic() - t0 < 60
+    assert "exited with" in str(e.value) and str(tmp_path / "server.log") in str(e.value)
+
+
+def test_a_server_that_dies_mid_test_is_a_clear_error(llama_bin, gguf_pair, tmp_path):
+    import os
+    import signal
+
+    from llama_live import ServerError
+    srv = LlamaServer(llama_bin, server_args(gguf_pair, None), tmp_path / "server.log")
+    try:
+        os.killpg(srv.proc.pid, signal.SIGKILL)
+        srv.proc.wait(10)
+        t0 = time.monotonic()
+        with pytest.raises(ServerError) as e:
+            srv.complete(PROMPTS[0], 8, timeout=10)
+        assert time.monotonic() - t0 < 10 and "server alive: False" in str(e.value)
+    finally:
+        srv.stop()
