@@ -202,13 +202,16 @@ class ServerLogVsMetrics(_ServerRule):
 
 
 class RoundsVsRequestLine(_ServerRule):
-    """What: a request's per-round lines (`-v`: `accepted A/D draft tokens`) add up to its
-    per-request line: sum of D = generated, sum of A = accepted, one round per verify step.
+    """What: a request's per-round lines (`-v`: `add accepted tokens: ... ids.size=N,
+    n_draft=D`, N - 1 accepted, else `accepted A/D draft tokens`, which is missing for the
+    step a request ends in) add up to its per-request line: sum of D = generated, sum of
+    accepted = accepted, one round per verify step.
 
     Why: the per-round lines are printed where the target verifies a draft, the request's
     counters where it is drafted; a draft counted but never verified (one shorter than
     --spec-draft-n-min, thrown away after it was counted: the class llama.cpp PR 14104
-    fixed) makes `generated` larger than what was verified and the acceptance rate too low.
+    fixed) makes `generated` larger than what was verified and the acceptance rate too low;
+    the target's token counted as accepted makes `accepted` larger than the rounds' N - 1.
 
     Example: 20 rounds verified 96 drafted tokens but the line says 104 generated.
     """
@@ -226,6 +229,12 @@ class RoundsVsRequestLine(_ServerRule):
             if not rs:
                 continue
             sums = {"accepted": sum(a for a, _ in rs), "generated": sum(d for _, d in rs), "steps": len(rs)}
+            if ln.get("rounds_may_miss_last") and ln.get("steps_printed") == len(rs) + 1:
+                # the per-round line printed after a step's tokens is missing for the step the
+                # request ended in: that step is the remainder, if it is one a step can be
+                a, d = ln["accepted"] - sums["accepted"], ln["generated"] - sums["generated"]
+                if 0 <= a <= d and d >= 1 and (ctx.k is None or d <= ctx.k):
+                    sums = {"accepted": ln["accepted"], "generated": ln["generated"], "steps": len(rs) + 1}
             for fig, s in sums.items():
                 lg = ln.get("steps_printed" if fig == "steps" else fig)
                 if lg is not None and s != lg:

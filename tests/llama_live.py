@@ -28,17 +28,17 @@ SCRIPTS = REPO / "scripts"
 if str(SCRIPTS) not in sys.path:
     sys.path.insert(0, str(SCRIPTS))
 
-# Short Python prompts (the models were trained on the stdlib's source): greedy continuations
-# the drafter often, not always, agrees with.
+# Short Python prompts (the models were trained on the stdlib's source). The tiny target falls
+# into runs of "_" or spaces after many prompts, where the drafter agrees trivially (mean
+# accepted length near k); these five keep their greedy continuations varied: a workload with
+# real partial acceptance, not a degenerate one (test_acceptance_is_partial_... prints the
+# figure over them).
 PROMPTS = [
     "import os\nimport sys\n\n\ndef main(argv):\n    ",
-    "class Queue:\n    def __init__(self, maxsize=0):\n        self.",
-    "    def __repr__(self):\n        return '<%s",
-    "        if not isinstance(value, str):\n            raise TypeError(",
     "def _check_arg(name, value):\n    if value is None:\n",
     "    for i in range(len(items)):\n        ",
     "try:\n    import _thread\nexcept ImportError:\n",
-    "        return self._data[key]\n\n    def ",
+    "def open(file, mode='r', buffering=-1):\n    \"\"\"",
 ]
 
 

@@ -31,6 +31,8 @@ COUNTERS = {"drafts": "llamacpp:spec_decode_num_drafts_total",
             "accepted_tokens": "llamacpp:spec_decode_num_accepted_tokens_total",
             "tokens_predicted": "llamacpp:tokens_predicted_total"}
 PER_POS = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
+# `-v`, one per verify step: ids = the accepted draft tokens + the target's own token
+IDS_RE = re.compile(r"add accepted tokens: sampled=-?\d+, ids\.size=(?P<n>\d+), n_draft=(?P<d>\d+)")
 SAMPLE_RE = re.compile(r"^(?P<name>llamacpp:[A-Za-z0-9_:]+)(?P<labels>\{[^}]*\})?\s+(?P<val>\S+)")
 
 
@@ -86,7 +88,7 @@ def read_log(path) -> list[dict]:
         text = p.read_text(encoding="utf-8", errors="replace")
     except OSError as e:
         raise InputError(p, f"cannot read the log: {e}") from None
-    lines, rounds = [], {}
+    lines, rounds, ids = [], {}, {}
     for i, raw in enumerate(text.splitlines(), 1):
         if "accepted" not in raw:
             continue
@@ -100,14 +102,20 @@ def read_log(path) -> list[dict]:
             lines.append({"slot": int(sid.group("id")) if sid else 0, "task": task, "accepted": acc,
                           "generated": gen, "steps": steps, "steps_printed": steps, "line": i})
             continue
+        r = IDS_RE.search(raw) if "add accepted tokens" in raw else None
+        if r:   # printed for every verify step, before its tokens are processed
+            ids.setdefault(task, []).append((int(r.group("n")) - 1, int(r.group("d"))))
+            continue
         r = ROUND_RE.search(raw) if "draft tokens" in raw and "new n_tokens" in raw else None
-        if r:
+        if r:   # printed after them: missing for a step inside which the request ended
             rounds.setdefault(task, []).append((int(r.group("a")), int(r.group("d"))))
     for ln in lines:
-        rs = rounds.get(ln["task"])
+        rs = ids.get(ln["task"])
+        ln["rounds_may_miss_last"] = rs is None and ln["task"] in rounds
+        rs = rs if rs is not None else rounds.get(ln["task"])
         ln["rounds"] = rs
         if rs:
-            ln["steps"] = len(rs)
+            ln["steps"] = len(rs) + (1 if ln["rounds_may_miss_last"] and ln["steps_printed"] == len(rs) + 1 else 0)
     return lines
 
 
