@@ -15,6 +15,10 @@ command -v git >/dev/null 2>&1 || need+=(git)   # tests/test_ci_install.py: pre-
 # A Java runtime for Spark (tests/test_spark.py runs the checker on Spark local[2]).
 command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)   # a self-signed cert for check --prometheus over TLS
+# llama.cpp's llama-server is built here from the pinned sdist (tests/test_llama_live.py runs it).
+command -v cmake >/dev/null 2>&1 || need+=(cmake)
+command -v ninja >/dev/null 2>&1 || need+=(ninja-build)
+command -v g++ >/dev/null 2>&1 || need+=(g++)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
@@ -29,6 +33,11 @@ if [ ! -x .venv-aiperf/bin/aiperf ]; then
   python3 -m venv .venv-aiperf
   .venv-aiperf/bin/pip install -q aiperf==0.13.0
 fi
+# llama-server (built once per llama-cpp-python version, the first time minutes of compiling, then
+# cached under $SPECAUDIT_CACHE/llama.cpp) and the tiny GGUF pair it serves (trained, converted,
+# cached): before pytest, so a failure names its step here and the live tests fail, never skip.
+python3 scripts/llama_server_build.py
+python3 scripts/llama_gguf.py
 # Lint first (ruff, configured in pyproject.toml): a style slip fails in seconds, not after the suite.
 python3 -m ruff check .
 # The docs site (mkdocs.yml): a broken link, a missing anchor or a page outside the nav fails

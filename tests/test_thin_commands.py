@@ -64,6 +64,7 @@ def test_rules_text_selects_and_renders():
     one = render(rules, "sa590")
     assert one.startswith("SA590 client-vs-trace (error, scope source)\n") and "What:" in one
     fam = render(rules, "SA59")
-    assert "SA590" in fam and "SA591" in fam and fam.rstrip().endswith("2 rules; `specaudit rules CODE` explains one.")
+    assert "SA590" in fam and "SA591" in fam and "SA596" in fam   # + llama.cpp client vs server (sa59_llamacpp)
+    assert fam.rstrip().endswith("7 rules; `specaudit rules CODE` explains one.")
     with pytest.raises(ValueError, match="no rule 'SA999'"):
         render(rules, "SA999")

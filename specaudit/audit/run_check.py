@@ -6,7 +6,8 @@ Each PATH goes to one reader: a folder, a .parquet or a run.json is a trace (the
 checker, specaudit.audit.check); any other file is engine output (specaudit.audit.sources:
 a log, a Prometheus scrape, JSON records), or all of them are when `source` names the
 kind; an AIPerf export given beside a trace is compared with it (client_vs_trace,
-SA590/SA591). `prometheus` adds the series of a live Prometheus server. Every reader
+SA590/SA591), llama-server responses a client saved with the server's log and scrapes
+(llamacpp_client, SA592-SA596). `prometheus` adds the series of a live Prometheus server. Every reader
 adds into one CheckResult, so the formats and exit codes are the same for all. The
 engine internals live in audit/check.py; this module only routes and renders.
 """
@@ -158,7 +159,12 @@ def run_check(paths=(), *, select=(), ignore=(), invariants=(), entry_points=Tru
         else:
             res = CheckResult(max_per_code=max_per_code)
         if logs:   # each reader opens its file once and names what is wrong with it (missing included)
-            audit_sources(logs, source, select, ignore, res)
+            # llama-server responses a client saved: against the server's log and scrapes (SA592-SA596)
+            from specaudit.audit import llamacpp_client
+            responses, rest = llamacpp_client.split(logs) if source is None else ([], list(logs))
+            audit_sources(rest, source, select, ignore, res)
+            if responses:
+                llamacpp_client.cross_check(responses, rest, select, ignore, res)
             if traces:   # a benchmark client's per-request figures against the same run's trace
                 from specaudit.audit.client_vs_trace import cross_check
                 cross_check(traces, logs, select, ignore, res)

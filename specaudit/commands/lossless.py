@@ -5,6 +5,7 @@ Examples:
   specaudit lossless --temperature 0.8 --algo tree --budget 12 --branching 3
   specaudit lossless --temperature 0.8 --inject temperature-one-side            # must exit 1
   specaudit lossless A/ B/ --positions 8          # two trace datasets with sampled output
+  specaudit lossless --greedy off.jsonl on.jsonl  # two engines' greedy outputs (token ids), equal?
 
 With no datasets, each held-out prompt runs --samples times with plain sampling from
 the target (A) and with speculative sampling (B), same transform (temperature, top-p,
@@ -14,6 +15,12 @@ over prompts, Bonferroni over positions). With two datasets, their requests are 
 by prompt; both must have sampled with the same parameters. The report gives the
 p-value and how many samples per prompt and arm would detect --distortion of
 probability moved between the two most likely tokens (power 0.8).
+
+--greedy A B: two JSONL files of an engine's greedy answers (one per line, the output
+token ids under `tokens`, the prompt under `prompt`; llama-server's /completion with
+"return_tokens": true), speculation off and on: greedy speculative decoding must give the
+same tokens exactly; the first differing position of each request is reported
+(specaudit/audit/lossless_greedy.py).
 
 exit codes: 0 no difference detected, 1 the distributions differ, 2 usage or input error
 """
@@ -32,6 +39,8 @@ def add_arguments(p) -> None:
     from specaudit.runtime.options import add_sampling_arguments
     p.add_argument("datasets", nargs="*", metavar="DATASET",
                    help="two trace datasets with sampled output (default: run the reference runtime)")
+    p.add_argument("--greedy", action="store_true",
+                   help="DATASETs are two JSONL files of greedy engine outputs (token ids): must be identical")
     p.add_argument("--positions", type=int, default=8, help="output positions tested (default 8)")
     p.add_argument("--alpha", type=float, default=0.01, help="significance level (default 0.01)")
     p.add_argument("--distortion", type=float, default=0.05,
@@ -58,6 +67,13 @@ def add_arguments(p) -> None:
 def main(args) -> int:
     from specaudit.audit import lossless
 
+    if args.greedy:
+        from specaudit.audit import lossless_greedy
+        if len(args.datasets) != 2:
+            raise ValueError(f"--greedy takes two JSONL files of outputs (A and B), not {len(args.datasets)}")
+        res = lossless_greedy.compare_files(args.datasets[0], args.datasets[1])
+        print(json.dumps(res.to_dict(), indent=1) if args.output_format == "json" else res.text())
+        return res.exit_code
     if args.datasets and len(args.datasets) != 2:
         raise ValueError(f"give two datasets (A and B) or none, not {len(args.datasets)}")
     if args.datasets:

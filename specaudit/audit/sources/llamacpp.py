@@ -199,10 +199,11 @@ class Parser(LineParser):
                 w.accept_len = _f(mm.group(1))
                 w.conventions["accept_len"] = LEN_CONV
             if pm:
+                # the statistics list is as long as the longest run accepted so far (common/
+                # speculative.cpp resizes it on accept), not the draft length: no k from it
                 w.per_pos = _list(pm.group("list"))
                 w.per_pos_kind = "verify_steps"
                 w.conventions["per_pos"] = POS_CONV
-                w.k = len(w.per_pos)
             self.reading.windows.append(w)
             return
         m = ROUND_RE.search(raw) if "draft tokens" in raw else None

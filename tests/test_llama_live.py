@@ -1,0 +1,382 @@
+"""llama.cpp's llama-server, built here and running here, audited live on every surface.
+
+The binary comes from scripts/llama_server_build.py (the pinned llama-cpp-python sdist,
+cached by version; scripts/test.sh builds it before pytest on a fresh machine), the models
+from scripts/tiny_llama.py converted by scripts/llama_gguf.py. Nothing skips: a build, a
+conversion or a server that fails fails these tests (CI must not pass without the engine).
+
+Runs (loopback only, each server killed in its fixture's finalizer, every wait bounded):
+  recorded  one server per configuration, a scrape, len(PROMPTS) greedy requests one at a
+            time, a scrape, stopped: plain log (k=6), `-v` log (k=6), speculation off
+  fleet     three servers alive at once (k=6, k=2, off) and one Prometheus scraping them
+            every second, under a steady load of one request in flight per server:
+            check --prometheus, dashboards, alerts, ab
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+from llama_live import PROMPTS, LlamaServer, counters, free_port, write_jsonl  # noqa: E402
+
+sys.path.insert(0, str(REPO / "scripts"))
+import llama_gguf as G  # noqa: E402
+import llama_server_build as B  # noqa: E402
+
+N_PREDICT = 64
+K = 6
+
+
+def cli(*args, timeout=240):
+    return subprocess.run([sys.executable, "-m", "specaudit", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+
+
+@pytest.fixture(scope="session")
+def llama_bin() -> Path:
+    try:
+        return Path(B.ensure_server()["binary"])
+    except B.StepError as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def gguf_pair() -> dict:
+    import os
+    given = os.environ.get("SPECAUDIT_LLAMA_GGUF")   # "TARGET.gguf,DRAFTER.gguf": your own pair instead
+    if given:
+        t, d = given.split(",")
+        return {"target": Path(t), "drafter": Path(d)}
+    try:
+        return G.ensure_pair_gguf()
+    except (G.ConvertError, B.StepError) as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+def server_args(pair, k: int | None = K, *extra) -> list:
+    base = ["-m", str(pair["target"]), "--metrics", "-np", "1", "-c", "1024", "-t", "1", "-tb", "1", "--no-webui"]
+    if k:
+        base += ["-md", str(pair["drafter"]), "--spec-type", "draft-simple", "--spec-draft-n-max", str(k),
+                 "-td", "1", "-tbd", "1"]
+    return base + list(extra)
+
+
+class Recorded:
+    """One server's run: log, responses.jsonl (prompt + the response), before/after scrapes."""
+
+    def __init__(self, binary, args, folder: Path, prompts=PROMPTS, n_predict=N_PREDICT):
+        folder.mkdir(parents=True, exist_ok=True)
+        self.dir, self.log = folder, folder / "server.log"
+        srv = LlamaServer(binary, args, self.log)
+        try:
+            self.before_text = srv.metrics()
+            self.responses = [{"prompt": p, **srv.complete(p, n_predict)} for p in prompts]
+            time.sleep(0.3)   # the counters are updated as the last request ends
+            self.after_text = srv.metrics()
+        finally:
+            code = srv.stop()
+        assert code in (0, -15), f"llama-server exited {code}:\n{srv.tail()}"
+        self.before = folder / "before.prom"
+        self.before.write_text(self.before_text)
+        self.after = folder / "after.prom"
+        self.after.write_text(self.after_text)
+        self.resp_path = write_jsonl(folder / "responses.jsonl", self.responses)
+
+    def delta(self, name: str) -> float:
+        a, b = counters(self.after_text), counters(self.before_text)
+        return a.get(name, 0.0) - b.get(name, 0.0)
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory, llama_bin, gguf_pair) -> dict:
+    root = tmp_path_factory.mktemp("llama-recorded")
+    return {"plain": Recorded(llama_bin, server_args(gguf_pair), root / "plain"),
+            "verbose": Recorded(llama_bin, server_args(gguf_pair, K, "-v"), root / "verbose"),
+            "off": Recorded(llama_bin, server_args(gguf_pair, None), root / "off")}
+
+
+# ---------------------------------------------------------------- the log, the timings, /metrics
+
+@pytest.mark.parametrize("run", ["plain", "verbose"])
+def test_every_acceptance_line_read_and_the_identities_hold_to_the_token(recorded, run):
+    from specaudit.audit.llamacpp_client import audit, evidence, read_log
+    r = recorded[run]
+    lines = read_log(r.log)
+    n = len(PROMPTS)
+    # one per-request line per request, in order, equal to what the client received
+    assert len(lines) == n, [ln["line"] for ln in lines]
+    for ln, resp in zip(lines, r.responses):
+        t = resp["timings"]
+        assert (ln["generated"], ln["accepted"]) == (t["draft_n"], t["draft_n_accepted"])
+        if ln["steps"] is None:   # few accepted: several step counts print the same mean len
+            assert run == "plain" and ln["accepted"] < 20
+            continue
+        assert ln["steps"] + ln["accepted"] <= t["predicted_n"] - 1 + K
+    known = all(ln["steps"] is not None for ln in lines)
+    steps = sum(ln["steps"] for ln in lines) if known else r.delta("llamacpp:spec_decode_num_drafts_total")
+    # /metrics deltas: the sums of the responses, token for token
+    assert r.delta("llamacpp:spec_decode_num_draft_tokens_total") == sum(x["timings"]["draft_n"] for x in r.responses)
+    assert r.delta("llamacpp:spec_decode_num_accepted_tokens_total") == sum(
+        x["timings"]["draft_n_accepted"] for x in r.responses)
+    assert r.delta("llamacpp:spec_decode_num_drafts_total") == steps
+    assert r.delta("llamacpp:tokens_predicted_total") == sum(x["timings"]["predicted_n"] for x in r.responses)
+    per_pos = sum(v for k, v in counters(r.after_text).items() if "per_pos" in k) - sum(
+        v for k, v in counters(r.before_text).items() if "per_pos" in k)
+    assert per_pos == r.delta("llamacpp:spec_decode_num_accepted_tokens_total")
+    if run == "verbose":   # every per-round line read: one per verify step, adding up per request
+        assert all(ln["rounds"] and len(ln["rounds"]) == ln["steps"] for ln in lines)
+        assert sum(len(ln["rounds"]) for ln in lines) == steps
+    else:
+        assert all(ln["rounds"] is None for ln in lines)
+    found = audit(evidence(r.resp_path, r.log, r.before, r.after))
+    assert found == [], [f.message for f in found]
+
+
+@pytest.mark.parametrize("run", ["plain", "verbose"])
+def test_check_cli_on_the_log_and_beside_the_responses_is_clean(recorded, run):
+    r = recorded[run]
+    res = cli("check", r.log, "--output-format", "json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    rep = json.loads(res.stdout)
+    errors = [f for f in rep["findings"] if f["severity"] == "error"]
+    assert errors == []
+    res = cli("check", r.log, r.resp_path, r.before, r.after, "--select", "SA59", "--output-format", "json")
+    assert res.returncode == 0 and json.loads(res.stdout)["findings"] == [], res.stdout + res.stderr
+
+
+def test_client_vs_server_catches_a_response_that_disagrees(recorded, tmp_path):
+    r = recorded["plain"]
+    bad = [json.loads(json.dumps(x)) for x in r.responses]
+    bad[2]["timings"]["draft_n_accepted"] += 1      # what a proxy or a client-side sum could do
+    path = write_jsonl(tmp_path / "responses.jsonl", bad)
+    res = cli("check", r.log, path, r.before, r.after, "--select", "SA59", "--output-format", "json")
+    assert res.returncode == 1, res.stdout + res.stderr
+    codes = sorted({f["code"] for f in json.loads(res.stdout)["findings"]})
+    assert codes == ["SA592", "SA594"]          # the line disagrees, and the sum with /metrics
+    lost = write_jsonl(tmp_path / "more.jsonl", r.responses + r.responses[:1])
+    res = cli("check", r.log, lost, r.before, r.after, "--select", "SA59", "--output-format", "json")
+    assert {f["code"] for f in json.loads(res.stdout)["findings"]} == {"SA593"}
+
+
+def test_acceptance_is_partial_mean_length_between_2_and_4(recorded):
+    r = recorded["plain"]
+    steps = r.delta("llamacpp:spec_decode_num_drafts_total")
+    acc = r.delta("llamacpp:spec_decode_num_accepted_tokens_total")
+    L = 1 + acc / steps
+    print(json.dumps({"mean_accepted_length": L, "k": K, "steps": steps, "accepted": acc}))
+    assert 2.0 <= L <= 4.0, L
+
+
+def test_greedy_outputs_identical_with_speculation_on_and_off(recorded, tmp_path):
+    res = cli("lossless", "--greedy", recorded["off"].resp_path, recorded["plain"].resp_path,
+              "--output-format", "json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = json.loads(res.stdout)
+    assert out["identical"] and out["pairs"] == len(PROMPTS) and out["tokens_compared"] >= len(PROMPTS) * 8
+    # and the comparison can fail: one token changed
+    bad = [dict(x) for x in recorded["plain"].responses]
+    bad[1] = {**bad[1], "tokens": list(bad[1]["tokens"])}
+    bad[1]["tokens"][5] = (bad[1]["tokens"][5] + 1) % 256
+    res = cli("lossless", "--greedy", recorded["off"].resp_path, write_jsonl(tmp_path / "b.jsonl", bad))
+    assert res.returncode == 1 and "position 5" in res.stdout, res.stdout
+
+
+# ---------------------------------------------------------------- a fleet under Prometheus
+
+class Fleet:
+    def __init__(self, binary, pair, tmp: Path):
+        self.tmp = tmp
+        self.servers: dict = {}
+        self.prom = None
+        try:
+            for name, args in (("k6", server_args(pair, 6)), ("k2", server_args(pair, 2)),
+                               ("off", server_args(pair, None))):
+                self.servers[name] = LlamaServer(binary, args, tmp / f"{name}.log")
+        except BaseException:
+            self.close()
+            raise
+        self.times: dict = {n: [] for n in self.servers}   # per server: (predicted_n, predicted_ms) per request
+
+    def start_prometheus(self):
+        import shutil
+
+        from test_prometheus_live import Proc
+
+        from dashboards import engines as E
+        prom = shutil.which("prometheus")
+        assert prom, "prometheus not installed (scripts/test.sh installs Debian's package)"
+        timing = E.Timing(window="8s", baseline="15s", for_impossible="2s", for_warning="3s", for_gauge="3s")
+        E.render(self.tmp / "rules", timing)
+        port = free_port()
+        cfg = self.tmp / "prometheus.yml"
+        cfg.write_text(json.dumps({
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
+            "rule_files": [str(self.tmp / "rules" / "engines_rules.yml"),
+                           str(self.tmp / "rules" / "engines_alerts.yml")],
+            "scrape_configs": [{"job_name": n, "static_configs": [{"targets": [s.url.split("//")[1]]}]}
+                               for n, s in self.servers.items()]}))
+        self.prom = Proc([prom, f"--config.file={cfg}", f"--storage.tsdb.path={self.tmp / 'tsdb'}",
+                          f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1h"])
+        self.url = f"http://127.0.0.1:{port}"
+        end = time.time() + 30
+        while time.time() < end:
+            try:
+                if httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError("prometheus not ready in 30 s:\n" + "".join(self.prom.lines[-20:]))
+
+    def start_load(self, seconds: float = 240, max_requests: int = 2000):
+        """One client thread per server, one request at a time (each server always has one
+        running: matched concurrency 1), all at once so the machine's load lands on all of
+        them alike; runs until stop_load() (the tests read a steady state, never the edge
+        where the load ends), bounded by time and by requests."""
+        end = time.monotonic() + seconds
+        self.stop_evt = threading.Event()
+        self.errors = []
+
+        def run(name):
+            try:
+                for i in range(max_requests):
+                    if time.monotonic() > end or self.stop_evt.is_set():
+                        return
+                    # long requests: the running-requests gauge reads 1 at nearly every scrape
+                    # (short ones leave it at 0 between requests, splitting the strata)
+                    r = self.servers[name].complete(PROMPTS[i % len(PROMPTS)], 400)
+                    self.times[name].append((r["timings"]["predicted_n"], r["timings"]["predicted_ms"]))
+            except Exception as e:   # noqa: BLE001  (reported by stop_load)
+                self.errors.append(f"{name}: {e}")
+        self.threads = [threading.Thread(target=run, args=(n,), daemon=True) for n in self.servers]
+        for t in self.threads:
+            t.start()
+
+    def stop_load(self):
+        self.stop_evt.set()
+        for t in self.threads:
+            t.join(90)
+        assert not self.errors and not any(t.is_alive() for t in self.threads), self.errors
+
+    def close(self):
+        if self.prom is not None:
+            self.prom.stop()
+        for s in self.servers.values():
+            s.stop()
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory, llama_bin, gguf_pair):
+    f = Fleet(llama_bin, gguf_pair, tmp_path_factory.mktemp("llama-fleet"))
+    try:
+        f.start_prometheus()
+        f.start_load()
+        time.sleep(30)   # scrapes and rule evaluations over a steady load (the rules' windows are 8-15 s)
+        assert not f.errors, f.errors
+        yield f
+        f.stop_load()
+    finally:
+        f.close()
+
+
+def prom_query(url: str, expr: str) -> list:
+    r = httpx.get(f"{url}/api/v1/query", params={"query": expr}, timeout=10).json()
+    assert r["status"] == "success", (expr, r)
+    return r["data"]["result"]
+
+
+def test_check_prometheus_on_the_live_server_is_clean(fleet):
+    """Every rule but SA708 is clean. SA708 (accept length vs throughput per window) reads
+    llama.cpp's counters as if they moved with the clock, but llama-server adds a request's
+    tokens, drafts and accepted tokens when the request ends: a window holds a whole number
+    of requests, each with its own acceptance, so windows differ in tokens per step at the
+    same throughput on a healthy server. Known false alarm, reported to the lead; it is
+    printed here, not hidden: any other error code fails."""
+    for job in ("k6", "k2"):
+        res = cli("check", "--prometheus", fleet.url, "--match", f'{{job="{job}"}}', "--range", "2m", "--step",
+                  "5s", "--output-format", "json")
+        assert res.returncode in (0, 1), res.stdout + res.stderr
+        rep = json.loads(res.stdout)
+        errors = sorted({f["code"] for f in rep["findings"] if f["severity"] == "error"})
+        print(json.dumps({"job": job, "error_codes": errors, "windows_checked": rep["summary"]}))
+        assert set(errors) <= {"SA708"}, [f["message"] for f in rep["findings"]][:3]
+        assert rep["summary"]["files_checked"] >= 1
+
+
+def test_llamacpp_dashboard_panels_have_data_and_alerts_stay_quiet(fleet):
+    import math
+    import re
+    dash = json.loads((REPO / "dashboards" / "engines.json").read_text())
+    with_data, empty = [], []
+    for p in dash["panels"]:
+        for t in p.get("targets", []):
+            expr = t["expr"].replace('=~"$engine"', '=~"llamacpp"')
+            expr = re.sub(r'=~"\$\w+"', '=~".*"', expr)
+            res = prom_query(fleet.url, expr)
+            ok = any(math.isfinite(float(r["value"][1])) for r in res)
+            (with_data if ok else empty).append(p["title"])
+    print(json.dumps({"panels_with_llamacpp_data": sorted(set(with_data)),
+                      "empty": sorted(set(empty) - set(with_data))}))
+    for title in ("accept", "position"):
+        assert any(title in t.lower() for t in with_data), (title, with_data)
+    alerts = httpx.get(f"{fleet.url}/api/v1/alerts", timeout=10).json()["data"]["alerts"]
+    firing = [(a["labels"].get("job"), a["labels"]["alertname"]) for a in alerts if a["state"] == "firing"]
+    assert firing == []
+    L = prom_query(fleet.url, 'specaudit:accept_length{job="k6"}')
+    assert L and 1.0 < float(L[0]["value"][1]) <= 7.0
+
+
+def test_ab_two_draft_lengths_gives_a_decided_verdict(fleet, tmp_path):
+    a = f'{fleet.url}?match={{job="k2"}}&range=2m&step=2s'
+    b = f'{fleet.url}?match={{job="k6"}}&range=2m&step=2s'
+    out = tmp_path / "ab.json"
+    res = cli("ab", a, b, "--output-format", "json", "-o", out)
+    assert res.returncode == 0, res.stdout + res.stderr
+    ab = json.loads(out.read_text())
+    verdicts = {m: v["verdict"] for m, v in ab["matched"].items()}
+    print(json.dumps({"ab_verdicts_k2_vs_k6": verdicts, "conclusion": ab["conclusion"]}))
+    # a decided verdict on the acceptance figures, the right way round: longer drafts give
+    # longer accept lengths, shorter ones keep a higher share of their tokens (tokens/s is
+    # printed; at this load it is often undecided)
+    assert verdicts["accept_len"] == "B better" or verdicts["accept_rate"] == "A better", verdicts
+    assert verdicts["accept_len"] != "A better" and verdicts["accept_rate"] != "B better", verdicts
+    assert "confounders" in ab and ab["conclusion"]
+
+
+# ---------------------------------------------------------------- failures: named, never a hang
+
+def test_a_model_the_server_refuses_is_named_not_waited_for(llama_bin, tmp_path):
+    from llama_live import ServerError
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 64)
+    t0 = time.monotonic()
+    with pytest.raises(ServerError) as e:
+        LlamaServer(llama_bin, ["-m", str(bad), "-t", "1"], tmp_path / "server.log", ready_timeout=60)
+    assert time.monotonic() - t0 < 60
+    assert "exited with" in str(e.value) and str(tmp_path / "server.log") in str(e.value)
+
+
+def test_a_server_that_dies_mid_test_is_a_clear_error(llama_bin, gguf_pair, tmp_path):
+    import os
+    import signal
+
+    from llama_live import ServerError
+    srv = LlamaServer(llama_bin, server_args(gguf_pair, None), tmp_path / "server.log")
+    try:
+        os.killpg(srv.proc.pid, signal.SIGKILL)
+        srv.proc.wait(10)
+        t0 = time.monotonic()
+        with pytest.raises(ServerError) as e:
+            srv.complete(PROMPTS[0], 8, timeout=10)
+        assert time.monotonic() - t0 < 10 and "server alive: False" in str(e.value)
+    finally:
+        srv.stop()
