@@ -122,5 +122,7 @@ def check_args(command: str | None, parser, args) -> None:
         if a.type not in (int, float) or v is None or isinstance(v, bool):
             continue
         for x in (v if isinstance(v, list) else [v]):
+            if isinstance(x, bool) or not isinstance(x, (int, float)):
+                continue   # not this action's value (an alias's SUPPRESS default, a string grid)
             lo, hi, ol = bound_of(command, a.dest, a.type)
             check_value(_flag(a), x, lo, hi, ol)

@@ -20,6 +20,7 @@ groups thousands.
 from __future__ import annotations
 
 import math
+import re
 
 
 def _finite(x) -> bool:
@@ -91,3 +92,18 @@ def typed(x) -> str:
     if isinstance(x, float):
         return f"{x:g}" if math.isfinite(x) and float(f"{x:g}") == x else repr(x)
     return str(x)
+
+
+# Characters never written raw: C0 controls (ESC starts terminal escape sequences; XML 1.0
+# forbids most of them even as references), DEL, C1 controls (0x9b is a one-byte CSI),
+# line/paragraph separators, bidi overrides (text that reads differently than it is),
+# and lone surrogates (not encodable as UTF-8).
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def printable(s) -> str:
+    """s with every unsafe character shown as a visible escape (\\x1b, \\u202e): trace
+    strings reach terminals, CI logs and XML through every output format."""
+    s = str(s)
+    return _UNSAFE.sub(lambda m: (f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                                  else f"\\u{ord(m.group()):04x}"), s)

@@ -104,6 +104,14 @@ def run_query(args: list[str], *, sql_file: str | None = None, params=(), output
     from specaudit.postmortem.engine_views import split_paths
     traces, engines = split_paths(paths)
     if engines and sql is None:
+        from specaudit.audit.sources import detect
+        from specaudit.trace.schema import InputError
+        for e in engines:   # a file no engine wrote is named as such before the shell's own limit
+            try:
+                detect(e)
+            except InputError as err:
+                raise InputError(e, f"not a trace file (no run.json beside it) nor an engine's output: "
+                                    f"{err.reason}") from None
         raise ValueError("the interactive shell opens trace datasets only; give SQL or a canned query to ask "
                          f"{engines[0]} (views windows, findings)")
     ds = Q.find_dataset(traces) if traces or not engines else None

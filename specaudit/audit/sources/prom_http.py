@@ -44,8 +44,8 @@ import time
 import urllib.parse
 from datetime import datetime, timezone
 
-from specaudit.audit.formats import printable
 from specaudit.audit.sources import Reading, Window, audit_reading, note
+from specaudit.numfmt import printable
 from specaudit.trace.schema import InputError, parse_json_bounded
 
 MAX_ANSWER_BYTES = 64 << 20   # one API answer; a 6 h range at 30 s is ~20 KB per series
