@@ -98,3 +98,19 @@ def read_input_text(path, limit: int, what: str = "", encoding: str = "utf-8", e
     except UnicodeDecodeError as e:
         pre = f"{what}: " if what else ""
         raise InputError(path, f"{pre}not {encoding.upper()} text (byte {e.start})") from None
+
+
+MAX_JSONL_BYTES = 1 << 30   # a per-request export (AIPerf, llama-server responses, greedy outputs) read whole
+
+
+def iter_jsonl(path, what: str, limit: int = MAX_JSONL_BYTES):
+    """(line number, record) for each non-blank line of a JSONL input, opened by read_input_text
+    (regular files only, bounded); a line that is not JSON is one InputError naming it."""
+    import json
+    for i, line in enumerate(read_input_text(path, limit, what).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield i, json.loads(line)
+        except (ValueError, RecursionError):
+            raise InputError(path, f"line {i} is not JSON") from None

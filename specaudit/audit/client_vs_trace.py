@@ -66,15 +66,8 @@ def aiperf_records(path) -> dict[str, dict]:
     profiling records that carry spec-decode figures. Raises InputError on a file it cannot read."""
     p = Path(path)
     out = {}
-    from specaudit.inputs import read_input_text
-    lines = read_input_text(p, MAX_EXPORT_BYTES, "the AIPerf export").splitlines()
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except (ValueError, RecursionError):
-            raise InputError(p, f"line {i} is not JSON") from None
+    from specaudit.inputs import iter_jsonl
+    for _, rec in iter_jsonl(p, "the AIPerf export", MAX_EXPORT_BYTES):
         meta, m = rec.get("metadata") or {}, rec.get("metrics") or {}
         if meta.get("benchmark_phase", "profiling") != "profiling" or _value(m, "spec_decode_steps") is None:
             continue

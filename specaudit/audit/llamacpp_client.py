@@ -59,19 +59,10 @@ def is_scrape(path) -> bool:
 
 
 def read_responses(path) -> list[dict]:
+    from specaudit.inputs import iter_jsonl
     p = Path(path)
     out = []
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(p, f"cannot read the responses: {e}") from None
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except (ValueError, RecursionError):
-            raise InputError(p, f"line {i} is not JSON") from None
+    for i, rec in iter_jsonl(p, "the responses"):
         t = rec.get("timings") if isinstance(rec, dict) else None
         if not isinstance(t, dict):
             raise InputError(p, f"line {i} has no llama.cpp `timings` object")

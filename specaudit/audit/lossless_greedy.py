@@ -15,7 +15,6 @@ Exit codes (through the command): 0 identical, 1 a pair differs, 2 input error.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,19 +60,10 @@ class GreedyResult:
 
 def read_outputs(path) -> dict:
     """{prompt (or #line): [token ids]} from one JSONL file."""
+    from specaudit.inputs import iter_jsonl
     p = Path(path)
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(p, f"cannot read the outputs: {e}") from None
     out = {}
-    for i, ln in enumerate(lines, 1):
-        if not ln.strip():
-            continue
-        try:
-            rec = json.loads(ln)
-        except (ValueError, RecursionError):
-            raise InputError(p, f"line {i} is not JSON") from None
+    for i, rec in iter_jsonl(p, "the outputs"):
         toks = rec.get("tokens") if isinstance(rec, dict) else None
         if not isinstance(toks, list) or not all(isinstance(t, int) for t in toks):
             raise InputError(p, f"line {i} has no `tokens` list of token ids (llama-server: \"return_tokens\": true)")
