@@ -1,0 +1,198 @@
+"""The places the plugin wraps inside vLLM (0.32.0; versions.py), and what each captures.
+
+Worker side (the model runner; on CPU and single-GPU vLLM it lives in the engine core
+process, beside the scheduler):
+    GPUModelRunner.execute_model   the time the step's forward started (t_exec)
+    GPUModelRunner._sample         called with the verify logits and SpecDecodeMetadata,
+                                   while the runner's input buffers still hold what the
+                                   forward was fed. For each request r with k drafts its
+                                   last k+1 scheduled tokens are the root and the drafts:
+                                     flat tokens  query_start_loc[r+1]-(k+1) .. query_start_loc[r+1]
+                                     node_tokens  input_ids.gpu[flat]   (fed, not re-derived)
+                                     positions    positions[flat]       (fed, not re-derived)
+                                     logit rows   cu_num_sampled_tokens[r]-(k+1) .. (with drafts)
+                                                  r                                (without)
+                                     target_argmax, target_margin: argmax / top-1 minus top-2
+                                                  of those logit rows, [k+1]
+                                   filed per request id for the scheduler hook to pick up.
+Scheduler side:
+    Scheduler.update_from_output   before: each scheduled request's KV length before the
+                                   step (num_computed_tokens was advanced at scheduling)
+                                   and its output length; its scheduled drafts. After:
+                                   the tokens vLLM appended (cut at a stop), finished.
+                                   The tokens the rejection sampler returned come from
+                                   model_runner_output.sampled_token_ids (its accepted
+                                   drafts and one more token: the accepted path).
+    Scheduler.shutdown             closes the run (sink.Recorder.close)
+    Scheduler.make_spec_decoding_stats   vLLM's own per-step counters, as its metrics see
+                                   them: (drafted, accepted) for each request and step.
+                                   Recorded as accepted_depth: the thing under audit.
+
+Every wrapper calls vLLM's original first or last and never lets its own failure reach
+vLLM: an exception inside the plugin stops recording (sink.Recorder.fail marks the run
+incomplete) and vLLM goes on serving.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict, deque
+
+_lock = threading.Lock()
+# request id -> deque of worker captures, in step order (consumed by the scheduler hook)
+_pending: dict[str, deque] = defaultdict(deque)
+_t_exec = [0.0]
+_installed: list[tuple] = []   # (class, attribute, original) to undo in tests
+
+
+def _wrap(cls, name, make):
+    orig = getattr(cls, name)
+    setattr(cls, name, make(orig))
+    _installed.append((cls, name, orig))
+
+
+def uninstall() -> None:
+    while _installed:
+        cls, name, orig = _installed.pop()
+        setattr(cls, name, orig)
+    _pending.clear()
+
+
+def install(recorder) -> None:
+    """Wrap the scheduler and model runner classes (idempotent per process)."""
+    if _installed:
+        return
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    def make_exec(orig):
+        def execute_model(self, *a, **kw):
+            _t_exec[0] = time.time()
+            return orig(self, *a, **kw)
+        return execute_model
+
+    def make_sample(orig):
+        def _sample(self, logits, spec_decode_metadata):
+            caps = None
+            if recorder.active:
+                try:
+                    caps = capture_worker(self, logits, spec_decode_metadata)
+                except Exception as e:   # never vLLM's problem
+                    recorder.fail("worker hook", e)
+            out = orig(self, logits, spec_decode_metadata)
+            if caps:
+                with _lock:
+                    for rid, c in caps:
+                        _pending[rid].append(c)
+            return out
+        return _sample
+
+    def make_update(orig):
+        def update_from_output(self, scheduler_output, model_runner_output):
+            pre = None
+            if recorder.active:
+                try:
+                    pre = capture_before(self, scheduler_output, model_runner_output)
+                    self._specaudit_counters = {}
+                except Exception as e:
+                    recorder.fail("scheduler hook (before)", e)
+            out = orig(self, scheduler_output, model_runner_output)
+            if pre is not None and recorder.active:
+                try:
+                    counters = getattr(self, "_specaudit_counters", None) or {}
+                    self._specaudit_counters = None
+                    recorder.on_update(self, pre, counters, time.time())
+                except Exception as e:
+                    recorder.fail("scheduler hook (after)", e)
+            return out
+        return update_from_output
+
+    def make_stats(orig):
+        def make_spec_decoding_stats(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
+                                     num_invalid_spec_tokens, request_id):
+            c = getattr(self, "_specaudit_counters", None)
+            if c is not None:
+                invalid = (num_invalid_spec_tokens or {}).get(request_id, 0)
+                c[request_id] = (int(num_draft_tokens) - int(invalid), int(num_accepted_tokens))
+            return orig(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
+                        num_invalid_spec_tokens, request_id)
+        return make_spec_decoding_stats
+
+    def make_shutdown(orig):
+        def shutdown(self):
+            try:
+                recorder.close()
+            except Exception as e:
+                recorder.fail("close", e)
+            return orig(self)
+        return shutdown
+
+    _wrap(GPUModelRunner, "execute_model", make_exec)
+    _wrap(Scheduler, "shutdown", make_shutdown)
+    _wrap(GPUModelRunner, "_sample", make_sample)
+    _wrap(Scheduler, "update_from_output", make_update)
+    _wrap(Scheduler, "make_spec_decoding_stats", make_stats)
+
+
+def capture_worker(runner, logits, meta) -> list[tuple[str, dict]]:
+    """[(request id, capture)] of one verify forward (module doc: worker side)."""
+    import torch
+    if logits is None:
+        return []
+    t = time.time()
+    req_ids = list(runner.input_batch.req_ids)
+    B = len(req_ids)
+    qsl = runner.query_start_loc.cpu[: B + 1].tolist()
+    ids = runner.input_ids.cpu if getattr(runner.input_ids, "gpu", None) is None else runner.input_ids.gpu
+    pos = runner.positions
+    lg = logits.float()
+    top2 = torch.topk(lg, 2, dim=-1) if lg.shape[-1] >= 2 else None     # [rows, 2]
+    argmax = (top2.indices[:, 0] if top2 is not None else lg.argmax(-1)).tolist()
+    margin = ((top2.values[:, 0] - top2.values[:, 1]).tolist() if top2 is not None
+              else [0.0] * lg.shape[0])
+    if meta is not None:
+        nd = list(meta.num_draft_tokens)
+        cu = meta.cu_num_sampled_tokens.tolist()
+    else:
+        nd, cu = [0] * B, list(range(1, B + 1))
+    out = []
+    for r, rid in enumerate(req_ids):
+        if rid is None or r >= len(nd):
+            continue
+        n = nd[r] + 1
+        lo = qsl[r + 1] - n
+        rows = slice(cu[r] - n, cu[r])
+        out.append((rid, {
+            "node_tokens": ids[lo:qsl[r + 1]].tolist(), "positions": pos[lo:qsl[r + 1]].tolist(),
+            "target_argmax": argmax[rows], "target_margin": margin[rows], "batch_size": B,
+            "t_exec": _t_exec[0], "t_sample": t}))
+    return out
+
+
+def take_worker(rid: str) -> dict | None:
+    with _lock:
+        q = _pending.get(rid)
+        if not q:
+            return None
+        c = q.popleft()
+        if not q:
+            del _pending[rid]
+        return c
+
+
+def capture_before(sched, so, mro) -> dict:
+    """Per scheduled request: the request object and its state before vLLM updates it."""
+    out = {}
+    spec = so.scheduled_spec_decode_tokens or {}
+    idx = mro.req_id_to_index or {}
+    sampled = mro.sampled_token_ids
+    for rid, n in so.num_scheduled_tokens.items():
+        req = sched.requests.get(rid)
+        if req is None or rid not in idx:
+            continue
+        i = idx[rid]
+        got = sampled[i] if sampled is not None and i < len(sampled) else []
+        out[rid] = {"req": req, "kv_before": int(req.num_computed_tokens) - int(n), "n_sched": int(n),
+                    "out_before": int(req.num_output_tokens), "drafts": [int(x) for x in spec.get(rid) or []],
+                    "sampled": [int(x) for x in (got.tolist() if hasattr(got, "tolist") else got)]}
+    return out
