@@ -14,7 +14,12 @@ process, beside the scheduler):
                                                   r                                (without)
                                      target_argmax, target_margin: argmax / top-1 minus top-2
                                                   of those logit rows, [k+1]
-                                   filed per request id for the scheduler hook to pick up.
+                                   kept on the runner until sample_tokens returns.
+    GPUModelRunner.sample_tokens   attaches the step's captures to the ModelRunnerOutput it
+                                   returns (attribute specaudit_caps, a dict by request id):
+                                   on CPU the model runner is a worker process and that
+                                   object is pickled to the scheduler's process, so the
+                                   evidence travels with the output it describes.
 Scheduler side:
     Scheduler.update_from_output   before: each scheduled request's KV length before the
                                    step (num_computed_tokens was advanced at scheduling)
@@ -34,15 +39,11 @@ incomplete) and vLLM goes on serving.
 """
 from __future__ import annotations
 
-import threading
 import time
-from collections import defaultdict, deque
 
-_lock = threading.Lock()
-# request id -> deque of worker captures, in step order (consumed by the scheduler hook)
-_pending: dict[str, deque] = defaultdict(deque)
 _t_exec = [0.0]
 _installed: list[tuple] = []   # (class, attribute, original) to undo in tests
+ATTR = "specaudit_caps"         # the attribute carrying the captures on ModelRunnerOutput
 
 
 def _wrap(cls, name, make):
@@ -55,7 +56,6 @@ def uninstall() -> None:
     while _installed:
         cls, name, orig = _installed.pop()
         setattr(cls, name, orig)
-    _pending.clear()
 
 
 def install(recorder) -> None:
@@ -81,11 +81,21 @@ def install(recorder) -> None:
                     recorder.fail("worker hook", e)
             out = orig(self, logits, spec_decode_metadata)
             if caps:
-                with _lock:
-                    for rid, c in caps:
-                        _pending[rid].append(c)
+                self._specaudit_caps = caps
             return out
         return _sample
+
+    def make_sample_tokens(orig):
+        def sample_tokens(self, *a, **kw):
+            out = orig(self, *a, **kw)
+            caps = self.__dict__.pop("_specaudit_caps", None)
+            if caps is not None:
+                try:   # pickled with the output to the scheduler's process (a plain dict)
+                    setattr(out, ATTR, dict(caps))
+                except Exception as e:
+                    recorder.fail("worker hook (output)", e)
+            return out
+        return sample_tokens
 
     def make_update(orig):
         def update_from_output(self, scheduler_output, model_runner_output):
@@ -130,6 +140,7 @@ def install(recorder) -> None:
     _wrap(GPUModelRunner, "execute_model", make_exec)
     _wrap(Scheduler, "shutdown", make_shutdown)
     _wrap(GPUModelRunner, "_sample", make_sample)
+    _wrap(GPUModelRunner, "sample_tokens", make_sample_tokens)
     _wrap(Scheduler, "update_from_output", make_update)
     _wrap(Scheduler, "make_spec_decoding_stats", make_stats)
 
@@ -169,30 +180,21 @@ def capture_worker(runner, logits, meta) -> list[tuple[str, dict]]:
     return out
 
 
-def take_worker(rid: str) -> dict | None:
-    with _lock:
-        q = _pending.get(rid)
-        if not q:
-            return None
-        c = q.popleft()
-        if not q:
-            del _pending[rid]
-        return c
-
-
 def capture_before(sched, so, mro) -> dict:
     """Per scheduled request: the request object and its state before vLLM updates it."""
     out = {}
     spec = so.scheduled_spec_decode_tokens or {}
     idx = mro.req_id_to_index or {}
     sampled = mro.sampled_token_ids
+    caps = getattr(mro, ATTR, None) or {}
     for rid, n in so.num_scheduled_tokens.items():
         req = sched.requests.get(rid)
         if req is None or rid not in idx:
             continue
         i = idx[rid]
         got = sampled[i] if sampled is not None and i < len(sampled) else []
-        out[rid] = {"req": req, "kv_before": int(req.num_computed_tokens) - int(n), "n_sched": int(n),
+        out[rid] = {"req": req, "worker": caps.get(rid), "kv_before": int(req.num_computed_tokens) - int(n),
+                    "n_sched": int(n),
                     "out_before": int(req.num_output_tokens), "drafts": [int(x) for x in spec.get(rid) or []],
                     "sampled": [int(x) for x in (got.tolist() if hasattr(got, "tolist") else got)]}
     return out

