@@ -69,6 +69,8 @@ class Recorder:
 
     def on_update(self, sched, pre: dict, counters: dict, t_update: float) -> None:
         """One Scheduler.update_from_output: a row per decode step, requests begun/ended."""
+        if not self.active:
+            return
         if self.tracer is None:
             self._open(sched)
         tr = self.tracer
@@ -88,7 +90,7 @@ class Recorder:
                 if self.eos_id is None:
                     self.eos_id = getattr(req, "eos_token_id", None)
                 st = self.reqs[rid] = {"t_arrive": float(getattr(req, "arrival_time", 0) or t_update),
-                                       "t_first": t_update, "step": 0}
+                                       "t_first": t_update, "step": 0, "out": [committed[0]]}
                 tr.begin_request(rid, prompt_tokens=list(req.prompt_token_ids or []), first_token=committed[0],
                                  t_arrive=st["t_arrive"])
             elif st is None:
@@ -123,6 +125,7 @@ class Recorder:
             t_start=row["t_start"], draft_s=row["draft_s"], verify_s=row["verify_s"], step_s=row["step_s"],
             batch_size=row["batch_size"])
         st["step"] += 1
+        st["out"] += row["committed_tokens"]
         self.n_steps += 1
 
     def _end(self, rid: str, req, t: float) -> None:
@@ -137,9 +140,10 @@ class Recorder:
             return
         self.closed = True
         try:
-            for rid in list(self.reqs):      # still running at shutdown
+            for rid in list(self.reqs):      # still running at shutdown: what was recorded of it
                 st = self.reqs.pop(rid)
-                self.tracer.end_request(rid, output_tokens=[], finish_reason="abort", ttft_s=0.0,
+                self.tracer.end_request(rid, output_tokens=st["out"], finish_reason="abort",
+                                        ttft_s=st["t_first"] - st["t_arrive"],
                                         e2e_s=time.time() - st["t_arrive"])
             # vLLM's own counters, as its metrics code saw them (make_spec_decoding_stats).
             # The other contract keys have no vLLM counter of the same meaning (its

