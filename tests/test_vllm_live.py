@@ -105,7 +105,7 @@ def test_trace_holds_what_vllm_returned_token_for_token(live):
     for resp in live["spec"]:
         (rid,) = [k for k in by_id if k.startswith(resp["id"] + "-")]
         assert by_id[rid]["output_tokens"] == resp["choices"][0]["token_ids"]
-    steps = pq.read_table(sorted(live["run_dir"].glob("steps-*.parquet"))).to_pylist()
+    steps = [r for f in sorted(live["run_dir"].glob("steps-*.parquet")) for r in pq.read_table(f).to_pylist()]
     drafted = [s for s in steps if len(s["node_tokens"]) > 1]
     assert drafted and any(len(s["accepted_path"]) > 1 for s in drafted), "no accepted draft at all"
     assert any(len(s["accepted_path"]) < len(s["node_tokens"]) for s in drafted), "no rejected draft at all"

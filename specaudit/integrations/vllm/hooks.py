@@ -156,11 +156,12 @@ def capture_worker(runner, logits, meta) -> list[tuple[str, dict]]:
     qsl = runner.query_start_loc.cpu[: B + 1].tolist()
     ids = runner.input_ids.cpu if getattr(runner.input_ids, "gpu", None) is None else runner.input_ids.gpu
     pos = runner.positions
-    lg = logits.float()
-    top2 = torch.topk(lg, 2, dim=-1) if lg.shape[-1] >= 2 else None     # [rows, 2]
-    argmax = (top2.indices[:, 0] if top2 is not None else lg.argmax(-1)).tolist()
-    margin = ((top2.values[:, 0] - top2.values[:, 1]).tolist() if top2 is not None
-              else [0.0] * lg.shape[0])
+    lg = logits.float()                                                  # [rows, V]
+    # argmax as vLLM's greedy rejection sampler takes it (logits.argmax: the first of tied
+    # maxima; bf16 logits tie often, and topk's order among ties is unspecified)
+    argmax = lg.argmax(-1).tolist()
+    top2 = torch.topk(lg, 2, dim=-1).values if lg.shape[-1] >= 2 else None   # [rows, 2]
+    margin = (top2[:, 0] - top2[:, 1]).tolist() if top2 is not None else [0.0] * lg.shape[0]
     if meta is not None:
         nd = list(meta.num_draft_tokens)
         cu = meta.cu_num_sampled_tokens.tolist()
