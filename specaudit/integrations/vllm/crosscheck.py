@@ -22,6 +22,13 @@ What vLLM shows:
     per request    each response's metrics.speculative_decoding: num_draft_tokens,
                    num_accepted_draft_tokens, num_spec_steps, per_step_drafted,
                    per_step_accepted (exact, step by step)
+Two more kinds of finding:
+    vllm-own       identities among vLLM's own outputs (own_identities): a per-request
+                   block whose arrays do not sum to its totals, or blocks that do not sum
+                   to the /metrics deltas. These need no trace.
+    trace          accepted drafts vLLM counted on a request's last step after its stop
+                   token or EOS, which the stop check then cut (vLLM #56101): no aggregate
+                   holds the committed length, only the trace shows it.
 Each mismatch names the surface that disagreed: that is the evidence that decided.
 """
 from __future__ import annotations
@@ -37,17 +44,22 @@ def trace_facts(run_dir) -> dict:
     import pyarrow.dataset as ds
     run_dir = Path(run_dir)
     files = sorted(run_dir.glob("steps-*.parquet"))
-    cols = ["request_id", "step", "node_tokens", "accepted_path"]
+    cols = ["request_id", "step", "node_tokens", "accepted_path", "accepted_depth", "commit_len", "finished"]
     steps = ds.dataset([str(f) for f in files], format="parquet").to_table(columns=cols).to_pylist() if files else []
     steps.sort(key=lambda r: (r["request_id"], r["step"]))
     per_req: dict[str, dict] = {}
     pos: list[int] = []
-    tot = {"drafts": 0, "drafted": 0, "accepted": 0}
+    tot = {"drafts": 0, "drafted": 0, "accepted": 0, "after_stop": 0, "after_stop_steps": []}
     for r in steps:
         d = len(r["node_tokens"]) - 1
         if d <= 0:
             continue
         a = len(r["accepted_path"]) - 1
+        # vLLM counted accepted drafts its stop check then cut off (never emitted): #56101
+        lost = r["accepted_depth"] + 1 - r["commit_len"] if r["finished"] else 0
+        if lost > 0:
+            tot["after_stop"] += lost
+            tot["after_stop_steps"].append([r["request_id"], r["step"], r["accepted_depth"], r["commit_len"]])
         q = per_req.setdefault(r["request_id"], {"drafted": [], "accepted": []})
         q["drafted"].append(d)
         q["accepted"].append(a)
@@ -177,7 +189,59 @@ def crosscheck(run_dir, log_text: str | None = None, metrics_before: str | None 
         if block.get("per_step_drafted") is not None or q["drafted"]:
             cmp("per-request", f"{rid}: per_step_drafted", q["drafted"], block.get("per_step_drafted") or [])
             cmp("per-request", f"{rid}: per_step_accepted", q["accepted"], block.get("per_step_accepted") or [])
+    if t["after_stop"]:
+        # the aggregates cannot show this (they hold no committed length); the trace does
+        bad.append({"surface": "trace", "what": "accepted drafts counted after the request's stop, never emitted "
+                    "(vLLM #56101): per step [request, step, accepted_depth, commit_len]",
+                    "trace": t["after_stop_steps"], "vllm": t["after_stop"]})
+    for item in own_identities(responses or [], metrics_before, metrics_after):
+        checked.append(item)
+        if item["trace"] != item["vllm"]:
+            bad.append(item)
     return {"checked": checked, "mismatches": bad, "trace": t}
+
+
+def own_identities(responses: list[dict], metrics_before: str | None, metrics_after: str | None) -> list[dict]:
+    """What vLLM's own outputs must satisfy among themselves, no trace needed (surface
+    "vllm-own"; `trace` holds the side recomputed from the other numbers):
+    each per-request block's per-step arrays sum to its totals, have num_spec_steps
+    entries, never accept more than drafted, and agree with its histogram; and the
+    blocks of all responses sum to the /metrics deltas when the responses are all the
+    traffic between the two scrapes."""
+    out = []
+    sums = {"steps": 0, "drafted": 0, "accepted": 0}
+    n_blocks = 0
+    for resp in responses:
+        b = (resp.get("metrics") or {}).get("speculative_decoding") if isinstance(resp, dict) else None
+        if not b:
+            continue
+        n_blocks += 1
+        rid = resp.get("id", "")
+        acc, dr = b.get("per_step_accepted"), b.get("per_step_drafted")
+        hist = b.get("acceptance_histogram") or []
+        sums["steps"] += b.get("num_spec_steps") or 0
+        sums["drafted"] += b.get("num_draft_tokens") or 0
+        sums["accepted"] += b.get("num_accepted_draft_tokens") or 0
+        own = lambda what, recomputed, shown, rid=rid: out.append(
+            {"surface": "vllm-own", "what": f"{rid}: {what}", "trace": recomputed, "vllm": shown})
+        own("sum(acceptance_histogram) = num_spec_steps", sum(hist), b.get("num_spec_steps"))
+        own("sum(j * histogram[j]) = num_accepted_draft_tokens", sum(j * h for j, h in enumerate(hist)),
+            b.get("num_accepted_draft_tokens"))
+        if acc is not None and dr is not None:
+            own("sum(per_step_accepted) = num_accepted_draft_tokens", sum(acc), b.get("num_accepted_draft_tokens"))
+            own("sum(per_step_drafted) = num_draft_tokens", sum(dr), b.get("num_draft_tokens"))
+            own("len(per_step_accepted) = num_spec_steps", len(acc), b.get("num_spec_steps"))
+            own("steps accepting more than drafted", 0, sum(1 for a, d in zip(acc, dr) if a > d))
+            own("spec steps that drafted nothing", 0, sum(1 for d in dr if d <= 0))
+    if n_blocks and metrics_after is not None and n_blocks == len(responses):
+        a, bb = metric_values(metrics_after), metric_values(metrics_before or "")
+        delta = lambda name: round(a.get((name, None), 0.0) - bb.get((name, None), 0.0))
+        for what, key, name in (("num_spec_steps", "steps", "vllm:spec_decode_num_drafts"),
+                                ("num_draft_tokens", "drafted", "vllm:spec_decode_num_draft_tokens"),
+                                ("num_accepted_draft_tokens", "accepted", "vllm:spec_decode_num_accepted_tokens")):
+            out.append({"surface": "vllm-own", "what": f"sum of the responses' {what} = /metrics {name}_total delta",
+                        "trace": sums[key], "vllm": delta(name)})
+    return out
 
 
 def main(argv=None) -> int:
