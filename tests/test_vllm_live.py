@@ -121,9 +121,12 @@ def test_greedy_with_ngram_equals_vllm_without_speculation(live):
 def test_every_vllm_surface_agrees_with_the_trace(live):
     from specaudit.integrations.vllm.crosscheck import crosscheck
     out = crosscheck(live["run_dir"], live["log"], live["metrics_before"], live["metrics_after"], live["spec"])
-    assert out["mismatches"] == [], json.dumps(out["mismatches"], indent=1)
+    # every surface vLLM shows agrees with the trace and with itself; the one "trace"
+    # finding stock vLLM 0.32.0 can have is its own bug, shown separately below
+    surf = [m for m in out["mismatches"] if m["surface"] != "trace"]
+    assert surf == [], json.dumps(surf, indent=1)
     surfaces = {c["surface"] for c in out["checked"]}
-    assert surfaces == {"log", "/metrics", "per-request"}
+    assert surfaces == {"log", "/metrics", "per-request", "vllm-own"}
     assert out["trace"]["drafts"] > 0 and out["trace"]["accepted"] > 0
     assert sum(1 for c in out["checked"] if c["what"].endswith("per_step_accepted")) == len(PROMPTS)
 
@@ -137,3 +140,19 @@ def test_vllm_log_passes_check_as_an_engine_log(live, tmp_path):
                         "--output-format", "json"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
     assert json.loads(p.stdout)["summary"]["violations"] == 0
+
+
+def test_stock_vllm_counts_drafts_accepted_past_the_token_limit(live):
+    """vLLM 0.32.0 as shipped: on a request's last step, drafts accepted beyond max_tokens
+    are counted as accepted though the length cut drops them (the #56101 class at the
+    token limit). Only the trace shows it; when it happens it is on finished steps of
+    requests that ended by length, and the count is what vLLM over-reports."""
+    import pyarrow.parquet as pq
+
+    from specaudit.integrations.vllm.crosscheck import trace_facts
+    t = trace_facts(live["run_dir"])["total"]
+    reqs = pq.read_table(live["run_dir"] / "requests.parquet").to_pylist()
+    reasons = {r["request_id"]: r["finish_reason"] for r in reqs}
+    for rid, _step, depth, commit in t["after_stop_steps"]:
+        assert reasons[rid] == "length" and depth + 1 > commit
+    assert t["after_stop"] == sum(d + 1 - c for _r, _s, d, c in t["after_stop_steps"])

@@ -57,14 +57,14 @@ class _Req:
         return self.status.name != "RUNNING"
 
 
-def _drive(rec, steps, miscount=False, drop_worker_at=None):
+def _drive(rec, steps, miscount=False, drop_worker_at=None, rid="r0"):
     """One request: prefill (first token 10), then verify steps given as (drafts, argmax
     over root+drafts). Accepts the greedy prefix and commits it plus the bonus, as vLLM."""
     sched = NS(vllm_config=_cfg())
     req = _Req([1, 2, 3], limit=1 + sum(1 for _ in steps) * 4)
     kv = 0
     req.output_token_ids.append(10)
-    rec.on_update(sched, {"r0": {"req": req, "worker": None, "kv_before": 0, "n_sched": 3, "out_before": 0,
+    rec.on_update(sched, {rid: {"req": req, "worker": None, "kv_before": 0, "n_sched": 3, "out_before": 0,
                                  "drafts": [], "sampled": [10]}}, {}, 1.0e9 + 1)
     kv = 3
     for i, (drafts, argmax) in enumerate(steps):
@@ -81,8 +81,8 @@ def _drive(rec, steps, miscount=False, drop_worker_at=None):
         req.output_token_ids += sampled
         if i == len(steps) - 1:
             req.status = NS(name="FINISHED_LENGTH_CAPPED")
-        counters = {"r0": (len(drafts), n + (1 if miscount and n else 0))} if drafts else {}
-        rec.on_update(sched, {"r0": before}, counters, 1.0e9 + i + 0.5)
+        counters = {rid: (len(drafts), n + (1 if miscount and n else 0))} if drafts else {}
+        rec.on_update(sched, {rid: before}, counters, 1.0e9 + i + 0.5)
         kv += len(sampled)
     return req
 
@@ -138,3 +138,65 @@ def test_rows_classify_and_finish_reasons():
     assert step_row(None, {"drafts": [1], "sampled": [1]}, [1], False, None, 0.0) is None
     assert finish_reason("FINISHED_STOPPED") == "eos" and finish_reason("FINISHED_LENGTH_CAPPED") == "length"
     assert finish_reason("FINISHED_ABORTED") == "abort"
+
+
+LOG = ("INFO 12-02 06:42:22 [metrics.py:120] SpecDecoding metrics: Mean acceptance length: 3.00, Accepted "
+       "throughput: 1.00 tokens/s, Drafted throughput: 1.50 tokens/s, Accepted: {acc} tokens, Drafted: 9 tokens, "
+       "Per-position acceptance rate: 1.000, 0.667, 0.333, Avg Draft acceptance rate: 66.7%\n")
+METRICS = """# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{{engine="0",model_name="tiny"}} {drafts}
+# TYPE vllm:spec_decode_num_draft_tokens_total counter
+vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="tiny"}} 9.0
+# TYPE vllm:spec_decode_num_accepted_tokens_total counter
+vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="tiny"}} 6.0
+# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter
+vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="tiny",position="0"}} 3.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="tiny",position="1"}} 2.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="tiny",position="2"}} 1.0
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{{engine="0",model_name="tiny"}} 11.0
+"""
+
+
+def _block(per_step_accepted=(2, 1, 3)):
+    return {"id": "cmpl-t", "metrics": {"speculative_decoding": {
+        "mean_acceptance_length": 3.0, "draft_acceptance_rate": 6 / 9, "acceptance_histogram": [0, 1, 1, 1],
+        "num_spec_steps": 3, "num_accepted_draft_tokens": 6, "num_draft_tokens": 9, "num_spec_tokens": 3,
+        "per_step_accepted": list(per_step_accepted), "per_step_drafted": [3, 3, 3]}}}
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory):
+    d = tmp_path_factory.mktemp("xc")
+    rec = Recorder(str(d), "xc", flush_s=0.1, vllm_version="0.32.0")
+    _drive(rec, STEPS, rid="cmpl-t-0-abc")
+    rec.close()
+    return d / "run_id=xc"
+
+
+def test_crosscheck_agrees_when_every_surface_matches_the_trace(traced):
+    from specaudit.integrations.vllm.crosscheck import crosscheck
+    out = crosscheck(traced, LOG.format(acc=6), "", METRICS.format(drafts=3.0), [_block()])
+    assert out["mismatches"] == [], out["mismatches"]
+    assert {c["surface"] for c in out["checked"]} == {"log", "/metrics", "per-request", "vllm-own"}
+    assert out["trace"]["per_pos"] == [3, 2, 1] and out["trace"]["generated"] == 11
+
+
+@pytest.mark.parametrize("fault,surfaces", [
+    ("log", {"log"}), ("metrics", {"/metrics", "vllm-own"}), ("block", {"per-request", "vllm-own"})])
+def test_crosscheck_names_the_surface_that_disagrees(traced, fault, surfaces):
+    from specaudit.integrations.vllm.crosscheck import crosscheck
+    out = crosscheck(traced, LOG.format(acc=7 if fault == "log" else 6), "",
+                     METRICS.format(drafts=4.0 if fault == "metrics" else 3.0),
+                     [_block((3, 2, 4) if fault == "block" else (2, 1, 3))])
+    assert {m["surface"] for m in out["mismatches"]} == surfaces, out["mismatches"]
+
+
+def test_crosscheck_cli_exit_codes(traced, tmp_path):
+    (tmp_path / "log").write_text(LOG.format(acc=7))
+    run = lambda *a: subprocess.run([sys.executable, "-m", "specaudit.integrations.vllm.crosscheck", *a],
+                                    cwd=REPO, capture_output=True, text=True, timeout=120)
+    bad = run(str(traced), "--log", str(tmp_path / "log"))
+    assert bad.returncode == 1 and json.loads(bad.stdout)["mismatches"][0]["surface"] == "log"
+    missing = run(str(tmp_path / "nope"))
+    assert missing.returncode == 2 and missing.stderr.startswith("error:") and "Traceback" not in missing.stderr

@@ -118,12 +118,10 @@ def metric_values(text: str) -> dict:
             "vllm:generation_tokens")
     out: dict = {}
     for fam in text_string_to_metric_families(text):
-        if fam.name not in want:
-            continue
-        for s in fam.samples:
-            if not s.name.endswith("_total"):
+        for s in fam.samples:   # by sample name: a TYPE line may name the family with or without _total
+            if not s.name.endswith("_total") or s.name[:-6] not in want:
                 continue
-            key = (fam.name, s.labels.get("position"))
+            key = (s.name[:-6], s.labels.get("position"))
             out[key] = out.get(key, 0.0) + s.value
     return out
 
