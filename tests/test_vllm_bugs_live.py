@@ -16,6 +16,9 @@ token inside the accepted prefix are counted though never emitted. The aggregate
 show it (they hold no committed length); the trace decides: the request's last step has
 accepted_depth + 1 > commit_len.
 
+The server is then killed with SIGKILL (no shutdown): the trace it leaves must be readable,
+hold every step, and be reported incomplete, as any specaudit trace of a killed run.
+
 Loopback only, bounded, the server killed in a finalizer; failures fail (no skip).
 """
 from __future__ import annotations
@@ -109,10 +112,12 @@ def bugs(tmp_path_factory):
         assert hit is not None, f"no stop landed inside an accepted prefix ({len(stops)} tried)"
         wait_log_settled(srv)
         after = srv.metrics()
-        srv.stop()
+        time.sleep(1.5)      # the idle flusher's interval (0.5 s) several times over
+        srv.kill()           # SIGKILL, no shutdown: the trace must stand as the plugin left it
         from specaudit.integrations.vllm.crosscheck import crosscheck
         out = crosscheck(run_dir, srv.log(), before, after, resps + stops)
-        yield {"out": out, "rows": _rows(run_dir), "resps": resps, "stop": hit[0], "tok": hit[1], "log": srv.log()}
+        yield {"out": out, "rows": _rows(run_dir), "resps": resps, "stop": hit[0], "tok": hit[1], "log": srv.log(),
+               "run_dir": run_dir, "n_requests": len(resps) + len(stops)}
     finally:
         srv.kill()
 
@@ -155,3 +160,16 @@ def test_drafts_accepted_after_a_stop_are_counted_by_stock_vllm_56101(bugs):
     # the aggregates agree with the trace's accepted paths: they cannot show it
     assert not _bad(bugs["out"], "log", "Accepted")
     assert not _bad(bugs["out"], "/metrics", "num_accepted_tokens_total")
+
+
+def test_a_killed_server_leaves_a_readable_trace_reported_incomplete(bugs):
+    import subprocess
+    p = subprocess.run([sys.executable, "-m", "specaudit", "check", str(bugs["run_dir"]), "--output-format", "json"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    rep = json.loads(p.stdout)
+    assert p.returncode == 0 and rep["summary"]["bad_files"] == 0, p.stdout[-3000:]
+    assert rep["summary"]["incomplete_runs"] == 1 and any(f["code"] == "SA001" for f in rep["findings"])
+    # nothing was lost: every request and all its steps were flushed before the kill
+    assert rep["summary"]["requests"] == bugs["n_requests"]
+    assert sum(len(r["committed_tokens"]) for r in bugs["rows"]) + bugs["n_requests"] == \
+        bugs["out"]["trace"]["generated"]

