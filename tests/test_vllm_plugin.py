@@ -200,3 +200,55 @@ def test_crosscheck_cli_exit_codes(traced, tmp_path):
     assert bad.returncode == 1 and json.loads(bad.stdout)["mismatches"][0]["surface"] == "log"
     missing = run(str(tmp_path / "nope"))
     assert missing.returncode == 2 and missing.stderr.startswith("error:") and "Traceback" not in missing.stderr
+
+
+def test_sampled_fields_follow_vllms_test_and_residual():
+    import torch
+
+    from specaudit.integrations.vllm.sampling import sampled_fields
+    # two drafts (tokens 1, 2) over a 4-token vocabulary; no draft probabilities (q one-hot)
+    p = torch.tensor([[0.1, 0.6, 0.2, 0.1], [0.25, 0.25, 0.25, 0.25]])
+    u = torch.tensor([0.5, 0.9])
+    raw = torch.log(torch.tensor([[0.1, 0.6, 0.2, 0.1], [0.25, 0.25, 0.25, 0.25], [0.7, 0.1, 0.1, 0.1]]))
+    # accepted the first (0.6 >= 0.5), rejected the second (0.25 < 0.9), drew 3 from the residual
+    f = sampled_fields(p, None, u, 0, [1, 2], [1, 3], raw, 0.8, True)
+    assert f["target_prob"] == [1.0, pytest.approx(0.6), pytest.approx(0.25)] and f["draft_prob"] == [1.0, 1.0, 1.0]
+    assert f["accept_u"][1:] == [pytest.approx(0.5), pytest.approx(0.9)]
+    assert f["sampled_token"] == 3 and f["sampled_prob"] == pytest.approx(0.25 / 0.75)
+    assert f["sampled_draft_prob"] == 0.0 and f["sampled_target_prob"] == pytest.approx(0.25)
+    # both accepted: the bonus from the last row's p (temperature only)
+    g = sampled_fields(p, None, torch.tensor([0.1, 0.1]), 0, [1, 2], [1, 2, 0], raw, 1.0, True)
+    assert g["sampled_token"] == 0 and g["sampled_prob"] == pytest.approx(0.7) and g["sampled_rank"] == 0
+    # under top-k / top-p the bonus's p is not re-derived: declared unknown, never guessed
+    h = sampled_fields(p, None, torch.tensor([0.1, 0.1]), 0, [1, 2], [1, 2, 0], raw, 1.0, False)
+    assert h["sampled_token"] == -1 and h["sampled_rank"] == -1
+
+
+def test_a_flush_mixing_greedy_and_sampled_batches_writes_one_file(tmp_path):
+    import pyarrow.parquet as pq
+
+    from specaudit.trace.parquet import ParquetSink
+    from specaudit.trace.schema import STEPS_SCHEMA, STEPS_SCHEMA_V2
+    sink = ParquetSink(tmp_path, "mix", flush_s=3600)
+    sink.open_run({"schema_version": 2, "run_id": "mix"})
+    v1 = pa_batch(STEPS_SCHEMA)
+    v2 = pa_batch(STEPS_SCHEMA_V2)
+    sink.write_steps(v1)
+    sink.write_steps(v2)
+    sink.flush(force=True)
+    (f,) = (tmp_path / "run_id=mix").glob("steps-*.parquet")
+    t = pq.read_table(f)
+    assert t.num_rows == 2 and t.schema.equals(STEPS_SCHEMA_V2)
+    assert t.column("draft_prob").to_pylist()[0] is None
+
+
+def pa_batch(schema):
+    import pyarrow as pa
+    vals = {"run_id": "mix", "request_id": "r", "algo": "chain", "finished": False, "mask_hash": 1}
+    cols = []
+    for f in schema:
+        if pa.types.is_list(f.type):
+            cols.append(pa.array([[1]], f.type))
+        else:
+            cols.append(pa.array([vals.get(f.name, 1)], f.type))
+    return pa.RecordBatch.from_arrays(cols, schema=schema)

@@ -15,6 +15,9 @@ process, beside the scheduler):
                                      target_argmax, target_margin: argmax / top-1 minus top-2
                                                   of those logit rows, [k+1]
                                    kept on the runner until sample_tokens returns.
+    rejection_sampler.rejection_sample, .generate_uniform_probs   (sampled requests only)
+                                   p, q and the uniforms of vLLM's own test (sampling.py):
+                                   contract v2 rows for requests with temperature > 0
     GPUModelRunner.sample_tokens   attaches the step's captures to the ModelRunnerOutput it
                                    returns (attribute specaudit_caps, a dict by request id):
                                    on CPU the model runner is a worker process and that
@@ -42,6 +45,9 @@ from __future__ import annotations
 import time
 
 _t_exec = [0.0]
+# what rejection_sample / generate_uniform_probs saw during the _sample call in flight
+# (the model runner is one thread; None when no sampled request is being captured)
+_flight: dict = {"c": None}
 _installed: list[tuple] = []   # (class, attribute, original) to undo in tests
 ATTR = "specaudit_caps"         # the attribute carrying the captures on ModelRunnerOutput
 
@@ -77,13 +83,54 @@ def install(recorder) -> None:
             if recorder.active:
                 try:
                     caps = capture_worker(self, logits, spec_decode_metadata)
+                    _flight["c"] = {} if caps and spec_decode_metadata is not None else None
                 except Exception as e:   # never vLLM's problem
                     recorder.fail("worker hook", e)
-            out = orig(self, logits, spec_decode_metadata)
+            try:
+                out = orig(self, logits, spec_decode_metadata)
+            finally:
+                flight, _flight["c"] = _flight["c"], None
             if caps:
+                if flight and "p" in flight:
+                    try:
+                        add_sampling(self, caps, flight, spec_decode_metadata, out)
+                    except Exception as e:
+                        recorder.fail("worker hook (sampling)", e)
+                        caps = None
+                for _rid, c in caps or []:
+                    c.pop("_raw", None)
                 self._specaudit_caps = caps
             return out
         return _sample
+
+    def make_rejection_sample(orig):
+        import inspect
+        sig = inspect.signature(orig)
+
+        def rejection_sample(*a, **kw):
+            c = _flight["c"]
+            if c is not None:
+                try:
+                    b = sig.bind(*a, **kw).arguments
+                    sm = b["sampling_metadata"]
+                    if not sm.all_greedy:
+                        # p as the test uses it: softmax of the processed target logits [num_tokens, V]
+                        c["p"] = b["target_logits"].float().softmax(-1)
+                        c["q"] = None if b["draft_probs"] is None else b["draft_probs"].float().clone()
+                        c["sm"] = sm
+                except Exception as e:
+                    recorder.fail("worker hook (rejection_sample)", e)
+            return orig(*a, **kw)
+        return rejection_sample
+
+    def make_uniform(orig):
+        def generate_uniform_probs(*a, **kw):
+            u = orig(*a, **kw)
+            c = _flight["c"]
+            if c is not None:
+                c["u"] = u.detach().float().cpu().clone()     # [num_tokens]
+            return u
+        return generate_uniform_probs
 
     def make_sample_tokens(orig):
         def sample_tokens(self, *a, **kw):
@@ -143,6 +190,9 @@ def install(recorder) -> None:
     _wrap(GPUModelRunner, "sample_tokens", make_sample_tokens)
     _wrap(Scheduler, "update_from_output", make_update)
     _wrap(Scheduler, "make_spec_decoding_stats", make_stats)
+    from vllm.v1.sample import rejection_sampler as rs
+    _wrap(rs, "rejection_sample", make_rejection_sample)
+    _wrap(rs, "generate_uniform_probs", make_uniform)
 
 
 def capture_worker(runner, logits, meta) -> list[tuple[str, dict]]:
@@ -177,8 +227,28 @@ def capture_worker(runner, logits, meta) -> list[tuple[str, dict]]:
         out.append((rid, {
             "node_tokens": ids[lo:qsl[r + 1]].tolist(), "positions": pos[lo:qsl[r + 1]].tolist(),
             "target_argmax": argmax[rows], "target_margin": margin[rows], "batch_size": B,
-            "t_exec": _t_exec[0], "t_sample": t}))
+            "t_exec": _t_exec[0], "t_sample": t, "_raw": lg[rows], "_r": r, "_k": nd[r]}))
     return out
+
+
+def add_sampling(runner, caps, flight, meta, out) -> None:
+    """Contract v2 fields (sampling.py) on the captures of sampled requests."""
+    from specaudit.integrations.vllm.sampling import sampled_fields
+    sm = flight["sm"]
+    temp = sm.temperature.tolist() if sm.temperature is not None else None
+    plain = sm.top_k is None and sm.top_p is None
+    cu_d = meta.cu_num_draft_tokens.tolist()
+    drafts_all = meta.draft_token_ids.tolist()
+    toks = out.sampled_token_ids.tolist()                     # [B, max_spec + 1], -1 padded
+    for _rid, c in caps:
+        r, k = c["_r"], c["_k"]
+        if k == 0 or temp is None or temp[r] <= 0:            # greedy request: contract v1 row
+            continue
+        j0 = cu_d[r] - k
+        got = [t for t in toks[r] if t >= 0]
+        c["sampling"] = sampled_fields(flight["p"], flight["q"], flight.get("u"), j0, drafts_all[j0:j0 + k], got,
+                                       c["_raw"], float(temp[r]), plain)
+        c["sampling_params"] = {"temperature": float(temp[r]), "plain": plain}
 
 
 def capture_before(sched, so, mro) -> dict:

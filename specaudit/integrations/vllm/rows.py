@@ -51,6 +51,7 @@ def step_row(worker: dict | None, before: dict, committed: list[int], finished: 
         "t_start": t0, "verify_s": max(0.0, worker["t_sample"] - t0),
         "draft_s": max(0.0, t_update - worker["t_sample"]), "step_s": max(0.0, t_update - t0),
         "counter_drafted": None if counter is None else counter[0],
+        "sampling": worker.get("sampling"), "sampling_params": worker.get("sampling_params"),
     }
 
 

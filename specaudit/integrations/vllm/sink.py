@@ -42,6 +42,8 @@ class Recorder:
         self.n_steps = self.n_drafts = 0
         self.eos_id = None
         self.budget = 0   # num_speculative_tokens, from the manifest at _open
+        self.sampling = None        # the first sampled request's {temperature, plain}: contract v2
+        self.unknown_token = False  # a bonus drawn under top-k/top-p: its p not re-derived
         atexit.register(self.close)
 
     # ------------------------------------------------------------ failure
@@ -123,7 +125,12 @@ class Recorder:
             accepted_path=[row["accepted_path"]], accepted_depth=[row["accepted_depth"]],
             commit_len=[row["commit_len"]], committed_tokens=[row["committed_tokens"]], finished=[row["finished"]],
             t_start=row["t_start"], draft_s=row["draft_s"], verify_s=row["verify_s"], step_s=row["step_s"],
-            batch_size=row["batch_size"])
+            batch_size=row["batch_size"],
+            sampling=None if row["sampling"] is None else {k: np.array([v]) for k, v in row["sampling"].items()})
+        if row["sampling"] is not None and self.sampling is None:
+            self.sampling = row["sampling_params"]
+        if row["sampling"] is not None and row["sampling"]["sampled_token"] < 0:
+            self.unknown_token = True
         st["step"] += 1
         st["out"] += row["committed_tokens"]
         self.n_steps += 1
@@ -156,6 +163,12 @@ class Recorder:
                                       "note": "summed from Scheduler.make_spec_decoding_stats calls"}
             if self.eos_id is not None:
                 self.tracer.manifest["config"]["eos_id"] = int(self.eos_id)
+            if self.sampling is not None:   # sampled requests were traced: contract v2
+                from specaudit.integrations.vllm.sampling import manifest_sampling
+                from specaudit.trace.schema import SAMPLING_SCHEMA_VERSION
+                self.tracer.manifest["schema_version"] = SAMPLING_SCHEMA_VERSION
+                self.tracer.manifest["config"]["sampling"] = manifest_sampling(
+                    self.sampling["temperature"], None, None, ["sampled_token"] if self.unknown_token else [])
             m = self.tracer.close(reported=reported, **extra)
         except Exception as e:   # a sink that lost rows (disk full): say so in the manifest
             self.fail("sink", e)
