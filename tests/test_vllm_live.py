@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vllm_server import REPO, VllmServer, tiny_pair, vllm_python  # noqa: E402
+from vllm_server import REPO, Prometheus, VllmServer, tiny_pair, vllm_python  # noqa: E402
 
 pytestmark = pytest.mark.slow
 PROMPTS = [
@@ -71,9 +71,12 @@ def live(tmp_path_factory):
     draft = VllmServer(py, model, tmp / "draft.log", spec={"model": pair["drafter"], "num_speculative_tokens": 3},
                        trace_dir=tmp / "traces", run_id="draft")
     plain = VllmServer(py, model, tmp / "plain.log")
+    prom = None
     try:
         for s in (spec, draft, plain):
             s.wait_ready()
+        prom = Prometheus(tmp, spec.port)
+        time.sleep(3.0)       # a few scrapes of the idle server before the traffic
         out = {"tmp": tmp, "run_dir": tmp / "traces" / "run_id=ngram", "draft_dir": tmp / "traces" / "run_id=draft"}
         out["metrics_before"] = spec.metrics()
         out["spec"] = run_prompts(spec, PROMPTS)
@@ -81,11 +84,18 @@ def live(tmp_path_factory):
         out["plain"] = run_prompts(plain, PROMPTS)
         wait_log_settled(spec)
         out["metrics_after"] = spec.metrics()
+        time.sleep(3.0)       # the last scrape and rule evaluation
+        out["prom"] = {e: prom.query(e) for e in ('specaudit:accept_length{engine="vllm"}',
+                                                 'specaudit:accept_rate{engine="vllm"}',
+                                                 'specaudit:accept_rate_by_position{engine="vllm"}')}
+        out["alerts"] = dict(prom.fired)
         for s in (plain, draft, spec):
             s.stop()
         out["log"] = spec.log()
         yield out
     finally:
+        if prom is not None:
+            prom.close()
         for s in (spec, draft, plain):
             s.kill()
 
@@ -151,6 +161,22 @@ def test_every_vllm_surface_agrees_with_the_trace(live):
     assert surfaces == {"log", "/metrics", "per-request", "vllm-own"}
     assert out["trace"]["drafts"] > 0 and out["trace"]["accepted"] > 0
     assert sum(1 for c in out["checked"] if c["what"].endswith("per_step_accepted")) == len(PROMPTS)
+
+
+def test_engine_rules_on_a_real_prometheus_agree_with_the_trace_and_stay_silent(live):
+    """Prometheus scraped the live ngram server with the engines' recording and alert rules
+    (dashboards/engines.py): its accept length, rate and per-position rates equal the
+    trace's over the run, and no alert fired on this healthy engine."""
+    from specaudit.integrations.vllm.crosscheck import trace_facts
+    t = trace_facts(live["run_dir"])["total"]
+    one = lambda e: float(live["prom"][e][0]["value"][1])
+    assert one('specaudit:accept_length{engine="vllm"}') == pytest.approx(1 + t["accepted"] / t["drafts"], rel=0.01)
+    assert one('specaudit:accept_rate{engine="vllm"}') == pytest.approx(t["accepted"] / t["drafted"], rel=0.01)
+    pos = {r["metric"]["position"]: float(r["value"][1])
+           for r in live["prom"]['specaudit:accept_rate_by_position{engine="vllm"}']}
+    want = {p: (t["per_pos"][int(p)] if int(p) < len(t["per_pos"]) else 0) / t["drafts"] for p in pos}
+    assert len(pos) == 3 and pos == pytest.approx(want, rel=0.01)
+    assert live["alerts"] == {}, live["alerts"]
 
 
 def test_vllm_log_passes_check_as_an_engine_log(live, tmp_path):

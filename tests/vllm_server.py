@@ -134,3 +134,67 @@ class VllmServer:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
             pass
+
+
+class Prometheus:
+    """A real Prometheus scraping one vLLM server every second (job "vllm") with the
+    engines' recording and alert rules (dashboards/engines.py) rendered for short runs;
+    a thread records every alert it sees firing."""
+
+    def __init__(self, tmp: Path, target_port: int):
+        import shutil
+        import threading
+
+        sys.path.insert(0, str(REPO / "tests"))
+        from test_prometheus_live import Proc
+
+        from dashboards import engines as E
+        exe = shutil.which("prometheus")
+        if exe is None:
+            raise RuntimeError("prometheus not installed (scripts/test.sh installs Debian's package)")
+        # a 5-minute rate window covers a whole test run: the recorded ratios are the run's
+        E.render(tmp / "rules", E.Timing(window="5m", baseline="10m", for_impossible="2s", for_warning="3s",
+                                         for_gauge="3s"))
+        port = free_port()
+        cfg = tmp / "prometheus.yml"
+        cfg.write_text(json.dumps({
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
+            "rule_files": [str(tmp / "rules" / "engines_rules.yml"), str(tmp / "rules" / "engines_alerts.yml")],
+            "scrape_configs": [{"job_name": "vllm", "static_configs": [{"targets": [f"127.0.0.1:{target_port}"]}]}]}))
+        self.proc = Proc([exe, f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+                          f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1h"])
+        self.url = f"http://127.0.0.1:{port}"
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            try:
+                if httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        else:
+            self.close()
+            raise RuntimeError("prometheus not ready in 60 s:\n" + "".join(self.proc.lines[-20:]))
+        self.fired: dict = {}
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._poll, daemon=True)
+        self._t.start()
+
+    def _poll(self):
+        while not self._stop.is_set():
+            try:
+                for a in httpx.get(f"{self.url}/api/v1/alerts", timeout=5).json()["data"]["alerts"]:
+                    if a["state"] == "firing":
+                        self.fired.setdefault(a["labels"]["alertname"], a["labels"])
+            except (httpx.HTTPError, ValueError, KeyError):
+                pass
+            self._stop.wait(0.5)
+
+    def query(self, expr: str) -> list:
+        r = httpx.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=10).json()
+        assert r["status"] == "success", r
+        return r["data"]["result"]
+
+    def close(self) -> int:
+        self._stop.set()
+        return self.proc.stop()
