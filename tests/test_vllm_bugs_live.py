@@ -103,7 +103,7 @@ def bugs(tmp_path_factory):
         # prefix (batching may shift a near-tie, so up to three candidates are tried)
         stops, hit = [], None
         for i, tok in list(_stop_probes(_rows(run_dir), resps))[:3]:
-            r = srv.complete(PROMPTS[i], MAX_TOKENS, return_token_ids=True, stop_token_ids=[tok])
+            r = srv.complete(PROMPTS[i], MAX_TOKENS, return_token_ids=True, stop_token_ids=[tok], ignore_eos=True)
             stops.append(r)
             time.sleep(1.5)
             if _cut_after_stop(_rows(run_dir), r):

@@ -41,7 +41,9 @@ SPEC_LINE = re.compile(r"SpecDecoding metrics:")
 
 
 def run_prompts(srv: VllmServer, prompts, **kw) -> list[dict]:
-    with ThreadPoolExecutor(2) as ex:   # two at a time: batched verify steps
+    # two at a time: batched verify steps; ignore_eos: every request runs to MAX_TOKENS
+    kw.setdefault("ignore_eos", True)
+    with ThreadPoolExecutor(2) as ex:
         return list(ex.map(lambda p: srv.complete(p, MAX_TOKENS, return_token_ids=True, **kw), prompts))
 
 
