@@ -12,7 +12,7 @@ installed venv is untouched) with two fixture diffs, and the plugin on:
           from the trace: /metrics num_drafts exceeds the verify steps that held drafts.
 
 And one bug that vLLM 0.32.0 has as shipped (no patch): 56101, drafts accepted after a stop
-token inside the accepted prefix are counted though never emitted. The aggregates cannot
+token (or past max_tokens) inside the accepted prefix are counted though never emitted. The aggregates cannot
 show it (they hold no committed length); the trace decides: the request's last step has
 accepted_depth + 1 > commit_len.
 
@@ -65,19 +65,27 @@ def _rows(run_dir: Path) -> list[dict]:
 
 
 def _stop_probes(rows: list[dict], responses: list[dict]):
-    """(prompt index, stop token) pairs such that the token's first appearance in the
-    greedy output is an accepted draft followed by more accepted drafts in its step."""
+    """(prompt index, request options) that end a greedy request inside an accepted prefix:
+    first stop tokens (the token's first appearance in the output is an accepted draft
+    followed by more accepted drafts in its step: the EOS case of #56101), then max_tokens
+    limits at such a place (the same count at the token limit)."""
+    stops, limits = [], []
     for i, resp in enumerate(responses):
         rid = resp["id"] + "-"
         steps = sorted((r for r in rows if r["request_id"].startswith(rid)), key=lambda r: r["step"])
         out = [*resp["choices"][0]["token_ids"]]
         offset = 1                                   # the prefill's token comes first
         for r in steps:
-            c = r["committed_tokens"]
-            if len(r["accepted_path"]) >= 3 and not r["finished"] and c[0] not in out[:offset]:
-                yield i, c[0]
-                break
+            c, a = r["committed_tokens"], len(r["accepted_path"]) - 1
+            if not r["finished"]:
+                for j in range(a - 1):               # at least one accepted draft after position j
+                    if c[j] not in out[:offset + j]:
+                        stops.append((i, {"stop_token_ids": [c[j]]}))
+                        break
+                if a >= 2:
+                    limits.append((i, {"max_tokens": offset + 1}))   # ends on the step's first token
             offset += len(c)
+    return stops[:2] + limits[:2]
 
 
 def _cut_after_stop(rows: list[dict], resp: dict) -> bool:
@@ -102,12 +110,13 @@ def bugs(tmp_path_factory):
         # the same greedy request again with a stop token that lands inside an accepted
         # prefix (batching may shift a near-tie, so up to three candidates are tried)
         stops, hit = [], None
-        for i, tok in list(_stop_probes(_rows(run_dir), resps))[:3]:
-            r = srv.complete(PROMPTS[i], MAX_TOKENS, return_token_ids=True, stop_token_ids=[tok], ignore_eos=True)
+        for i, opts in _stop_probes(_rows(run_dir), resps):
+            kw = {"max_tokens": MAX_TOKENS, "return_token_ids": True, "ignore_eos": True, **opts}
+            r = srv.complete(PROMPTS[i], kw.pop("max_tokens"), **kw)
             stops.append(r)
             time.sleep(1.5)
             if _cut_after_stop(_rows(run_dir), r):
-                hit = (r, tok)
+                hit = (r, opts)
                 break
         assert hit is not None, f"no stop landed inside an accepted prefix ({len(stops)} tried)"
         wait_log_settled(srv)
@@ -150,8 +159,12 @@ def test_drafts_counted_for_steps_without_drafts_are_caught(bugs):
     assert m["vllm"] - m["trace"] == no_draft_steps       # the trace decides by how many
 
 
-def test_drafts_accepted_after_a_stop_are_counted_by_stock_vllm_56101(bugs):
-    assert bugs["stop"]["choices"][0]["token_ids"][-1] == bugs["tok"]
+def test_drafts_accepted_past_a_stop_or_the_limit_are_counted_by_stock_vllm_56101(bugs):
+    opts = bugs["tok"]
+    if "stop_token_ids" in opts:
+        assert bugs["stop"]["choices"][0]["token_ids"][-1] == opts["stop_token_ids"][0]
+    else:
+        assert len(bugs["stop"]["choices"][0]["token_ids"]) == opts["max_tokens"]
     (m,) = _bad(bugs["out"], "trace", "#56101")
     hits = [t for t in m["trace"] if t[0].startswith(bugs["stop"]["id"] + "-")]
     assert m["vllm"] >= 1 and len(hits) == 1

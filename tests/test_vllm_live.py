@@ -48,19 +48,20 @@ def run_prompts(srv: VllmServer, prompts, **kw) -> list[dict]:
 
 
 def wait_log_settled(srv: VllmServer, timeout: float = 45.0) -> None:
-    """vLLM logs `SpecDecoding metrics:` every 10 s for the interval before: wait until a
-    line has appeared after the last request and no new one for 12 s."""
+    """vLLM logs `SpecDecoding metrics:` every 10 s for the interval before (nothing when
+    the interval had no drafts): called after the last request, wait 12 s so the interval
+    holding it has been logged, then until no line has been added for 2 s."""
     t_end = time.monotonic() + timeout
+    time.sleep(12.0)
     n, since = len(SPEC_LINE.findall(srv.log())), time.monotonic()
-    seen_new = False
     while time.monotonic() < t_end:
-        time.sleep(1.0)
+        time.sleep(0.5)
         m = len(SPEC_LINE.findall(srv.log()))
         if m != n:
-            n, since, seen_new = m, time.monotonic(), True
-        elif seen_new and time.monotonic() - since >= 12.0:
+            n, since = m, time.monotonic()
+        elif n > 0 and time.monotonic() - since >= 2.0:
             return
-    raise AssertionError(f"no settled SpecDecoding log line in {timeout:.0f} s")
+    raise AssertionError(f"no settled SpecDecoding log line in {timeout:.0f} s ({n} lines)")
 
 
 @pytest.fixture(scope="module")

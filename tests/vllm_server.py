@@ -32,7 +32,12 @@ def vllm_python() -> str:
 
 
 def tiny_pair() -> dict:
-    """The tiny byte-level Llama target and drafter (scripts/tiny_llama.py, cached)."""
+    """The tiny byte-level Llama target and drafter (scripts/tiny_llama.py, cached), or the
+    two folders SPECAUDIT_VLLM_TEST_MODELS names ("TARGET,DRAFTER": your own pair)."""
+    own = os.environ.get("SPECAUDIT_VLLM_TEST_MODELS")
+    if own:
+        target, drafter = own.split(",", 1)
+        return {"target": target, "drafter": drafter}
     sys.path.insert(0, str(REPO / "scripts"))
     try:
         from tiny_llama import ensure_pair
