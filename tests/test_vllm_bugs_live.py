@@ -123,7 +123,7 @@ def bugs(tmp_path_factory):
         after = srv.metrics()
         time.sleep(1.5)      # the idle flusher's interval (0.5 s) several times over
         srv.kill()           # SIGKILL, no shutdown: the trace must stand as the plugin left it
-        from specaudit.integrations.vllm.crosscheck import crosscheck
+        from specaudit.audit.sources.vllm_crosscheck import crosscheck
         out = crosscheck(run_dir, srv.log(), before, after, resps + stops)
         yield {"out": out, "rows": _rows(run_dir), "resps": resps, "stop": hit[0], "tok": hit[1], "log": srv.log(),
                "run_dir": run_dir, "n_requests": len(resps) + len(stops)}

@@ -154,7 +154,7 @@ def test_ab_ngram_against_the_draft_model_at_matched_concurrency(live):
 
 
 def test_every_vllm_surface_agrees_with_the_trace(live):
-    from specaudit.integrations.vllm.crosscheck import crosscheck
+    from specaudit.audit.sources.vllm_crosscheck import crosscheck
     out = crosscheck(live["run_dir"], live["log"], live["metrics_before"], live["metrics_after"], live["spec"])
     # every surface vLLM shows agrees with the trace and with itself; the one "trace"
     # finding stock vLLM 0.32.0 can have is its own bug, shown separately below
@@ -170,7 +170,7 @@ def test_engine_rules_on_a_real_prometheus_agree_with_the_trace_and_stay_silent(
     """Prometheus scraped the live ngram server with the engines' recording and alert rules
     (dashboards/engines.py): its accept length, rate and per-position rates equal the
     trace's over the run, and no alert fired on this healthy engine."""
-    from specaudit.integrations.vllm.crosscheck import trace_facts
+    from specaudit.audit.sources.vllm_crosscheck import trace_facts
     t = trace_facts(live["run_dir"])["total"]
     one = lambda e: float(live["prom"][e][0]["value"][1])
     assert one('specaudit:accept_length{engine="vllm"}') == pytest.approx(1 + t["accepted"] / t["drafts"], rel=0.01)
@@ -200,7 +200,7 @@ def test_stock_vllm_counts_drafts_accepted_past_the_token_limit(live):
     requests that ended by length, and the count is what vLLM over-reports."""
     import pyarrow.parquet as pq
 
-    from specaudit.integrations.vllm.crosscheck import trace_facts
+    from specaudit.audit.sources.vllm_crosscheck import trace_facts
     t = trace_facts(live["run_dir"])["total"]
     reqs = pq.read_table(live["run_dir"] / "requests.parquet").to_pylist()
     reasons = {r["request_id"]: r["finish_reason"] for r in reqs}

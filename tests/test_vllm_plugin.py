@@ -175,7 +175,7 @@ def traced(tmp_path_factory):
 
 
 def test_crosscheck_agrees_when_every_surface_matches_the_trace(traced):
-    from specaudit.integrations.vllm.crosscheck import crosscheck
+    from specaudit.audit.sources.vllm_crosscheck import crosscheck
     out = crosscheck(traced, LOG.format(acc=6), "", METRICS.format(drafts=3.0), [_block()])
     assert out["mismatches"] == [], out["mismatches"]
     assert {c["surface"] for c in out["checked"]} == {"log", "/metrics", "per-request", "vllm-own"}
@@ -185,7 +185,7 @@ def test_crosscheck_agrees_when_every_surface_matches_the_trace(traced):
 @pytest.mark.parametrize("fault,surfaces", [
     ("log", {"log"}), ("metrics", {"/metrics", "vllm-own"}), ("block", {"per-request", "vllm-own"})])
 def test_crosscheck_names_the_surface_that_disagrees(traced, fault, surfaces):
-    from specaudit.integrations.vllm.crosscheck import crosscheck
+    from specaudit.audit.sources.vllm_crosscheck import crosscheck
     out = crosscheck(traced, LOG.format(acc=7 if fault == "log" else 6), "",
                      METRICS.format(drafts=4.0 if fault == "metrics" else 3.0),
                      [_block((3, 2, 4) if fault == "block" else (2, 1, 3))])
@@ -194,7 +194,7 @@ def test_crosscheck_names_the_surface_that_disagrees(traced, fault, surfaces):
 
 def test_crosscheck_cli_exit_codes(traced, tmp_path):
     (tmp_path / "log").write_text(LOG.format(acc=7))
-    run = lambda *a: subprocess.run([sys.executable, "-m", "specaudit.integrations.vllm.crosscheck", *a],
+    run = lambda *a: subprocess.run([sys.executable, "-m", "specaudit.audit.sources.vllm_crosscheck", *a],
                                     cwd=REPO, capture_output=True, text=True, timeout=120)
     bad = run(str(traced), "--log", str(tmp_path / "log"))
     assert bad.returncode == 1 and json.loads(bad.stdout)["mismatches"][0]["surface"] == "log"

@@ -1,6 +1,6 @@
 """The plugin's trace against every surface vLLM itself shows, to the token.
 
-    python -m specaudit.integrations.vllm.crosscheck RUN_DIR [--log server.log]
+    python -m specaudit.audit.sources.vllm_crosscheck RUN_DIR [--log server.log]
         [--metrics-before a.txt --metrics-after b.txt] [--responses responses.jsonl]
 
 prints one JSON object {"checked": [...], "mismatches": [...]} and exits 1 when any
@@ -243,7 +243,7 @@ def own_identities(responses: list[dict], metrics_before: str | None, metrics_af
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specaudit.integrations.vllm.crosscheck",
+    ap = argparse.ArgumentParser(prog="python -m specaudit.audit.sources.vllm_crosscheck",
                                  description=__doc__.split("\n\n")[0],
                                  epilog="Exit 0: every surface agrees with the trace; 1: a mismatch (each names "
                                         "its surface); 2: unreadable input.")
