@@ -9,5 +9,8 @@ One idea per file:
     plugin.py     the entry point: reads the environment, refuses unknown versions
     hooks.py      the three places wrapped inside vLLM and what each one captures
     rows.py       a captured step (worker side + scheduler side) -> one contract row
+    sampling.py   a sampled step's contract v2 values from vLLM's own test tensors
     sink.py       the run: Tracer + ParquetSink opened lazily, manifest, close, incomplete
+The trace is compared with vLLM's log line, /metrics and per-request blocks by
+specaudit.audit.sources.vllm_crosscheck (a reader: the runtime layer imports none).
 """
