@@ -141,8 +141,9 @@ def test_greedy_with_speculation_equals_vllm_without_it(live, method):
 
 
 def test_ab_ngram_against_the_draft_model_at_matched_concurrency(live):
+    # windows of 8 verify forwards: six 48-token requests per side give a few per stratum
     p = subprocess.run([sys.executable, "-m", "specaudit", "ab", str(live["run_dir"]), str(live["draft_dir"]),
-                        "--output-format", "json", "--no-progress"],
+                        "--output-format", "json", "--no-progress", "--window-forwards", "8"],
                        cwd=REPO, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     rep = json.loads(p.stdout)

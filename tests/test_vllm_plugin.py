@@ -136,7 +136,8 @@ def test_rows_classify_and_finish_reasons():
     assert classify({"kv_before": 0}, 3, [7]) == "first"
     assert classify({"kv_before": 3}, 3, [7]) == "step"
     assert step_row(None, {"drafts": [1], "sampled": [1]}, [1], False, None, 0.0) is None
-    assert finish_reason("FINISHED_STOPPED") == "eos" and finish_reason("FINISHED_LENGTH_CAPPED") == "length"
+    assert finish_reason("FINISHED_STOPPED", 257, 257) == "eos" and finish_reason("FINISHED_LENGTH_CAPPED") == "length"
+    assert finish_reason("FINISHED_STOPPED", 108, 257) == "abort"     # a stop token: no contract reason
     assert finish_reason("FINISHED_ABORTED") == "abort"
 
 

@@ -55,11 +55,15 @@ def step_row(worker: dict | None, before: dict, committed: list[int], finished: 
     }
 
 
-FINISH = {"FINISHED_STOPPED": "eos", "FINISHED_LENGTH_CAPPED": "length", "FINISHED_ABORTED": "abort",
-          "FINISHED_IGNORED": "abort", "FINISHED_ERROR": "abort", "FINISHED_REPETITION": "eos"}
+FINISH = {"FINISHED_LENGTH_CAPPED": "length", "FINISHED_ABORTED": "abort", "FINISHED_IGNORED": "abort",
+          "FINISHED_ERROR": "abort"}
 
 
-def finish_reason(status_name: str) -> str:
-    """vLLM's RequestStatus name -> the contract's eos / length / abort (a stop string or
-    stop token counts as eos: the request ended on its own output)."""
+def finish_reason(status_name: str, last_token: int | None = None, eos_id: int | None = None) -> str:
+    """vLLM's RequestStatus name -> the contract's eos / length / abort. A request vLLM
+    stopped on its EOS is `eos`; one stopped on a stop token or string (or a repetition
+    guard) has no contract reason of its own and is `abort`, which the checker never
+    holds to an EOS or a length (run.json `finish_reasons` says so)."""
+    if status_name == "FINISHED_STOPPED":
+        return "eos" if last_token is not None and last_token == eos_id else "abort"
     return FINISH.get(status_name, "abort")

@@ -65,7 +65,10 @@ class Recorder:
         if dp > 1:
             rid += f"-dp{getattr(cfg.parallel_config, 'data_parallel_rank', 0)}"
         sink = _IdleFlushedSink(self.dataset, rid, flush_s=self.flush_s)
-        self.tracer = Tracer([sink], manifest(cfg, rid, self.vllm_version), rid)
+        m = manifest(cfg, rid, self.vllm_version)
+        if self.eos_id is not None:   # in the first manifest too: a killed run keeps it
+            m["config"]["eos_id"] = int(self.eos_id)
+        self.tracer = Tracer([sink], m, rid)
         self.budget = int(self.tracer.manifest["config"]["budget"])
         log.info("specaudit vLLM plugin: tracing run %s into %s", rid, sink.run_dir)
 
@@ -74,6 +77,7 @@ class Recorder:
         if not self.active:
             return
         if self.tracer is None:
+            self.eos_id = next((getattr(b["req"], "eos_token_id", None) for b in pre.values()), None)
             self._open(sched)
         tr = self.tracer
         for rid, b in pre.items():
@@ -137,8 +141,9 @@ class Recorder:
 
     def _end(self, rid: str, req, t: float) -> None:
         st = self.reqs.pop(rid)
-        self.tracer.end_request(rid, output_tokens=[int(x) for x in req.output_token_ids],
-                                finish_reason=finish_reason(req.status.name), ttft_s=st["t_first"] - st["t_arrive"],
+        out = [int(x) for x in req.output_token_ids]
+        why = finish_reason(req.status.name, out[-1] if out else None, getattr(req, "eos_token_id", None))
+        self.tracer.end_request(rid, output_tokens=out, finish_reason=why, ttft_s=st["t_first"] - st["t_arrive"],
                                 e2e_s=t - st["t_arrive"])
 
     def close(self) -> None:
@@ -286,6 +291,8 @@ def manifest(cfg, run_id: str, vllm_version: str) -> dict:
                             "enforce_eager": bool(getattr(mc, "enforce_eager", False)),
                             "max_model_len": getattr(mc, "max_model_len", None)}},
         "conventions": {"accept_length": "includes_bonus", "mean": "pooled"},
+        "finish_reasons": "eos: vLLM stopped on the request's EOS; abort: aborted, or stopped on a stop token or "
+                          "string (the contract has no reason for those); length: max_tokens",
         "host": {"hostname": socket.gethostname(), "pid": os.getpid()},
         "started_at": time.time(),
     }
