@@ -197,14 +197,17 @@ def test_vllm_log_passes_check_as_an_engine_log(live, tmp_path):
 def test_stock_vllm_counts_drafts_accepted_past_the_token_limit(live):
     """vLLM 0.32.0 as shipped: on a request's last step, drafts accepted beyond max_tokens
     are counted as accepted though the length cut drops them (the #56101 class at the
-    token limit). Only the trace shows it; when it happens it is on finished steps of
-    requests that ended by length, and the count is what vLLM over-reports."""
+    token limit). Only the trace shows it: finished steps of requests that ended by
+    length, and the count is what vLLM over-reports."""
     import pyarrow.parquet as pq
 
     from specaudit.audit.sources.vllm_crosscheck import trace_facts
     t = trace_facts(live["run_dir"])["total"]
     reqs = pq.read_table(live["run_dir"] / "requests.parquet").to_pylist()
     reasons = {r["request_id"]: r["finish_reason"] for r in reqs}
+    # greedy and fixed prompts: the tiny Llama's ngram run ends inside accepted drafts on
+    # several requests (9 tokens over-counted when this test was written)
+    assert t["after_stop"] > 0, "no request ended inside an accepted prefix: nothing shown"
     for rid, _step, depth, commit in t["after_stop_steps"]:
         assert reasons[rid] == "length" and depth + 1 > commit
     assert t["after_stop"] == sum(d + 1 - c for _r, _s, d, c in t["after_stop_steps"])
