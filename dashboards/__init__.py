@@ -29,6 +29,14 @@ BUNDLE = ("engines.json", "engines_rules.yml", "engines_alerts.yml", "engines_al
 PROVISION_PATH = "      path: /var/lib/grafana/dashboards/specaudit\n"
 
 
+def _umask_mode() -> int:
+    """0666 less the process umask: the mode open() would give a new file."""
+    import os
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def export(out, force: bool = False) -> list:
     """Copy the dashboards, rules, their promtool tests, the scrape examples and Grafana's
     provisioning files into `out`; the provisioning file points Grafana at `out` itself.
@@ -59,6 +67,7 @@ def export(out, force: bool = False) -> list:
             dest.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
             tmps.append(tmp)
+            os.fchmod(fd, _umask_mode())    # mkstemp makes 0600; Grafana may run as another user
             with os.fdopen(fd, "w") as f:
                 f.write(text)
         for name, tmp in zip(texts, tmps):

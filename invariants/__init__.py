@@ -12,7 +12,7 @@ Families (the first three characters of a code):
     SA5xx  aggregates against run.json `reported`                  (run)
     SA59x  a benchmark client's per-request figures vs the trace   (source: a ClientComparison)
     SA6xx  conventions declared by other engines                   (run)
-    SA7xx  engine logs and Prometheus text (specaudit.sources)     (source)
+    SA7xx  engine logs and Prometheus text (specaudit.audit.sources)     (source)
     SA9xx  reserved for users' own rules (any scope); pick your own prefix if you like
 
 How to write a rule unit
@@ -85,7 +85,7 @@ What each scope receives (all arrays are numpy; [R] = one entry per row):
            up to (see invariants/frame.py for the fields).
   run      RunFrame: one run: manifest, reported, conventions, complete, and
            `derived` (the aggregates re-derived from the rows, per partition too).
-  source   whatever the engine-log/metrics reader passes (specaudit.sources);
+  source   whatever the engine-log/metrics reader passes (specaudit.audit.sources);
            such rules usually return Findings built with self.finding(file=...,
            line=..., **values). check() of a source rule is only called by that
            reader, never by the trace checker.
@@ -112,14 +112,15 @@ else spells a code by hand without a test tying it back here. A built-in rule to
   5. specaudit/audit/compare.py    when the rule compares a reported figure with a
                                    derived one: call compare.agrees, never a tolerance
                                    of its own
-  6. README.md                     the catalog section names the family's codes
+  6. docs/commands/check.md         the families table names the family's codes (each
+                                   rule's own page is generated: scripts/render_docs.py)
 tests/test_one_verdict.py checks this list against the catalog: every SA1xx-SA4xx code
 has its oracle line, every "prom" rule is computed by the sink and nothing else is, every
 "kernel:<flag>" names a real flag, and every path above exists.
 
 Fixtures: `fail(run)` and `passing(run)` receive a FixtureRun (invariants/fixtures.py):
 `run.steps` and `run.requests` are lists of row dicts of a small valid synthetic run
-(specaudit.synth, seeded), `run.manifest` its run.json; helpers find rows
+(specaudit.trace.synth, seeded), `run.manifest` its run.json; helpers find rows
 (`run.step(request_id, step)`, `run.steps_where(pred)`, `run.request(request_id)`).
 tests/test_invariants.py checks every registered rule: the passing run reports no
 error at all, the failing run reports this rule's code.

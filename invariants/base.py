@@ -125,7 +125,7 @@ class Rule:
         raise NotImplementedError
 
     # -------------------------------------------------------------- fixtures
-    # Each rule proves itself on a valid synthetic run (specaudit.synth): `fail`
+    # Each rule proves itself on a valid synthetic run (specaudit.trace.synth): `fail`
     # mutates it so that this rule, and this rule's code, fires; `passing` mutates it
     # (or not) into a case that must stay clean, usually the edge the rule must
     # tolerate. Both receive a FixtureRun (invariants/fixtures.py) and edit it in place.

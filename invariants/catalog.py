@@ -11,7 +11,7 @@ FAMILIES = {
     "SA0": "input", "SA1": "shapes and tree structure", "SA2": "positions and attention mask",
     "SA3": "accepted path and per-step counters", "SA4": "continuity, requests table, lossless",
     "SA5": "aggregates against run.json reported", "SA6": "conventions of other engines",
-    "SA7": "engine logs and Prometheus text", "SA9": "user rules",
+    "SA7": "engine logs and Prometheus text", "SA8": "speculative sampling (contract v2)", "SA9": "user rules",
 }
 
 

@@ -41,6 +41,9 @@ def builtin_codes() -> set[str]:
     return {c for c, cls in DEFINED.items() if cls.__module__.startswith(__package__ + ".")}
 
 
+MAX_RULE_FILE_BYTES = 4 << 20   # a rule file is source code: KBs
+
+
 def load_dir(path) -> list[str]:
     """Import every .py file of a folder (not starting with '_'); return the new codes."""
     d = Path(path)
@@ -59,7 +62,14 @@ def load_dir(path) -> list[str]:
         mod = importlib.util.module_from_spec(spec)
         sys.modules[modname] = mod
         try:
-            spec.loader.exec_module(mod)
+            # read through the one input opener (a FIFO or a device named *.py is refused, not
+            # waited on), then run that text: nothing is re-opened between the check and the read
+            from specaudit.inputs import read_input_text
+            src = read_input_text(f, MAX_RULE_FILE_BYTES, "--invariants")
+            exec(compile(src, str(f), "exec"), mod.__dict__)
+        except InputError:
+            del sys.modules[modname]
+            raise
         except RuleError as e:
             del sys.modules[modname]
             raise InputError(f, f"bad rule: {e}") from None

@@ -1,6 +1,6 @@
 """Shared helpers of the SA7xx rules (engine logs and Prometheus text; no rules here).
 
-Every SA7xx rule has scope "source": check(reading) receives a specaudit.sources.Reading
+Every SA7xx rule has scope "source": check(reading) receives a specaudit.audit.sources.Reading
 (windows of what an engine reported, one per log line or scrape interval) and returns
 Findings that point at the file and line.
 """
@@ -15,6 +15,13 @@ LEN_TOL = 0.005       # accept len / mean acceptance length: two decimals
 RATE_TOL = 0.005      # SGLang accept rate: two decimals
 POS_TOL = 0.0005      # vLLM per-position rate: three decimals
 PCT_TOL = 0.05        # vLLM "Avg Draft acceptance rate": one decimal, in percent
+
+
+def pos_tol(w) -> float:
+    """Half a unit of the last printed digit of a window's per-position rates: POS_TOL
+    (three decimals, vLLM's log), or the reader's own (`extra["pos_tol"]`: vLLM's
+    spec_decode.py example prints two decimals)."""
+    return w.extra.get("pos_tol", POS_TOL)
 
 
 def where(w) -> str:

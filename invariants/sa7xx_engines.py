@@ -11,7 +11,7 @@ so a healthy engine's rounding never trips a rule.
 """
 from __future__ import annotations
 
-from .sa7xx_common import LEN_TOL, POS_TOL, count, fmt, where
+from .sa7xx_common import LEN_TOL, count, fmt, pos_tol, where
 from .sa7xx_identities import SourceRule
 
 COLLAPSE_RATE = 0.02      # accepted / drafted below this while drafting continues: a collapse
@@ -106,7 +106,7 @@ class PerPositionIncreasing(SourceRule):
                         continue
                 if w.per_pos and w.per_pos_kind == "verify_steps" and not w.per_pos_counts:
                     r = w.per_pos
-                    bad = next((i for i in range(1, len(r)) if r[i] > r[i - 1] + 2 * POS_TOL + 1e-9), None)
+                    bad = next((i for i in range(1, len(r)) if r[i] > r[i - 1] + 2 * pos_tol(w) + 1e-9), None)
                     if bad is not None:
                         yield w, dict(what=f"per-position acceptance rate{where(w)}",
                                       detail=f"position {bad} {fmt(r[bad], 3)} > position {bad - 1} "
@@ -148,7 +148,7 @@ class DraftedVsSteps(SourceRule):
                     if w.accept_len is not None and w.accepted_tokens:
                         bounds.append(w.accepted_tokens / max(w.accept_len - 1 - LEN_TOL, 1e-9))
                     if w.per_pos and w.per_pos_kind == "verify_steps" and w.accepted_tokens:
-                        bounds.append(w.accepted_tokens / max(sum(w.per_pos) - len(w.per_pos) * POS_TOL, 1e-9))
+                        bounds.append(w.accepted_tokens / max(sum(w.per_pos) - len(w.per_pos) * pos_tol(w), 1e-9))
                     if not bounds:
                         continue
                     cap = max(bounds) * w.k
@@ -340,7 +340,7 @@ class PrintedFigureRecomputed(SourceRule):
                 ad = w.extra.get("accepted_drafts")
                 if ad is not None and w.per_pos and _ok(w.drafts) and w.drafts > 0:
                     rec = ad / w.drafts
-                    if abs(w.per_pos[0] - rec) > POS_TOL + 1e-9:
+                    if abs(w.per_pos[0] - rec) > pos_tol(w) + 1e-9:
                         yield w, dict(what=f"rate at position 0{where(w)}", printed=fmt(w.per_pos[0], 3),
                                       recomputed=fmt(rec, 3),
                                       how=f"#acc drafts {count(ad)} / #gen drafts {count(w.drafts)}")

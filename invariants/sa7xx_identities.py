@@ -1,6 +1,6 @@
 """SA700-SA707, SA711: identities that hold in an engine's own log lines and counters.
 
-Scope "source": check(reading) gets a specaudit.sources.Reading (see that package for the
+Scope "source": check(reading) gets a specaudit.audit.sources.Reading (see that package for the
 vocabulary: accept_len, accept_rate, drafts, draft_tokens, accepted_tokens, per_pos).
 Each rule names one bug class of shared/spec/metric-bug-classes.md; the fixtures under
 tests/fixtures/engines/ show one log or scrape per class (`fail_fixture`) and the clean
@@ -9,7 +9,7 @@ files they must stay quiet on (`pass_fixture`).
 from __future__ import annotations
 
 from .base import Rule
-from .sa7xx_common import LEN_TOL, PCT_TOL, POS_TOL, RATE_TOL, count, fmt, mean, usable, where
+from .sa7xx_common import LEN_TOL, PCT_TOL, RATE_TOL, count, fmt, mean, pos_tol, usable, where
 
 MAX_PER_RULE = 10  # findings listed per rule and file; the rest are summarised in one more
 
@@ -81,7 +81,8 @@ class AcceptRateAboveOne(SourceRule):
     """What: an acceptance rate (overall or per position) is above 1.
 
     Why: a rate is accepted drafts over drafted tokens; above 1 means the numerator counts
-    something that was never drafted, usually the bonus token counted as an accepted draft.
+    something that was never drafted, usually the bonus token counted as an accepted draft,
+    or counters read without a lock while they move (vllm-mlx PR 473: transient rates > 1).
 
     Example: `Avg Draft acceptance rate: 114.3%`, or SGLang `accept rate: 1.12`.
     """
@@ -100,7 +101,7 @@ class AcceptRateAboveOne(SourceRule):
                 elif w.printed_rate_pct is None and w.accept_rate is not None and w.accept_rate > 1 + RATE_TOL:
                     yield w, dict(what=f"accept rate{where(w)}", value=fmt(w.accept_rate))
                 for i, r in enumerate(w.per_pos or []):
-                    if r > 1 + POS_TOL:
+                    if r > 1 + pos_tol(w):
                         yield w, dict(what=f"per-position acceptance rate at position {i}{where(w)}", value=fmt(r, 3))
                         break
         return self.emit(reading, items())
@@ -111,7 +112,8 @@ class AcceptedExceedsDrafted(SourceRule):
     there were drafts.
 
     Why: every accepted draft token was drafted first; accepted > drafted is the counter
-    form of a rate above one.
+    form of a rate above one. A replayed correction token counted as an accepted draft on
+    a checkpoint restore (llama.cpp PR 26320) pushes accepted past drafted once restores pile up.
 
     Example: `Accepted: 1203 tokens, Drafted: 1050 tokens`.
     """
@@ -253,7 +255,7 @@ class AcceptLengthBonus(SourceRule):
                     continue
                 if w.per_pos and _unconditional(w):
                     s = sum(w.per_pos)
-                    tol = LEN_TOL + len(w.per_pos) * POS_TOL + 1e-9
+                    tol = LEN_TOL + len(w.per_pos) * pos_tol(w) + 1e-9
                     if abs(L - (1 + s)) > tol and abs(L - s) <= tol and s > 0:
                         yield w, dict(what=f"Mean acceptance length{where(w)}",
                                       detail=f"{fmt(L)} equals the sum of the per-position rates ({fmt(s, 3)}); "
@@ -312,7 +314,7 @@ class AcceptLengthIdentity(SourceRule):
                     continue
                 if L is not None and w.per_pos and _unconditional(w):
                     s = sum(w.per_pos)
-                    tol = LEN_TOL + len(w.per_pos) * POS_TOL + 1e-9
+                    tol = LEN_TOL + len(w.per_pos) * pos_tol(w) + 1e-9
                     gap = L - (1 + s)
                     if abs(gap) > tol and abs(L - s) > tol and not _rank_multiple(L - 1, s, tol):
                         yield w, dict(what=f"Mean acceptance length{where(w)}",
@@ -368,7 +370,9 @@ class NegativeCounter(SourceRule):
 
     Why: a step that generated nothing once reported -1 accepted tokens and crashed the
     counter; every step commits at least one token, so an interval that generated tokens
-    cannot have committed 0 per step.
+    cannot have committed 0 per step. A live accept length that reads 0 until requests
+    finish (its numerator from finished requests, its denominator from live verifies: sfllm
+    PR 33) is this case.
 
     Example: `Accepted: -3 tokens`, or `accept len: 0.00, ... gen throughput (token/s): 410.22`.
     """
@@ -427,7 +431,7 @@ class RankPartial(SourceRule):
                 L = w.accept_len
                 if L is not None and w.per_pos and _unconditional(w):
                     s = sum(w.per_pos)
-                    tol = LEN_TOL + len(w.per_pos) * POS_TOL + 1e-9
+                    tol = LEN_TOL + len(w.per_pos) * pos_tol(w) + 1e-9
                     R = _rank_multiple(L - 1, s, tol)
                     if R and abs(L - (1 + s)) > tol:
                         yield w, dict(what=f"per-position acceptance{where(w)}",

@@ -25,7 +25,7 @@ HAS_TRITON = triton is not None
 CHAIN_MAX_N = 1024
 TREE_MAX_N = 1024
 AUDIT_MAX_N = 64
-MASK_HASH_MAX_N = 4096  # = specaudit.schema.MAX_NODES
+MASK_HASH_MAX_N = 4096  # = specaudit.trace.schema.MAX_NODES
 
 INT_DTYPES = (torch.int32, torch.int64)
 MASK_DTYPES = (torch.bool, torch.float16, torch.bfloat16, torch.float32)

@@ -25,8 +25,7 @@ Rules (per request-step; compare specaudit/runtime/faults.py):
                block                               (causal-mask-on-tree)
     positions  positions[i] != seq_len + depth(i)  (position-off-by-one)
 
-`InlineAuditor` wraps it for a running engine (see the README section "Triton audit
-kernels"):
+`InlineAuditor` wraps it for a running engine (see docs/kernels.md):
 
     from specaudit.kernels import InlineAuditor
     engine.auditor = InlineAuditor("cuda")        # engine.step() calls auditor.audit(...)

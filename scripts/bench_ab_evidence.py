@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # scripts/: benchutil
-from benchutil import load_fields, quiet_machine  # noqa: E402  (the scripts folder on the path first)
+from benchutil import add_json_out, load_fields, quiet_machine, record  # noqa: E402  (the scripts folder on the path first)
 
 
 def sglang_log(path: Path, windows, seed: int, algo: str) -> None:
@@ -48,6 +48,7 @@ def main() -> int:
     ap.add_argument("--lines", type=int, default=100_000, help="decode lines per log side")
     ap.add_argument("--steps", type=int, default=500_000, help="trace step rows per dataset side")
     ap.add_argument("--bootstrap", type=int, default=2000)
+    add_json_out(ap, "ab_evidence")
     args = ap.parse_args()
     from specaudit.audit.ab_evidence import compare_sides
     from specaudit.trace.synth import write_synthetic_dataset
@@ -71,7 +72,7 @@ def main() -> int:
         wins = res2["sides"]["A"]["windows"] + res2["sides"]["B"]["windows"]
         print(f"traces: {2 * args.steps:,} step rows -> {wins:,} windows in {tr_s:.2f} s "
               f"({2 * args.steps / tr_s:,.0f} rows/s); {res2['conclusion']}")
-        print(json.dumps({
+        out = {
             "bench": "ab_evidence", "cpu_count": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2),
             "log_lines": 2 * n, "log_seconds": round(log_s, 3), "log_cpu_seconds": round(log_cpu, 3),
             "log_windows_per_s": round(2 * n / log_s), "trace_rows": 2 * args.steps, "trace_windows": wins,
@@ -79,7 +80,9 @@ def main() -> int:
             "trace_rows_per_s": round(2 * args.steps / tr_s), "bootstrap": args.bootstrap,
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "log_verdict": res["verdict"], "trace_verdict": res2["verdict"], **load_fields(),
-        }))
+        }
+        print(json.dumps(out))
+        record("ab_evidence", out, args.json_out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

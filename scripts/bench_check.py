@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchutil import guard_ratios, load_fields, quiet_machine  # noqa: E402  (the scripts folder on the path first)
+from benchutil import add_json_out, guard_ratios, load_fields, quiet_machine, record  # noqa: E402  (the scripts folder on the path first)
 
 CHILD_CHECK = r"""
 import json, os, sys, time
@@ -123,6 +123,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2, help="Arrow/numpy threads in the children (default 2)")
     ap.add_argument("--dir", help="dataset folder to reuse or keep (default: a temporary one, removed)")
     ap.add_argument("--seed", type=int, default=0)
+    add_json_out(ap, "check")
     args = ap.parse_args(argv)
 
     from specaudit.trace.synth import write_synthetic_dataset
@@ -176,6 +177,7 @@ def main(argv=None) -> int:
             **load,
         }
         print(json.dumps(guard_ratios(out, ["speedup", "of_decode_limit"])))
+        record("check", out, args.json_out)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # scripts/: benchutil
-from benchutil import load_fields, quiet_machine
+from benchutil import add_json_out, load_fields, quiet_machine, record
 
 from specaudit.audit.calibrate import PlainStepper, measure_profile, steady
 from specaudit.audit.estimate import CostProfile, estimate_commit_length
@@ -131,6 +131,7 @@ def main(argv=None) -> int:
     ap.add_argument("--waves", type=int, default=3,
                     help="requests per trial = waves x concurrency, so the batch stays full but at the end "
                          "(default 3)")
+    add_json_out(ap, "estimator")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     trials = args.trials or (3 if args.quick else 5)
@@ -216,6 +217,7 @@ def main(argv=None) -> int:
         summary["load_note"] = (f"load average {summary['load_avg_1m']} above {summary['load_threshold']} "
                                 "while measuring: timing noise of a busy machine is in these errors")
     print(json.dumps(summary))
+    record("estimator", summary, args.json_out)
     return 0
 
 

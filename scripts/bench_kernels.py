@@ -34,6 +34,8 @@ import time
 import numpy as np
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchutil, beside this script
+
 SIZES = [(B, N) for B in (1, 64, 256) for N in (8, 64)]
 KERNELS = ("chain_accept", "tree_walk", "mask_hash", "audit_step")
 
@@ -202,6 +204,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true",
                     help="check the script's plumbing on CPU under TRITON_INTERPRET=1 (wall-clock "
                          "timings of the interpreter: meaningless as performance figures)")
+    from benchutil import add_json_out
+    add_json_out(ap, "kernels")
     args = ap.parse_args(argv)
     sizes = SIZES
     if args.sizes:
@@ -226,7 +230,7 @@ def main(argv=None) -> int:
 def run(sizes, args, device, dry: bool) -> int:
     import specaudit.kernels as K
     import triton
-    from benchutil import guard_ratios, load_fields, quiet_machine
+    from benchutil import guard_ratios, load_fields, quiet_machine, record
     if not dry:  # a dry run times nothing worth waiting for (and runs in CI, which is never quiet)
         quiet_machine()
     eager = (lambda fn, iters: time_wall(fn, iters)) if dry else time_eager
@@ -295,6 +299,8 @@ def run(sizes, args, device, dry: bool) -> int:
     summary.update(load_fields())
     guard_ratios(summary, ["audit_faster_than_torch_everywhere", "all_faster_than_torch_everywhere"])
     print(json.dumps(summary))
+    if not dry:  # interpreter timings are plumbing, not figures
+        record("kernels", summary, args.json_out)
     return 0
 
 

@@ -5,7 +5,7 @@
     python3 scripts/bench_query.py --dataset DIR        # an existing dataset (nothing generated)
     taskset -c 0,1 python3 scripts/bench_query.py --threads 2 ...   # pin to 2 cores
 
-The dataset comes from specaudit.synth (contract-valid rows, vectorised): four runs,
+The dataset comes from specaudit.trace.synth (contract-valid rows, vectorised): four runs,
 two chains of 8 nodes (concurrency 1 and 8), a chain of 16 nodes and a branching tree of 13
 nodes (topk 3), each a quarter of --steps. It is generated once into --workdir and reused
 while --steps and --seed match. DuckDB runs on --threads threads (default 2, the target).
@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchutil import load_fields, quiet_machine
+from benchutil import add_json_out, load_fields, quiet_machine, record
 
 # (algo, nodes, topk, concurrency): each run gets a quarter of the steps
 RUNS = [("chain", 8, 1, 1), ("chain", 8, 1, 8), ("chain", 16, 1, 4), ("tree", 13, 3, 4)]
@@ -103,6 +103,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="runs per query; the slowest counts (default 1)")
     ap.add_argument("--raw", action="store_true", help="ignore rollups: every figure from the raw step rows")
     ap.add_argument("--compare-raw", action="store_true", help="time with rollups and from raw rows, side by side")
+    add_json_out(ap, "query")
     args = ap.parse_args(argv)
 
     from specaudit.postmortem import views as Q
@@ -179,6 +180,7 @@ def main(argv=None) -> int:
     if check_s is not None:
         res["check_s"] = round(check_s, 1)
     print(json.dumps(res))
+    record("query", res, args.json_out)
     return 0
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # scripts/: benchutil
-from benchutil import guard_ratios, load_fields, quiet_machine  # noqa: E402  (the scripts folder on the path first)
+from benchutil import add_json_out, guard_ratios, load_fields, quiet_machine, record  # noqa: E402  (the scripts folder on the path first)
 
 
 def tracer_cpu(run, configs) -> dict:
@@ -84,6 +84,7 @@ def main(argv=None):
     ap.add_argument("--trees", default="15:4,31:4,15:2", help="tree budget:topk list")
     ap.add_argument("--temperatures", default="0.7,1.0", help="sampled chain temperatures ('' to skip)")
     ap.add_argument("--quick", action="store_true")
+    add_json_out(ap, "runtime")
     args = ap.parse_args(argv)
     if args.quick:
         args.prompts, args.max_new_tokens, args.rounds, args.trees = 1, 64, 1, "15:4"
@@ -192,6 +193,7 @@ def main(argv=None):
     }
     print(json.dumps(guard_ratios(summary, ["speedup_chain", "speedup_best_tree", "trace_overhead",
                                             "speedup_sampled_chain", "trace_overhead_v2"])))
+    record("runtime", summary, args.json_out)
 
 
 if __name__ == "__main__":

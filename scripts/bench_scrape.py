@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchutil import guard_ratios, load_fields, quiet_machine
+from benchutil import add_json_out, guard_ratios, load_fields, quiet_machine, record
 from load import percentiles
 
 TOKENS_RE = re.compile(r"^specaudit_derived_committed_tokens_total\s+(\S+)", re.MULTILINE)
@@ -47,7 +47,7 @@ SCRAPE_CPU_RE = re.compile(r"^specaudit_metrics_scrape_cpu_seconds_total\s+(\S+)
 def start_server(args) -> tuple[subprocess.Popen, str, str]:
     """`specaudit serve --port 0` in a subprocess; returns (process, url, trace dir)."""
     trace_dir = tempfile.mkdtemp(prefix="bench-scrape-")
-    cmd = [sys.executable, "-m", "specaudit", "serve", "--port", "0", "--trace-dir", trace_dir,
+    cmd = [sys.executable, "-m", "specaudit", "serve", "--port", "0", "--out", trace_dir,
            "--algo", args.algo, "--budget", str(args.budget), "--concurrency", str(args.slots),
            "--max-new-tokens", str(max(args.max_tokens, 64))]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -169,6 +169,7 @@ def main(argv=None) -> int:
     ap.add_argument("--slots", type=int, default=8, help="server --concurrency when started here (default 8)")
     ap.add_argument("--algo", default="chain", choices=["chain", "tree"])
     ap.add_argument("--budget", type=int, default=7)
+    add_json_out(ap, "scrape")
     args = ap.parse_args(argv)
     if args.pairs < 1 or args.phase_seconds <= 0 or args.hz <= 0 or args.concurrency < 1:
         print("bench_scrape.py: error: --pairs, --phase-seconds, --hz and --concurrency must be positive",
@@ -204,6 +205,7 @@ def main(argv=None) -> int:
     out.update(load_fields())
     guard_ratios(out, ["scrape_overhead", "scrape_cpu_share"])
     print(json.dumps(out), flush=True)
+    record("scrape", out, args.json_out)
     return 0
 
 

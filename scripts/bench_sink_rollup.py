@@ -6,7 +6,7 @@
 The tracer's background thread hands the sink Arrow batches and the sink writes one
 steps file per flush; that thread shares the GIL with the decode loop, so the sink's CPU
 per step is what tracing takes from decoding. Three sinks write the same batches
-(contract-valid rows from specaudit.synth: a chain of 8 nodes and a tree of 13, topk 3,
+(contract-valid rows from specaudit.trace.synth: a chain of 8 nodes and a tree of 13, topk 3,
 concurrency 8), interleaved round by round:
 
     plain      ParquetSink(rollups=False)
@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchutil import guard_ratios, load_fields, quiet_machine
+from benchutil import add_json_out, guard_ratios, load_fields, quiet_machine, record
 
 
 def batches(flush_steps: int, flushes: int):
@@ -89,6 +89,7 @@ def main(argv=None) -> int:
     ap.add_argument("--flush-steps", type=int, default=4096, help="steps per flush (the sink's default 4096)")
     ap.add_argument("--flushes", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=5)
+    add_json_out(ap, "sink_rollup")
     args = ap.parse_args(argv)
     data = batches(args.flush_steps, args.flushes)
     root = Path(tempfile.mkdtemp(prefix="specaudit-bench-sink-"))
@@ -120,6 +121,7 @@ def main(argv=None) -> int:
            "per_file_cost": round(med["per_file"] / med["plain"] - 1, 3)}
     out.update(load_fields())
     print(json.dumps(guard_ratios(out, ["rollup_cost", "per_file_cost"])))
+    record("sink_rollup", out, args.json_out)
     return 0
 
 

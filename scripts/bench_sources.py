@@ -63,13 +63,15 @@ def main(argv=None) -> int:
                                                               "default 100 and 1024)")
     ap.add_argument("--workers", type=int, default=None, help="parallel workers (default: the CPUs allowed)")
     ap.add_argument("--no-sequential", action="store_true", help="skip the one-worker run beside the parallel one")
-    args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "scripts"))
-    from benchutil import load_fields
+    from benchutil import add_json_out, load_fields, record
+    add_json_out(ap, "sources")
+    args = ap.parse_args(argv)
 
     from specaudit.audit.sources import workers
     n = args.workers or workers()
+    sizes = []
     for mib in args.mib or [100, 1024]:
         with tempfile.TemporaryDirectory() as d:
             path = Path(d) / "vllm.log"
@@ -84,6 +86,8 @@ def main(argv=None) -> int:
                "same_findings": len({(r["findings"], tuple(r["error_codes"])) for r in runs}) == 1,
                "pid": os.getpid(), **load_fields()}
         print(json.dumps(out), flush=True)
+        sizes.append(out)
+    record("sources", {"sizes": sizes}, args.json_out)
     return 0
 
 

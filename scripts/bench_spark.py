@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # scripts/: benchutil
-from benchutil import guard_ratios, load_fields, quiet_machine  # noqa: E402  (the scripts folder on the path first)
+from benchutil import add_json_out, guard_ratios, load_fields, quiet_machine, record  # noqa: E402  (the scripts folder on the path first)
 
 CHILD_LOCAL = r"""
 import json, sys, time
@@ -125,6 +125,7 @@ def main(argv=None) -> int:
                     help="spark.sql.shuffle.partitions (default 0: the cores of each master, 1 and 2)")
     ap.add_argument("--wait-quiet", type=float, default=120.0,
                     help="seconds to wait for a quiet machine before measuring (default 120)")
+    add_json_out(ap, "spark")
     args = ap.parse_args(argv)
     from specaudit.trace.synth import write_synthetic_dataset
     tmp = None
@@ -149,7 +150,7 @@ def main(argv=None) -> int:
         for k in (1, 2):
             assert phases[k]["steps"] == steps and phases[k]["counts"] == phases["local"]["counts"], (k, phases[k])
         rate = {k: steps / phases[k]["seconds"] for k in phases}
-        print(json.dumps(guard_ratios({
+        out = guard_ratios({
             "steps": steps, "runs": args.runs, "n_nodes": args.n_nodes,
             "local_steps_per_s": round(rate["local"]), "spark_steps_per_s_1": round(rate[1]),
             "spark_steps_per_s_2": round(rate[2]), "spark_2_over_1": round(rate[2] / rate[1], 2),
@@ -158,7 +159,9 @@ def main(argv=None) -> int:
             "peak_rss_mb_local": phases["local"]["peak_rss_mb"], "peak_rss_mb_spark_1": phases[1]["peak_rss_mb"],
             "peak_rss_mb_spark_2": phases[2]["peak_rss_mb"], "cpus": os.cpu_count(),
             "loadavg_1m_before": round(load0, 2), "loadavg_1m_after": round(load1, 2), **load_fields()},
-            ["spark_2_over_1"])))
+            ["spark_2_over_1"])
+        print(json.dumps(out))
+        record("spark", out, args.json_out)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

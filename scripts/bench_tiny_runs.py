@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchutil import guard_ratios, load_fields, quiet_machine  # noqa: E402  (the scripts folder on the path first)
+from benchutil import add_json_out, guard_ratios, load_fields, quiet_machine, record  # noqa: E402  (the scripts folder on the path first)
 
 
 def make(out: Path, n: int) -> None:
@@ -65,6 +65,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=2)
+    add_json_out(ap, "tiny_runs")
     args = ap.parse_args()
     from specaudit.audit.check import check_workers
     with tempfile.TemporaryDirectory() as tmp:
@@ -86,6 +87,7 @@ def main() -> None:
     res["speedup_pooled_1"] = round(res["alone_wall_s"] / res["pooled_1_wall_s"], 3)
     res["polars_over_arrow"] = round(res["pooled_arrow_wall_s"] / res["pooled_wall_s"], 3)
     print(json.dumps(guard_ratios(res, ["speedup_pooled", "speedup_pooled_1", "polars_over_arrow"])))
+    record("tiny_runs", res, args.json_out)
 
 
 if __name__ == "__main__":

@@ -11,12 +11,22 @@ run that stayed busy, so a noisy figure is never mistaken for a result.
     out = {...figures...}
     out.update(load_fields())                # load_avg_1m, cores, load_threshold, machine_quiet
     guard_ratios(out, ["trace_overhead"])    # busy: the ratio becomes null, with the reason
+    record("runtime", out, args.json_out)    # docs/benchmarks/runtime.json (add_json_out)
+
+`record()` writes the figures with what produced them (command line, commit, date,
+machine: cores and load) to docs/benchmarks/<name>.json, which scripts/render_docs.py
+renders into the docs' benchmarks page: no figure is typed into the docs by hand.
 """
 from __future__ import annotations
 
+import json
 import os
+import platform
+import shlex
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 # Busy means a 1-minute load average above this many runnable processes per core. On 2
 # cores, 0.75 x 2 = 1.5: the benchmark itself (one process) plus a little noise.
@@ -39,7 +49,9 @@ def threshold() -> float:
 
 
 def quiet_machine(wait_s: float = 120.0, poll_s: float = 5.0, log=sys.stderr) -> float:
-    """Wait until the load average is below the threshold (at most wait_s); return the load."""
+    """Wait until the load average is below the threshold (at most wait_s, or the
+    SPECAUDIT_BENCH_WAIT_S environment variable's seconds); return the load."""
+    wait_s = float(os.environ.get("SPECAUDIT_BENCH_WAIT_S", wait_s))
     t0 = time.time()
     load = load_avg()
     while load > threshold() and time.time() - t0 < wait_s:
@@ -68,3 +80,59 @@ def guard_ratios(out: dict, keys) -> dict:
         out["withheld"] = (f"{', '.join(held)}: load average {out.get('load_avg_1m')} above "
                            f"{out.get('load_threshold')} while measuring; rerun on a quiet machine")
     return out
+
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH_DIR = ROOT / "docs" / "benchmarks"
+
+
+def add_json_out(parser, name: str) -> None:
+    """--json-out PATH (default docs/benchmarks/<name>.json; '-' writes none)."""
+    parser.add_argument("--json-out", default=str(BENCH_DIR / f"{name}.json"),
+                        help=f"where the figures go with their provenance (default docs/benchmarks/{name}.json; "
+                             "'-' for none): scripts/render_docs.py renders the docs' benchmarks page from them")
+
+
+def _git(*args) -> str | None:
+    try:
+        r = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def provenance(argv=None) -> dict:
+    """What produced a figure: the command line, the commit (and whether the tree had
+    uncommitted changes), the date (UTC) and the machine (cores, load, CPU, Python)."""
+    argv = sys.argv if argv is None else argv
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {"command": " ".join(["python3", *map(shlex.quote, argv)]),
+            "commit": _git("rev-parse", "HEAD"), "dirty": bool(status) if status is not None else None,
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "machine": {**load_fields(), "cpu": _cpu_model(), "python": platform.python_version(),
+                        "platform": platform.platform(terse=True)}}
+
+
+def record(name: str, figures: dict, path: str | os.PathLike | None = None, argv=None) -> Path | None:
+    """Write {benchmark, provenance..., figures} to `path` (default docs/benchmarks/<name>.json;
+    '-' writes nothing); -> the path written."""
+    if path == "-":
+        return None
+    path = Path(path) if path else BENCH_DIR / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"benchmark": name, **provenance(argv), "figures": figures}
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+    print(f"figures written to {path}", file=sys.stderr)
+    return path

@@ -1,7 +1,9 @@
 """The corpus of real engine output, audited: one row per engine and format.
 
-    python scripts/engine_corpus.py            # print the Markdown table (README) and a JSON line
+    python scripts/engine_corpus.py            # print the Markdown table (docs/reading-engines.md) and a JSON line
     python scripts/engine_corpus.py --render   # rewrite tests/fixtures/engines/corpus/rendered/ first
+    python scripts/engine_corpus.py --write    # and rewrite the table in every file that holds its
+                                               # markers (docs/reading-engines.md, any docs/*.md, README.md)
 
 Every case of tests/fixtures/engines/corpus/*.json is rendered back to the engine's text
 and audited with specaudit.audit.sources.audit_file. A case is
@@ -34,7 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "fixtures" / "engines" / "corpus"
 BEGIN = "<!-- engine-corpus-table:begin -->"
 END = "<!-- engine-corpus-table:end -->"
-NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM", "llamacpp": "llama.cpp"}
+NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM", "llamacpp": "llama.cpp",
+         "fastdeploy": "FastDeploy", "mlxvlm": "mlx-vlm"}
 
 
 def _render():
@@ -96,11 +99,50 @@ def table(render=None) -> tuple[str, dict]:
     return "\n".join(lines) + "\n", dict(tot)
 
 
-def readme_table(readme: Path = ROOT / "README.md") -> str | None:
+def table_files() -> list[Path]:
+    """The Markdown files that hold the table between BEGIN and END: README.md and any
+    docs/*.md page (the README's content moves into docs/; the table goes with it)."""
+    out = []
+    for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        try:
+            text = p.read_text()
+        except OSError:
+            continue
+        if BEGIN in text and END in text:
+            out.append(p)
+    return out
+
+
+def readme_table(readme: Path | None = None) -> str | None:
+    """The table as one file holds it (default: the first of table_files()), or None."""
+    if readme is None:
+        files = table_files()
+        if not files:
+            return None
+        readme = files[0]
     text = readme.read_text()
     if BEGIN not in text or END not in text:
         return None
     return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n") + "\n"
+
+
+def docs_table(page: Path = ROOT / "docs" / "reading-engines.md") -> str | None:
+    """The table as docs/reading-engines.md holds it (the site's page for it), or None."""
+    return readme_table(page) if page.exists() else None
+
+
+def write_tables(md: str) -> list[Path]:
+    """Rewrite the table between the markers in every file that holds it; -> files changed."""
+    changed = []
+    for p in table_files():
+        text = p.read_text()
+        head, rest = text.split(BEGIN, 1)
+        tail = rest.split(END, 1)[1]
+        new = f"{head}{BEGIN}\n{md}{END}{tail}"
+        if new != text:
+            p.write_text(new)
+            changed.append(p)
+    return changed
 
 
 def main(argv=None) -> int:
@@ -109,6 +151,9 @@ def main(argv=None) -> int:
     if "--render" in argv:
         render.render_all()
     md, tot = table(render)
+    if "--write" in argv:
+        for p in write_tables(md):
+            print(f"wrote the table into {p.relative_to(ROOT)}", file=sys.stderr)
     sys.stdout.write(md)
     print(json.dumps({"real_cases": tot["real"], "caught": tot["caught"], "flagged": tot["flagged"],
                       "false_alarms": tot["false"], "mutated": tot["mutated"], "mutated_caught": tot["mut_caught"]}))

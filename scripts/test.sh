@@ -11,6 +11,7 @@ need=()
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v git >/dev/null 2>&1 || need+=(git)   # tests/test_ci_install.py: pre-commit in a temporary repository
 # A Java runtime for Spark (tests/test_spark.py runs the checker on Spark local[2]).
 command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)   # a self-signed cert for check --prometheus over TLS
@@ -20,7 +21,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 # CPU torch first (a bare `torch` requirement would pull a multi-GB CUDA build).
 python3 -m pip install -q torch==2.13.0
-python3 -m pip install -q -e ".[test]"
+python3 -m pip install -q -e ".[all,test]"   # every extra (pyproject.toml) and the test tools
 # AIPerf, the benchmark client tests/test_serve_aiperf.py drives, in its own venv: it pins
 # its own versions of packages we share (prometheus-client, orjson, pandas, ...) and must
 # not import our torch (it pulls no torch itself).
@@ -33,4 +34,7 @@ fi
 bash scripts/vllm_env.sh >/dev/null
 # Lint first (ruff, configured in pyproject.toml): a style slip fails in seconds, not after the suite.
 python3 -m ruff check .
+# The docs site (mkdocs.yml): a broken link, a missing anchor or a page outside the nav fails
+# here in seconds (tests/test_docs.py builds it again and checks the generated pages).
+NO_MKDOCS_2_WARNING=1 python3 -m mkdocs build --strict --site-dir "$(mktemp -d)"
 exec python3 -m pytest -q -p no:cacheprovider "$@"

@@ -3,6 +3,7 @@
 Every machine with Python has this corpus, so the weights are reproducible offline:
     python scripts/train_reference_models.py            # ~13 minutes on 2 cores
     python scripts/train_reference_models.py --quick    # a smoke run, ~1 minute
+    python scripts/train_reference_models.py --report-only   # the report of the shipped weights
 
 Stages (seeded; fixed step counts, not time budgets, so a rerun gives the same data):
 1. corpus: stdlib *.py (no site-packages, no test suites), files joined by EOS (byte 0);
@@ -12,7 +13,12 @@ Stages (seeded; fixed step counts, not time budgets, so a rerun gives the same d
    from random contexts, with the hidden state the drafter is conditioned on;
 4. drafter: per-position cross-entropy against those continuations;
 5. held-out prompts (specaudit/data/prompts.jsonl) from the held-out files.
-Writes specaudit/weights/{target,drafter}.safetensors (fp16) and a JSON report.
+Writes specaudit/weights/{target,drafter}.safetensors (fp16) and training_report.json:
+what was measured on the way (held-out bits per byte, the drafter's match rate by offset on
+held-out samples, stage times) with the command, commit, date and machine. --report-only
+trains nothing: it recomputes from the shipped weights what needs no training (the same
+held-out samples, drawn with the same seeds) and lists under `not_reproduced` what only a
+training run measures (the stage times), never a number typed in.
 """
 from __future__ import annotations
 
@@ -207,6 +213,8 @@ def main(argv=None):
                     help="skip stage 2 and build the drafter on this trained target")
     ap.add_argument("--out", default=str(ROOT / "specaudit" / "weights"))
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--report-only", action="store_true",
+                    help="train nothing: write training_report.json from the weights in --out")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.quick:
@@ -219,9 +227,14 @@ def main(argv=None):
     data, val = load_bytes(train_files), load_bytes(held)
     log(f"corpus: {len(train_files)} train files ({len(data) / 1e6:.1f} MB), "
         f"{len(held)} held out ({len(val) / 1e6:.1f} MB)")
-    t0 = time.time()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.report_only:
+        report = report_of_shipped_weights(out, data, val, held, train_files, args, log)
+        (out / "training_report.json").write_text(json.dumps(report, indent=1) + "\n")
+        print(json.dumps(report))
+        return
+    t0 = time.time()
     if args.target:
         target = load_model(Path(args.target))
         cfg = target.cfg
@@ -248,18 +261,77 @@ def main(argv=None):
     with open(pdir / "prompts.jsonl", "w") as f:
         for p in prompts:
             f.write(json.dumps(p) + "\n")
-    report = {
-        "target_bits_per_byte_held_out": round(bpb, 4),
-        "drafter_match_by_offset": [round(p, 4) for p in per_pos],
-        "expected_chain_commit": round(exp_commit, 3),
-        "seconds": {"target": round(t_target), "drafter_data": round(t_data), "drafter": round(t_drafter)},
-        "target_steps": args.target_steps, "drafter_samples": args.drafter_samples,
-        "drafter_steps": args.drafter_steps, "torch": torch.__version__,
-        "python_stdlib": sys.version.split()[0],
-    }
+    seconds = {"target": None if args.target else round(t_target), "drafter_data": round(t_data),
+               "drafter": round(t_drafter)}
+    report = _report(out, args, bpb, per_pos, exp_commit, seconds, train_files, held, mode="trained",
+                     prompts_written=True)
+    if args.target:
+        report["not_reproduced"] = {"seconds.target": "stage 2 was skipped (--target): the target was trained "
+                                                      "by an earlier run"}
     (out / "training_report.json").write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report))
 
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _report(out: Path, args, bpb, per_pos, exp_commit, seconds, train_files, held, *, mode: str,
+            prompts_written: bool) -> dict:
+    """training_report.json: every figure computed by this run, with what produced it."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from benchutil import provenance
+    prompts = [json.loads(line) for line in (ROOT / "specaudit" / "data" / "prompts.jsonl").read_text().splitlines()]
+    lens = [len(p["prompt"].encode()) for p in prompts]
+    return {
+        "written_by": provenance(), "mode": mode,
+        "corpus": {"python_stdlib": sys.version.split()[0], "train_files": len(train_files),
+                   "held_out_files": len(held), "held_out_rule": "sha1(path) % 20 == 0"},
+        "target": {"file": "target.safetensors", "sha256": _sha256(out / "target.safetensors"),
+                   "recipe": f"seed 0; {args.target_steps} steps of 8 x 512 bytes, bf16 autocast, "
+                             "AdamW 2e-3 cosine",
+                   "held_out_bits_per_byte": round(bpb, 4)},
+        "drafter": {"file": "drafter.safetensors", "sha256": _sha256(out / "drafter.safetensors"),
+                    "recipe": f"seed 0; {args.drafter_samples} greedy continuations of the target (context 128, "
+                              f"K=8), then AdamW 2e-3 cosine over {args.drafter_steps} steps of 256; the first "
+                              "1 in 20 samples held out",
+                    "match_by_offset_held_out_samples": [round(p, 4) for p in per_pos],
+                    "expected_chain_commit": round(exp_commit, 3)},
+        "seconds": seconds,
+        "prompts": {"file": "specaudit/data/prompts.jsonl", "count": len(prompts),
+                    "min_bytes": min(lens), "max_bytes": max(lens),
+                    "from_held_out_files": len({p["source"] for p in prompts}),
+                    "written_by_this_run": prompts_written},
+        "torch": torch.__version__,
+    }
+
+
+@torch.no_grad()
+def report_of_shipped_weights(out: Path, data, val, held, train_files, args, log) -> dict:
+    """The report of the weights in `out`, trained by an earlier run: held-out bits per byte
+    of the target, and the drafter's match rate on the very samples its training held out
+    (the first 1 in 20 of the drafter data, drawn again with the same seed: stage 3 with
+    --target consumes the generator from its seed). Stage times need a training run."""
+    target = load_model(out / "target.safetensors")
+    drafter = load_model(out / "drafter.safetensors")
+    bpb = held_out_bpb(target, val, 512)
+    log(f"target: {bpb:.3f} bits/byte on held-out files")
+    n_val = max(1, args.drafter_samples // 20)
+    rng = np.random.default_rng(0)
+    whole = -(-n_val // 256) * 256          # whole batches of 256, as the training run drew them
+    H, R, Y = (x[:n_val] for x in greedy_continuations(target, data, whole, 128, drafter.cfg.depth, 256, rng, log))
+    match = (drafter(H, R).argmax(-1) == Y).float()
+    per_pos = match.mean(0).tolist()
+    exp_commit = 1 + match.cumprod(1).sum(1).mean().item()
+    log("drafter match rate by offset: " + " ".join(f"{p:.2f}" for p in per_pos))
+    rep = _report(out, args, bpb, per_pos, exp_commit, {"target": None, "drafter_data": None, "drafter": None},
+                  train_files, held, mode="report-only: the shipped weights, recomputed without training",
+                  prompts_written=False)
+    rep["prompts"]["same_as_regenerated"] = held_out_prompts(held) == [
+        json.loads(line) for line in (ROOT / "specaudit" / "data" / "prompts.jsonl").read_text().splitlines()]
+    why = "only a training run measures it (python3 scripts/train_reference_models.py without --report-only)"
+    rep["not_reproduced"] = {"seconds.target": why, "seconds.drafter_data": why, "seconds.drafter": why}
+    return rep
 
 if __name__ == "__main__":
     main()

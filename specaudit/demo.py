@@ -14,11 +14,16 @@ import sys
 import time
 from pathlib import Path
 
+# The seed bug the demo injects, and the codes that must name it: the per-step identity
+# (SA301: commit_len = accepted_depth + 1) and both run means against the rows (SA506, SA507).
+INJECT = "commit-counter"
+EXPECTED_CODES = ("SA301", "SA506", "SA507")
+
 
 def run_demo(out="specaudit-demo", *, keep=False, num_prompts=4, max_new_tokens=128, device="cpu",
              dtype="float32") -> int:
-    """The five steps, printed as they go; -> the clean traces' check exit code (0 when clean).
-    Host options (threads) are the caller's: apply them first."""
+    """The five steps, printed as they go, then the verdict; -> 0 when the demo showed what it
+    promises (demo_problems), else 1. Host options (threads) are the caller's: apply them first."""
     import torch
 
     from specaudit.audit.check import check_paths
@@ -48,8 +53,8 @@ def run_demo(out="specaudit-demo", *, keep=False, num_prompts=4, max_new_tokens=
     print(format_findings(clean.findings, "text", counts=clean.counts, summary=clean.summary(),
                           examples=2), end="")
 
-    _head(f"3. the seed bug, injected (--inject commit-counter) -> {injected}/")
-    bad_run = run_traced(algo="chain", budget=7, topk=1, inject="commit-counter", out=injected, **common)
+    _head(f"3. the seed bug, injected (--inject {INJECT}) -> {injected}/")
+    bad_run = run_traced(algo="chain", budget=7, topk=1, inject=INJECT, out=injected, **common)
     print(summary_line(bad_run.summary))
     bad = check_paths([injected])
     print(format_findings(bad.findings, "text", counts=bad.counts, summary=bad.summary(), examples=1), end="")
@@ -61,8 +66,31 @@ def run_demo(out="specaudit-demo", *, keep=False, num_prompts=4, max_new_tokens=
     report = build_report([traces, injected], out / "report", findings=clean.findings + bad.findings,
                           summary=None)
     print(f"report: {report}")
+    problems = demo_problems(clean_exit=clean.exit_code, lossless=[bool(r.summary.get("lossless")) for r in runs],
+                             injected_counts=bad.counts, report=Path(report))
     print(f"\ndemo finished in {time.time() - t0:.0f}s")
-    return clean.exit_code
+    if problems:
+        print("demo FAILED: " + "; ".join(problems))
+        return 1
+    print(f"demo OK: clean runs clean and lossless; the injected bug caught by {', '.join(EXPECTED_CODES)}; "
+          f"report written")
+    return 0
+
+
+def demo_problems(*, clean_exit: int, lossless: list, injected_counts: dict, report: Path) -> list[str]:
+    """What the demo promised and did not show: [] when the clean runs checked clean and
+    lossless, every code of EXPECTED_CODES named the injected bug, and the report exists."""
+    problems = []
+    if clean_exit != 0:
+        problems.append(f"the clean runs' check exited {clean_exit} (expected 0: no error finding)")
+    if not lossless or not all(lossless):
+        problems.append("a clean run's output differs from plain greedy (not lossless)")
+    missed = [c for c in EXPECTED_CODES if not injected_counts.get(c)]
+    if missed:
+        problems.append(f"the injected {INJECT} bug was not caught by {', '.join(missed)}")
+    if not (report.is_file() and report.stat().st_size > 0):
+        problems.append(f"the report {report} was not written")
+    return problems
 
 
 def _head(text: str) -> None:

@@ -10,8 +10,9 @@ rule catalog, the readers, the post-mortem report, the commands.
     count(12.0)           '12'       a count (a float that is whole prints as one)
     cell(1234567)         '1,234,567'  a table cell of the HTML report ('' when missing)
     signed(0.0123, True)  '+0.0123'  a mean or a gap of the A/B evidence (3 significant digits)
+    typed(1e-06)          '1e-06'    a flag's value or bound, as short as reads back the same
 
-Each style keeps the output that the tests and the README pin; they differ on purpose:
+Each style keeps the output that the tests and the docs pin; they differ on purpose:
 a message shows a figure to 4 significant digits, an engine log's identity is shown to
 the decimals the engine printed (a recomputed 2.35 beside the printed 2.35), a table
 groups thousands.
@@ -81,3 +82,12 @@ def signed(v, sign: bool = False) -> str:
     if a >= 100:
         return f"{v:{p}.1f}"
     return f"{v:{p}.3g}"
+
+
+def typed(x) -> str:
+    """A number a user typed, or a flag's bound (specaudit/bounds.py): %g when it reads back
+    the same (1e-06, 1024, 86400), repr otherwise (1e-320, 0.30000000000000004); nan and
+    inf as Python spells them; integers whole."""
+    if isinstance(x, float):
+        return f"{x:g}" if math.isfinite(x) and float(f"{x:g}") == x else repr(x)
+    return str(x)

@@ -18,10 +18,11 @@ A refused path raises InputError (one line, exit 2) before anything is written.
 """
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
-from specaudit.trace.schema import InputError, atomic_write_bytes, discover
+from specaudit.trace.schema import InputError, atomic_write_bytes, discover, target_problem
 
 TRACE_FILE_RE = r"^(run\.json|(steps|requests)(-.*)?\.parquet)$"
 
@@ -66,6 +67,9 @@ def guard_output(path, inputs, flag: str = "-o") -> Path:
     path = Path(path)
     if path.is_dir():
         raise InputError(path, f"{flag}: is a folder; give a file name")
+    why = target_problem(path)   # /dev/null, a FIFO, a socket: never renamed over
+    if why:
+        raise InputError(path, f"{flag}: {why}")
     if not path.parent.exists():
         raise InputError(path, f"{flag}: folder {path.parent} does not exist")
     rp = path.resolve()
@@ -90,6 +94,29 @@ def guard_output_dir(path, inputs, flag: str = "--out") -> Path:
     return path
 
 
+def _is_run_folder(d: Path) -> bool:
+    """A folder a trace run lives in: hive-named, or holding run.json or a steps part."""
+    if d.name.startswith("run_id="):
+        return True
+    try:
+        return any(_is_trace_file(Path(n)) for n in os.listdir(d))
+    except OSError:
+        return False
+
+
+def guard_not_in_run_folder(path, flag: str = "--out") -> Path:
+    """An output folder for a command that reads no trace (dashboards): InputError when it
+    is, or is inside, a run folder (its files would sit among a run's evidence)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise InputError(path, f"{flag}: exists and is not a folder")
+    rp = path.resolve()
+    for d in (rp, *rp.parents):
+        if d.is_dir() and _is_run_folder(d):
+            raise InputError(path, f"{flag}: is the run folder {d} (or inside it); write results elsewhere")
+    return path
+
+
 def atomic_write(path, data: bytes | str) -> None:
     """Temporary name in the same folder, fsync, rename; the temporary never stays."""
     path = Path(path)
@@ -101,8 +128,20 @@ def atomic_write(path, data: bytes | str) -> None:
         raise InputError(path, f"cannot write: {e.strerror or e}") from None
 
 
-def write_output(path, data: bytes | str, inputs=(), flag: str = "-o") -> Path:
-    """guard_output, then atomic_write."""
+def write_output(path, data: bytes | str, inputs=(), flag: str = "-o", announce: bool = True) -> Path:
+    """guard_output, then atomic_write; says what it wrote on stderr (every writer does)."""
     path = guard_output(path, inputs, flag)
     atomic_write(path, data)
+    if announce:
+        say_wrote(path)
     return path
+
+
+def say_wrote(path) -> None:
+    """`wrote PATH (N bytes)` on stderr: stdout stays the command's answer."""
+    import sys
+    try:
+        size = f" ({Path(path).stat().st_size:,} bytes)"
+    except OSError:
+        size = ""
+    print(f"wrote {path}{size}", file=sys.stderr)

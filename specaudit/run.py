@@ -211,14 +211,29 @@ def run_traced(*, algo="chain", budget=7, topk=1, concurrency=1, num_prompts=8, 
 
     t0 = time.time()
     stopped = None
+    interrupted = None
     try:
         engine.run(reqs, progress=on_request)
     except _SinkFailing:
         stopped = tracer.health()["last_error"]   # close() below writes what it can
+    except KeyboardInterrupt as e:   # Ctrl-C, or SIGTERM (commands/run.py raises Terminated)
+        interrupted = e
     finally:
         if bar:
             bar.close()
     wall = time.time() - t0
+    if interrupted is not None:
+        # the final flush still happens: requests in flight end as "abort" (traced), then
+        # the sinks close with what was decoded; the interrupt goes on to the CLI (130/143)
+        for r in reqs:
+            if not r.finished:
+                try:
+                    engine.abort(r)
+                except Exception:   # stopped mid-step: its request row may be missing
+                    pass
+        if tracer is not None:
+            tracer.close(reported=engine.metrics.reported(wall), wall_s=wall)
+        raise interrupted
     reported = engine.metrics.reported(wall)
     if tracer is not None:
         manifest = tracer.close(reported=reported, wall_s=wall)   # SinkError if rows were lost

@@ -6,10 +6,13 @@ all need it, and none of them should import the run wiring for a byte decoder.
 from __future__ import annotations
 
 import json
+import os
 from importlib import resources
 from pathlib import Path
 
 from specaudit.trace.schema import InputError
+
+MAX_PROMPTS_BYTES = 64 << 20   # a prompts file; more is not a prompt set
 
 
 def default_prompts() -> list[str]:
@@ -20,13 +23,11 @@ def default_prompts() -> list[str]:
 
 def load_prompts(path) -> list[str]:
     """JSONL ({"prompt": ...} or a JSON string per line) or plain text, one prompt a line."""
+    from specaudit.inputs import read_input_text
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(p, "prompts file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(p, f"cannot read prompts: {e}") from None
+    if not os.path.lexists(p):
+        raise InputError(p, "prompts file not found")
+    text = read_input_text(p, MAX_PROMPTS_BYTES, "--prompts")   # a FIFO or a device: refused, never waited on
     out = []
     for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():

@@ -446,7 +446,7 @@ def test_prometheus_url_side(tmp_path, monkeypatch):
     s = _scrapes(tmp_path)
     calls = []
 
-    def fake(url, range_s, step_s, match):
+    def fake(url, range_s, step_s, match, **kw):
         calls.append((url, range_s, step_s, list(match)))
         return [read_source(s)]
     monkeypatch.setattr(prom_http, "read_prometheus", fake)

@@ -1,4 +1,4 @@
-"""The import rules the README's data-flow paragraph states, enforced on the source.
+"""The import rules of docs/architecture.md's data-flow paragraph, enforced on the source.
 
 Data flows one way: model -> runtime -> tracer -> sinks. Sinks never import readers;
 readers never import the runtime or each other (they share the contract and the few
@@ -37,9 +37,11 @@ ALLOWED_READER_EDGES = {
     ("ab-evidence", "sources"): "A/B from evidence reads both sides' engine logs",
     ("ab-evidence", "estimate"): "throughput-derived commit length per stratum",
     ("client-vs-trace", "sources"): "a client's export (AIPerf) is read like any engine output",
+    ("postmortem", "sources"): "query and report read engine outputs into the windows and findings views "
+                               "through the sources' public API (iter_readings, audit_file)",
 }
 RUNTIME = ("specaudit.runtime", "specaudit.run", "specaudit.integrations")
-TRACE_SINKS = ("specaudit.trace", "specaudit.tracer", "specaudit.store")
+TRACE_SINKS = ("specaudit.trace",)
 COMMAND_LAYER = ("specaudit.cli", "specaudit.commands", "specaudit.__main__")
 
 

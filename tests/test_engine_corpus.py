@@ -1,5 +1,5 @@
 """The corpus of real engine output: every excerpt audited, zero false alarms, every
-broken one caught with its code; the rendered fixtures and the README table are current."""
+broken one caught with its code; the rendered fixtures and the docs' table (docs/reading-engines.md) are current."""
 from __future__ import annotations
 
 import re
@@ -21,6 +21,7 @@ import render  # noqa: E402  (after the sys.path / importorskip set-up above)
 CASES = render.load_cases()
 IDS = [c["id"] for c in CASES]
 FORMAT_SOURCE = {"log": None, "prom": "prom-text", "json": "json-records"}
+LOG_FORMAT_SOURCE = {"vllm-spec-decode-example": "vllm-bench"}   # text formats read by another reader
 
 
 def test_ids_unique_and_facts_complete():
@@ -33,8 +34,34 @@ def test_ids_unique_and_facts_complete():
         assert c["engine"] in render.ENGINES
 
 
+def _source(url: str) -> str:
+    """A case's source: repository + issue or PR number, or repository + file path."""
+    m = re.match(r"https://github\.com/([\w.-]+/[\w.-]+)/(issues|pull)/(\d+)", url)
+    if m:
+        return f"{m.group(1)}#{m.group(3)}"
+    m = re.match(r"https://github\.com/([\w.-]+/[\w.-]+)/blob/[^/]+/(.+)$", url)
+    assert m, url
+    return f"{m.group(1)}:{m.group(2)}"
+
+
+def test_variety_is_counted_by_distinct_sources():
+    """Issue 31: at least 40 distinct sources (repository + issue or PR, or a repository's
+    file) over at least five engines, and no source carries more than 3 cases (real and
+    mutated together), so variety cannot be inflated by slicing one excerpt."""
+    by_source: dict = {}
+    for c in CASES:
+        by_source.setdefault(_source(c["url"]), []).append(c["id"])
+    crowded = {s: ids for s, ids in by_source.items() if len(ids) > 3}
+    assert not crowded, crowded
+    assert len(by_source) >= 40, len(by_source)
+    engines = {c["engine"] for c in CASES}
+    assert len(engines) >= 5, engines
+    assert _source("https://github.com/vllm-project/vllm/pull/26498") == "vllm-project/vllm#26498"
+    assert _source("https://github.com/vllm-project/vllm/issues/26498") == "vllm-project/vllm#26498"
+
+
 def test_at_least_ten_real_excerpts_per_engine():
-    for eng in render.ENGINES:
+    for eng in ("vllm", "sglang", "trtllm", "llamacpp"):   # the four with a log reader each
         real = [c for c in CASES if c["engine"] == eng and "mutation" not in c]
         assert len(real) >= 10, (eng, len(real))
 
@@ -73,7 +100,7 @@ def test_case_verdict(case):
 def test_detected_as_its_source(case):
     path = render.RENDERED / render.filename(case)
     kind = render.filename(case).rsplit(".", 1)[1]
-    want = FORMAT_SOURCE[kind] or f"{case['engine']}-log"
+    want = LOG_FORMAT_SOURCE.get(case["format"]) or FORMAT_SOURCE[kind] or f"{case['engine']}-log"
     assert detect(path) == want
 
 
@@ -84,7 +111,9 @@ def test_convention_is_named_in_the_finding():
     assert "bonus" in f.values["conventions"]["accept_rate"]
 
 
-def test_readme_table_matches_the_corpus():
+def test_docs_table_matches_the_corpus():
     md, tot = engine_corpus.table(render)
     assert tot["false"] == 0 and tot["caught"] == tot["flagged"] and tot["mut_caught"] == tot["mutated"]
-    assert engine_corpus.readme_table() == md, "README engine table is stale: python scripts/engine_corpus.py"
+    assert engine_corpus.docs_table() == md, "docs/reading-engines.md table is stale: scripts/engine_corpus.py --write"
+    for f in engine_corpus.table_files():   # any other page (or README.md) holding the markers
+        assert engine_corpus.readme_table(f) == md, f"{f.name}: table stale: python scripts/engine_corpus.py --write"

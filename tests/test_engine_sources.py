@@ -217,13 +217,17 @@ def test_no_progress_bar_off_a_terminal(tmp_path):
     assert sources._progress(f) is None  # pytest's stderr is not a terminal; small files never get one
 
 
-def test_cli_one_line_for_bad_input(tmp_path, capsys):
+def test_cli_reads_the_main_engine_of_a_mixed_file(tmp_path, capsys):
+    """Two engines' lines in one file: `check` reads the engine with most lines, names the
+    other's first line as skipped (SA700) and says so in the reading's account."""
     from specaudit.cli import main
     f = tmp_path / "mixed.log"
     f.write_text(VLLM.read_text() + (CORPUS / "llamacpp-pr27342-dflash2.log").read_text())
-    assert main(["check", str(f)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "mixed engines" in err[0] and "Traceback" not in err[0]
+    assert main(["check", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert "engine vllm" in out and "mixed engines" in out and "SA700" in out and "Traceback" not in out
+    n_vllm = VLLM.read_text().count("SpecDecoding metrics")
+    assert f"read {n_vllm} window{'s' * (n_vllm != 1)} " in out
 
 
 if __name__ == "__main__":  # pragma: no cover

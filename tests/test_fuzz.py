@@ -209,6 +209,230 @@ def test_fuzz_output_formats(msgs, file, fmt):
         json.loads(out)
 
 
+# ------------------------------------------------------------------ issue 30: one generator per kind
+# special files at every input flag, every writer onto a FIFO / device / socket, hostile HTTP
+# peers, absurd numbers for every numeric flag of every command. A blocking open or read is
+# cut by SIGALRM (the handler raises, so the system call is not retried): a hang fails the
+# example in ALARM_S instead of stopping the suite. Fewer examples than the readers' fuzz:
+# each one runs a command.
+
+ALARM_S = 15
+FEW = settings(FUZZ, max_examples=min(FUZZ_EXAMPLES, 16), deadline=None)
+
+
+class Hung(Exception):
+    pass
+
+
+def _bounded(fn):
+    """fn() under an alarm: Hung when it runs ALARM_S seconds (a blocked read included)."""
+    import signal
+
+    def on_alarm(signum, frame):
+        raise Hung(f"no answer in {ALARM_S}s")
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(ALARM_S)
+    try:
+        return fn()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _special(path: Path, kind: str) -> Path:
+    """A special file of `kind` at path: fifo, devzero (a link to /dev/zero), devnull, socket,
+    folder, or a link to a FIFO."""
+    import socket
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "devzero":
+        path.symlink_to("/dev/zero")
+    elif kind == "devnull":
+        path.symlink_to("/dev/null")
+    elif kind == "socket":
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(path))
+        s.close()
+    elif kind == "folder":
+        path.mkdir()
+    else:   # link-to-fifo
+        os.mkfifo(str(path) + ".real")
+        path.symlink_to(str(path) + ".real")
+    return path
+
+
+SPECIAL = st.sampled_from(["fifo", "devzero", "devnull", "socket", "folder", "link-to-fifo"])
+
+
+def _input_argv(flag: str, p: Path, ds: Path, log: Path) -> list:
+    """A command line reading `p` at `flag` (every flag that names a file read)."""
+    return {
+        "check PATH": ["check", p],
+        "estimate INPUT": ["estimate", p, "--baseline-tps", "98", "--cost-factor", "1.5"],
+        "estimate --profile": ["estimate", "--observed-tps", "109", "--baseline-tps", "98", "--profile", p,
+                               "--n-nodes", "8"],
+        "estimate --load": ["estimate", "--load", p, "--baseline-tps", "98", "--cost-factor", "1.5"],
+        "estimate --baseline": ["estimate", "--observed-tps", "109", "--baseline", p, "--cost-factor", "1.5"],
+        "ab A": ["ab", p, log],
+        "query -f": ["query", "--no-check", ds, "-f", p],
+        "run --prompts": ["run", "--out", p.parent / "runs", "--prompts", p, "--num-prompts", "1"],
+        "check --ca-file": ["check", "--prometheus", "https://127.0.0.1:9", "--ca-file", p, "--timeout", "2s"],
+        "check --invariants": ["check", ds, "--invariants", p.parent],
+        "diff run.json": ["diff", ds, p.parent],
+    }[flag]
+
+
+INPUT_FLAGS = ["check PATH", "estimate INPUT", "estimate --profile", "estimate --load", "estimate --baseline",
+               "ab A", "query -f", "run --prompts", "check --ca-file", "check --invariants", "diff run.json"]
+
+
+@FEW
+@given(flag=st.sampled_from(INPUT_FLAGS), kind=SPECIAL)
+def test_fuzz_special_file_at_every_input(good_run, tmp_path_factory, flag, kind, capsys):
+    from specaudit.cli import main
+    d = tmp_path_factory.mktemp("sp")
+    name = {"check --invariants": "rule.py", "diff run.json": "run.json"}.get(flag, "input.log")
+    if flag == "diff run.json":   # a run folder whose run.json is the special file
+        for f in good_run[0].iterdir():
+            if f.name != "run.json":
+                (d / f.name).write_bytes(f.read_bytes())
+    p = _special(d / name, kind)
+    log = next((FIX).glob("*.log"))
+    argv = [str(a) for a in _input_argv(flag, p, good_run[0].parent, log)]
+    try:
+        rc = _bounded(lambda: main(argv))
+    except Hung:
+        pytest.fail(f"specaudit {' '.join(argv)} hung on a {kind}")
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "internal error" not in err, err
+    if flag == "diff run.json":
+        assert rc in (1, 2)     # a run without a readable manifest: a finding or one line
+    else:
+        assert rc == 2, (flag, kind, rc, err)
+
+
+WRITERS = {
+    "check -o": ["check", "{ds}", "-o", "{t}"],
+    "ab -o": ["ab", "{log}", "{log2}", "-o", "{t}"],
+    "query -o": ["query", "--no-check", "{ds}", "SELECT 1 AS x", "-o", "{t}", "--output-format", "csv"],
+    "calibrate --out": ["calibrate", "--cost-factor", "1.5", "--out", "{t}"],
+}
+
+
+@FEW
+@given(writer=st.sampled_from(sorted(WRITERS)), kind=st.sampled_from(["fifo", "devnull", "socket",
+                                                                       "link-to-fifo"]))
+def test_fuzz_every_writer_refuses_a_special_target(good_run, tmp_path_factory, writer, kind, capsys):
+    import stat
+
+    from specaudit.cli import main
+    d = tmp_path_factory.mktemp("w")
+    t = _special(d / "out.txt", kind)
+    before = os.stat(t).st_mode
+    logs = sorted(FIX.glob("sglang_*.log"))
+    argv = [a.format(ds=good_run[0].parent, t=t, log=logs[0], log2=logs[1]) for a in WRITERS[writer]]
+    try:
+        rc = _bounded(lambda: main(argv))
+    except Hung:
+        pytest.fail(f"specaudit {' '.join(argv)} hung on a {kind} target")
+    err = capsys.readouterr().err
+    assert rc == 2 and "not a regular file" in err and "Traceback" not in err, (writer, kind, rc, err)
+    assert stat.S_IFMT(os.stat(t).st_mode) == stat.S_IFMT(before)   # still the FIFO / device / socket
+    assert not [f for f in d.iterdir() if f.name.startswith(".")]  # no temporary left
+
+
+PEER = st.one_of(
+    st.tuples(st.just("drip"), st.just(b"")), st.tuples(st.just("huge"), st.just(b"")),
+    st.tuples(st.just("endless"), st.just(b"")), st.tuples(st.just("redirect"), st.just(b"")),
+    st.tuples(st.just("body"), JSON_ANY.map(lambda v: json.dumps({"status": "success", "data": v}).encode())),
+    st.tuples(st.just("body"), JSON_ANY.map(lambda v: json.dumps(v).encode())),
+    st.tuples(st.just("body"), st.integers(65, 200_000).map(lambda n: b"[" * n)),
+    st.tuples(st.just("body"), st.binary(max_size=200)),
+)
+
+
+@FEW
+@given(peer=PEER, status=st.sampled_from([200, 200, 301, 400, 401, 500, 503]))
+def test_fuzz_hostile_http_peer(peer, status, monkeypatch):
+    """A peer that is slow, huge, endless, redirecting or answers any JSON shape: one
+    InputError line within the deadline, never a hang, a traceback or a credential sent on."""
+    import sys
+    import time
+    sys.path.insert(0, str(Path(__file__).parent))
+    from hostile_peer import HostilePeer
+
+    from specaudit.audit.sources import prom_http
+    monkeypatch.setattr(prom_http, "MAX_ANSWER_BYTES", 4 << 20)
+    mode, body = peer
+    with HostilePeer("body", body=b'{"status": "success", "data": []}') as other, \
+            HostilePeer(mode, body=body or b'{"status":"success","data":[]}', status=status, delay=0.05,
+                        location=other.url + "/x") as p:
+        t = time.monotonic()
+        try:
+            _bounded(lambda: prom_http.read_prometheus(p.url, range_s=60, step_s=0, timeout=1.5,
+                                                       headers=["Authorization: Bearer FUZZ-SECRET"]))
+        except InputError as e:
+            assert "\n" not in e.reason and "\x1b" not in e.reason
+        except Hung:
+            pytest.fail(f"{mode} peer: no answer in {ALARM_S}s")
+        assert time.monotonic() - t < 6
+        assert not any(b"FUZZ-SECRET" in h for h in other.seen)
+
+
+def _numeric_flags():
+    """(command, flag, dest, type) of every int/float option of every command, and of ab's arms."""
+    from specaudit.cli import build_parser
+    ap = build_parser()
+    out = []
+    for cmd, sp in sorted(ap.subparsers.items()):
+        for a in sp._actions:
+            if a.type in (int, float) and a.option_strings:
+                out.append((cmd, sp, a))
+    return out
+
+
+NUMERIC = _numeric_flags()
+ABSURD = st.one_of(st.sampled_from([float("nan"), float("inf"), float("-inf"), 1e308, -1e308, 1e-320, -1.0,
+                                    2**63, -(2**63), 10**12]), st.integers(max_value=-(2**31)),
+                   st.integers(min_value=2**31))
+
+
+@settings(FUZZ, max_examples=max(FUZZ_EXAMPLES, 60))
+@given(i=st.integers(0, len(NUMERIC) - 1), value=ABSURD)
+def test_fuzz_absurd_number_for_every_numeric_flag(i, value):
+    """Every numeric flag of every command is bounded: an absurd value is one ValueError line
+    naming the flag and its bounds, before the command starts."""
+    import argparse
+
+    from specaudit.bounds import bound_of, check_args
+    cmd, sp, a = NUMERIC[i]
+    v = a.type(value) if not (a.type is int and isinstance(value, float)) else value
+    if a.type is int and isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            return   # argparse's int() refuses these itself (exit 2)
+        v = int(value)
+    lo, hi, open_low = bound_of(cmd, a.dest, a.type)
+    inside = (v > lo if open_low else v >= lo) and v <= hi and v == v and abs(v) != float("inf")
+    ns = argparse.Namespace(**{x.dest: x.default for x in sp._actions if x.dest != "help"})
+    setattr(ns, a.dest, v)
+    if inside:
+        check_args(cmd, sp, ns)
+        return
+    with pytest.raises(ValueError) as e:
+        check_args(cmd, sp, ns)
+    msg = str(e.value)
+    assert msg.split()[0] in a.option_strings
+    assert " must be " in msg and "\n" not in msg
+
+
+def test_every_numeric_flag_has_a_finite_bound():
+    from specaudit.bounds import bound_of
+    assert len(NUMERIC) > 40
+    for cmd, _sp, a in NUMERIC:
+        lo, hi, _ = bound_of(cmd, a.dest, a.type)
+        assert abs(lo) < 1e13 and abs(hi) < 1e13 and lo < hi, (cmd, a.dest)
+
+
 # ---------------------------------------------------------------------- memory
 
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from ci import import_or_fail
 
-transformers = pytest.importorskip("transformers")
-torch = pytest.importorskip("torch")
+transformers = import_or_fail("transformers")
+torch = import_or_fail("torch")
 
 from specaudit.audit.check import check_paths  # noqa: E402  (after the sys.path / importorskip set-up above)
 from specaudit.cli import main as cli_main  # noqa: E402  (after the sys.path / importorskip set-up above)

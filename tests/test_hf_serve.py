@@ -11,10 +11,11 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from ci import import_or_fail
 
-transformers = pytest.importorskip("transformers")
-torch = pytest.importorskip("torch")
-httpx = pytest.importorskip("httpx")
+transformers = import_or_fail("transformers")
+torch = import_or_fail("torch")
+httpx = import_or_fail("httpx")
 
 from test_hf import EOS, save_tiny  # noqa: E402  (after the importorskip set-up above)
 

@@ -177,12 +177,12 @@ def test_rule_docs_render():
     assert textwrap.dedent(r.doc()) == r.doc()
 
 
-def test_readme_user_rule_example(tmp_path):
-    """The README's user-rule example works as written (--invariants DIR)."""
+def test_docs_user_rule_example(tmp_path):
+    """The user-rule example of docs/commands/check.md works as written (--invariants DIR)."""
     import re
     from pathlib import Path
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    block = re.search(r"```python\n(# my_rules/min_commit\.py\n.*?)```", readme, re.S).group(1)
+    page = (Path(__file__).resolve().parents[1] / "docs" / "commands" / "check.md").read_text()
+    block = re.search(r"```python\n(# my_rules/min_commit\.py\n.*?)```", page, re.S).group(1)
     d = tmp_path / "my_rules"
     d.mkdir()
     (d / "min_commit.py").write_text(block)

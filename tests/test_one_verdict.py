@@ -301,7 +301,7 @@ def test_known_prefixes_still_select(table_ds, capsys):
 @pytest.mark.parametrize("argv,hint", [
     (["check", "x", "--format", "json"], "--output-format (text, json, junit, github, sarif)"),
     (["estimate", "--json"], "--output-format (text, json)"),
-    (["query", "x", "--format=csv"], "--output-format (table, csv, json, parquet)"),
+    (["query", "x", "--format=csv"], "--output-format (text, csv, json, parquet)"),
     (["demo", "--json"], "has no machine output option"),
     (["check", "x", "--selct", "SA3"], "did you mean --select?"),
     (["ab", "--a=--algo chain", "--b=--algo tree", "--max-new-tokens", "64", "--out", "o"],
@@ -367,7 +367,8 @@ def test_the_rule_guide_names_every_place_and_each_holds_the_catalog():
     root = Path(__file__).resolve().parents[1]
     guide = inv.__doc__.split("Every place a new rule touches", 1)[1].split("Fixtures:", 1)[0]
     for path in ("specaudit/audit/reference.py", "specaudit/trace/prom_sink.py", "kernels/audit.py",
-                 "specaudit/audit/compare.py", "README.md", "tests/test_invariants.py", "tests/test_check_props.py"):
+                 "specaudit/audit/compare.py", "docs/commands/check.md", "tests/test_invariants.py",
+                 "tests/test_check_props.py"):
         assert path in guide, path
         assert (root / path).exists(), path
     oracle = (root / "specaudit/audit/reference.py").read_text()

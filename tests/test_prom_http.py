@@ -20,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 import pytest
+from ci import need
 
 from specaudit.audit.sources.prom_http import audit_prometheus, parse_duration, read_prometheus
 from specaudit.trace.schema import InputError
@@ -314,7 +315,7 @@ def test_durations():
             parse_duration(bad, "--range")
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
+@need(shutil.which("openssl") is not None, "openssl is not installed")
 def test_tls_verification_and_its_options(fake, tmp_path):
     key, crt = tmp_path / "k.pem", tmp_path / "c.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",

@@ -14,18 +14,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import duckdb  # noqa: F401  (a core dependency: a missing one is an error, never a skip)
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from ci import need
 
 from specaudit.audit.findings import Finding
 from specaudit.cli import main as cli_main
 from specaudit.postmortem import views as Q
 from specaudit.trace.schema import tree_depths
-
-pytest.importorskip("duckdb")
-
 
 # ----------------------------------------------------------------------- fixtures
 
@@ -125,7 +124,6 @@ def test_depths_udf_edge_cases():
 
 def test_shell_setup_sql_gives_the_same_views_and_lock(synth_ds, con):
     """The duckdb CLI's setup (run here in Python duckdb) builds the same views, locked."""
-    import duckdb
     c = duckdb.connect()
     for stmt in c.extract_statements(Q.shell_setup_sql([synth_ds[0]], [_finding("SA301", "x")])):
         c.execute(stmt.query)
@@ -555,7 +553,7 @@ def _real_cli():
     return cli if r.returncode == 0 and r.stdout.startswith("v") else None
 
 
-@pytest.mark.skipif(_real_cli() is None, reason="the duckdb CLI is not installed (pip install duckdb-cli)")
+@need(_real_cli() is not None, "the duckdb CLI is not installed (pip install duckdb-cli, in the test extra)")
 def test_real_duckdb_shell(own_copy, tmp_path):
     """Statements piped into the real shell: views answer, files and settings stay locked."""
     ds, out = own_copy

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ci import need
 
 from specaudit.audit.findings import Finding
 from specaudit.cli import main as cli_main
@@ -222,7 +223,7 @@ def matches(pixels: np.ndarray, png: Path) -> float:
     return float(np.abs(pixels - ref).mean())
 
 
-@pytest.mark.skipif(chromium_bin() is None, reason="chromium not installed (scripts/test.sh installs it)")
+@need(chromium_bin() is not None, "chromium is not installed")
 def test_every_plot_renders_in_headless_chromium(report, tmp_path):
     path, _ = report
     got = rendered_plots(path, tmp_path)
@@ -238,7 +239,7 @@ def test_every_plot_renders_in_headless_chromium(report, tmp_path):
         assert min(others) > 3.0, stem
 
 
-@pytest.mark.skipif(chromium_bin() is None, reason="chromium not installed (scripts/test.sh installs it)")
+@need(chromium_bin() is not None, "chromium is not installed")
 def test_chromium_check_catches_a_broken_image(report, tmp_path):
     """Negative control: corrupt one data URI; the same check must see it fail."""
     path, _ = report

@@ -130,7 +130,7 @@ BAD = [
     ("max_tokens over the limit", {"prompt": "x", "max_tokens": 201}, None, 422, "invalid_value"),
     ("max_tokens not an int", {"prompt": "x", "max_tokens": "8"}, None, 422, "invalid_type"),
     ("prompt longer than the context", {"prompt": "x" * 600, "max_tokens": 4}, None, 413, "prompt_too_long"),
-    ("prompt + max_tokens past the context", {"prompt": "x" * 400, "max_tokens": 150}, None, 400,
+    ("prompt + max_tokens past the context", {"prompt": "x" * 400, "max_tokens": 150}, None, 422,
      "context_length_exceeded"),
     ("empty prompt", {"prompt": "", "max_tokens": 4}, None, 422, "invalid_value"),
     ("several prompts", {"prompt": ["a", "b"], "max_tokens": 4}, None, 422, "invalid_type"),
@@ -224,7 +224,7 @@ def test_otel_spans_per_request_with_traceparent(server, otel_memory):
     assert len(steps) == span.attributes["specaudit.verify_steps"] >= 1
 
 
-def test_load_and_scrape_scripts_end_with_one_json_line(server):
+def test_load_and_scrape_scripts_end_with_one_json_line(server, tmp_path):
     # The load guard (scripts/benchutil.py, tested in test_benchutil.py) would wait for a quiet machine and
     # withhold the ratio under CI's own load; this test checks the output's shape, so the guard is lifted.
     env = {**os.environ, "SPECAUDIT_BENCH_LOAD": "1e9"}
@@ -238,9 +238,12 @@ def test_load_and_scrape_scripts_end_with_one_json_line(server):
         assert k in out, k
     assert out["requests"] == out["ok"] == 6 and out["concurrency"] == 4 and out["e2e_s"]["p90"] > 0
     r = run(str(REPO / "scripts" / "bench_scrape.py"), "--url", server.url, "--pairs", "1", "--phase-seconds",
-            "0.5", "--warmup", "0.3", "--concurrency", "4", "--max-tokens", "8")
+            "0.5", "--warmup", "0.3", "--concurrency", "4", "--max-tokens", "8", "--json-out", tmp_path / "s.json")
     assert r.returncode == 0, r.stderr
     b = json.loads(r.stdout.strip().splitlines()[-1])
+    rec = json.loads((tmp_path / "s.json").read_text())     # the figures with their provenance (benchutil.record)
+    assert rec["figures"] == b and rec["benchmark"] == "scrape" and "bench_scrape.py" in rec["command"]
+    assert rec["machine"]["cores"] == os.cpu_count() and rec["date"] and "load_avg_1m" in rec["machine"]
     assert isinstance(b["scrape_overhead"], float) and b["scrapes"] >= 3 and b["tokens_per_s_no_scrape"] > 0
     assert 0 < b["scrape_cpu_share"] < 0.5
     bad = run(str(REPO / "scripts" / "load.py"), "--url", server.url, "--concurrency", "0")
@@ -682,7 +685,8 @@ def test_live_estimator_baseline_is_the_profiles_t_ar():
 def test_cli_help_and_input_errors(tmp_path, capsys):
     h = subprocess.run([sys.executable, "-m", "specaudit", "serve", "--help"], capture_output=True, text=True,
                        timeout=120)
-    assert h.returncode == 0 and "--trace-dir" in h.stdout and "Examples:" in h.stdout and "--concurrency" in h.stdout
+    assert h.returncode == 0 and "--out DIR" in h.stdout and "Examples:" in h.stdout and "--concurrency" in h.stdout
+    assert "--trace-dir" not in h.stdout and "--calibration" not in h.stdout   # hidden old spellings
     from specaudit.cli import main
     for args, msg in ((["--trace-dir", str(tmp_path), "--inject", "nope", "--port", "0"], "unknown fault"),
                       (["--trace-dir", str(tmp_path), "--baseline-tps", "10", "--port", "0"], "--cost-factor"),
@@ -691,6 +695,5 @@ def test_cli_help_and_input_errors(tmp_path, capsys):
         assert main(["serve", *args]) == 2, args
         err = capsys.readouterr().err
         assert msg in err and "Traceback" not in err and err.count("\n") == 1, err
-    with pytest.raises(SystemExit) as e:     # argparse: --trace-dir is required
-        main(["serve", "--port", "1"])
-    assert e.value.code == 2 and "--trace-dir" in capsys.readouterr().err
+    assert main(["serve", "--port", "1"]) == 2     # --out (old: --trace-dir) is required
+    assert "--out DIR is required" in capsys.readouterr().err

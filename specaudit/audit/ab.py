@@ -69,6 +69,11 @@ def parse_arm(text: str, label: str = "a") -> dict:
     except ValueError as e:
         raise ValueError(f"--{label}: cannot split {text!r}: {e}") from None
     ns = p.parse_args(argv)
+    from specaudit.bounds import check_args
+    try:   # the arm's sizes, bounded as the same flags of `specaudit run` are
+        check_args("run", p, ns)
+    except ValueError as e:
+        raise ValueError(f"--{label}: {e}") from None
     cfg = {k: getattr(ns, k) for k in SETTINGS if k != "topk"}
     cfg["topk"] = resolve_topk(ns)
     if cfg["eos_id"] is None and not cfg.get("target"):

@@ -37,9 +37,12 @@ sides throughout; `vary` names them explicitly (an operational key named there i
 compared across, and said to be confounded). A key unknown on a side is not matched.
 
 For each stratum with enough windows on both sides, per metric: A's and B's mean over
-windows with a bootstrap 95% interval (moving blocks of about n^(1/3) neighbouring
-windows resampled, since a burst of load spans several; numpy, seeded), B - A with
-its interval, and a verdict from specaudit.audit.ab.verdict (the project's one A/B
+windows with a 95% interval made by a method fit for the windows' number, named in the
+output (specaudit.audit.ab_stats: below 20 windows Student's t with n - 1 df, their
+autocorrelation being impossible to estimate from so few; from 20 a moving-block
+bootstrap, blocks of about n^(1/3) or the correlation time of neighbouring windows,
+since a burst of load spans several; numpy, seeded), the permutation test of B - A
+over windows, B - A with its interval, and a verdict from specaudit.audit.ab.verdict (the project's one A/B
 decision: same / A better / B better / undecided). Strata on one side only are listed,
 never compared. `matched` pools the compared strata with precision weights
 nA*nB/(nA+nB); `pooled` is every window of each side, stratum ignored (its interval
@@ -55,12 +58,14 @@ values the sides never share is inseparable: no window can say what it does.
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from specaudit.audit.ab_stats import METHOD_T, METHOD_TEXT, method_for, more_windows, permutation_p, t_reps
 from specaudit.numfmt import signed as _num
 from specaudit.stats import percentile_ci as _ci
 from specaudit.trace.schema import InputError
@@ -199,27 +204,28 @@ def expand_side(spec) -> list:
 
 
 def read_url(url: str) -> list:
-    """A Prometheus server as a side: URL[?match={job="a"}&range=6h&step=30s] -> Readings
+    """A Prometheus server as a side: URL[?match={job="a"}&range=6h&step=30s&timeout=30s] -> Readings
     (specaudit.audit.sources.prom_http; every interval between samples a window)."""
     from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
     from specaudit.audit.sources.prom_http import parse_duration, read_prometheus
     u = urlsplit(url)
-    ours = {"match": [], "range": "6h", "step": "30s"}
+    ours = {"match": [], "range": "6h", "step": "30s", "timeout": "30s"}
     rest = []
     for k, v in parse_qsl(u.query, keep_blank_values=True):
         if k == "match":
             ours["match"].append(v)
-        elif k in ("range", "step"):
+        elif k in ("range", "step", "timeout"):
             ours[k] = v
         else:
             rest.append((k, v))
     base = urlunsplit((u.scheme, u.netloc, u.path, urlencode(rest), ""))
     try:
         rng, step = parse_duration(ours["range"], "range"), parse_duration(ours["step"], "step")
+        timeout = parse_duration(ours["timeout"], "timeout")   # the whole of each request, not one read
     except ValueError as e:
         raise InputError(url, str(e)) from None
-    return read_prometheus(base, range_s=rng, step_s=step, match=ours["match"])
+    return read_prometheus(base, range_s=rng, step_s=step, match=ours["match"], timeout=max(timeout, 0.1))
 
 
 def _config_k(reading) -> tuple:
@@ -311,7 +317,8 @@ def windows_from_reading(reading, side: str, bins: str = "pow2") -> tuple[list[E
     return out, dropped
 
 
-def windows_from_traces(path, side: str, bins: str = "pow2", window_forwards: int = WINDOW_FORWARDS) -> list:
+def windows_from_traces(path, side: str, bins: str = "pow2", window_forwards: int = WINDOW_FORWARDS,
+                        seen_runs: dict | None = None, notes: list | None = None) -> list:
     """A trace dataset (or run folder / file) -> EvWindows from its step rows.
 
     A verify forward is the rows of one run sharing t_start (one row per request in the
@@ -331,6 +338,14 @@ def windows_from_traces(path, side: str, bins: str = "pow2", window_forwards: in
     for rf in runs:
         if not rf.step_files:
             continue
+        if seen_runs is not None:   # a run listed twice on a side (a copy, the same folder) counts once
+            first = seen_runs.get(rf.run_id) or (str(rf.duplicate_of) if rf.duplicate_of else None)
+            if first is not None:
+                if notes is not None:
+                    notes.append(f"{side}: {rf.run_dir}: run {rf.run_id} is already counted from {first}; "
+                                 "counted once")
+                continue
+            seen_runs[rf.run_id] = str(rf.run_dir)
         man = rf.manifest or {}
         eng = man.get("engine") or {}
         engine = eng.get("name") if isinstance(eng, dict) else str(eng)
@@ -407,6 +422,24 @@ def windows_from_traces(path, side: str, bins: str = "pow2", window_forwards: in
     return out
 
 
+def _content_id(p) -> str | None:
+    """A digest of a regular file's bytes (two copies of one log are one piece of evidence);
+    None for a folder or anything unreadable (its reader reports it)."""
+    import hashlib
+
+    from specaudit.inputs import open_input
+    if Path(p).is_dir():
+        return None
+    h = hashlib.sha256()
+    try:
+        with open_input(p) as f:
+            for b in iter(lambda: f.read(1 << 20), b""):
+                h.update(b)
+    except (InputError, OSError):
+        return None
+    return "sha256:" + h.hexdigest()
+
+
 def read_side(spec, side: str, *, source: str | None = None, bins: str = "pow2",
               window_forwards: int = WINDOW_FORWARDS) -> tuple[list[EvWindow], dict]:
     """One side's files -> (windows, facts about the side). InputError for bad input."""
@@ -417,7 +450,30 @@ def read_side(spec, side: str, *, source: str | None = None, bins: str = "pow2",
     windows: list[EvWindow] = []
     files, notes = [], []
     engines: dict = {}
+    seen_runs: dict = {}    # run id -> the folder it was first read from
+    seen_files: dict = {}   # content digest (or URL) -> the input it was first read from
+    sizes: dict = {}        # only files whose size another input shares are hashed
     for p in paths:
+        if not is_url(p):
+            try:
+                sizes.setdefault(os.stat(p).st_size, []).append(str(p))
+            except OSError:
+                pass
+    for p in paths:
+        if is_url(p):
+            ident = str(p)
+        else:
+            try:
+                shared = len(sizes.get(os.stat(p).st_size, ())) > 1
+            except OSError:
+                shared = False
+            ident = _content_id(p) if shared else None
+        if ident is not None and ident in seen_files:
+            # the same log twice (or a copy of it) would double the windows and narrow the intervals
+            notes.append(f"{side}: {p}: the same evidence as {seen_files[ident]}; counted once")
+            continue
+        if ident is not None:
+            seen_files[ident] = str(p)
         if is_url(p):
             rs = read_url(p)
             ws = []
@@ -431,7 +487,10 @@ def read_side(spec, side: str, *, source: str | None = None, bins: str = "pow2",
             windows += ws
             continue
         if source is None and p.exists() and is_trace_path(p):
-            ws = windows_from_traces(p, side, bins, window_forwards)
+            n0 = len(notes)
+            ws = windows_from_traces(p, side, bins, window_forwards, seen_runs, notes)
+            if not ws and len(notes) > n0:
+                continue   # its runs were copies of runs already counted
             if not ws:
                 raise InputError(p, f"side {side}: no trace windows of {max(2, window_forwards // 4)}+ "
                                     "verify forwards at one batch size in it (too few step rows)")
@@ -464,14 +523,19 @@ BOOT_EXACT_MAX = 5000       # more windows than this: the bootstrap mean is draw
 
 
 def _boot_means(rng, x: np.ndarray, n_boot: int) -> np.ndarray:
-    """[n_boot] means of moving-block bootstrap resamples of the windows x [n] (in time order).
+    """[n_boot] replicates of the mean of windows x [n] (in time order).
 
+    Fewer than BLOCK_MIN_WINDOWS: drawn from the t distribution with n - 1 df
+    (specaudit.audit.ab_stats: their correlation cannot be estimated from so few).
+    Otherwise moving-block bootstrap resamples:
     Up to BOOT_EXACT_MAX windows the resamples are drawn (blocks of block_len(n)
     neighbouring windows, [n_boot, n] indices); above, the resampled mean is drawn from
     its normal limit N(mean, sd' / sqrt(n)), sd' widened for neighbour correlation (the
     central limit theorem is exact enough there, and a 1 GB log's million windows would
     need n_boot x 10^6 draws)."""
     n = len(x)
+    if method_for(n) == METHOD_T:
+        return t_reps(rng, x, n_boot)        # too few windows to see their correlation
     if n > BOOT_EXACT_MAX:
         return rng.normal(x.mean(), _block_sd(x) / math.sqrt(n), size=n_boot)
     r = _lag1(x)
@@ -536,10 +600,15 @@ def _compare(xa: np.ndarray, xb: np.ndarray, rng, n_boot: int, same_within: floa
     ra, rb = _boot_means(rng, xa, n_boot), _boot_means(rng, xb, n_boot)
     a, b = float(xa.mean()), float(xb.mean())
     dci = _ci(rb - ra)
-    return {"a": {"mean": a, "ci95": _ci(ra), "n": int(len(xa))},
-            "b": {"mean": b, "ci95": _ci(rb), "n": int(len(xb))},
-            "diff_b_minus_a": {"mean": b - a, "ci95": dci},
-            "verdict": decide(dci, a, same_within), "_reps": (ra, rb)}
+    v = decide(dci, a, same_within)
+    out = {"a": {"mean": a, "ci95": _ci(ra), "n": int(len(xa)), "method": method_for(len(xa))},
+           "b": {"mean": b, "ci95": _ci(rb), "n": int(len(xb)), "method": method_for(len(xb))},
+           "diff_b_minus_a": {"mean": b - a, "ci95": dci},
+           "permutation_p": permutation_p(xa, xb, rng),
+           "verdict": v, "_reps": (ra, rb)}
+    if v == "undecided":
+        out["more_windows"] = more_windows(len(xa), len(xb), dci, b - a, a, same_within)
+    return out
 
 
 def _pooled_reps(ws: list, m: str, key, rng, n_boot: int):
@@ -783,7 +852,7 @@ def compare_windows(wa: list[EvWindow], wb: list[EvWindow], *, vary=None, same_w
                         + (": Simpson's paradox, the pooled figures point the wrong way" if reversal else
                            ": the pooled figures compare different conditions"))})
 
-    confounders = confounder_report(wa, wb, primary, matched, varied, pooled_res, matched_res)
+    confounders = confounder_report(wa, wb, primary, matched, varied, pooled_res, matched_res, same_within)
     res = {
         "kind": KIND, "version": VERSION,
         "sides": {lab: {**((side_facts or {}).get(lab) or {}), "windows": len(ws)}
@@ -873,13 +942,15 @@ def _gap_within(A: _Side, B: _Side, key: str, m: str):
     return float(g), shared
 
 
-def confounder_report(wa, wb, primary, matched, varied, pooled, matched_res) -> list[dict]:
-    """Every key whose window distribution differs between A and B, with its share of the gap."""
+def confounder_report(wa, wb, primary, matched, varied, pooled, matched_res,
+                      same_within: float = 0.02) -> list[dict]:
+    """Every key whose window distribution differs between A and B, with its share of the gap.
+    A pooled gap within `same_within` of A (the verdicts' "same" band) has nothing to explain."""
     A, B = _Side(wa), _Side(wb)
     out = []
     p = pooled.get(primary)
     G = p["diff_b_minus_a"]["mean"] if p else None
-    small = G is None or abs(G) <= 1e-9 or (p and abs(G) <= 0.02 * abs(p["a"]["mean"]))
+    small = G is None or abs(G) <= 1e-9 or (p and abs(G) <= same_within * abs(p["a"]["mean"]))
     for k in KEYS:
         sa, sb = A.shares(k), B.shares(k)
         if sa == sb:
@@ -894,7 +965,7 @@ def confounder_report(wa, wb, primary, matched, varied, pooled, matched_res) -> 
         for m, pm in pooled.items():
             g_m = pm["diff_b_minus_a"]["mean"]
             gk_m, _ = _gap_within(A, B, k, m)
-            if gk_m is not None and abs(g_m) > 0.02 * abs(pm["a"]["mean"]) and abs(g_m) > 1e-9:
+            if gk_m is not None and abs(g_m) > same_within * abs(pm["a"]["mean"]) and abs(g_m) > 1e-9:
                 entry["explains_by_metric"][m] = (g_m - gk_m) / g_m
         if gk is None:
             entry["note"] = "inseparable: the sides share no value of it, no window can say what it does"
@@ -955,8 +1026,15 @@ def conclusion(res: dict) -> str:
     x = best["metrics"][m]
     where = _where(res["common"], best["stratum"])
     v = x["verdict"]
-    vtxt = {"same": "the same", "undecided": "undecided (more windows there would decide it)",
-            "A better": "A is better", "B better": "B is better"}[v]
+    d = x["diff_b_minus_a"]
+    gap = (f" by {_num(abs(d['mean']))} ({abs(d['mean']) / abs(x['a']['mean']):.0%} of A; B - A "
+           f"{_cell(d, True)})" if x["a"]["mean"] else f" (B - A {_cell(d, True)})")
+    mw = x.get("more_windows")
+    undecided = ("undecided: these windows cannot tell; about " + f"{mw} more windows per side at this spread "
+                 "would decide it" if mw else "undecided: these windows cannot tell, and more of them at this "
+                 "spread would not (the gap is nil; set --same-within to ask for 'same')")
+    vtxt = {"same": "the same", "undecided": undecided,
+            "A better": "A is better" + gap, "B better": "B is better" + gap}[v]
     quote = f"{where} A gives {_cell(x['a'])} and B {_cell(x['b'])}, {vtxt}"
     n = len(with_m)
     if n > 1:
@@ -1054,7 +1132,10 @@ def format_text(res: dict) -> str:
         L.append("  " + hdr)
         for m, x in s["metrics"].items():
             L.append(f"  {METRIC_LABEL[m]:<27} {_cell(x['a']):<25} {_cell(x['b']):<25} "
-                     f"{_cell(x['diff_b_minus_a'], True):<27} {x['verdict']}")
+                     f"{_cell(x['diff_b_minus_a'], True):<27} {x['verdict']}"
+                     + (f" ({x['more_windows']} more windows per side would decide)"
+                        if x.get("more_windows") else ""))
+        L.append("  " + _method_line(s))
     for name, block in (("matched (compared strata, weighted)", res["matched"]),
                         ("pooled (every window, strata ignored)", res["pooled"])):
         L.append(name)
@@ -1085,6 +1166,19 @@ def format_text(res: dict) -> str:
     L.append(f"verdict ({METRIC_LABEL[res['primary']]}, matched): {res['verdict']}")
     L.append(res["conclusion"])
     return "\n".join(L)
+
+
+def _method_line(s: dict) -> str:
+    """How a stratum's intervals were made, and the permutation test of its primary metrics."""
+    x = next(iter(s["metrics"].values()), None)
+    if x is None:
+        return ""
+    ms = {x["a"]["method"], x["b"]["method"]}
+    how = "; ".join(f"{side} {METHOD_TEXT[x[side.lower()]['method']]}" for side in ("A", "B")) \
+        if len(ms) > 1 else METHOD_TEXT[ms.pop()]
+    ps = ", ".join(f"{METRIC_LABEL[m]} p={v['permutation_p']:.3g}" for m, v in s["metrics"].items()
+                   if v.get("permutation_p") is not None)
+    return f"intervals: {how}; permutation test of B - A over windows: {ps}"
 
 
 def to_json(res: dict) -> str:

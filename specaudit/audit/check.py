@@ -53,6 +53,7 @@ from specaudit.trace.schema import (
     InputError,
     RunFiles,
     check_table_schema,
+    declared_size_problem,
     discover,
     manifest_conventions,
     note_input,
@@ -79,6 +80,7 @@ class CheckResult:
     bad_files: list = field(default_factory=list)     # (path, reason)
     incomplete_runs: list = field(default_factory=list)  # (run_id, reason)
     runs: list = field(default_factory=list)          # run ids checked
+    readings: list = field(default_factory=list)      # engine inputs: their accounts (sources.account)
     steps: int = 0
     requests: int = 0
     rules: list = field(default_factory=list)         # codes run
@@ -583,6 +585,9 @@ def _iter_step_batches(rf: RunFiles, batch_rows: int, columns):
             pf = pq.ParquetFile(path, read_dictionary=["run_id", "request_id", "algo"])
             schema = pf.schema_arrow                  # a property that rebuilds: read once
             _check_schema(path, schema, STEPS_SCHEMA, SAMPLING_FIELDS, plain=True)
+            too_big = declared_size_problem(pf.metadata)   # from the footer: nothing materialised
+            if too_big:
+                raise InputError(path, too_big)
         except InputError as e:
             yield _Bad(path, e.reason)
             continue
@@ -1112,9 +1117,20 @@ def _start_workers(n: int, rules, cap: int, batch_rows: int):
     _WORKER.update(rules=rules, cap=cap, batch_rows=batch_rows)   # inherited by fork, never pickled
     # the workers read with polars (_read_batch) unless this process has loaded it: its
     # threads do not survive a fork. This process itself never does (a later fork of it
-    # would inherit them)
+    # would inherit them). polars is optional (pip install specaudit[fast]): without it the
+    # workers read with Arrow from the start instead of failing an import per task
+    use = POOL_POLARS and "polars" not in sys.modules and _findable("polars")
     return ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("fork"), initializer=_worker_init,
-                               initargs=(POOL_POLARS and "polars" not in sys.modules,))
+                               initargs=(use,))
+
+
+def _findable(module: str) -> bool:
+    """Whether `module` could be imported, without importing it."""
+    import importlib.util
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _worker_init(use_polars: bool) -> None:
@@ -1317,8 +1333,8 @@ def _read_small(path, wanted):
         schema = pf.schema_arrow
         return pf.read(columns=[c for c in wanted if c in schema.names], use_threads=False), schema
     schema = r.schema_arrow
-    if r.metadata.num_columns != len(schema):
-        return None, schema
+    if r.metadata.num_columns != len(schema) or declared_size_problem(r.metadata):
+        return None, schema   # read the general way, which reports the problem
     names = schema.names
     idx = [names.index(c) for c in wanted if c in names]
     return r.read_all(column_indices=idx, use_threads=False), schema

@@ -34,6 +34,8 @@ from specaudit.invariants import get_rule
 from specaudit.invariants.sa59_client import ClientComparison, Figures
 from specaudit.trace.schema import InputError
 
+MAX_EXPORT_BYTES = 1 << 30   # an AIPerf profile_export.jsonl (read whole)
+
 CODES = ("SA590", "SA591")   # the catalog's client-vs-trace rules, in the order they report
 __all__ = ["Figures", "aiperf_records", "compare", "compare_paths", "cross_check", "is_aiperf_export",
            "trace_figures"]
@@ -44,11 +46,12 @@ def is_aiperf_export(path) -> bool:
     p = Path(path)
     if not p.is_file() or p.suffix != ".jsonl":
         return False
+    from specaudit.inputs import open_input
     try:
-        with p.open("r", encoding="utf-8") as f:
-            first = f.readline(1 << 20)
+        with open_input(p) as f:
+            first = f.readline(1 << 20).decode("utf-8")
         obj = json.loads(first)
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError, InputError):
         return False
     return isinstance(obj, dict) and isinstance(obj.get("metadata"), dict) and "x_request_id" in obj["metadata"]
 
@@ -63,10 +66,8 @@ def aiperf_records(path) -> dict[str, dict]:
     profiling records that carry spec-decode figures. Raises InputError on a file it cannot read."""
     p = Path(path)
     out = {}
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(p, f"cannot read the AIPerf export: {e}") from None
+    from specaudit.inputs import read_input_text
+    lines = read_input_text(p, MAX_EXPORT_BYTES, "the AIPerf export").splitlines()
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue

@@ -140,12 +140,3 @@ def verdict(reported, derived, **kw) -> str:
     """'agrees' / 'disagrees' / 'no verdict': agrees() as the word every surface prints."""
     a = agrees(reported, derived, **kw)
     return NO_VERDICT if a is None else (AGREES if a else DISAGREES)
-
-
-def sql_agrees(reported, derived, counter):
-    """Arrow UDF body for DuckDB's specaudit_agrees(reported, derived, counter) (views.py)."""
-    import pyarrow as pa
-    r = reported.to_pylist() if hasattr(reported, "to_pylist") else list(reported)
-    d = derived.to_pylist() if hasattr(derived, "to_pylist") else list(derived)
-    c = counter.to_pylist() if hasattr(counter, "to_pylist") else list(counter)
-    return pa.array([agrees(a, b, counter=bool(k)) for a, b, k in zip(r, d, c)], pa.bool_())

@@ -48,6 +48,7 @@ from specaudit.trace.schema import (
     InputError,
     RunFiles,
     check_table_schema,
+    declared_size_problem,
     discover,
     manifest_conventions,
 )
@@ -109,8 +110,10 @@ def natural_key(rid: str):
 def _raw_version(run: RunFiles):
     """schema_version as written, even when read_manifest refused it (None if unreadable)."""
     try:
-        return json.loads((run.run_dir / "run.json").read_text()).get("schema_version")
-    except (OSError, ValueError, AttributeError):
+        from specaudit.trace.schema import MAX_MANIFEST_BYTES, read_limited
+        # read_limited: a FIFO or a device named run.json is refused, never waited on
+        return json.loads(read_limited(run.run_dir / "run.json", MAX_MANIFEST_BYTES)).get("schema_version")
+    except (OSError, ValueError, AttributeError, RecursionError, InputError):
         return None
 
 
@@ -124,10 +127,14 @@ def _one_run(runs: list[RunFiles], path, label: str) -> RunFiles:
 
 def _read_table(path: Path, schema_needed: pa.Schema, optional: tuple) -> pa.Table:
     try:
-        have = pq.read_schema(path)
+        md = pq.read_metadata(path)
+        have = md.schema.to_arrow_schema()
     except (OSError, pa.ArrowException) as e:
         raise InputError(path, f"not a readable Parquet file ({str(e).splitlines()[0][:120]})") from None
     check_table_schema(path, have, schema_needed)
+    too_big = declared_size_problem(md)   # from the footer: a giant row is never materialised
+    if too_big:
+        raise InputError(path, too_big)
     cols = list(schema_needed.names) + [c for c in optional if c in have.names]
     try:
         return pq.read_table(path, columns=cols)

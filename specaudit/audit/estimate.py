@@ -60,10 +60,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from specaudit.audit.r_band import RBand
 from specaudit.numfmt import fixed as _f  # two decimals, as engines print their figures
 from specaudit.stats import mean_se
 from specaudit.trace.schema import InputError
@@ -87,6 +89,7 @@ EXIT_CODES = {CONSISTENT: 0, INCONSISTENT: 1, NOT_ENOUGH_DATA: 2, MISMATCH: 2}
 SEVERITY = {CONSISTENT: 0, NOT_ENOUGH_DATA: 1, MISMATCH: 2, INCONSISTENT: 3}
 PROFILE_KIND = "specaudit-cost-profile"
 PROFILE_VERSION = 1
+MAX_PROFILE_BYTES = 16 << 20   # a cost profile or a load.py output: KBs; more is not one
 
 
 def _finite_positive(name: str, x) -> float:
@@ -241,15 +244,16 @@ class CostProfile:
 
     @classmethod
     def load(cls, path) -> CostProfile:
+        from specaudit.inputs import read_input_bytes
+        from specaudit.trace.schema import parse_json_bounded
         p = Path(path)
+        if not os.path.lexists(p):
+            raise InputError(p, "cost profile not found (make one with `specaudit calibrate`)")
+        data = read_input_bytes(p, MAX_PROFILE_BYTES, "--profile")   # a FIFO or a device: refused
         try:
-            d = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise InputError(p, "cost profile not found (make one with `specaudit calibrate`)") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise InputError(p, f"cannot read cost profile: {e}") from None
-        except json.JSONDecodeError as e:
-            raise InputError(p, f"cost profile is not JSON ({e.msg} at line {e.lineno})") from None
+            d = parse_json_bounded(data, p)
+        except InputError as e:
+            raise InputError(p, f"cost profile is {e.reason}") from None
         if not isinstance(d, dict) or d.get("kind") != PROFILE_KIND:
             raise InputError(p, f"not a cost profile (expected \"kind\": \"{PROFILE_KIND}\")")
         if d.get("version") != PROFILE_VERSION:
@@ -371,16 +375,15 @@ def observation_from_load_json(path) -> Observation:
 
     Uses tokens_per_s (aggregate, client-measured); when per_request_tokens_per_s is a
     list, its spread gives the standard error (relative, applied to the aggregate)."""
+    from specaudit.inputs import read_input_text
     p = Path(path)
-    try:
-        lines = [ln for ln in p.read_text().splitlines() if ln.strip()]
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(p, f"cannot read: {e}") from None
+    lines = [ln for ln in read_input_text(p, MAX_PROFILE_BYTES, "--load", errors="replace").splitlines()
+             if ln.strip()]
     obj = None
     for ln in reversed(lines):
         try:
             obj = json.loads(ln)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):   # not JSON, or nested past the decoder's depth
             continue
         if isinstance(obj, dict):
             break
@@ -390,8 +393,13 @@ def observation_from_load_json(path) -> Observation:
     if "tokens_per_s" not in obj:
         raise InputError(p, "load output lacks tokens_per_s")
     tps = obj["tokens_per_s"]
-    if not isinstance(tps, (int, float)) or not math.isfinite(tps) or tps <= 0:
+    if not isinstance(tps, (int, float)) or isinstance(tps, bool) or not math.isfinite(tps) or tps <= 0:
         raise InputError(p, f"tokens_per_s must be positive, got {tps!r}")
+    from specaudit.bounds import BOUNDS, check_value
+    try:   # the bounds --observed-tps has: 1e308 or 1e-320 tokens/s is no throughput
+        check_value("tokens_per_s", float(tps), *BOUNDS["observed_tps"])
+    except ValueError as e:
+        raise InputError(p, str(e)) from None
     per = obj.get("per_request_tokens_per_s")
     se = 0.0
     n = int(obj.get("requests") or 1)
@@ -509,16 +517,6 @@ def observations_from_traces(path) -> list[Observation]:
     return out
 
 
-def timing_cost_factor(draft_s, verify_s, t_ar_s: float) -> tuple[float, float]:
-    """r from a trace's own per-step timings against a plain decode step time:
-    r = mean(draft_s + verify_s) / t_ar, with the standard error of that mean."""
-    t_ar = _finite_positive("plain decode step time", t_ar_s)
-    m, se, n = mean_se([a + b for a, b in zip(draft_s, verify_s)])
-    if n == 0:
-        raise ValueError("no step timings to derive a cost factor from")
-    return m / t_ar, se / t_ar
-
-
 # ------------------------------------------------------------------ the pipeline
 
 
@@ -615,18 +613,19 @@ def _observation(reading, ws, label: str) -> Observation:
 
 
 def _is_load_json(path: Path) -> bool:
+    from specaudit.inputs import open_input
     try:
-        with open(path, "rb") as f:
+        with open_input(path) as f:
             f.seek(0, 2)
             size = f.tell()
             f.seek(max(0, size - 65536))
             tail = f.read().decode("utf-8", errors="replace")
-    except OSError:
+    except (OSError, InputError):
         return False
     for ln in reversed([x for x in tail.splitlines() if x.strip()]):
         try:
             obj = json.loads(ln)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             return False
         return isinstance(obj, dict) and "tokens_per_s" in obj
     return False
@@ -691,7 +690,28 @@ def cost_for(obs: Observation, *, cost_factor=None, cost_factor_std=None, profil
         c = concurrency or obs.concurrency
         r, sd = prof.lookup(n, c)
         return r, sd, f"profile {Path(prof.path or 'profile').name} at N={n}, c={c}"
-    raise ValueError("no cost factor: give --cost-factor R (e.g. 1.5) or --profile FILE from `specaudit calibrate`")
+    raise ValueError("no cost factor: give --profile FILE (measured by `specaudit calibrate`), --hardware gpu|cpu "
+                     "(judge each counter by the r it implies), or --cost-factor R")
+
+
+def band_for(*, profile=None, cost_factor=None, cost_factor_std=None, hardware=None, n_nodes=None,
+             concurrency=None, tolerance: float = 0.1) -> RBand | None:
+    """The r band from what the user gave (profile > hand > hardware class), or None."""
+    from specaudit.audit.r_band import band_from_hardware, band_from_r
+    if profile is not None:
+        prof = profile if isinstance(profile, CostProfile) else CostProfile.load(profile)
+        r, sd = prof.lookup(n_nodes, concurrency)
+        how = "measured" if prof.source == "measured" else prof.source
+        return band_from_r(r, sd, tolerance, f"profile {Path(prof.path or 'profile').name} at N={n_nodes}, "
+                                             f"c={concurrency}: {how} r {_f(r)}, sd {_f(sd)}", "profile")
+    if cost_factor is not None:
+        prof = CostProfile.manual(cost_factor, cost_factor_std)
+        r, sd = prof.lookup()
+        return band_from_r(r, sd, tolerance, f"--cost-factor {_f(r)} by hand (sd {_f(sd)}): a guess unless "
+                                             "measured", "hand")
+    if hardware is not None:
+        return band_from_hardware(hardware, n_nodes)
+    return None
 
 
 def _rivals(est: Estimate, ok: list, derived, tolerance: float, n_nodes) -> list:
@@ -711,6 +731,34 @@ def _rivals(est: Estimate, ok: list, derived, tolerance: float, n_nodes) -> list
     return [f for f in ok if not fits(f)]
 
 
+def _figures(reported_commit_len, reported_accept_depth, commit_from: str, depth_from: str) -> list:
+    figs = []
+    if reported_commit_len is not None:
+        figs.append({"counter": "commit length", "reported": reported_commit_len,
+                     "as_commit_len": reported_commit_len, "from": commit_from})
+    if reported_accept_depth is not None:
+        figs.append({"counter": "accepted depth", "reported": reported_accept_depth,
+                     "as_commit_len": reported_accept_depth + 1, "from": depth_from})
+    return figs
+
+
+def identity_sentence(reported_commit_len, reported_accept_depth) -> str | None:
+    """commit = depth + 1 between two reported means (None unless both are given)."""
+    if reported_commit_len is None or reported_accept_depth is None:
+        return None
+    from specaudit.audit.compare import agrees
+    d1 = reported_accept_depth + 1
+    word = ("per unfinished step; a mean sits at most "
+            f"{IDENTITY_CUT_SLACK:.0%} below, the cut last steps of requests")
+    # means over a run: the step that ends a request is cut at EOS or the token limit, so
+    # the mean commit length sits at or a little below mean depth + 1 (IDENTITY_CUT_SLACK)
+    holds = bool(agrees(reported_commit_len, d1)) or (
+        d1 * (1 - IDENTITY_CUT_SLACK) <= reported_commit_len <= d1)
+    return (f"commit length = accepted depth + 1 ({word}): {_f(reported_commit_len)} against "
+            f"{_f(reported_accept_depth)} + 1 = {_f(d1)}: "
+            + ("holds" if holds else "broken, so at least one of the two counters is wrong"))
+
+
 def judge(est: Estimate, *, reported_commit_len=None, reported_accept_depth=None,
           tolerance: float = DEFAULT_TOLERANCE, n_nodes: int | None = None, algo: str | None = None,
           commit_from: str = "reported", depth_from: str = "reported", derived_commit_len=None) -> dict:
@@ -726,29 +774,11 @@ def judge(est: Estimate, *, reported_commit_len=None, reported_accept_depth=None
     committed tokens per step, re-derived from the raw tensors) is such an alternative:
     when the band holds it beside an admitted counter that it disagrees with, throughput
     cannot tell the two apart, and the conclusion says so and what decides."""
-    figs = []
-    if reported_commit_len is not None:
-        figs.append({"counter": "commit length", "reported": reported_commit_len,
-                     "as_commit_len": reported_commit_len, "from": commit_from})
-    if reported_accept_depth is not None:
-        figs.append({"counter": "accepted depth", "reported": reported_accept_depth,
-                     "as_commit_len": reported_accept_depth + 1, "from": depth_from})
+    figs = _figures(reported_commit_len, reported_accept_depth, commit_from, depth_from)
     for f in figs:
         f["verdict"] = verdict(est, f["as_commit_len"], tolerance, n_nodes)
     band = f"[{_f(est.low * (1 - tolerance))}, {_f(est.high * (1 + tolerance))}]"
-    identity = None
-    if reported_commit_len is not None and reported_accept_depth is not None:
-        from specaudit.audit.compare import agrees
-        d1 = reported_accept_depth + 1
-        word = ("per unfinished step; a mean sits at most "
-                f"{IDENTITY_CUT_SLACK:.0%} below, the cut last steps of requests")
-        # means over a run: the step that ends a request is cut at EOS or the token limit, so
-        # the mean commit length sits at or a little below mean depth + 1 (IDENTITY_CUT_SLACK)
-        holds = bool(agrees(reported_commit_len, d1)) or (
-            d1 * (1 - IDENTITY_CUT_SLACK) <= reported_commit_len <= d1)
-        identity = (f"commit length = accepted depth + 1 ({word}): {_f(reported_commit_len)} against "
-                    f"{_f(reported_accept_depth)} + 1 = {_f(d1)}: "
-                    + ("holds" if holds else "broken, so at least one of the two counters is wrong"))
+    identity = identity_sentence(reported_commit_len, reported_accept_depth)
     problem = range_problem(est, n_nodes)
     if problem:
         overall = MISMATCH
@@ -803,20 +833,50 @@ def judge(est: Estimate, *, reported_commit_len=None, reported_accept_depth=None
     return {"verdict": overall, "figures": figs, "identity": identity, "conclusion": conclusion}
 
 
+def _reported(obs: Observation, reported_commit_len, reported_accept_depth):
+    """The counters to judge: the ones given on the command line win over the input's."""
+    if reported_commit_len is not None or reported_accept_depth is not None:
+        return reported_commit_len, "--reported-commit-len", reported_accept_depth, "--reported-accept-depth"
+    return (obs.reported_commit_len, f"from {obs.source}", obs.reported_accept_depth, f"from {obs.source}")
+
+
+R_STATUS = {CONSISTENT: "possible", INCONSISTENT: "contradicted"}
+R_VERDICT = {"named": INCONSISTENT, "contradicted": INCONSISTENT, "possible": CONSISTENT,
+             "both excluded": MISMATCH, "nothing": NOT_ENOUGH_DATA}
+
+
+def r_band_judgement(obs: Observation, base: tuple, band, *, reported_commit_len=None,
+                     reported_accept_depth=None, tolerance: float = DEFAULT_TOLERANCE) -> dict:
+    """No cost factor: each counter's implied r against a band for r (specaudit.audit.r_band).
+    The result has the keys estimate_and_judge's has where they mean something here."""
+    from specaudit.audit.r_band import judge_r
+    b, b_sd, b_label = base
+    rep, rep_from, dep, dep_from = _reported(obs, reported_commit_len, reported_accept_depth)
+    figs = _figures(rep, dep, rep_from, dep_from)
+    rj = judge_r(figs, obs.tps, obs.tps_std, b, b_sd, band)
+    identity = identity_sentence(rep, dep)
+    v = R_VERDICT.get(rj["outcome"])
+    if rj["outcome"] == "both possible":
+        v = NOT_ENOUGH_DATA if identity and "broken" in identity else CONSISTENT
+    for f, x in zip(figs, rj["figures"]):
+        f["verdict"] = {"possible": CONSISTENT, "contradicted": INCONSISTENT}[x["status"]]
+        f["implied_r"] = x["implied_r"]
+    return {"label": obs.label, "source": obs.source, "concurrency": obs.concurrency, "n_nodes": obs.n_nodes,
+            "samples": obs.samples, "mode": "r band", "observed_tps": obs.tps, "observed_std": obs.tps_std,
+            "baseline_tps": b, "baseline_std": b_sd, "baseline_from": b_label, "r_band": rj, "figures": figs,
+            "verdict": v, "tolerance": tolerance, "identity": identity, "conclusion": rj["conclusion"]}
+
+
 def estimate_and_judge(obs: Observation, base: tuple, cost: tuple, *, reported_commit_len=None,
                        reported_accept_depth=None, tolerance: float = DEFAULT_TOLERANCE,
-                       algo: str | None = None) -> dict:
+                       algo: str | None = None, band=None) -> dict:
     """One observation through the model and the judgement: the result dict that the CLI
     prints (text or JSON). base = (tps, sd, label), cost = (r, sd, label). Figures given
     here win over the ones the observation carries."""
     b, b_sd, b_label = base
     r, r_sd, r_label = cost
     est = estimate_commit_length(obs.tps, b, r, cost_factor_std=r_sd, tps_std=obs.tps_std, baseline_std=b_sd)
-    rep, rep_from = obs.reported_commit_len, f"from {obs.source}"
-    dep, dep_from = obs.reported_accept_depth, f"from {obs.source}"
-    if reported_commit_len is not None or reported_accept_depth is not None:
-        rep, rep_from = reported_commit_len, "--reported-commit-len"
-        dep, dep_from = reported_accept_depth, "--reported-accept-depth"
+    rep, rep_from, dep, dep_from = _reported(obs, reported_commit_len, reported_accept_depth)
     j = judge(est, reported_commit_len=rep, reported_accept_depth=dep, tolerance=tolerance, n_nodes=obs.n_nodes,
               algo=algo or obs.extra.get("algo"), commit_from=rep_from, depth_from=dep_from,
               derived_commit_len=obs.extra.get("derived_commit_len"))
@@ -837,6 +897,17 @@ def estimate_and_judge(obs: Observation, base: tuple, cost: tuple, *, reported_c
         res["note"] = range_problem(est, obs.n_nodes)
     if obs.extra.get("confounder"):
         res["confounder"] = obs.extra["confounder"]
+    if band is not None and j["figures"]:
+        # how much the verdict rests on r: the r each counter implies, beside r's band; the
+        # statuses are the estimate's verdicts (the same model read the other way round)
+        from specaudit.audit.r_band import judge_r
+        rj = judge_r(j["figures"], obs.tps, obs.tps_std, b, b_sd, band)
+        for f, x in zip(j["figures"], rj["figures"]):
+            x["status"] = R_STATUS.get(f["verdict"], f["verdict"])
+            f["implied_r"] = x["implied_r"]
+        rj.pop("conclusion")
+        rj.pop("outcome")
+        res["r_band"] = rj
     return res
 
 
@@ -858,13 +929,22 @@ class EstimateReport:
 def run_estimate(input=None, *, observed_tps=None, observed_std=0.0, load=None, source=None, baseline_tps=None,
                  baseline_std=0.0, baseline_file=None, baseline_from_profile=False, cost_factor=None,
                  cost_factor_std=None, profile=None, n_nodes=None, concurrency=None, reported_commit_len=None,
-                 reported_accept_depth=None, tolerance: float = DEFAULT_TOLERANCE) -> EstimateReport:
+                 reported_accept_depth=None, tolerance: float = DEFAULT_TOLERANCE,
+                 hardware: str | None = None, budget: int | None = None) -> EstimateReport:
     """The whole estimator: inputs -> observations -> estimate -> judgement of one or both
-    counters. ValueError / InputError (one line) for bad input."""
+    counters. Without a cost factor or a profile, `hardware` (a class of
+    specaudit.audit.r_band.HARDWARE) judges each counter by the r it implies instead.
+    ValueError / InputError (one line) for bad input."""
     if tolerance is None or not (0 <= tolerance < 1):
         raise ValueError(f"--tolerance must be in [0, 1), got {tolerance}")
     reported_commit_len = reported_figure("--reported-commit-len", reported_commit_len)
     reported_accept_depth = reported_figure("--reported-accept-depth", reported_accept_depth)
+    if budget is not None:
+        if budget < 1:
+            raise ValueError(f"--budget must be at least 1 drafted token per step, got {budget}")
+        if n_nodes is not None and n_nodes != budget + 1:
+            raise ValueError(f"--budget {budget} means N = {budget + 1} verify nodes, but --n-nodes is {n_nodes}")
+        n_nodes = budget + 1
     if n_nodes is not None and n_nodes < 1:
         raise ValueError(f"--n-nodes must be at least 1, got {n_nodes}")
     if concurrency is not None and concurrency < 1:
@@ -878,10 +958,19 @@ def run_estimate(input=None, *, observed_tps=None, observed_std=0.0, load=None, 
             o.n_nodes = n_nodes
         base = baseline_for(o, baseline_tps=baseline_tps, baseline_std=baseline_std, baseline_file=baseline_file,
                             baseline_from_profile=baseline_from_profile, profile=prof, concurrency=concurrency)
+        if hardware is not None and (cost_factor is not None or prof is not None):
+            raise ValueError("give one source of r: --cost-factor, --profile or --hardware")
+        band = band_for(profile=prof, cost_factor=cost_factor, cost_factor_std=cost_factor_std, hardware=hardware,
+                        n_nodes=n_nodes or o.n_nodes, concurrency=concurrency or o.concurrency, tolerance=tolerance)
+        if hardware is not None:
+            results.append(r_band_judgement(o, base, band, reported_commit_len=reported_commit_len,
+                                            reported_accept_depth=reported_accept_depth, tolerance=tolerance))
+            continue
         cost = cost_for(o, cost_factor=cost_factor, cost_factor_std=cost_factor_std, profile=prof, n_nodes=n_nodes,
                         concurrency=concurrency)
         results.append(estimate_and_judge(o, base, cost, reported_commit_len=reported_commit_len,
-                                          reported_accept_depth=reported_accept_depth, tolerance=tolerance))
+                                          reported_accept_depth=reported_accept_depth, tolerance=tolerance,
+                                          band=band))
     overall = max((r["verdict"] for r in results), key=lambda v: SEVERITY[v])
     return EstimateReport(results, overall)
 
@@ -899,8 +988,27 @@ def live_judgement(tps: float, tps_std: float, *, concurrency: int, n_nodes: int
     return estimate_and_judge(obs, (baseline_tps, 0.0, "baseline"), (r, r_sd, "profile"), tolerance=tolerance)
 
 
+def _format_r_only(res: dict) -> str:
+    from specaudit.audit.r_band import format_r
+    where = ", ".join(f"{k}={res[v]}" for k, v in (("c", "concurrency"), ("N", "n_nodes")) if res.get(v))
+    head = res["label"] + (f" ({where})" if where else "")
+    out = [f"{head}:",
+           f"  observed {res['observed_tps']:.1f} tokens/s (sd {res['observed_std']:.1f}), baseline "
+           f"{res['baseline_tps']:.1f} tokens/s (sd {res['baseline_std']:.1f}, {res['baseline_from']}); "
+           "no cost factor: each counter's implied r = commit length * baseline / observed"]
+    rl = format_r(res["r_band"])
+    out += rl[:-1]
+    if res.get("identity"):
+        out.append(f"  identity: {res['identity']}")
+    out.append(f"  verdict: {res['verdict']}")
+    out.append(rl[-1])
+    return "\n".join(out) + "\n"
+
+
 def format_text(res: dict) -> str:
     """One result as the CLI's text block."""
+    if res.get("mode") == "r band":
+        return _format_r_only(res)
     e = res["estimate"]
     head = res["label"] + (f" (c={res['concurrency']}, N={res['n_nodes']})"
                            if res.get("concurrency") or res.get("n_nodes") else "")
@@ -918,6 +1026,10 @@ def format_text(res: dict) -> str:
     if res.get("derived_commit_len") is not None:
         out.append(f"  derived commit length {res['derived_commit_len']:.2f} (committed tokens per step, from the "
                    "trace's raw tensors)")
+    if res.get("r_band"):
+        from specaudit.audit.r_band import format_r
+        out += format_r({**res["r_band"], "conclusion": ""})[:-1]
+        out.append("  (the verdict rests on r: each counter above holds for the r it implies)")
     if res.get("identity"):
         out.append(f"  identity: {res['identity']}")
     for k in ("note", "confounder"):

@@ -102,7 +102,8 @@ def summary_line(counts, sev, summary: dict) -> str:
             parts.append(_plural(summary[k], word))
     what = f"checked {', '.join(parts)}" if parts else "checked"
     head = (f"Found {_plural(errors, 'violation')} of {_plural(len(codes), 'rule')}" if errors
-            else "No violations")
+            else "No violations in what could be checked (each reading's account says what that was)"
+            if summary.get("readings") else "No violations")
     tail = []
     if warns:
         tail.append(_plural(warns, "warning"))
@@ -119,6 +120,11 @@ def _text(findings, *, counts, summary, statistics, examples, rules, checked, ti
     for f in findings:
         by_code.setdefault(f.code, []).append(f)
     lines = []
+    if summary.get("readings"):   # engine inputs: what was read, checked and not checkable, first
+        from specaudit.audit.sources.account import render
+        for doc in summary["readings"]:
+            lines += [printable(x) for x in render(doc)]
+        lines.append("")
     if statistics:
         w = max((len(f"{n:,}") for n in counts.values()), default=1)
         nw = max((len(names.get(c, "")) for c in counts), default=1)
@@ -188,6 +194,11 @@ def _junit(findings, *, counts, summary, statistics, examples, rules, checked, t
     if summary:
         props = ET.SubElement(suite, "properties")
         for k, v in summary.items():
+            if k == "readings":   # engine inputs' accounts: one property per file, its verdict
+                for doc in v:
+                    ET.SubElement(props, "property", name=printable(f"reading {doc['file']}"),
+                                  value=printable(doc["verdict"]))
+                continue
             ET.SubElement(props, "property", name=printable(k), value=printable(v))
     for c in codes:
         r = meta.get(c)
@@ -233,6 +244,9 @@ def _github(findings, *, counts, summary, statistics, examples, rules, checked, 
         props.append(f"title={_gh_prop(f'{f.code} {f.name}')}")
         lines.append(f"::{cmd.get(f.severity, 'error')} {','.join(props)}::{_gh_data(f.message)}")
     counts, sev, _ = _meta(findings, counts)
+    for doc in summary.get("readings") or ():   # each engine input's verdict, as a notice
+        lines.append(f"::notice file={_gh_prop(_rel(doc['file']))},title={_gh_prop('specaudit reading')}::"
+                     f"{_gh_data(doc['verdict'])}")
     lines.append(summary_line(counts, sev, summary))
     return "\n".join(lines) + "\n"
 

@@ -1,7 +1,7 @@
 """The catalog's step and request rules as plain per-row Python: an oracle, a baseline.
 
 Reads rows as Python dicts, one at a time, with a dict of per-request state: the
-obvious implementation of trace-schema.md's rules 1-8. tests/test_check_props.py
+obvious implementation of docs/trace-contract.md's rules 1-8. tests/test_check_props.py
 checks that the vectorised engine (specaudit.check) flags exactly the same
 (code, request, step) as this does; scripts/bench_check.py times it as the
 baseline. Aggregates (rule 9) are summed here row by row and handed to the same

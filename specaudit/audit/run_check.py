@@ -23,21 +23,52 @@ def parse_codes(parts) -> tuple[str, ...]:
     return tuple(out)
 
 
-def is_trace_path(p: Path) -> bool:
-    return p.is_dir() or p.suffix == ".parquet" or p.name == "run.json"
+def is_trace_path(p: Path, st=None) -> bool:
+    """A folder, a .parquet or a run.json. `st`: the path's os.stat result when the caller
+    has one (classification stats each input once)."""
+    import stat as _stat
+    is_dir = _stat.S_ISDIR(st.st_mode) if st is not None else p.is_dir()
+    return is_dir or p.suffix == ".parquet" or p.name == "run.json"
+
+
+SETTLE_S = 0.5   # how long a missing input is looked for again before it is called missing
+
+
+def _stat_settled(p: Path, settle_s: float = SETTLE_S):
+    """os.stat(p), or None when it is missing for `settle_s`: a writer that replaces its file
+    without an atomic rename (log rotation: rename, then create) leaves a moment with no
+    file at all, and a check started right then must not answer "no such file"."""
+    import os
+    import time
+    end = time.monotonic() + settle_s
+    while True:
+        try:
+            return os.stat(p)
+        except FileNotFoundError:
+            if time.monotonic() >= end:
+                return None
+            time.sleep(0.05)
+        except OSError:
+            return None
 
 
 def split_inputs(paths, source: str | None = None) -> tuple[list[Path], list[Path]]:
     """-> (trace paths, engine-output paths). A path that does not exist goes with the traces
-    (the checker names it) unless `source` says every path is engine output."""
+    (the checker names it) unless `source` says every path is engine output.
+
+    One stat per path: the kind is decided once and the reader opens the path itself, so
+    a log that a server renames or rewrites at exit is either read or named with the
+    reader's own error, never classified as present and then dropped as missing."""
     traces, logs = [], []
     for p in map(Path, paths):
         if source is not None:
             logs.append(p)
-        elif not p.exists() or is_trace_path(p):
-            traces.append(p)
-        else:
-            logs.append(p)
+            continue
+        st = _stat_settled(p)
+        if st is None:
+            traces.append(p)   # missing: the checker names it
+            continue
+        (traces if is_trace_path(p, st) else logs).append(p)
     return traces, logs
 
 
@@ -45,7 +76,7 @@ def audit_sources(files, source, select, ignore, result) -> None:
     """Engine logs / metrics text through specaudit.audit.sources, into the same result."""
     from specaudit.audit.check import result_bad
     try:
-        from specaudit.audit.sources import audit_file
+        from specaudit.audit.sources import audit_file_account
     except ImportError as e:
         for f in files:
             result_bad(result, f, f"not a trace file, and the engine-log readers (specaudit.sources) "
@@ -54,14 +85,19 @@ def audit_sources(files, source, select, ignore, result) -> None:
     from specaudit.trace.schema import InputError
     for f in files:
         try:
-            found = audit_file(f, source=source, select=select, ignore=ignore)
+            found, account = audit_file_account(f, source=source, select=select, ignore=ignore)
         except InputError as e:
             result_bad(result, e.path or f, e.reason)
             continue
         except ValueError as e:
             result_bad(result, f, str(e))
             continue
+        except OSError as e:   # gone or unreadable between the listing and the read
+            result_bad(result, f, "no such file" if isinstance(e, FileNotFoundError) else
+                       f"cannot read: {e.strerror or e}")
+            continue
         result.files_checked.append(str(f))
+        result.readings.append(account)   # what was read and checked (printed before the findings)
         for fd in found:
             result.add(fd)
 
@@ -80,6 +116,10 @@ def audit_live(url, select, ignore, result, *, range="6h", step="30s", timeout="
     except (InputError, ValueError) as e:
         result_bad(result, url, getattr(e, "reason", None) or str(e))
         return
+    if not readings:   # series exist, but none gave a window: say so about this URL
+        result_bad(result, url, "Prometheus holds spec-decoding series, but none has two samples in the "
+                                "range to make a window; give a longer --range (or check --match)")
+        return
     result.files_checked += [r.path for r in readings]
     for fd in found:
         result.add(fd)
@@ -87,18 +127,26 @@ def audit_live(url, select, ignore, result, *, range="6h", step="30s", timeout="
 
 def run_check(paths=(), *, select=(), ignore=(), invariants=(), entry_points=True, source=None,
               max_per_code=1000, output_format="text", statistics=False, examples=3, engine="local",
-              spark_master=None, out=None, prometheus=None, live=None):
+              spark_master=None, out=None, prometheus=None, live=None, config=None):
     """-> (CheckResult, the rendered report). select / ignore: code prefixes (validated:
     ValueError names an unknown one); live: keyword arguments of audit_live (range, step,
     timeout, match, headers, insecure, ca_file)."""
-    from specaudit.audit.check import CheckResult, check_paths, result_bad
+    from specaudit.audit.check import CheckResult, check_paths
     from specaudit.audit.formats import format_findings
     from specaudit.invariants import load_rules
     from specaudit.invariants.registry import check_selectors
     select, ignore = tuple(select), tuple(ignore)
     load_rules(dirs=invariants, entry_points=entry_points)   # user rules count as known
+    for label, codes in (config.code_lists() if config is not None else ()):   # named by file and key
+        check_selectors(label, codes)
     check_selectors("--select", select)
     check_selectors("--ignore", ignore)
+    # config: a specaudit.config.CheckConfig, its per-path ignores, severities and tolerances
+    # (select / ignore / output format come merged with the flags by the caller)
+    cap = max_per_code
+    if config is not None and config.per_path_ignores:
+        max_per_code = 0   # per-path ignores drop findings after the check: it keeps them all (exact counts)
+    set_tolerances(config.tolerances if config is not None else {})
     if engine == "spark":
         res = run_check_spark(paths, select, ignore, invariants=invariants, entry_points=entry_points,
                               max_per_code=max_per_code, spark_master=spark_master, out=out)
@@ -109,18 +157,20 @@ def run_check(paths=(), *, select=(), ignore=(), invariants=(), entry_points=Tru
                               entry_points=entry_points, max_per_code=max_per_code)
         else:
             res = CheckResult(max_per_code=max_per_code)
-        if logs:
-            for p in logs:
-                if not p.exists():
-                    result_bad(res, p, "no such file or folder")
-            present = [p for p in logs if p.exists()]
-            audit_sources(present, source, select, ignore, res)
+        if logs:   # each reader opens its file once and names what is wrong with it (missing included)
+            audit_sources(logs, source, select, ignore, res)
             if traces:   # a benchmark client's per-request figures against the same run's trace
                 from specaudit.audit.client_vs_trace import cross_check
-                cross_check(traces, present, select, ignore, res)
+                cross_check(traces, logs, select, ignore, res)
         if prometheus:
             audit_live(prometheus, select, ignore, res, **(live or {}))
-    text = format_findings(res.findings, output_format, counts=res.counts, summary=res.summary(),
+    restore_tolerances()
+    if config is not None:
+        apply_config(res, config, cap)
+    summary = res.summary()
+    if res.readings:   # engine inputs: each reading's account (text: printed first; json: summary.readings)
+        summary["readings"] = res.readings
+    text = format_findings(res.findings, output_format, counts=res.counts, summary=summary,
                            statistics=statistics, examples=examples, checked=res.rules)
     return res, text
 
@@ -134,3 +184,47 @@ def run_check_spark(paths, select, ignore, *, invariants=(), entry_points=True, 
     spark = session(spark_master)
     return check_spark(spark, list(paths), select=select, ignore=ignore, out=out, invariants_dirs=invariants,
                        entry_points=entry_points, max_per_code=max_per_code)
+
+
+def apply_config(res, config, max_per_code: int) -> None:
+    """The file's per-path ignores and severity overrides on a finished CheckResult. With
+    per-path ignores the check kept every finding (max_per_code=0), so the counts rebuilt
+    from the findings left are exact; the cap is applied here."""
+    from collections import Counter
+    if config.per_path_ignores:
+        kept = [f for f in res.findings if not config.path_ignored(f.code, f.file)]
+        res.counts = Counter(f.code for f in kept)
+        shown: Counter = Counter()
+        res.findings = []
+        for f in kept:
+            shown[f.code] += 1
+            if max_per_code <= 0 or shown[f.code] <= max_per_code:
+                res.findings.append(f)
+        res.max_per_code = max_per_code
+    if config.severity:
+        for f in res.findings:
+            f.severity = config.severity_of(f.code, f.severity)
+        res.severities = {c: config.severity_of(c, s) for c, s in res.severities.items()}
+
+
+_TOLERANCES_SET: list = []   # (rule module, constant, its value before) for each tolerance a check set
+
+
+def set_tolerances(values: dict) -> None:
+    """Set the rule modules' tolerance constants (specaudit.config.TOLERANCES) for one check;
+    restore_tolerances() puts them back. A check that raised left them set: put back first."""
+    import importlib
+
+    from specaudit.config import TOLERANCES
+    restore_tolerances()
+    for name, x in values.items():
+        mod = importlib.import_module(f"specaudit.invariants.{TOLERANCES[name][0]}")
+        attr = TOLERANCES[name][1]
+        _TOLERANCES_SET.append((mod, attr, getattr(mod, attr)))
+        setattr(mod, attr, x)
+
+
+def restore_tolerances() -> None:
+    while _TOLERANCES_SET:
+        mod, attr, x = _TOLERANCES_SET.pop()
+        setattr(mod, attr, x)

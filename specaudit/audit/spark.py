@@ -559,12 +559,37 @@ def _cores(master: str | None) -> int:
     return os.cpu_count() or 1 if m.group(1) in (None, "*") else int(m.group(1))
 
 
+MASTER_CONNECT_S = 5.0   # a standalone master that does not accept a connection by then is unreachable
+
+
+def check_master_reachable(master: str | None, timeout: float = MASTER_CONNECT_S) -> None:
+    """spark://HOST:PORT[,HOST:PORT]: one TCP connect to each, before the JVM starts, so an
+    unreachable master is one line (SparkCheckError) instead of a minute of Java retries
+    and a stack trace that blames the Java version. Other masters (local[*], yarn,
+    k8s://) are left to Spark."""
+    import socket
+    if not master or not master.startswith("spark://"):
+        return
+    problems = []
+    for hp in master[len("spark://"):].split(","):
+        host, _, port = hp.rpartition(":")
+        if not host or not port.isdigit():
+            raise SparkCheckError(f"--spark-master {master}: expected spark://HOST:PORT")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+                return   # one master answers: Spark picks the leader
+        except OSError as e:
+            problems.append(f"{hp}: {getattr(e, 'strerror', None) or e}")
+    raise SparkCheckError(f"cannot reach the Spark master {master} ({'; '.join(problems)}); is it running?")
+
+
 def session(master: str | None = "local[2]", app: str = "specaudit-check", **conf):
     """A SparkSession for the checker: workers run this interpreter (PYSPARK_PYTHON),
     Arrow enabled, Spark's own logging at ERROR so a failure prints one line. master
     None: the one spark-submit (or an existing session) gives."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    check_master_reachable(master)
     from pyspark.sql import SparkSession
     b = SparkSession.builder
     if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ:

@@ -2,7 +2,7 @@
 
 Evidence mode, `specaudit ab A B`: A and B are anything `specaudit check` reads (trace
 datasets, SGLang/vLLM/llama.cpp logs, JSON records, Prometheus scrape files, or a
-Prometheus server's range as URL?match=...&range=6h&step=30s), each one path, a
+Prometheus server's range as URL?match=...&range=6h&step=30s&timeout=30s), each one path, a
 comma-separated list or a quoted glob, one engine per side. Nothing is rerun: the
 windows of each side are matched by stratum (concurrency, cuda graph, rank, k, topk,
 algo, engine, version, model) and compared only where both sides have windows; see
@@ -23,14 +23,14 @@ running-request count; empty or unreadable files).
 Runtime mode, `--a/--b`: run two configurations of the reference runtime.
 Examples:
   # the seed case: must a topk=1 tree equal the chain? (expect "same" acceptance)
-  specaudit ab --a="--algo chain --budget 7" --b="--algo tree --budget 7 --topk 1" --out ab/
+  specaudit ab --a="--algo chain --budget 7" --b="--algo tree --budget 7 --branching 1" --out ab/
   # a branching tree against the chain, 4 repeats, on your prompts
-  specaudit ab --a="--algo chain" --b="--algo tree --budget 15 --topk 4" --vary algo,budget,topk \\
+  specaudit ab --a="--algo chain" --b="--algo tree --budget 15 --branching 4" --vary algo,budget,topk \\
       --prompts prompts.jsonl --repeats 4 --out ab2/
   # a confounded comparison: warns that concurrency changed along with the algorithm
-  specaudit ab --a="--algo chain" --b="--algo tree --topk 1 --concurrency 4" --vary algo --out ab3/
+  specaudit ab --a="--algo chain" --b="--algo tree --branching 1 --concurrency 4" --vary algo --out ab3/
 
---a and --b take `specaudit run` options (--algo, --budget, --topk, --concurrency,
+--a and --b take `specaudit run` options (--algo, --budget, --branching, --concurrency,
 --max-new-tokens, --inject, --seed, --device, --dtype, --eos-id) as one quoted string; write
 --a="..." so the shell and the parser keep it whole. Both arms run the same prompts
 (--prompts or the embedded held-out set, --num-prompts of them); the repeats alternate the
@@ -53,7 +53,8 @@ import argparse
 import json
 import sys
 
-HELP = "A/B two runtime configurations on the same prompts, interleaved, with bootstrap intervals"
+HELP = ("A/B from evidence (`ab A B`: two engines' logs, scrapes or traces, matched by stratum) or by rerunning "
+        "(`ab --a ARGS --b ARGS`: two runtime configurations on the same prompts)")
 ORDER = 45
 
 
@@ -143,4 +144,6 @@ def main(args) -> int:
         print(format_text(res))
         for w in res["warnings"]:
             print(f"specaudit ab: warning: {w}", file=sys.stderr)
+    from specaudit.outfile import say_wrote
+    say_wrote(f"{args.out}/ab.json")          # beside the a/ and b/ trace datasets
     return 0

@@ -21,6 +21,7 @@ import json
 import sys
 
 HELP = "measure the step cost factor r(N, c) and write a cost profile"
+EXTRA = "runtime"   # torch: pip install specaudit[runtime] (specaudit/commands/_extras.py)
 ORDER = 36
 
 
@@ -66,6 +67,8 @@ def main(args) -> int:
     prof.save(args.out)
     if args.json or args.output_format == "json":
         print(json.dumps(prof.to_dict()))
+        from specaudit.outfile import say_wrote
+        say_wrote(args.out)
     else:
         sys.stdout.write(format_profile(prof, args.out))
     return 0

@@ -10,9 +10,10 @@ Examples:
   specaudit check traces/run_id=chain-b7-*/ other/        # run folders, many datasets
   specaudit check traces/ --select SA3,SA5 --ignore SA311 # code prefixes
   specaudit check traces/ --statistics                    # one line per code
+  specaudit check traces/ --config ci/specaudit.toml      # settings from this file (else found, see below)
   specaudit check traces/ --output-format sarif -o check.sarif
   specaudit check traces/ --output-format github          # annotations in GitHub Actions
-  specaudit check traces/ --invariants my_rules/          # add your own rules (README)
+  specaudit check traces/ --invariants my_rules/          # add your own rules (docs/commands/check.md)
   specaudit check sglang_server.log metrics.txt           # engine logs, Prometheus text
   specaudit check server.log --source vllm-log            # force the source kind
   specaudit check --prometheus http://127.0.0.1:9090 --range 6h --match '{job="vllm"}'
@@ -20,7 +21,14 @@ Examples:
 
 Inputs: a folder (dataset or run), a steps-*.parquet / requests.parquet / run.json
 file (its run is checked), or a text file that is an engine log or a Prometheus
-scrape (--source sglang-log|vllm-log|prom-text, detected when omitted).
+scrape, a benchmark summary or JSON responses (detected when omitted; --list-sources names
+every reader, --source forces one). Each engine input's report starts with its account:
+the reader and version recognised, windows read and skipped, each identity checked with
+its numbers, and what could not be checked and why.
+
+Settings: [tool.specaudit] in pyproject.toml, or specaudit.toml, found from the working
+directory upwards (select, ignore, per-path-ignores, severity, output-format, tolerances;
+docs/ci.md). Flags override the file; --isolated ignores it.
 
 A run killed mid-way (no finished_at, no requests table) is checked for what it holds
 and reported as incomplete (SA001, info) without failing. Unreadable files are named
@@ -30,12 +38,14 @@ from __future__ import annotations
 
 import sys
 
+from specaudit.cli_flags import Given
+
 HELP = "check trace datasets (or engine logs) against the invariant catalog"
 ORDER = 20
 
 # the engine-output readers' --source names (specaudit.audit.sources.SOURCES; spelled here so
 # `check --help` does not import the readers)
-SOURCES = ("sglang-log", "vllm-log", "llamacpp-log", "prom-text", "json-records")
+SOURCES = ("sglang-log", "vllm-log", "llamacpp-log", "vllm-bench", "tokenspeed-log", "prom-text", "json-records")
 
 
 def add_arguments(p) -> None:
@@ -44,7 +54,12 @@ def add_arguments(p) -> None:
                    help="only these code prefixes, comma-separated (e.g. SA3,SA501)")
     p.add_argument("--ignore", action="append", metavar="CODES", help="skip these code prefixes")
     p.add_argument("--output-format", choices=["text", "json", "junit", "github", "sarif"], default="text",
-                   help="text (default), json, junit (XML), github (workflow annotations), sarif (2.1.0)")
+                   help="text (default), json, junit (XML), github (workflow annotations), sarif (2.1.0)",
+                   action=Given)   # typed, it overrides the configuration file's output-format
+    p.add_argument("--config", metavar="FILE",
+                   help="read settings from this specaudit.toml or pyproject.toml ([tool.specaudit]) "
+                        "instead of the one found from the working directory upwards")
+    p.add_argument("--isolated", action="store_true", help="ignore every configuration file")
     p.add_argument("--statistics", action="store_true", help="text: one line per code with its count")
     p.add_argument("--exit-zero", action="store_true", help="exit 0 even when violations are found")
     p.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
@@ -85,11 +100,15 @@ def add_arguments(p) -> None:
 def run_check(args):
     """The check as the CLI runs it -> (CheckResult, rendered report): specaudit.audit.run_check."""
     from specaudit.audit.run_check import parse_codes, run_check
+    from specaudit.config import resolve
+    cfg = resolve(args.config, args.isolated)   # flags override the file's select / ignore / format
+    fmt = args.output_format if getattr(args, "output_format_given", False) else cfg.output_format or args.output_format
     live = dict(range=args.range, step=args.step, timeout=args.timeout, match=args.match, headers=args.header,
                 insecure=args.insecure, ca_file=args.ca_file)
-    return run_check(args.paths, select=parse_codes(args.select), ignore=parse_codes(args.ignore),
+    return run_check(args.paths, select=parse_codes(args.select) if args.select else (cfg.select or ()),
+                     ignore=parse_codes(args.ignore) if args.ignore else (cfg.ignore or ()), config=cfg,
                      invariants=args.invariants, entry_points=not args.no_entry_points, source=args.source,
-                     max_per_code=args.max_per_code, output_format=args.output_format,
+                     max_per_code=args.max_per_code, output_format=fmt,
                      statistics=args.statistics, examples=args.examples, engine=args.engine,
                      spark_master=args.spark_master, out=args.out, prometheus=args.prometheus, live=live)
 
@@ -102,8 +121,9 @@ def main(args) -> int:
     res, text = run_check(args)
     if not res.checked_anything:
         # nothing could be checked: one line per bad input, exit 2
-        for path, reason in res.bad_files:
-            print(f"specaudit check: error: {path}: {reason}", file=sys.stderr)
+        from specaudit.audit.formats import printable
+        for path, reason in res.bad_files:   # a path or reason with ESC or a newline stays one line
+            print(f"specaudit check: error: {printable(path)}: {printable(reason)}", file=sys.stderr)
         if not res.bad_files:
             print("specaudit check: error: nothing to check (give PATHs or --prometheus URL)", file=sys.stderr)
         return 2

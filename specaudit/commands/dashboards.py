@@ -27,6 +27,8 @@ def add_arguments(p) -> None:
 
 def main(args) -> int:
     from specaudit.dashboards import export
+    from specaudit.outfile import guard_not_in_run_folder
+    guard_not_in_run_folder(args.out)   # `report` refuses the same: a run folder holds evidence only
     try:
         written = export(args.out, force=args.force)
     except (OSError, RuntimeError) as e:

@@ -10,9 +10,13 @@ Examples:
   # the seed case: r = 1.5, plain decoding 98 tokens/s, speculative 109 tokens/s
   specaudit estimate --observed-tps 109 --baseline-tps 98 --cost-factor 1.5 --reported-commit-len 2.0
   specaudit estimate --observed-tps 109 --baseline-tps 98 --cost-factor 1.5 --reported-commit-len 8   # exit 1
-  # the seed question: which of two counters lies? (the depth one: exit 1)
-  specaudit estimate --observed-tps 109 --baseline-tps 98 --cost-factor 1.5 --reported-commit-len 2 \\
-      --reported-accept-depth 7
+  # the seed question: which of two counters lies? Without a guessed r: each counter's
+  # implied r = commit * baseline / observed (2.00 -> r 1.80, 7.00 -> r 7.19) against a band
+  # for r, measured (--profile from `specaudit calibrate`) or from a hardware class
+  specaudit estimate --observed-tps 109 --baseline-tps 98 --reported-commit-len 2 \\
+      --reported-accept-depth 7 --profile cost.json --n-nodes 8 --concurrency 1
+  specaudit estimate --observed-tps 109 --baseline-tps 98 --reported-commit-len 2 \\
+      --reported-accept-depth 7 --hardware gpu --budget 7      # both possible: says what decides
 
   # a trace dataset (steady-state throughput from its timestamps; N, c and the reported
   # figure from run.json); a profile measured on this machine also gives the baseline
@@ -25,6 +29,11 @@ Examples:
 Throughputs must be of one kind (both aggregate, or both per request) and at the same
 concurrency. A cost factor typed by hand carries a 10% spread unless --cost-factor-std
 says otherwise; `specaudit calibrate` measures r and its spread.
+
+Every result shows the r each counter implies beside a band for r and where the band
+comes from (a measured profile, a hand-given factor, or --hardware gpu|cpu: bounds that
+need no measurement); a counter is named only when its r is outside the band
+(specaudit.audit.r_band).
 
 Give both --reported-commit-len and --reported-accept-depth (a trace's run.json gives both)
 and each is judged on its own, the identity commit = depth + 1 is checked, and the answer
@@ -40,7 +49,8 @@ from __future__ import annotations
 import json
 import sys
 
-HELP = "estimate the commit length from throughput and judge the reported one"
+HELP = ("estimate the commit length from throughput; judge each reported counter by the step cost r it implies "
+        "against a measured, given or hardware-class band")
 ORDER = 35
 
 
@@ -64,8 +74,16 @@ def add_arguments(p) -> None:
     g.add_argument("--cost-factor", type=float, help="r given by hand (the seed's is 1.5)")
     g.add_argument("--cost-factor-std", type=float, default=None,
                    help="spread (1 sd) of a hand-given r (default: 10%% of r)")
-    g.add_argument("--profile", metavar="FILE", help="cost profile JSON written by `specaudit calibrate`")
-    g.add_argument("--n-nodes", type=int, help="verify nodes per step N = draft budget + 1 (for --profile)")
+    g.add_argument("--profile", metavar="FILE",
+                   help="cost profile JSON written by `specaudit calibrate` (measured r)")
+    g.add_argument("--hardware", choices=["gpu", "cpu"],
+                   help="no measured r: judge each counter by the r it implies against the plausible band of "
+                        "this hardware class (gpu: memory-bound decode; cpu: compute-bound); needs --n-nodes "
+                        "or a log that states N")
+    g.add_argument("--n-nodes", type=int, help="verify nodes per step N = draft budget + 1 (for --profile, "
+                                               "--hardware)")
+    g.add_argument("--budget", type=int, help="drafted tokens per step (chain: k; tree: its node budget), "
+                                              "the same as --n-nodes BUDGET+1")
     g.add_argument("--concurrency", type=int, help="running requests c (for --profile; for a log, use only "
                                                    "windows at this concurrency)")
     g = p.add_argument_group("the figure under audit")
@@ -88,9 +106,10 @@ def main(args) -> int:
                        source=args.source, baseline_tps=args.baseline_tps, baseline_std=args.baseline_std,
                        baseline_file=args.baseline, baseline_from_profile=args.baseline_from_profile,
                        cost_factor=args.cost_factor, cost_factor_std=args.cost_factor_std, profile=args.profile,
-                       n_nodes=args.n_nodes, concurrency=args.concurrency,
+                       n_nodes=args.n_nodes, budget=args.budget, concurrency=args.concurrency,
                        reported_commit_len=args.reported_commit_len,
-                       reported_accept_depth=args.reported_accept_depth, tolerance=args.tolerance)
+                       reported_accept_depth=args.reported_accept_depth, tolerance=args.tolerance,
+                       hardware=args.hardware)
     if args.output_format == "json":
         print(json.dumps(rep.to_dict()))
     else:

@@ -2,7 +2,7 @@
 
 Examples:
   specaudit lossless --temperature 0.8 --samples 400 --positions 8             # the reference runtime
-  specaudit lossless --temperature 0.8 --algo tree --budget 12 --topk 3
+  specaudit lossless --temperature 0.8 --algo tree --budget 12 --branching 3
   specaudit lossless --temperature 0.8 --inject temperature-one-side            # must exit 1
   specaudit lossless A/ B/ --positions 8          # two trace datasets with sampled output
 
@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import json
 
+from specaudit.cli_vocab import add_list_faults, hidden_alias
+
 HELP = "test whether speculative sampling keeps the target's output distribution (two-sample test)"
+EXTRA = "runtime"   # torch: pip install specaudit[runtime] (specaudit/commands/_extras.py)
 ORDER = 35
 
 
@@ -39,13 +42,16 @@ def add_arguments(p) -> None:
     add_sampling_arguments(g)
     g.add_argument("--algo", choices=["chain", "tree"], default="chain")
     g.add_argument("--budget", type=int, default=7, help="draft nodes per step (default 7)")
-    g.add_argument("--topk", type=int, default=None, help="children per tree node (default: 1 chain, 3 tree)")
+    g.add_argument("--branching", dest="topk", type=int, default=None, metavar="N",
+                   help="children per tree node (default: 1 chain, 3 tree); not the sampling --top-k")
+    hidden_alias(g, "--topk", "topk", type=int)          # old spelling, one release
     g.add_argument("--samples", type=int, default=400, help="samples per prompt and arm (default 400)")
     g.add_argument("--num-prompts", type=int, default=2, help="held-out prompts (default 2)")
     g.add_argument("--prompt-len", type=int, default=48, help="each prompt's last N tokens (default 48)")
     g.add_argument("--concurrency", type=int, default=32, help="requests per batched forward (default 32)")
     g.add_argument("--seed", type=int, default=0, help="seed of arm A (arm B uses seed + 1)")
-    g.add_argument("--inject", metavar="FAULT", default=None, help="run arm B with a fault (run --list-faults)")
+    g.add_argument("--inject", metavar="FAULT", default=None, help="run arm B with a fault (see --list-faults)")
+    add_list_faults(g)
     g.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
 
 

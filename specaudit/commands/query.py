@@ -1,4 +1,5 @@
-"""Ask a trace dataset anything in SQL: DuckDB views, read-only and offline.
+"""Ask a trace dataset, an engine log, a scrape or an AIPerf export anything in SQL:
+DuckDB views, read-only and offline.
 
 Examples:
   specaudit query --list                                   # the canned queries
@@ -9,6 +10,9 @@ Examples:
   specaudit query traces/ throughput_over_time --output-format csv -o over_time.csv
   specaudit query traces/ violations_by_code               # runs the checker first
   specaudit query traces/                                  # interactive duckdb shell
+  # engine outputs (SGLang/vLLM/llama.cpp logs, Prometheus scrapes, JSON/AIPerf records)
+  specaudit query sglang.log "SELECT concurrency, avg(accept_len), count(*) FROM windows GROUP BY ALL"
+  specaudit query sglang.log "SELECT code, line, message FROM findings"
 
 Views: steps (the contract's step rows), requests, runs (one row per run: config label,
 models, reported_* counters, the manifest as JSON), nodes (one row per node: node,
@@ -16,7 +20,13 @@ depth from parents, token, parent, position, draft_logprob, target_argmax,
 target_margin, accepted, parent_accepted) and violations (the checker's findings:
 code, name, severity, message, run_id, request_id, step, file, line, values as JSON).
 The checker runs only when the SQL names `violations` (and for the shell); --no-check
-skips it.
+skips it. Engine outputs given as PATHs (any file that is not part of a trace) become
+two more: windows (one row per log line or scrape interval: file, source, engine,
+version, line, time, concurrency, rank, cuda_graph, k, and every figure read:
+accept_len, accept_rate, verify_steps, drafted, accepted, gen_tps, per_pos, histogram,
+...; NULL where the engine printed nothing) and findings (the engine readers' SA7xx
+findings, with the checker's on traces; empty with --no-check). Traces and logs may be
+given together.
 
 Read-only and offline, also when the SQL asks otherwise: COPY, EXPORT, ATTACH,
 INSTALL/LOAD and friends are refused with one line (exit 2), DuckDB can read nothing
@@ -26,12 +36,13 @@ the `duckdb` CLI: pip install duckdb-cli) gets the same views and settings plus 
 CLI's safe mode; DuckDB there still lets COPY ... TO name a trace file itself, so use
 the shell on a copy when that matters.
 
-Output: --output-format table (default; at most --max-rows rows), csv, json (an array
+Output: --output-format text (default: a table; at most --max-rows rows), csv, json (an array
 of objects) or parquet (needs -o). SQL errors: DuckDB's message on one line, exit 2.
 """
 from __future__ import annotations
 
-HELP = "SQL over traces (DuckDB views steps/requests/runs/nodes/violations) and canned queries"
+HELP = ("SQL over traces (views steps/requests/runs/nodes/violations) and engine logs, scrapes, AIPerf "
+        "exports (views windows/findings), and canned queries")
 ORDER = 60
 
 
@@ -44,8 +55,9 @@ def add_arguments(p) -> None:
     p.add_argument("-f", "--file", metavar="SQLFILE", help="read the SQL from a file")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="set a variable for getvariable('KEY') (canned queries list theirs)")
-    p.add_argument("--output-format", choices=["table", "csv", "json", "parquet"], default="table",
-                   help="table (default), csv, json or parquet (parquet needs -o)")
+    p.add_argument("--output-format", choices=["text", "csv", "json", "parquet"], default="text",
+                   type=lambda v: "text" if v == "table" else v,      # `table`: the old name of text
+                   help="text (default: an aligned table), csv, json or parquet (parquet needs -o)")
     p.add_argument("-o", "--output", metavar="FILE", help="write the result here (atomically) instead of stdout")
     p.add_argument("--max-rows", type=int, default=1000,
                    help="table format: rows to print (default 1000; 0 = all)")
@@ -86,6 +98,7 @@ def run_checker(paths):
 
 def main(args) -> int:
     from specaudit.postmortem.run_query import run_query
-    return run_query(args.args, sql_file=args.file, params=args.param, output_format=args.output_format,
+    fmt = "table" if args.output_format == "text" else args.output_format
+    return run_query(args.args, sql_file=args.file, params=args.param, output_format=fmt,
                      output=args.output, max_rows=args.max_rows, threads=args.threads,
                      checker=None if args.no_check else run_checker, list_canned=args.list, show=args.show)

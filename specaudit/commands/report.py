@@ -12,6 +12,13 @@ is one file with everything inlined (no network, no scripts): mail it, attach it
 incident. `specaudit query PATH NAME` prints the data behind each plot (the caption names
 the canned query). Reads the traces read-only; writes only into DIR.
 
+Engine outputs (logs, scrapes, AIPerf / JSON records) among the PATHs add an "Engine
+outputs" section: per file, version and concurrency the windows and the mean figures
+printed, the readers' findings by code (exit 1 on an error, as `specaudit check`) and
+accept length / throughput per window (engine_windows.png); given alone, the page holds
+only that section:
+  specaudit report sglang.log --out report/
+
 An A/B result (`specaudit ab A B --output-format json -o ab.json`, or the ab.json that
 `specaudit ab --a ... --b ... --out DIR` writes) given among the PATHs adds an A/B
 section: A and B per stratum with their intervals and verdicts (ab.png), the Simpson's
@@ -27,6 +34,7 @@ from __future__ import annotations
 import sys
 
 HELP = "self-contained HTML report with plots (acceptance, commit lengths, calibration, latency, findings)"
+EXTRA = "report"   # matplotlib: pip install specaudit[report]
 ORDER = 62
 
 
@@ -53,5 +61,5 @@ def main(args) -> int:
                                    title=args.title, threads=args.threads)
     note = "" if summary is None else f" (checker: {summary.get('violations', 0)} violation(s))"
     print(f"report: {path}{note}", file=sys.stdout)
-    # the README's rule: 1 when the checker found errors (the report is written either way)
+    # the documented rule (docs/commands/report.md): 1 when the checker found errors (the report is written either way)
     return 0 if args.exit_zero else rc

@@ -2,7 +2,7 @@
 
 Examples:
   specaudit run --algo chain --budget 7 --out traces/
-  specaudit run --algo tree --budget 15 --topk 4 --concurrency 4 --oracle --out traces/
+  specaudit run --algo tree --budget 15 --branching 4 --concurrency 4 --oracle --out traces/
   specaudit run --algo chain --inject commit-counter --out traces/   # a known bug
   specaudit run --list-faults
   specaudit run --temperature 0.7 --top-p 0.95 --seed 3 --out traces/   # speculative sampling
@@ -28,6 +28,7 @@ from specaudit.runtime.options import (
 )
 
 HELP = "run the reference runtime (chain or tree) and write a trace dataset"
+EXTRA = "runtime"   # torch: pip install specaudit[runtime] (specaudit/commands/_extras.py)
 ORDER = 10
 
 
@@ -42,7 +43,6 @@ def add_arguments(p) -> None:
     p.add_argument("--run-id", help="run id (default: config + timestamp)")
     p.add_argument("--flush-steps", type=int, default=4096, help="flush step rows every N rows (default 4096)")
     p.add_argument("--flush-seconds", type=float, default=5.0, help="... or every S seconds (default 5)")
-    p.add_argument("--list-faults", action="store_true", help="list injectable faults and exit")
     p.add_argument("--output-format", choices=["text", "json"], default="text",
                    help="text (default) or json: the summary as one JSON object")
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)   # old spelling of --output-format json
@@ -55,15 +55,29 @@ def print_summary(s: dict, file=None) -> None:
 
 
 def main(args) -> int:
-    if args.list_faults:
-        from specaudit.runtime.faults import describe_faults
-        print(describe_faults())
-        return 0
     if not args.out:
         raise ValueError("--out DIR is required (the dataset folder)")
     apply_host_options(args)
+    import signal
+
+    from specaudit.interrupts import terminate_as_interrupt
+    old = terminate_as_interrupt()   # SIGTERM: the final flush runs (specaudit.run), then exit 143
+    try:
+        res = _run(args)
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+    if args.json or args.output_format == "json":
+        print(json.dumps(res.summary))
+    else:
+        print_summary(res.summary)
+        print(f"trace: {res.run_dir}")
+    return 0
+
+
+def _run(args):
     from specaudit.run import run_traced
-    res = run_traced(threads=args.threads, algo=args.algo, budget=args.budget, topk=resolve_topk(args),
+    return run_traced(threads=args.threads, algo=args.algo, budget=args.budget, topk=resolve_topk(args),
                      concurrency=args.concurrency, num_prompts=args.num_prompts,
                      max_new_tokens=args.max_new_tokens, prompts_file=args.prompts, oracle=args.oracle,
                      inject=args.inject, seed=args.seed, device=args.device, dtype=args.dtype,
@@ -71,9 +85,3 @@ def main(args) -> int:
                      progress=not args.no_progress and sys.stderr.isatty(),
                      flush_steps=args.flush_steps, flush_s=args.flush_seconds, **sampling_kwargs(args),
                      **model_kwargs(args))
-    if args.json or args.output_format == "json":
-        print(json.dumps(res.summary))
-    else:
-        print_summary(res.summary)
-        print(f"trace: {res.run_dir}")
-    return 0

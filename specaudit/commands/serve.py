@@ -1,12 +1,12 @@
 """Serve the reference runtime over an OpenAI-compatible HTTP API, traced and metered.
 
 Examples:
-  specaudit serve --port 8000 --trace-dir traces/
-  specaudit serve --algo tree --budget 15 --concurrency 16 --trace-dir traces/
-  specaudit serve --inject commit-counter --trace-dir traces/      # watch the alert fire
-  specaudit serve --trace-dir traces/ --baseline-tps 240 --cost-factor 1.4   # estimate gauge
-  specaudit serve --target hf:./Qwen2.5-0.5B --drafter skip:12 --trace-dir traces/  # a local checkpoint
-  OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 specaudit serve --trace-dir traces/
+  specaudit serve --port 8000 --out traces/
+  specaudit serve --algo tree --budget 15 --concurrency 16 --out traces/
+  specaudit serve --inject commit-counter --out traces/      # watch the alert fire
+  specaudit serve --out traces/ --baseline-tps 240 --cost-factor 1.4   # estimate gauge
+  specaudit serve --target hf:./Qwen2.5-0.5B --drafter skip:12 --out traces/  # a local checkpoint
+  OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 specaudit serve --out traces/
 
 Then:
   curl -s localhost:8000/v1/completions -H 'Content-Type: application/json' \\
@@ -22,7 +22,7 @@ vLLM's per-request `metrics.speculative_decoding` block), GET /v1/models, /healt
 says otherwise. Errors are OpenAI-shaped JSON for every status.
 Requests join and leave the running batch between verify steps (continuous batching;
 --concurrency slots, the rest wait in a queue of --max-queue). Every request is traced
-into --trace-dir like `specaudit run` (its own run_id=<id>/ partition); the manifest's
+into --out like `specaudit run` (its own run_id=<id>/ partition); the manifest's
 `reported` counters are written when the server stops (Ctrl-C or SIGTERM): new requests
 get 503, running and queued ones may finish for --drain-seconds, the rest end with
 finish_reason abort.
@@ -38,10 +38,12 @@ import signal
 import sys
 import threading
 
+from specaudit.cli_vocab import hidden_alias
 from specaudit.runtime.options import add_runtime_arguments, apply_host_options, model_kwargs, resolve_topk
 
 HELP = "serve the runtime over an OpenAI-compatible API (completions, chat) with /metrics and OTel spans"
 ORDER = 30
+EXTRA = "serve"   # FastAPI, uvicorn and torch: pip install specaudit[serve] (specaudit/commands/_extras.py)
 
 
 def add_arguments(p) -> None:
@@ -55,7 +57,9 @@ def add_arguments(p) -> None:
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     g.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
-    g.add_argument("--trace-dir", metavar="DIR", required=True, help="dataset folder the run's trace goes into")
+    g.add_argument("--out", dest="trace_dir", metavar="DIR", help="dataset folder the run's trace goes into "
+                                                                  "(required)")
+    hidden_alias(g, "--trace-dir", "trace_dir")                       # old spelling, one release
     g.add_argument("--run-id", help="run id (default: serve- + config + timestamp)")
     g.add_argument("--max-queue", type=int, default=256, help="requests that may wait for a slot (default 256)")
     g.add_argument("--flush-seconds", type=float, default=5.0, help="flush step rows every S seconds (default 5)")
@@ -73,7 +77,8 @@ def add_arguments(p) -> None:
     e.add_argument("--baseline-tps", type=float, help="plain greedy tokens/s per request at the serving concurrency")
     e.add_argument("--cost-factor", type=float, help="step cost r = (t_draft + t_verify) / t_plain_step")
     e.add_argument("--cost-factor-std", type=float, help="its standard deviation (default 10%% of r)")
-    e.add_argument("--calibration", metavar="PROFILE",
+    hidden_alias(e, "--calibration", "calibration")                   # old spelling, one release
+    e.add_argument("--profile", dest="calibration", metavar="FILE",
                    help="cost profile from `specaudit calibrate` (r per N, c; its t_ar gives the baseline "
                         "when --baseline-tps is absent)")
     e.add_argument("--estimate-window", type=float, default=30.0,
@@ -88,9 +93,11 @@ def main(args) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         logging.getLogger("specaudit.serve").warning(
             "binding %s: the API has no authentication; anyone who reaches this port can use it", args.host)
+    if not getattr(args, "trace_dir", None):
+        raise ValueError("--out DIR is required (the dataset folder the trace goes into)")
     apply_host_options(args)
     if (args.cost_factor is None) != (args.baseline_tps is None) and args.calibration is None:
-        raise ValueError("--baseline-tps and --cost-factor go together (or give --calibration PROFILE)")
+        raise ValueError("--baseline-tps and --cost-factor go together (or give --profile FILE)")
     srv = SpecServer(trace_dir=args.trace_dir, algo=args.algo, budget=args.budget, topk=resolve_topk(args),
                      concurrency=args.concurrency, max_new_tokens=args.max_new_tokens, inject=args.inject,
                      seed=args.seed, device=args.device, dtype=args.dtype, eos_id=args.eos_id, run_id=args.run_id,

@@ -12,6 +12,15 @@ import os
 import sys
 from pathlib import Path
 
+from specaudit.audit.formats import printable
+
+
+def _isatty(f) -> bool:
+    try:
+        return bool(f.isatty())
+    except (AttributeError, ValueError):
+        return False
+
 
 def _cell(v) -> str:
     if v is None:
@@ -53,10 +62,11 @@ def write_table(schema, batches, out, max_rows: int, max_width: int = 60) -> Non
             if max_rows and len(rows) >= max_rows:
                 more += 1
                 continue
-            rows.append([_cell(r[n]) for n in names])
+            rows.append([printable(_cell(r[n])) for n in names])   # ESC, OSC, bidi: shown, never obeyed
     cut = [[c if len(c) <= max_width else c[: max_width - 1] + "…" for c in r] for r in rows]
     num = [pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_decimal(f.type)
            for f in schema]
+    names = [printable(n) for n in names]
     widths = [max([len(n)] + [len(r[i]) for r in cut]) for i, n in enumerate(names)]
 
     def fmt(cells):
@@ -72,15 +82,19 @@ def write_table(schema, batches, out, max_rows: int, max_width: int = 60) -> Non
     out.write(tail + ")\n")
 
 
-def write_csv(schema, batches, out) -> None:
+def write_csv(schema, batches, out, escape: bool = False) -> None:
+    """CSV; escape (to a terminal): text cells with control characters shown as visible
+    escapes (a file keeps the data exact)."""
     import csv
     w = csv.writer(out, lineterminator="\n")
-    w.writerow(schema.names)
+    safe = printable if escape else (lambda x: x)
+    w.writerow([safe(n) for n in schema.names])
     for b in batches:
         cols = [c.to_pylist() for c in b.columns]
         for r in zip(*cols):
-            w.writerow(["" if v is None else (json.dumps(_jsonable(v)) if isinstance(v, (list, dict))
-                                               else _csv_scalar(v)) for v in r])
+            w.writerow(["" if v is None else (json.dumps(_jsonable(v), ensure_ascii=escape)
+                                               if isinstance(v, (list, dict)) else
+                                               safe(v) if isinstance(v, str) else _csv_scalar(v)) for v in r])
 
 
 def _csv_scalar(v):
@@ -89,23 +103,24 @@ def _csv_scalar(v):
     return v
 
 
-def write_json(schema, batches, out) -> None:
-    """A JSON array of row objects, one per line (streams; NaN/inf become null)."""
+def write_json(schema, batches, out, escape: bool = False) -> None:
+    """A JSON array of row objects, one per line (streams; NaN/inf become null). escape (to a
+    terminal): every non-ASCII character as \\uXXXX, so no C1 control or bidi mark is obeyed."""
     out.write("[")
     first = True
     for b in batches:
         for r in b.to_pylist():
-            out.write(("\n" if first else ",\n") + json.dumps(_jsonable(r), ensure_ascii=False))
+            out.write(("\n" if first else ",\n") + json.dumps(_jsonable(r), ensure_ascii=escape))
             first = False
     out.write("\n]\n" if not first else "]\n")
 
 
-def _check_output_path(path: Path, ds) -> Path:
+def _check_output_path(path: Path, ds, inputs=()) -> Path:
     from specaudit.outfile import guard_output
-    return guard_output(path, [str(rf.run_dir) for rf in ds.runs])
+    return guard_output(path, [str(rf.run_dir) for rf in (ds.runs if ds is not None else ())] + list(inputs))
 
 
-def emit(schema, batches, fmt: str, output: str | None, max_rows: int, ds) -> None:
+def emit(schema, batches, fmt: str, output: str | None, max_rows: int, ds, inputs=()) -> None:
     """Write the result in fmt to output (atomic: temporary name then rename) or stdout."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -114,11 +129,12 @@ def emit(schema, batches, fmt: str, output: str | None, max_rows: int, ds) -> No
     if schema is None:
         schema, batches = pa.schema([]), iter(())
     if not output:
+        tty = _isatty(sys.stdout)   # trace strings reach a terminal: never its escapes
         {"table": lambda: write_table(schema, batches, sys.stdout, max_rows),
-         "csv": lambda: write_csv(schema, batches, sys.stdout),
-         "json": lambda: write_json(schema, batches, sys.stdout)}[fmt]()
+         "csv": lambda: write_csv(schema, batches, sys.stdout, escape=tty),
+         "json": lambda: write_json(schema, batches, sys.stdout, escape=tty)}[fmt]()
         return
-    path = _check_output_path(Path(output), ds)
+    path = _check_output_path(Path(output), ds, inputs)   # never over a trace or a log read, nor a device or FIFO
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         if fmt == "parquet":
@@ -134,4 +150,4 @@ def emit(schema, batches, fmt: str, output: str | None, max_rows: int, ds) -> No
     finally:
         if tmp.exists():
             tmp.unlink()
-    print(f"wrote {path}", file=sys.stderr)
+    print(f"wrote {printable(path)}", file=sys.stderr)

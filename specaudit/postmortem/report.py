@@ -342,7 +342,8 @@ FIGURES_SQL = "SELECT run_id, metric, derived, reported, verdict FROM figures OR
 
 
 def build_report(paths, out_dir, findings=None, summary=None, *, threads: int | None = None,
-                 title: str | None = None, ab: dict | None = None, rollups: bool = True) -> Path:
+                 title: str | None = None, ab: dict | None = None, rollups: bool = True,
+                 extra: tuple[str, dict] | None = None) -> Path:
     """Write out_dir/report.html and one PNG per plot; return the report's path.
 
     paths: dataset folders / run folders / files (as `specaudit query`). findings: the
@@ -350,6 +351,7 @@ def build_report(paths, out_dir, findings=None, summary=None, *, threads: int | 
     summary: the checker's summary (CheckResult.summary(), a dict) shown on top.
     Raises InputError when paths hold no trace, ValueError when out_dir is a file.
     rollups=False: every figure from the raw rows (the files' rollups ignored).
+    extra: (HTML, {stem: png}) of a section to add (engine outputs: engine_report).
     """
     from specaudit.postmortem import views as Q
 
@@ -434,9 +436,12 @@ generated {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())} in {{build_s}}
 <h2>Checker</h2>{_checker_section(data['violations_by_code'], summary, checked)}
 {''.join(figures)}
 {ab_section(ab, out) if ab else ''}
+{extra[0] if extra else ''}
 </body></html>
 """
     page = page.replace("{build_s}", f"{time.time() - t0:.1f}")
+    for stem, png in (extra[1] if extra else {}).items():
+        atomic_write_bytes(out / f"{stem}.png", png)
     path = out / "report.html"
     atomic_write_bytes(path, page.encode("utf-8"))
     return path

@@ -14,8 +14,8 @@ import math
 import os
 import re
 import sys
-from pathlib import Path
 
+MAX_SQL_BYTES = 1 << 20   # a query file; more is not one
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 
 
@@ -24,10 +24,8 @@ def split_args(args: list[str], sql_file: str | None):
     if not args:
         raise ValueError("give a dataset path (specaudit query PATH [SQL|NAME]; --list for canned queries)")
     if sql_file:
-        try:
-            return args, Path(sql_file).read_text(encoding="utf-8"), None
-        except (OSError, UnicodeDecodeError) as e:
-            raise ValueError(f"{sql_file}: cannot read the SQL file: {e}") from None
+        from specaudit.inputs import read_input_text
+        return args, read_input_text(sql_file, MAX_SQL_BYTES, "-f (the SQL file)"), None
     if len(args) == 1:
         only = args[0]
         if not os.path.exists(only) and (NAME_RE.match(only) is None or " " in only) and _looks_like_sql(only):
@@ -103,21 +101,50 @@ def run_query(args: list[str], *, sql_file: str | None = None, params=(), output
         raise ValueError("--max-rows must be 0 (all) or more")
     if output and sql is None:
         raise ValueError("-o needs SQL or a canned query name")
-    ds = Q.find_dataset(paths)
-    for e in ds.skipped:
+    from specaudit.postmortem.engine_views import split_paths
+    traces, engines = split_paths(paths)
+    if engines and sql is None:
+        raise ValueError("the interactive shell opens trace datasets only; give SQL or a canned query to ask "
+                         f"{engines[0]} (views windows, findings)")
+    ds = Q.find_dataset(traces) if traces or not engines else None
+    for e in (ds.skipped if ds else ()):
         print(f"specaudit query: warning: left out of the views: {e}", file=sys.stderr)
     cli = find_cli() if sql is None else None
     findings = None
-    if checker is not None and (sql is None or needs_violations(sql)):
+    if checker is not None and traces and (sql is None or needs_violations(sql) or needs_findings(sql)):
         print("specaudit query: running the checker for the violations view (--no-check skips it)",
               file=sys.stderr, flush=True)
-        findings, _ = checker(paths)
+        findings, _ = checker(traces)
     if sql is None:
         return open_shell(cli, paths, findings, ds)
-    con = Q.connect(paths, findings, threads=threads, variables=params, dataset=ds)
+    # the readers' rules run only when the SQL asks for findings (as the checker for violations)
+    tables = engine_tables(engines, findings, with_findings=checker is not None and needs_findings(sql))
+    if ds is None:
+        con = Q.connect_tables(tables, threads=threads, variables=params)
+    else:
+        con = Q.connect(traces, findings, threads=threads, variables=params, dataset=ds, extra_tables=tables)
     try:
         schema, batches = Q.fetch_batches(con, sql)
-        emit(schema, batches, output_format, output, max_rows, ds)
+        emit(schema, batches, output_format, output, max_rows, ds, inputs=engines)
     finally:
         con.close()
     return 0
+
+
+def needs_findings(sql: str) -> bool:
+    return re.search(r"\bfindings\b", sql, re.IGNORECASE) is not None
+
+
+def engine_tables(engines: list, trace_findings=None, with_findings: bool = True) -> dict:
+    """The `windows` and `findings` tables (specaudit.postmortem.engine_views): every window
+    of the engine outputs, and their SA7xx findings with the trace checker's (when it ran;
+    with_findings=False: --no-check, empty). Empty tables when there are no engine outputs."""
+    from specaudit.postmortem import engine_views as E
+    from specaudit.postmortem.views import findings_table
+    windows = E.windows_table(engines)
+    for p in engines:     # the account of each reading: what it was read as, how many windows
+        rows = [r for r in windows.select(["file", "engine", "version"]).to_pylist() if r["file"] == str(p)]
+        what = f"{rows[0]['engine']} {rows[0]['version'] or '(version not inferable)'}" if rows else "no windows"
+        print(f"specaudit query: {p}: {what}, {len(rows)} windows (views windows, findings)", file=sys.stderr)
+    found = (E.engine_findings(engines) if with_findings else []) + list(trace_findings or [])
+    return {"windows": windows, "findings": findings_table(found)}

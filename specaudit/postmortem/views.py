@@ -75,6 +75,7 @@ from specaudit.trace.schema import (
     STEPS_SCHEMA,
     InputError,
     check_table_schema,
+    declared_size_problem,
     discover,
     tree_depths,
 )
@@ -583,6 +584,9 @@ def _usable(rf, path: Path, expected: pa.Schema, ds: Dataset) -> int | None:
         md = pq.read_metadata(path)
         schema = md.schema.to_arrow_schema()
         check_table_schema(path, schema, expected)
+        too_big = declared_size_problem(md)   # a row declared above MAX_NODES: never given to DuckDB
+        if too_big:
+            raise InputError(path, too_big)
         ds.schemas[path.resolve()] = schema.remove_metadata()
         return md.num_rows
     except InputError as e:
@@ -682,22 +686,62 @@ def _set(con, name: str, value: str, required: bool) -> None:
             raise
 
 
-def connect(paths, findings=None, *, threads: int | None = None, variables: dict | None = None,
-            dataset: Dataset | None = None, rollups: bool = True):
-    """A locked, in-memory DuckDB connection with the five views over the trace at paths.
-
-    findings: the checker's findings (Finding objects, dicts or an Arrow table) for the
-    `violations` view; None leaves it empty. variables: {name: value} for getvariable()
-    in canned queries (set before the lock). threads: DuckDB worker threads (default: all).
-    rollups=False: every figure from the raw rows (rollup files ignored).
-    """
-    import duckdb
-
+def _check_threads(threads) -> None:
     most = 4 * (os.cpu_count() or 1)
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
                                 or not 1 <= threads <= most):
         # 100000 spawned 31k threads and hung; -1 was a traceback
         raise InputError(None, f"--threads must be between 1 and {most} (4 x this machine's cores), got {threads}")
+
+
+def _set_variables(con, variables) -> None:
+    for k, v in (variables or {}).items():
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
+            raise ValueError(f"--param {k!r}: names are letters, digits and '_'")
+        con.execute(f"SET VARIABLE {k} = $v", {"v": v})
+
+
+def connect_tables(tables: dict, *, threads: int | None = None, variables: dict | None = None):
+    """A locked, in-memory DuckDB connection holding only these Arrow tables (engine
+    outputs' `windows` and `findings`, specaudit.postmortem.engine_views): the same
+    hardening as connect(), with no file on allowed_paths at all."""
+    import duckdb
+
+    _check_threads(threads)
+    config = {"autoinstall_known_extensions": "false", "autoload_known_extensions": "false"}
+    if threads:
+        config["threads"] = str(int(threads))
+    con = duckdb.connect(":memory:", config=config)
+    try:
+        for name, value in HARDEN:
+            _set(con, name, value, required=False)
+        con.execute("SET allowed_paths = []")
+        con.execute("SET allowed_directories = []")
+        con.execute("SET enable_external_access = false")
+        for name, table in tables.items():
+            _load_table(con, name, table)
+        _register_agrees(con)
+        _set_variables(con, variables)
+        con.execute("SET lock_configuration = true")
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def connect(paths, findings=None, *, threads: int | None = None, variables: dict | None = None,
+            dataset: Dataset | None = None, rollups: bool = True, extra_tables: dict | None = None):
+    """A locked, in-memory DuckDB connection with the five views over the trace at paths.
+
+    findings: the checker's findings (Finding objects, dicts or an Arrow table) for the
+    `violations` view; None leaves it empty. variables: {name: value} for getvariable()
+    in canned queries (set before the lock). threads: DuckDB worker threads (default: all).
+    rollups=False: every figure from the raw rows (rollup files ignored). extra_tables:
+    {name: Arrow table} loaded beside the views (engine outputs' windows and findings).
+    """
+    import duckdb
+
+    _check_threads(threads)
     ds = dataset or find_dataset(paths, rollups=rollups)
     config = {"autoinstall_known_extensions": "false", "autoload_known_extensions": "false"}
     if threads:
@@ -724,6 +768,8 @@ def connect(paths, findings=None, *, threads: int | None = None, variables: dict
         _register_agrees(con)
         con.execute(nodes_view_sql())
         con.execute(FIGURES_VIEW_SQL)
+        for name, table in (extra_tables or {}).items():
+            _load_table(con, name, table)
         # runs without a manifest: name their config from the step rows
         if any(rf.manifest is None or not config_label(rf.manifest.get("config") or {}) for rf in ds.runs):
             con.execute("""UPDATE runs SET config = s.cfg, algo = s.algo, budget = s.budget, topk = s.topk
@@ -733,10 +779,7 @@ def connect(paths, findings=None, *, threads: int | None = None, variables: dict
                                  FROM steps WHERE run_id IN (SELECT run_id FROM runs WHERE config IS NULL)
                                  GROUP BY run_id) s
                            WHERE runs.run_id = s.run_id AND runs.config IS NULL""")
-        for k, v in (variables or {}).items():
-            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
-                raise ValueError(f"--param {k!r}: names are letters, digits and '_'")
-            con.execute(f"SET VARIABLE {k} = $v", {"v": v})
+        _set_variables(con, variables)
         con.execute("SET lock_configuration = true")
     except BaseException:
         con.close()

@@ -67,11 +67,11 @@ class SpecConfig:
         if self.budget < 1:
             raise ValueError(f"--budget must be at least 1 (got {self.budget})")
         if self.topk < 1:
-            raise ValueError(f"--topk must be at least 1 (got {self.topk})")
+            raise ValueError(f"--branching (topk) must be at least 1 (got {self.topk})")
         if self.topk > self.budget:
-            raise ValueError(f"--topk ({self.topk}) cannot exceed --budget ({self.budget})")
+            raise ValueError(f"--branching ({self.topk}) cannot exceed --budget ({self.budget})")
         if self.algo == "chain" and self.topk != 1:
-            raise ValueError("a chain has one child per node: use --topk 1 or --algo tree")
+            raise ValueError("a chain has one child per node: use --branching 1 or --algo tree")
         if self.algo == "chain" and self.budget > drafter_depth:
             raise ValueError(f"a chain of budget {self.budget} needs a drafter of depth "
                              f">= {self.budget}; the drafter proposes {drafter_depth} positions")

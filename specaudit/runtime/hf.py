@@ -277,6 +277,9 @@ def _check_model_dir(path: Path) -> None:
             raise InputError(path, "holds only pickle weights (.bin/.pt); specaudit loads safetensors only "
                                    "(convert with transformers: model.save_pretrained(dir, safe_serialization=True))")
         raise InputError(path, "holds no *.safetensors weights")
+    from specaudit.inputs import check_input
+    for f in path.glob("*.safetensors"):   # a FIFO or a device among the weights: refused, not read
+        check_input(f)
 
 
 def _free_memory_bytes() -> int | None:
@@ -294,7 +297,8 @@ def _weights_sha256(path: Path | None, spec: str) -> str:
         return h.hexdigest()
     for f in sorted(path.glob("*.safetensors")):
         h.update(f.name.encode())
-        with f.open("rb") as fh:
+        from specaudit.inputs import open_input
+        with open_input(f) as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 h.update(chunk)
     return h.hexdigest()

@@ -5,6 +5,8 @@ these) never imports the command layer. One default for --threads everywhere (1)
 """
 from __future__ import annotations
 
+from specaudit.cli_vocab import add_list_faults, hidden_alias
+
 
 def add_runtime_arguments(p) -> None:
     """Options shared by run, serve and ab."""
@@ -13,12 +15,15 @@ def add_runtime_arguments(p) -> None:
                    help="chain: DFlash-style block; tree: DDTree-style best-first tree (default chain)")
     g.add_argument("--budget", type=int, default=7,
                    help="draft nodes per step, root excluded (chain: block size - 1; default 7)")
-    g.add_argument("--topk", type=int, default=None,
-                   help="most children per tree node (default: 1 for chain, 4 for tree)")
+    g.add_argument("--branching", dest="topk", type=int, default=None, metavar="N",
+                   help="most children per tree node (default: 1 for chain, 4 for tree); not the sampling "
+                        "--top-k")
+    hidden_alias(g, "--topk", "topk", type=int)         # old spelling, one release
     g.add_argument("--concurrency", type=int, default=1, help="requests verified per batched forward (default 1)")
     g.add_argument("--max-new-tokens", type=int, default=256, help="output tokens per request (default 256)")
     g.add_argument("--inject", metavar="FAULT", default=None,
                    help="inject a known metric/runtime bug (see --list-faults)")
+    add_list_faults(g)
     g.add_argument("--seed", type=int, default=0,
                    help="seed (prompt order, and the sampler's generator; default 0)")
     add_host_arguments(g)

@@ -4,11 +4,12 @@
 
 Statuses:
     400  malformed JSON (bad syntax, a number too long to read, nesting too deep, text
-         that is not valid Unicode), a body that is not an object, prompt + max_tokens
-         past the context
+         that is not valid Unicode), a body that is not an object
+    408  the body did not arrive within the body-read deadline (http.BODY_READ_S)
     404  unknown path or model        405  wrong method for a known path
     413  body over the size limit, or a prompt that alone fills the context
-    422  unknown fields, wrong types, values out of range, sampling options this greedy
+    422  unknown fields, wrong types, values out of range (prompt + max_tokens past the
+         context included: code context_length_exceeded), sampling options this greedy
          (lossless) server does not implement
     429  the queue is full: retry later
     500  a bug of ours (logged with its traceback; the client gets one line)
@@ -16,7 +17,7 @@ Statuses:
 """
 from __future__ import annotations
 
-STATUSES = (400, 404, 405, 413, 422, 429, 500, 503)
+STATUSES = (400, 404, 405, 408, 413, 422, 429, 500, 503)
 
 
 class HTTPError(Exception):

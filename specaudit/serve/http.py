@@ -55,6 +55,8 @@ log = logging.getLogger("specaudit.serve")
 MAX_BODY = 1 << 20          # bytes of request body accepted
 DRAIN_MAX = 8 * MAX_BODY    # an oversized body up to this is read and dropped, so the client sees the 413
 POLL_S = 0.1                # how often a waiting non-streaming handler checks its client
+BODY_READ_S = 10.0          # the whole request body must arrive within this (a slow body is cut: 408)
+BODY_POLL_S = 0.25          # how often a body read looks at its deadline and at a shutdown
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
 METHODS = ("GET", "POST", "HEAD", "PUT", "DELETE", "PATCH", "OPTIONS")
 
@@ -153,13 +155,36 @@ def build_app(srv) -> FastAPI:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return error(HTTPError(500, f"internal error: {type(e).__name__}", "internal_error"))
 
+    async def body_chunks(request: Request):
+        """The body's pieces, read with a deadline for the whole body (BODY_READ_S: a client
+        sending a byte a second is answered 408 and its connection closed) and given up
+        at once when the server shuts down (503), so neither holds a connection open.
+        A client that leaves mid-body raises ClientDisconnect (answered by nobody)."""
+        from starlette.requests import ClientDisconnect
+        end = time.monotonic() + BODY_READ_S
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise HTTPError(408, f"the request body did not arrive within {BODY_READ_S:g} s", "body_timeout")
+            if srv.loop.closing:
+                raise HTTPError(503, "the server is shutting down", "shutting_down")
+            try:   # receive() waits on an event: cancelling the wait loses no bytes
+                msg = await asyncio.wait_for(request.receive(), min(left, BODY_POLL_S))
+            except asyncio.TimeoutError:
+                continue
+            if msg["type"] == "http.disconnect":
+                raise ClientDisconnect()
+            yield msg.get("body", b"")
+            if not msg.get("more_body", False):
+                return
+
     async def read_body(request: Request) -> bytes:
         cl = request.headers.get("content-length")
         declared = int(cl) if cl is not None and cl.isdigit() else None
         if declared is not None and declared > DRAIN_MAX:
             raise HTTPError(413, f"body of {declared} bytes exceeds the limit of {MAX_BODY}", "body_too_large")
         chunks, n = [], 0
-        async for c in request.stream():
+        async for c in body_chunks(request):
             n += len(c)
             if n <= MAX_BODY:
                 chunks.append(c)
@@ -181,7 +206,11 @@ def build_app(srv) -> FastAPI:
         return Usage(prompt_tokens=p, completion_tokens=n_out, total_tokens=p + n_out)
 
     async def completion(request: Request, chat: bool):
-        body = await read_body(request)
+        from starlette.requests import ClientDisconnect
+        try:
+            body = await read_body(request)
+        except ClientDisconnect:   # the client left mid-body: nobody to answer, nothing to log
+            return Response(status_code=499)
         p = parse_request(body, chat=chat, model=srv.model, max_tokens_limit=srv.max_tokens_limit,
                           context=srv.context, codec=srv.codec)
         rid = srv.request_id("chatcmpl" if chat else "cmpl", request.headers.get("x-request-id"))

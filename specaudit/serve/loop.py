@@ -80,6 +80,7 @@ class EngineLoop:
         self._pending: deque[Job] = deque()
         self._cancels: list[Job] = []
         self._running: dict[str, Job] = {}
+        self._admitting = 0           # jobs taken from the queue, not yet in _running
         self._stop = False
         self.closing = False          # draining: new jobs are refused with 503
         self.n_running = 0
@@ -96,7 +97,10 @@ class EngineLoop:
         with self._cv:
             if self._stop or self.closing:
                 raise HTTPError(503, "the server is shutting down", "shutting_down")
-            if len(self._pending) >= self.max_queue:
+            # the waiting room: max_queue, plus the slots free right now (a burst that arrives
+            # while the loop is busy prefilling must not lose a free slot to a 429)
+            free = len(self.engine.free_slots()) - self._admitting if hasattr(self.engine, "free_slots") else 0
+            if len(self._pending) >= self.max_queue + max(0, free):
                 raise HTTPError(429, f"the queue is full ({self.max_queue} requests waiting); retry later",
                                 "queue_full", etype="rate_limit_error")
             self._pending.append(job)
@@ -154,6 +158,7 @@ class EngineLoop:
                 free = len(eng.free_slots())
                 while self._pending and len(admit) < free:
                     admit.append(self._pending.popleft())
+                self._admitting = len(admit)
                 self.n_queued = len(self._pending)
             for job in cancels:
                 if self._running.pop(job.rid, None) is not None:
@@ -162,6 +167,8 @@ class EngineLoop:
                     job.events.put(("done", "abort"))
             for job in admit:
                 self._admit(job)
+            with self._cv:
+                self._admitting = 0
             if self._running:
                 self._step()
             self.n_running = len(self._running)
@@ -189,7 +196,7 @@ class EngineLoop:
         try:
             self.engine.add(job.req)
         except ValueError as e:  # the engine's own fit check (validated before, kept as a guard)
-            job.events.put(("error", HTTPError(400, str(e), "context_length_exceeded")))
+            job.events.put(("error", HTTPError(422, str(e), "context_length_exceeded")))
             return
         except Exception as e:
             log.error("prefill of %s failed: %s", job.rid, traceback.format_exc())

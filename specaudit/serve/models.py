@@ -289,7 +289,7 @@ def parse_request(body: bytes, *, chat: bool, model: str, max_tokens_limit: int,
         raise HTTPError(413, f"prompt of {len(tokens)} tokens does not fit the context of {context} tokens",
                         "prompt_too_long", "messages" if chat else "prompt")
     if len(tokens) + mt > context:
-        raise HTTPError(400, f"prompt of {len(tokens)} tokens + {name} {mt} exceeds the context of "
+        raise HTTPError(422, f"prompt of {len(tokens)} tokens + {name} {mt} exceeds the context of "
                              f"{context} tokens; lower {name} to {context - len(tokens)} or less",
                         "context_length_exceeded", name)
     stream = bool(r.stream)

@@ -165,7 +165,7 @@ class SpecServer:
                                        cost_factor=cost_factor, cost_factor_std=cost_factor_std, profile=profile,
                                        window_s=estimate_window_s)
         if not self.estimator.enabled:
-            log.info("no --baseline-tps with --cost-factor or --calibration: "
+            log.info("no --baseline-tps with --cost-factor or --profile: "
                      "specaudit_estimated_commit_length stays 0")
         self.loop = EngineLoop(self.engine, self.prom, self.otel, self.estimator, max_queue=max_queue)
         self.started_at = time.time()
@@ -266,12 +266,16 @@ class SpecServer:
         if self._closed:
             return self.manifest
         self._closed = True
+        end = time.monotonic() + max(drain_s, 0.0)
         if drain_s > 0 and self.loop.thread.is_alive():
             if not self.loop.drain(drain_s):
                 log.warning("drain: requests still running after %.0f s are aborted", drain_s)
-        self.loop.closing = True
+        self.loop.closing = True   # body reads in progress answer 503 within http.BODY_POLL_S
         self.loop.stop()
         if self._uv is not None:
+            # HTTP's own grace: what is left of drain_s (at least 1 s to send the aborts),
+            # so --drain-seconds bounds the whole shutdown, not drain_s + uvicorn's 10 s
+            self._uv.config.timeout_graceful_shutdown = max(1.0, end - time.monotonic())
             self._uv.should_exit = True
             self._http_thread.join(30)
         wall = time.time() - self.started_at

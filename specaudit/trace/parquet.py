@@ -246,6 +246,14 @@ class ParquetSink:
             pass
         self._acc = None
 
+    def tick(self, _=None) -> None:
+        """The tracer's worker calls this on every wake (at least every flush_s): rows and
+        finished requests waiting for a flush are written by the clock, so an idle server
+        keeps nothing in memory longer than flush_s (a kill then loses at most that)."""
+        now = time.monotonic()
+        if (self._pending or self._requests) and now - self._last_flush >= self.flush_s and now >= self._retry_at:
+            self.flush()
+
     def write_request(self, row: dict) -> None:
         self._requests.append(row)
         if time.monotonic() - self._last_flush >= self.flush_s and time.monotonic() >= self._retry_at:

@@ -1,15 +1,22 @@
-"""Rollups: small summaries of one trace file, written beside it, optional to readers.
+"""Rollups: small summaries of trace data, written beside it, optional to readers.
 
-    rollup-steps-000003.parquet      the rollup of steps-000003.parquet
-    rollup-requests-000001.parquet   the rollup of requests-000001.parquet (or requests.parquet)
+    rollup-steps.parquet             a run's rollup of all its step files (the Parquet sink, at close)
+    rollup-requests.parquet          the same of its requests table
+    rollup-steps-000003.parquet      the rollup of one data file, steps-000003.parquet (older writers)
 
-A rollup holds, per data file, the aggregates the post-mortem views need (one row per
-request, per (commit length, depth), per step start time, per draft-probability bin, per
-run's requests), so `specaudit query` and `report` answer without decoding the list
-columns of millions of step rows. Its rows come from ONE definition, the SQL in KIND_SQL
-below: the writer (the Parquet sink, synth) runs it on the table it has just written, and
-the views run the very same SQL over the raw step files whenever a rollup is absent,
-stale or unreadable. A rollup therefore never holds a figure the raw rows would not give.
+A rollup holds the aggregates the post-mortem views need (one row per request, per
+(commit length, depth), per time cell, per draft-probability bin, per run's requests), so
+`specaudit query` and `report` answer without decoding the list columns of millions of step
+rows. Its rows have TWO definitions, held equal row for row by tests/test_rollup.py:
+
+  KIND_SQL          the SQL (compute_rollup_sql): the reference, and what the views run over
+                    the raw step files whenever a rollup is absent, stale or unreadable;
+  compute_rollup    Arrow compute and numpy: what writers run (the Parquet sink, synth), the
+                    same rows in milliseconds instead of DuckDB's fixed planning cost; and
+                    what verify_rollup recomputes a rollup file with.
+
+A change to one is a change to both. A rollup therefore never holds a figure the raw rows
+would not give.
 
 Each rollup records its data file's name, row count and size in bytes (Parquet key-value
 metadata, key `specaudit.rollup`). A reader uses a rollup only when all three match the

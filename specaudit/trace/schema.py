@@ -312,6 +312,26 @@ CONFIG_INT_KEYS = ("eos_id", "max_new_tokens", "budget", "topk", "concurrency", 
                    "threads")
 
 
+def declared_size_problem(md) -> str | None:
+    """From a Parquet footer alone (pyarrow FileMetaData), before any value is read: None, or
+    why a row group is refused. Every list column of a trace holds at most one entry per
+    node (committed_tokens one more), so a row group whose list column declares more values
+    than rows x (MAX_NODES + 1) holds a row above MAX_NODES: a 7.7 KB file can declare a
+    20M-node row (run-length encoded) that takes GBs once materialised."""
+    cap = MAX_NODES + 1
+    schema = md.schema
+    lists = [i for i in range(md.num_columns) if schema.column(i).max_repetition_level > 0]
+    for g in range(md.num_row_groups):
+        rg = md.row_group(g)
+        for i in lists:
+            n = rg.column(i).num_values
+            if n > rg.num_rows * cap:
+                name = schema.column(i).path.split(".", 1)[0]
+                return (f"row group {g} declares {n} {name} values over {rg.num_rows} rows: a row above "
+                        f"{MAX_NODES} nodes; refused before reading it")
+    return None
+
+
 def regular_file_problem(path) -> str | None:
     """None for a regular file (after symlinks); else why it is refused, in words.
 
@@ -566,6 +586,10 @@ def discover(paths) -> list[RunFiles]:
             why = regular_file_problem(p)
             if why:
                 raise InputError(p, why)
+            if not (_trace_name(p.name) or p.suffix == ".parquet"):
+                # a log, a binary, a scrape: not its folder's run (that answered "./run.json: missing")
+                raise InputError(p, "not a trace file; give a dataset or run folder, a run.json or a "
+                                    "steps/requests Parquet file (engine logs and scrapes go to `specaudit check`)")
             dirs = [p.parent]
         else:
             dirs, n_stray = [], 0
@@ -659,9 +683,35 @@ def _type_compatible(got: pa.DataType, want: pa.DataType) -> bool:
     return False
 
 
+def target_problem(path) -> str | None:
+    """None when a file may be written at `path` by rename (nothing there, or a regular file,
+    after links); else why not, in words."""
+    import stat
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"cannot write: {e.strerror or e}"
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "is a folder; give a file name"
+    kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device" if (stat.S_ISCHR(mode) or stat.S_ISBLK(mode)) else "not a regular file")
+    return f"exists and is not a regular file ({kind}); refusing to replace it (write to a regular file)"
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temporary name then rename: readers see nothing or the whole file."""
+    """Write to a temporary name then rename: readers see nothing or the whole file.
+
+    An existing target that is not a regular file (a device such as /dev/null, a FIFO, a
+    socket; after links) is refused with InputError: renaming over it would replace the
+    device node itself (as root, `--out /dev/null` replaced the system's null device)."""
     path = Path(path)
+    why = target_problem(path)
+    if why:
+        raise InputError(path, why)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:

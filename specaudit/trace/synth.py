@@ -6,7 +6,7 @@ holds by construction, and a test or benchmark can make any number of steps fast
     steps, requests, manifest = synth_run_rows(n_requests=8, algo="tree", seed=1)
     run_dir = write_synthetic_dataset("traces/", n_steps=1_000_000, n_nodes=8)
 
-Semantics (trace-schema.md, rules 1-9):
+Semantics (docs/trace-contract.md, rules 1-9):
   - each step draws a draft shape: a chain of N nodes, or one of a few random trees
     with at most `topk` children per node (ragged N when `ragged`);
   - it picks the accepted path's last node (depth ~ geometric(accept_p)), so the path

@@ -284,6 +284,7 @@ class Tracer:
                 elif kind == "request":
                     self._call("write_request", item)
             self._emit(steps)
+            self._tick()
 
     def _emit(self, steps: list[_StepItem]) -> None:
         if not steps:
@@ -302,6 +303,22 @@ class Tracer:
             self._failed("tracer", e)
             return
         self._call("write_steps", batch)
+
+    def _tick(self) -> None:
+        """Every wake: sinks that flush by the clock (ParquetSink.tick) do so, idle or not.
+        A failure counts like any write's; a tick that writes nothing proves no recovery."""
+        for s in self.sinks:
+            t = getattr(s, "tick", None)
+            if t is None:
+                continue
+            try:
+                t()
+            except OSError as e:
+                self._failed(_name(s), e)
+            except Exception as e:
+                with self._lock:
+                    self._errors.append(e)
+                self._failed(_name(s), e)
 
     def _call(self, method: str, arg) -> None:
         for s in self.sinks:

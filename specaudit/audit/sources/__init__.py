@@ -15,6 +15,9 @@ Sources (`--source` names; `specaudit check --list-sources` prints one example e
     llamacpp-log llama.cpp: per-slot `draft acceptance [rate] = ...` lines (old and PR 24536),
                  `statistics <drafter>:` lines, per-round `accepted A/B draft tokens`, and the
                  llama-speculative / llama-lookup summary
+    vllm-bench   vLLM's benchmark summaries: `vllm bench serve`'s Speculative Decoding section
+                 and examples/offline_inference/spec_decode.py's summary
+    tokenspeed-log TokenSpeed `Decode batch.` lines (avg_accept_len, accept_rate; k inferred)
     prom-text    Prometheus text (one scrape, or several appended): vllm:spec_decode_*,
                  sglang:spec_accept_* gauges, trtllm_spec_decode_*, llamacpp:spec_decode_*,
                  specaudit_*
@@ -59,12 +62,17 @@ reported, in ONE vocabulary (field names are stable; other tools code against th
                      the bonus token"}; copied into every finding about that figure
 
 The SA7xx rules of the invariant catalog (invariants/sa7xx_*.py, scope "source") then
-check the identities that hold without traces. This package is a reader: it imports
+check the identities that hold without traces. audit_file_account() adds the reading's
+account (sources/account.py: what was recognised, read and skipped, each identity with its
+numbers, what could not be checked and why); `specaudit check` prints it for every input.
+A paste's Markdown, CRLF and colour codes are unwrapped line by line (unwrap()). This package is a reader: it imports
 schema.py, findings.py and the rule catalog, never another reader.
 """
 from __future__ import annotations
 
 import math
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,13 +94,22 @@ SOURCES = {
                      "slot print_timing: id  1 | task 0 | draft acceptance = 0.64479 (  167 accepted /   259 "
                      "generated), mean acceptance length =  2.92, acceptance rate per position = "
                      "(0.805, 0.632, 0.483)"),
+    "vllm-bench": ("vllm_bench", "log", "vLLM benchmark summaries: `vllm bench serve`'s 'Speculative Decoding' "
+                   "section and the summary of examples/offline_inference/spec_decode.py",
+                   "Acceptance rate (%):  61.02 / Acceptance length:  2.83 / Drafts:  1234 / Draft tokens:  3702 / "
+                   "Accepted tokens:  2259  (or num_drafts: / num_accepted_tokens: / mean acceptance length:)"),
+    "tokenspeed-log": ("tokenspeed", "log", "TokenSpeed scheduler log: 'Decode batch.' lines with avg_accept_len and "
+                       "accept_rate",
+                       "Decode batch. #running-req: 8, #pages(active/cached/total): 412/96/8192, page ratio: 0.05, "
+                       "gen throughput (token/s): 812.45, avg_accept_len: 3.21, accept_rate: 0.74, #queue-req: 0"),
     "prom-text": ("prom_text", "prom", "Prometheus text: vllm:spec_decode_*, sglang:spec_accept_*, "
                   "trtllm_spec_decode_*, "
                   "llamacpp:spec_decode_*, specaudit_*",
                   "vllm:spec_decode_num_drafts_total{engine=\"0\",model_name=\"m\"} 106.0"),
     "json-records": ("records", "json", "JSON / JSONL records: vLLM metrics.speculative_decoding, SGLang meta_info "
-                     "spec_* (every key name), TensorRT-LLM iteration stats and per-request perf metrics, llama.cpp "
-                     "timings, AIPerf profile_export records",
+                     "spec_* (every key name), TokenSpeed meta_info, TensorRT-LLM iteration stats and per-request perf "
+                     "metrics, llama.cpp and mlx-vlm timings, FastDeploy speculate_metrics, AIPerf profile_export "
+                     "records",
                      '{"meta_info": {"spec_verify_ct": 43, "spec_num_correct_drafts": 63, '
                      '"spec_num_proposed_drafts": 215, "spec_accept_length": 2.465}}'),
 }
@@ -206,14 +223,34 @@ class Reading:
 # ------------------------------------------------------------------ streaming input
 
 
+_MD_QUOTE = re.compile(r"^[ \t]{0,3}(?:>[ \t]?)+")
+_MD_BULLET = re.compile(r"^[ \t]{0,3}[-*+][ \t]+(?=\S)")
+_MD_FENCE = re.compile(r"^[ \t]{0,3}(?:```|~~~)")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def unwrap(text: str) -> str:
+    """A pasted line without what was wrapped around it: Markdown `>` quotes and a leading
+    `- ` / `* ` bullet, a code fence (the fence line itself reads as blank), terminal colour
+    codes and a Windows line end. The engine's own text is left as printed."""
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
+    c = text[:1]
+    if c and c in " \t>-*+`~":
+        if _MD_FENCE.match(text):
+            return ""
+        text = _MD_QUOTE.sub("", text, count=1)
+        text = _MD_BULLET.sub("", text, count=1)
+    return text.rstrip("\r")
+
+
 def _check_path(path) -> Path:
+    from specaudit.inputs import open_input
     p = Path(path)
-    if not p.exists():
-        raise InputError(p, "no such file")
-    if p.is_dir():
+    if os.path.isdir(p):
         raise InputError(p, "is a folder; an engine log or a metrics scrape is one file")
     try:
-        with open(p, "rb") as f:
+        with open_input(p) as f:   # regular files only: a FIFO or a device would block or never end
             head = f.read(4096)
     except OSError as e:
         raise InputError(p, f"cannot read: {e.strerror or e}") from None
@@ -275,7 +312,8 @@ class Lines:
         i = self.first_line - 1
         left = self.end - self.start if self.end is not None else None
         try:
-            with open(self.path, "rb") as f:
+            from specaudit.inputs import open_input
+            with open_input(self.path) as f:
                 if self.start:
                     f.seek(self.start)
                 rest = b""            # the unfinished last line of the previous block
@@ -346,7 +384,7 @@ class Lines:
                                 bad_utf8 = True
                                 self.notes.append(note(self.path, i, "bytes that are not UTF-8 (replaced; first such "
                                                                      "line shown)", text))
-                        yield i, text.rstrip("\r")
+                        yield i, unwrap(text)
                     if not block:
                         break
         except OSError as e:
@@ -374,16 +412,7 @@ class Lines:
         for ls in sorted(spans):
             newlines += buf.count(b"\n", prev, ls)
             prev = ls
-            yield i + 1 + newlines, buf[ls:spans[ls]].decode("ascii").rstrip("\r")
-
-
-def _read_text(path) -> str:
-    """The whole file as text (for JSON documents and small inputs); bounded by MAX_BYTES."""
-    p = _check_path(path)
-    size = p.stat().st_size
-    if size > MAX_BYTES:
-        raise InputError(p, f"file of {size / 2**20:.0f} MiB is too large to parse whole; cut the window you need")
-    return "\n".join(t for _, t in Lines(p, progress=False))
+            yield i + 1 + newlines, unwrap(buf[ls:spans[ls]].decode("ascii"))
 
 
 def _modules():
@@ -397,9 +426,10 @@ def _log_markers(mods):
     return tuple(sorted({m for name, mod in mods.items() if SOURCES[name][1] == "log" for m in mod.MARKERS}))
 
 
-def detect_lines(lines) -> str | None:
+def detect_lines(lines, majority: bool = False) -> str | None:
     """Which source an iterable of text lines is (looking at the first HEAD_BYTES, then on
-    until a first hit), or None. Mixed engines raise ValueError."""
+    until a first hit), or None. Mixed engines raise ValueError, or with `majority` give
+    the engine with the most lines there (ties: the first seen)."""
     mods = _modules()
     found: dict[str, int] = {}
     seen = 0
@@ -422,16 +452,13 @@ def detect_lines(lines) -> str | None:
     if "prom-text" in found and len(found) > 1:
         # a scrape's HELP text may mention a log phrase; exposition lines win
         return "prom-text"
+    if len(found) > 1 and majority:
+        return max(found, key=found.get)   # dicts keep first-seen order: max keeps the first of a tie
     if len(found) > 1:
         names = " and ".join(SOURCES[k][2].split(":")[0] for k in sorted(found))
         raise ValueError(f"holds lines of more than one engine ({names}: mixed engines); split the file per engine "
                          "or pass --source")
     return next(iter(found), None)
-
-
-def detect_text(text: str) -> str | None:
-    """Which source a text is, or None. Mixed engines raise ValueError."""
-    return detect_lines(enumerate(text.splitlines(), 1))
 
 
 def detect(path) -> str:
@@ -462,8 +489,9 @@ def _unrecognised(p: Path) -> str:
 def list_sources() -> str:
     """`specaudit check --list-sources`: each source, what it reads, and an example line."""
     out = []
+    width = max(map(len, SOURCES)) + 1
     for name, (_mod, _kind, what, example) in SOURCES.items():
-        out.append(f"{name:13} {what}\n{'':13} e.g. {example}")
+        out.append(f"{name:{width}}{what}\n{'':{width}}e.g. {example}")
     return "\n".join(out) + "\n"
 
 
@@ -517,16 +545,28 @@ def _stream(path, source: str, forced: bool, lines, parser, chunk: int, stats: d
     r.notes = lines.notes + r.notes
     total += len(r.windows)
     notes_total += len(r.notes)
-    stats.update(windows=total, notes=notes_total, last_notes=r.notes[:1])
+    stats.update(windows=total, notes=notes_total, last_notes=r.notes[:1],
+                 recognised=getattr(parser, "recognised", None), all_notes=r.notes[:MAX_NOTES] if not total else ())
     if r.windows or not emitted or r.notes:
         yield r
 
 
-def _no_figures(path, source, stats) -> InputError:
+class NoFigures(InputError):
+    """A file read as `source` with no usable spec-decoding figures. `recognised` names the
+    engine output it was recognised as by its own words (then `check` reports it with its
+    account and exit 0: judged on what it holds), None when nothing says it is an engine's."""
+
+    def __init__(self, path, reason, recognised=None, notes=()):
+        super().__init__(path, reason)
+        self.recognised = recognised
+        self.notes = list(notes)
+
+
+def _no_figures(path, source, stats, recognised=None) -> InputError:
     last = stats.get("last_notes")
-    return InputError(path, f"read as {source}, but no usable spec-decoding figures in it"
-                      + (f" ({stats['notes']} lines skipped; line {last[0]['line']}: {last[0]['reason']})"
-                         if last else ""))
+    return NoFigures(path, f"read as {source}, but no usable spec-decoding figures in it"
+                     + (f" ({stats['notes']} lines skipped; line {last[0]['line']}: {last[0]['reason']})"
+                        if last else ""), recognised=recognised, notes=stats.get("all_notes", ()))
 
 
 def iter_readings(path, source: str | None = None, chunk: int = CHUNK_WINDOWS):
@@ -537,18 +577,36 @@ def iter_readings(path, source: str | None = None, chunk: int = CHUNK_WINDOWS):
     yield from _iter(p, path, source, forced, chunk)
 
 
+def _recognised(source: str, forced: bool, stats: dict) -> str | None:
+    """What a file without figures was recognised as by its own words: a log detected by
+    its lines, or what the parser saw (a record or series family of an engine)."""
+    if stats.get("recognised"):
+        return stats["recognised"]
+    if not forced and SOURCES[source][1] == "log":
+        return SOURCES[source][2].split(":")[0]
+    return None
+
+
 def _iter(p: Path, path, source: str, forced: bool, chunk: int = CHUNK_WINDOWS):
     mods = _modules()
     lines = Lines(p, markers=_log_markers(mods) if SOURCES[source][1] == "log" else None)
     parser = mods[source].Parser(str(path))
     stats: dict = {}
-    for r in _stream(path, source, forced, lines, parser, chunk, stats):
-        if "windows" in stats and stats["windows"] == 0:
-            raise _no_figures(path, source, stats)
-        yield r
-        del r   # one chunk in memory at a time (see _stream)
+    try:
+        for r in _stream(path, source, forced, lines, parser, chunk, stats):
+            if "windows" in stats and stats["windows"] == 0:
+                raise _no_figures(path, source, stats, _recognised(source, forced, stats))
+            yield r
+            del r   # one chunk in memory at a time (see _stream)
+    except NoFigures:
+        raise
+    except InputError as e:   # a reader's own refusal (e.g. a scrape with no spec series)
+        rec = getattr(parser, "recognised", None)
+        if rec:
+            raise NoFigures(e.path, e.reason, recognised=rec, notes=lines.notes) from None
+        raise
     if stats.get("windows", 0) == 0:
-        raise _no_figures(path, source, stats)
+        raise _no_figures(path, source, stats, _recognised(source, forced, stats))
 
 
 # ------------------------------------------------------------------ parallel audit of a large log
@@ -593,17 +651,22 @@ def _audit_range(path, source, forced, start, end, first_line, seed, select, ign
     lines = Lines(path, markers=_log_markers(mods), start=start, end=end, first_line=first_line, counter=_COUNTER)
     stats: dict = {}
     out: list = []
+    from specaudit.audit.sources.account import Account
+    acc = Account(path, source)
     for r in _stream(path, source, forced, lines, parser, chunk, stats):
+        acc.add(r)
         out += audit_reading(r, select=select, ignore=ignore)
         del r   # audited: not kept while the next chunk is read
+    stats["account"] = acc
     return out, stats
 
 
 def _ranges(p: Path, n: int) -> list[tuple[int, int, int]]:
     """n byte ranges (start, end, first line number), each starting at a line start."""
     size = p.stat().st_size
+    from specaudit.inputs import open_input
     cuts = [0]
-    with open(p, "rb") as f:
+    with open_input(p) as f:
         for j in range(1, n):
             f.seek(max(size * j // n, cuts[-1]))
             f.readline(MAX_LINE + 1)  # to the next line start (a long line: its part is noted by one range)
@@ -637,7 +700,7 @@ def _seed_config(p: Path, source: str) -> dict:
     return dict(parser.reading.config)
 
 
-def _audit_parallel(p: Path, path, source: str, forced: bool, n: int, select, ignore) -> list[Finding]:
+def _audit_parallel(p: Path, path, source: str, forced: bool, n: int, select, ignore, acc=None) -> list[Finding]:
     import multiprocessing as mp
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     ranges = _ranges(p, n)
@@ -660,8 +723,10 @@ def _audit_parallel(p: Path, path, source: str, forced: bool, n: int, select, ig
         if bar is not None:
             bar.close()
     out: list[Finding] = []
-    for fs, _stats in results:
+    for fs, stats in results:
         out += fs
+        if acc is not None and stats.get("account") is not None:
+            acc.merge(stats["account"])
     if sum(st.get("windows", 0) for _fs, st in results) == 0:
         stats = {"notes": sum(st.get("notes", 0) for _fs, st in results),
                  "last_notes": next((st["last_notes"] for _fs, st in results if st.get("last_notes")), [])}
@@ -700,6 +765,55 @@ def audit_reading(reading: Reading, select=(), ignore=()) -> list[Finding]:
             f.values.setdefault("conventions", conv)
     findings.sort(key=lambda f: (f.line if f.line is not None else -1, f.code))
     return findings
+
+
+def audit_file_account(path, source: str | None = None, select=(), ignore=()) -> tuple[list[Finding], dict]:
+    """audit_file plus the reading's account (sources.account): what was recognised and
+    read, each identity checked with its numbers, what could not be checked and why. A file
+    recognised by its own words but holding no spec-decoding figures gives no findings and
+    an account that says so; NoFigures / InputError only for input that is no engine's."""
+    from specaudit.audit.sources.account import Account
+    try:
+        p, src = _resolve(path, source)
+        mixed = ""
+    except InputError as e:   # two engines' lines in one file: read the engine with most lines
+        if source is not None or "mixed engines" not in e.reason:
+            raise
+        p, mixed = _check_path(path), e.reason
+        src = detect_lines(Lines(p, progress=False), majority=True)
+    acc = Account(path, src, what=SOURCES[src][2].split(":")[0])
+    if mixed:
+        acc.note(f"{mixed.split(';')[0]}: read the {SOURCES[src][2].split(':')[0]} lines, the other engine's "
+                 "lines are skipped (SA700 names the first)")
+    out: list[Finding] = []
+    n = workers()
+    try:
+        if n > 1 and SOURCES[src][1] == "log" and p.stat().st_size >= PARALLEL_MIN:
+            out = _audit_parallel(p, path, src, source is not None, n, select, ignore, acc)
+        else:
+            for r in _iter(p, path, src, source is not None):
+                acc.add(r)
+                out += audit_reading(r, select=select, ignore=ignore)
+                del r   # audited: not kept while the next chunk is read
+    except NoFigures as e:
+        if not e.recognised:
+            raise
+        acc.what = e.recognised
+        acc.engine = next((eng for word, eng in (("TensorRT", "trtllm"), ("SGLang", "sglang"), ("vLLM", "vllm"),
+                                                  ("llama", "llamacpp"), ("TokenSpeed", "tokenspeed"),
+                                                  ("mlx", "mlx")) if word in e.recognised), None)
+        acc.add(Reading(source=src, engine="", path=str(path), notes=e.notes))
+        acc.note(f"{e.reason}; recognised as {e.recognised}: judged on what it holds")
+        return [f for f in rule_findings_of_notes(path, e.notes, select, ignore)], acc.finish([])
+    return out, acc.finish(out)
+
+
+def rule_findings_of_notes(path, notes, select=(), ignore=()) -> list[Finding]:
+    """SA700 findings for the skipped lines of a file that gave no windows."""
+    if not notes:
+        return []
+    return audit_reading(Reading(source="", engine="", path=str(path), notes=list(notes)), select=select,
+                         ignore=ignore)
 
 
 def audit_file(path, source: str | None = None, select=(), ignore=()) -> list[Finding]:

@@ -49,11 +49,12 @@ POS_CONV = "accepted at position i / drafts verified (unconditional, non-increas
 
 # substrings every line this reader uses holds (Lines' prefilter: other lines are never decoded);
 # "accept" covers the slot, round and summary accept lines, "n_draft" / "n_predict" the summary
-MARKERS = (b"accept", b"#gen drafts", b"n_draft", b"n_predict")
+MARKERS = (b"accept", b"#gen drafts", b"n_draft", b"n_predict", b"print_timing")
 
 
 def looks_like_line(line: str) -> bool:
     return (("draft acceptance" in line and "accepted /" in line) or "#gen drafts" in line
+            or ("print_timing" in line and ("eval time =" in line or "total time =" in line))
             or ("draft tokens" in line and bool(ROUND_RE.search(line)))
             or line.lstrip().startswith("n_drafted ") or line.lstrip().startswith("n_drafted="))
 
@@ -86,6 +87,7 @@ class Parser(LineParser):
         super().__init__(path)
         self.block: dict = {}
         self.block_line = None
+        self.header = None   # (slot, task, line) of a `slot print_timing: id N | task T |` line with nothing after
 
     def _close_block(self):
         b, line = self.block, self.block_line
@@ -127,6 +129,13 @@ class Parser(LineParser):
             self.skip(i, f"llama.cpp line with a value that is not a finite number ({str(e)[:40]})", raw)
 
     def _feed(self, i: int, raw: str) -> None:
+        if "print_timing" in raw and "accept" not in raw:
+            # the older server layout: the slot header stands on its own line and the timing
+            # and draft acceptance lines follow without it
+            sid = SLOT_ID_RE.search(raw)
+            if sid and not raw[sid.end():].strip(" |\t"):
+                self.header = (int(sid.group("id")), int(sid.group("task")), i)
+            return
         if "accepted" not in raw and "#gen drafts" not in raw:
             return  # most lines of a server log (fast path)
         m = SLOT_RE.search(raw)
@@ -138,6 +147,9 @@ class Parser(LineParser):
             sid = SLOT_ID_RE.search(raw)
             if sid:
                 w.extra["slot"], w.extra["task"] = int(sid.group("id")), int(sid.group("task"))
+            elif self.header is not None and i - self.header[2] <= 8:
+                w.extra["slot"], w.extra["task"] = self.header[0], self.header[1]
+                w.extra["header_line"] = self.header[2]
             rest = m.group("rest")
             mm = MEAN_RE.search(rest)
             pm = POS_RE.search(rest)
@@ -147,6 +159,8 @@ class Parser(LineParser):
             w.conventions = {"accept_rate": RATE_CONV}
             if m.group("old"):
                 w.version = "before PR 23279 ('draft acceptance rate =')"
+                if "header_line" in w.extra:
+                    w.version += ", slot header on its own line"
             elif pm:
                 w.version = "PR 24536 (mean acceptance length and per-position rates)"
             elif mm:

@@ -37,17 +37,19 @@ Errors (down, slow, HTTP or API error, TLS, no series) raise InputError with one
 """
 from __future__ import annotations
 
-import json
+import math
 import re
 import ssl
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from datetime import datetime, timezone
 
+from specaudit.audit.formats import printable
 from specaudit.audit.sources import Reading, Window, audit_reading, note
-from specaudit.trace.schema import InputError
+from specaudit.trace.schema import InputError, parse_json_bounded
+
+MAX_ANSWER_BYTES = 64 << 20   # one API answer; a 6 h range at 30 s is ~20 KB per series
+MAX_CA_FILE_BYTES = 4 << 20   # a PEM bundle is a few hundred KB
 
 # field -> series; ("series", position label) for per-position counters. GAUGES are read
 # as printed, never differenced.
@@ -126,9 +128,13 @@ class Client:
         self.timeout = timeout
         self.ctx = None
         if u.scheme == "https":
-            try:
-                self.ctx = ssl.create_default_context(cafile=ca_file)
-            except (OSError, ssl.SSLError) as e:
+            try:   # read through the one input opener: a FIFO or a device is refused, not waited on
+                from specaudit.inputs import read_input_text
+                cadata = read_input_text(ca_file, MAX_CA_FILE_BYTES) if ca_file else None
+                self.ctx = ssl.create_default_context(cadata=cadata)
+            except InputError as e:
+                raise InputError(url, f"cannot load --ca-file {printable(ca_file)}: {e.reason}") from None
+            except (OSError, ssl.SSLError, ValueError) as e:
                 raise InputError(url, f"cannot load --ca-file {ca_file}: {getattr(e, 'strerror', None) or e}") from None
             if insecure:
                 self.ctx.check_hostname = False
@@ -139,25 +145,33 @@ class Client:
         if left <= 0:
             raise InputError(self.url, f"Prometheus did not answer within --timeout {self.timeout:g}s")
         q = urllib.parse.urlencode({**params, "timeout": f"{max(int(left * 1000), 100)}ms"}, doseq=True)
-        req = urllib.request.Request(f"{self.url}{path}?{q}", headers=self.headers)
-        try:
-            with urllib.request.urlopen(req, timeout=left, context=self.ctx) as r:
-                body, status, ctype = r.read(), r.status, r.headers.get("Content-Type", "")
-        except urllib.error.HTTPError as e:
-            body, status, ctype = e.read(), e.code, e.headers.get("Content-Type", "") if e.headers else ""
-        except (TimeoutError, OSError, urllib.error.URLError) as e:
+        from specaudit.httpget import Redirect, TooLarge, get
+        try:   # one deadline for the whole request, a capped body, no redirect followed
+            status, ctype, body = get(f"{self.url}{path}?{q}", self.headers, left, MAX_ANSWER_BYTES, self.ctx)
+        except Redirect as e:
+            raise InputError(self.url, f"HTTP {e.status} redirect from {path} to {printable(e.location[:200])}: not "
+                                       "followed (headers such as Authorization stay with the URL you gave); "
+                                       "give the server's own URL") from None
+        except TooLarge as e:
+            raise InputError(self.url, f"the answer to {path} is larger than {e.limit >> 20} MiB; refused (narrow "
+                                       "it with --match or a shorter --range)") from None
+        except (TimeoutError, OSError) as e:
             raise InputError(self.url, self._why(e)) from None
         try:
-            doc = json.loads(body)
-        except ValueError:
+            doc = parse_json_bounded(body, None, max_depth=32)
+        except InputError as e:
+            if status < 400 and body.lstrip()[:1] in (b"{", b"["):
+                raise InputError(self.url, f"HTTP {status} from {path}: {e.reason}") from None
             hint = {401: "unauthorized: pass --header 'Authorization: Bearer TOKEN'",
                     403: "forbidden: pass the header your proxy expects (--header)",
                     404: "not found: give the server root, e.g. http://host:9090 (no /api/v1 path)"}.get(status, "")
-            raise InputError(self.url, f"HTTP {status} ({ctype or 'no content type'}) from {path}: not a Prometheus "
-                                       f"HTTP API answer" + (f"; {hint}" if hint else "")) from None
+            raise InputError(self.url, f"HTTP {status} ({printable(ctype[:80]) or 'no content type'}) from {path}: "
+                                       f"not a Prometheus HTTP API answer" + (f"; {hint}" if hint else "")) from None
         if not isinstance(doc, dict) or doc.get("status") != "success":
             err = doc.get("error", "no error text") if isinstance(doc, dict) else "not a JSON object"
             kind = doc.get("errorType", "error") if isinstance(doc, dict) else "error"
+            # the server's words, never its escapes: one line, visible control characters
+            err, kind = printable(" ".join(str(err).split())[:300]), printable(str(kind)[:40])
             if status in (401, 403):
                 err += " (pass --header 'Authorization: Bearer TOKEN')"
             raise InputError(self.url, f"Prometheus answered HTTP {status}, {kind}: {err}")
@@ -169,7 +183,7 @@ class Client:
             return f"TLS certificate not trusted ({getattr(r, 'verify_message', r)}); pass --ca-file FILE or --insecure"
         if isinstance(r, ssl.SSLError):
             return f"TLS error: {r}"
-        if isinstance(r, (TimeoutError,)) or "timed out" in str(r):
+        if isinstance(r, (TimeoutError,)) or "timed out" in str(r) or "no whole answer" in str(r):
             return f"Prometheus did not answer within --timeout {self.timeout:g}s"
         if isinstance(r, ConnectionRefusedError):
             return "connection refused: is Prometheus running there?"
@@ -197,13 +211,17 @@ def read_prometheus(url, range_s=6 * 3600.0, step_s=30.0, match=(), headers=(), 
     for m in matchers:
         sel = "{" + ", ".join(x for x in (f'__name__=~"{SPEC_RE}"', m) if x) + "}"
         data = c.get("/api/v1/series", {"match[]": sel, "start": f"{end - range_s:.3f}", "end": f"{end:.3f}"})
-        found |= {s.get("__name__", "") for s in data or ()}
+        if not isinstance(data, list) or not all(isinstance(x, dict) for x in data):
+            raise InputError(url, "Prometheus answered /api/v1/series with something other than a list of "
+                                  f"label sets ({type(data).__name__}); is that a Prometheus server?")
+        found |= {str(s.get("__name__", "")) for s in data}
     engines = [e for e, fields in SERIES.items() if _name(fields[KEY[e]]) in found]
     where = f" matching {', '.join('{' + m + '}' for m in matchers if m)}" if any(matchers) else ""
     if not engines:
         raise InputError(url, f"no speculative-decoding series (vllm:spec_decode_*, sglang:spec_accept_*, "
                               f"trtllm_spec_decode_*, llamacpp:spec_decode_*) in the last {rng}{where}")
     readings = []
+    n_samples = n_bad = 0   # samples read, and those NaN / +-Inf (left out)
     for engine in engines:
         raw: dict = {}   # field -> list of (labels, [(t, v)])
         for fld, spec in SERIES[engine].items():
@@ -212,14 +230,22 @@ def read_prometheus(url, range_s=6 * 3600.0, step_s=30.0, match=(), headers=(), 
             for m in matchers:
                 q = name + "{" + m + "}" + f"[{rng}]"
                 data = c.get("/api/v1/query", {"query": q, "time": f"{end:.3f}"})
-                for s in (data.get("result") if isinstance(data, dict) else None) or []:
+                res = data.get("result") if isinstance(data, dict) else None
+                if res is not None and not isinstance(res, list) or (
+                        isinstance(data, dict) and data.get("resultType") not in (None, "matrix")):
+                    raise InputError(url, f"Prometheus answered {q} with something other than a matrix of samples")
+                for s in res or []:
                     try:
                         lab = {str(k): str(v) for k, v in s["metric"].items()}
                         vals = [(float(t), float(v)) for t, v in s["values"]]
                     except (KeyError, TypeError, ValueError, AttributeError):
                         raise InputError(url, f"Prometheus answered {q} with something other than a matrix of "
                                               "samples") from None
-                    seen[tuple(sorted(lab.items()))] = (lab, vals)
+                    n_samples += len(vals)
+                    finite = [(t, v) for t, v in vals if math.isfinite(t) and math.isfinite(v)]
+                    n_bad += len(vals) - len(finite)   # NaN / +Inf: a counter never holds one
+                    if finite:
+                        seen[tuple(sorted(lab.items()))] = (lab, finite)
             if seen:
                 raw[fld] = list(seen.values())
         ks: dict = {}   # (job, instance, model) -> k from the engine's config info series
@@ -233,6 +259,15 @@ def read_prometheus(url, range_s=6 * 3600.0, step_s=30.0, match=(), headers=(), 
                         ks[(str(lab.get("job", "")), str(lab.get("instance", "")),
                             str(lab.get("model_name", "")))] = int(lab[label])
         readings += _readings(url, engine, raw, step_s, ks)
+    if n_bad and not any(r.windows for r in readings):
+        # the same values in a text scrape are refused (exit 2): an answer of nothing but
+        # NaN / Inf is not a clean engine, it is nothing to check
+        raise InputError(url, f"{n_bad} of {n_samples} samples in the last {rng}{where} are NaN or Inf and no "
+                              "window is left to check; refused (is the exporter broken?)")
+    if n_bad:
+        for r in readings:
+            r.notes.append(note(r.path, None, f"{n_bad} NaN/Inf samples of {n_samples} in the answer",
+                                "left out (a counter never holds NaN or Inf)"))
     return readings
 
 

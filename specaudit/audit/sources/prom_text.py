@@ -100,11 +100,16 @@ PREFIX = {"vllm": "vllm:spec_decode", "sglang": "sglang:spec_accept", "trtllm": 
           "llamacpp": "llamacpp:spec_decode", "specaudit": "specaudit_"}
 
 
+# any series of an engine (a scrape without spec-decoding series is still that engine's)
+ENGINE_SERIES_RE = re.compile(r"^(vllm:|sglang:|trtllm_|llamacpp:)[a-z_]+(\{| -?[0-9])")
+ENGINE_OF = {"vllm:": "vLLM", "sglang:": "SGLang", "trtllm_": "TensorRT-LLM", "llamacpp:": "llama.cpp"}
+
+
 def looks_like_line(line: str) -> bool:
     s = line.lstrip()
     if s.startswith("# TYPE ") or s.startswith("# HELP "):
         s = s.split(" ", 2)[2] if s.count(" ") >= 2 else ""
-    return bool(KNOWN_RE.match(s))
+    return bool(KNOWN_RE.match(s)) or bool(ENGINE_SERIES_RE.match(s))
 
 
 def looks_like(text: str) -> bool:
@@ -228,13 +233,18 @@ def build(scrapes, notes, path, types=None, info=None) -> Reading:
         names |= {k[0] for k in sc.samples}
     engine = next((e for e, pre in PREFIX.items() if any(n.startswith(pre) for n in names)), None)
     if engine is None:
+        seen = next((v for pre, v in ENGINE_OF.items() if any(n.startswith(pre) for n in names)), None)
+        if seen:   # the engine's own series, none of them speculative: judged on what it holds
+            from specaudit.audit.sources import NoFigures
+            raise NoFigures(path, f"a {seen} scrape with no spec-decoding series (speculative decoding off, or "
+                                  "not exported by this version)", recognised=f"{seen} Prometheus scrape", notes=notes)
         raise InputError(path, "no spec-decoding series (vllm:spec_decode_*, sglang:spec_accept_*, trtllm_spec_decode_*"
                                ", llamacpp:spec_decode_*, specaudit_*) in this Prometheus text")
     fam, required, pos_kind = FAMILIES[engine]
     missing = [fam[k] for k in required if fam[k] not in names]
-    if missing:
-        raise InputError(path, f"{engine} metrics lack {', '.join(missing)}: cannot audit spec decoding from them")
     reading = Reading(source="prom-text", engine=engine, path=path, notes=notes)
+    if missing:   # a partial scrape: judged on the series it holds; the account names the rest
+        reading.config["missing_series"] = missing
     if engine == "llamacpp":
         reading.version = "llama-server /metrics spec_decode_* counters (PR 26389)"
     models = {dict(labels).get("model_name") for sc in scrapes for (n, labels) in sc.samples

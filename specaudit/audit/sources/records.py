@@ -31,6 +31,7 @@ import math
 
 from specaudit.audit.sources import MAX_BYTES, LineParser, Reading, Window
 
+TOKENSPEED_KEYS = ("spec_accepted_tokens", "spec_draft_tokens")   # TokenSpeed PR 1443 (Sep 2026)
 SGLANG_KEYS = (  # (accepted, proposed, version) by release
     ("spec_num_correct_drafts", "spec_num_proposed_drafts", ">= 0.5.12 (spec_num_correct_drafts)"),
     ("spec_accepted_drafts", "spec_proposed_drafts", "0.5.11 (spec_accepted_drafts)"),
@@ -182,6 +183,10 @@ def window_of(obj, line: int) -> tuple[Window | None, str | None]:
                 w.version = f"AIPerf profile_export record ({sda['engine'][:20]} stats)"
         w.text = "AIPerf record " + json.dumps({k: m.get(k) for k in keys})[:200]
         return w, None
+    # FastDeploy speculate_metrics (per request, PR 5518 / 5952)
+    holder = _find(obj, ("speculate_metrics",))
+    if holder is not None and isinstance(holder.get("speculate_metrics"), dict):
+        return _fastdeploy(holder["speculate_metrics"], line)
     # vLLM per-request metrics.speculative_decoding / TensorRT-LLM per-request payload
     sd = _find(obj, ("num_spec_steps", "total_draft_tokens", "num_accepted_draft_tokens"))
     if sd is not None:
@@ -222,7 +227,9 @@ def window_of(obj, line: int) -> tuple[Window | None, str | None]:
         return w, None
     # SGLang meta_info
     mi = _find(obj, ("spec_verify_ct", "spec_accept_length", "spec_accept_token_num", "spec_accepted_drafts",
-                     "spec_num_correct_drafts"))
+                     "spec_num_correct_drafts", "spec_accepted_tokens"))
+    if mi is not None and TOKENSPEED_KEYS[0] in mi:
+        return _tokenspeed_meta(mi, line)
     if mi is not None:
         names = [k for k in mi if str(k).startswith("spec_")]
         if _bad(*(mi.get(k) for k in names if k != "spec_correct_drafts_histogram")):
@@ -258,6 +265,8 @@ def window_of(obj, line: int) -> tuple[Window | None, str | None]:
     if t is not None:
         if _bad(t.get("draft_n"), t.get("draft_n_accepted"), t.get("predicted_n")):
             return None, "llama.cpp timings value that is not a finite number"
+        if "draft_rounds" in t or "draft_kind" in t:
+            return _mlx_vlm_timings(t, line)
         w = Window(line=line, engine="llamacpp", kind="interval", version="timings (draft_n, PR 12603)")
         w.draft_tokens, w.accepted_tokens = _num(t.get("draft_n")), _num(t.get("draft_n_accepted"))
         if _num(t.get("predicted_n")) is not None:
@@ -266,6 +275,109 @@ def window_of(obj, line: int) -> tuple[Window | None, str | None]:
         w.text = json.dumps({k: t.get(k) for k in ("predicted_n", "draft_n", "draft_n_accepted")})
         return w, None
     return None, None
+
+
+def _mlx_vlm_timings(t: dict, line: int):
+    """mlx-vlm's response timings (PR 1788): llama.cpp's names plus draft_kind and
+    draft_rounds (verify steps). Generated tokens = accepted drafts + one per round (and
+    the first token, when the request's count includes it): predicted_n >= rounds + accepted."""
+    if _bad(t.get("draft_rounds"), t.get("draft_n"), t.get("draft_n_accepted"), t.get("predicted_n")):
+        return None, "mlx-vlm timings value that is not a finite number"
+    kind = t.get("draft_kind") if isinstance(t.get("draft_kind"), str) else None
+    w = Window(line=line, engine="mlx-vlm", kind="interval",
+               version=f"response timings with draft_rounds (PR 1788){', ' + kind[:20] if kind else ''}")
+    w.drafts = _num(t.get("draft_rounds"))
+    w.draft_tokens, w.accepted_tokens = _num(t.get("draft_n")), _num(t.get("draft_n_accepted"))
+    if w.drafts is None and w.draft_tokens is None and w.accepted_tokens is None:
+        return None, None   # a run without a drafter: every field null
+    if _num(t.get("predicted_n")) is not None:
+        w.extra["output_tokens"] = _num(t.get("predicted_n"))   # SA731: >= rounds + accepted
+    w.conventions = {"accept_rate": "draft_n_accepted / draft_n (no rate or length printed: the counts only)"}
+    w.text = json.dumps({k: t.get(k) for k in ("predicted_n", "draft_kind", "draft_rounds", "draft_n",
+                                               "draft_n_accepted")})
+    return w, None
+
+
+FD_RATIO = ("accept_ratio as FastDeploy prints it; with per-head counts it reads as accepted drafts / emitted tokens "
+            "(1 - 1 / average_accept_length), not accepted / drafted (SA729 sizes the difference)")
+FD_LEN = "accepted_tokens / verify steps (head 0 counts every step): counts the bonus token"
+
+
+def _fastdeploy(sm: dict, line: int):
+    """FastDeploy's speculate_metrics: accepted_tokens, rejected_tokens, accept_ratio,
+    average_accept_length, accepted_tokens_per_head [h0, h1, ...] (h0 = verify steps: the
+    target's own token, accepted every step; h_i = steps accepting draft i) and
+    accept_ratio_per_head (h_(i+1) / h_i, conditional)."""
+    keys = ("accepted_tokens", "rejected_tokens", "accept_ratio", "average_accept_length")
+    heads = sm.get("accepted_tokens_per_head")
+    if _bad(*(sm.get(k) for k in keys)) or (heads is not None and _hist(heads) is None):
+        return None, "FastDeploy speculate_metrics value that is not a finite number"
+    acc, rej, ratio, avg = (_num(sm.get(k)) for k in keys)
+    w = Window(line=line, engine="fastdeploy", kind="interval", version="speculate_metrics (PR 5952: per head)"
+               if heads is not None else "speculate_metrics (PR 5518)")
+    w.accept_len = avg
+    w.conventions = {"accept_len": FD_LEN, "accept_rate": FD_RATIO}
+    h = _hist(heads) if heads is not None else None
+    if h and h[0] > 0 and acc is not None and rej is not None:
+        steps, drafts_acc = h[0], sum(h[1:])
+        w.drafts, w.accepted_tokens = steps, drafts_acc
+        w.draft_tokens = rej + drafts_acc          # drafted = accepted drafts + rejected
+        w.k = len(h) - 1 if len(h) > 1 else None
+        w.per_pos_counts = h[1:]
+        w.per_pos = [c / steps for c in h[1:]]
+        w.per_pos_kind = "verify_steps"
+        w.extra["fixed_block"] = False
+        w.extra["emitted_total"] = acc              # the printed accepted_tokens: drafts + one per step
+        if ratio is not None:
+            w.extra["ratio_with_bonus"] = ratio
+        cond = sm.get("accept_ratio_per_head")
+        if isinstance(cond, list) and not _bad(*cond):
+            w.extra["conditional_per_head"] = [_num(x) for x in cond]
+    else:
+        w.accept_rate = ratio                       # no per-head counts: the ratio as printed
+    w.text = "speculate_metrics " + json.dumps({k: sm.get(k) for k in keys})[:200]
+    return w, None
+
+
+def _tokenspeed_meta(mi: dict, line: int):
+    """TokenSpeed's meta_info (PR 1443): spec_verify_ct, spec_accepted_tokens = completion
+    tokens - 1 - verify steps (one token from prefill, one bonus per step), spec_draft_tokens
+    = verify steps x (num_draft_tokens - 1) (slot 0 is the verified root, no draft)."""
+    names = [k for k in mi if str(k).startswith("spec_")] + ["completion_tokens"]
+    if _bad(*(mi.get(k) for k in names)):
+        return None, "TokenSpeed meta_info value that is not a finite number"
+    w = Window(line=line, engine="tokenspeed", kind="interval", version="meta_info spec_accepted_tokens (PR 1443)")
+    w.drafts = _num(mi.get("spec_verify_ct"))
+    w.accepted_tokens, w.draft_tokens = _num(mi.get(TOKENSPEED_KEYS[0])), _num(mi.get(TOKENSPEED_KEYS[1]))
+    ct = _num(mi.get("completion_tokens"))
+    if ct is not None:
+        w.extra["output_tokens"] = ct          # >= verify steps + accepted (SA731)
+    if w.drafts and w.draft_tokens is not None and w.drafts > 0:
+        per = w.draft_tokens / w.drafts
+        if abs(per - round(per)) < 1e-9 and per >= 1:
+            w.k = int(round(per))              # a fixed block: drafted = steps x (num_draft_tokens - 1)
+            w.extra["fixed_block"] = True
+    w.conventions = {"accept_rate": "spec_accepted_tokens / spec_draft_tokens (drafts only, root slot excluded)"}
+    w.text = json.dumps({k: mi.get(k) for k in names})[:300]
+    if w.drafts is None and w.accepted_tokens is None:
+        return None, None
+    return w, None
+
+
+def engine_shape(obj) -> str | None:
+    """The engine record a JSON object is by its own keys, figures or not (TensorRT-LLM
+    iteration stats with specDecodingStats null, an SGLang response's meta_info, a vLLM
+    per-request record, llama.cpp timings), or None."""
+    if not isinstance(obj, dict):
+        return None
+    if "specDecodingStats" in obj and "iter" in obj:
+        return "TensorRT-LLM iteration stats"
+    if isinstance(obj.get("meta_info"), dict) and ("completion_tokens" in obj["meta_info"]
+                                                   or "prompt_tokens" in obj["meta_info"]):
+        return "SGLang response meta_info"
+    if isinstance(obj.get("timings"), dict) and "predicted_n" in obj["timings"]:
+        return "llama.cpp response timings"
+    return None
 
 
 class Parser(LineParser):
@@ -280,7 +392,11 @@ class Parser(LineParser):
         self.doc_line = 1
         self.too_big = False
 
+    recognised = None   # an engine's record shape seen without figures (sources.NoFigures)
+
     def _record(self, obj, line):
+        if self.recognised is None:
+            self.recognised = engine_shape(obj)
         w, why = window_of(obj, line)
         if why:
             self.skip(line, why, json.dumps(obj)[:200] if isinstance(obj, dict) else "")

@@ -62,13 +62,19 @@ LEN_CONV = "(accepted drafts + 1 per request) / request-verify steps: counts the
 
 
 # substrings every line this reader uses holds (Lines' prefilter: other lines are never decoded)
-MARKERS = (b"Decode batch", b"server_args=", b"ServerArgs(")
+MARKERS = (b"Decode batch", b"server_args=", b"ServerArgs(", b"meta_info")
+META_VERSION = "meta_info in the server log (Finish line, or a response pasted beside it)"
 # the lines that configure the reader (the parallel audit seeds every range with them)
 CONFIG_MARKERS = (b"server_args=", b"ServerArgs(")
 
 
 def looks_like_line(line: str) -> bool:
-    return "Decode batch" in line and "accept len:" in line
+    """A decode-statistics line: with `accept len` (speculative), or without it (speculative
+    decoding off: the log is still SGLang's, judged on what it holds). TokenSpeed's lines
+    (`#pages(`, `avg_accept_len`) are its own."""
+    return "Decode batch" in line and ("accept len:" in line or (
+        "#running-req:" in line and "gen throughput" in line and "#pages(" not in line
+        and "avg_accept_len" not in line)) or ("Finish:" in line and "'meta_info'" in line and "spec_" in line)
 
 
 def looks_like(text: str) -> bool:
@@ -135,7 +141,51 @@ class Parser(LineParser):
     source = "sglang-log"
     engine = "sglang"
 
+    def _meta_info(self, i: int, raw: str) -> None:
+        """A request's meta_info inside the log: the `Finish: obj=..., out={'meta_info': {...}}`
+        line (a Python dict, read with ast.literal_eval: literals only) or a JSON response
+        pasted between log lines. Read as the JSON records reader reads meta_info."""
+        import ast
+        import json
+
+        from specaudit.audit.sources.records import window_of
+        key = raw.find("'meta_info'") if "'meta_info'" in raw else raw.find('"meta_info"')
+        start = raw.find("{", key)
+        if start < 0:
+            return
+        depth, end = 0, None
+        for j in range(start, len(raw)):   # the dict's closing brace (strings hold none in practice)
+            ch = raw[j]
+            if ch == "{":
+                depth += 1
+            elif ch == "}":
+                depth -= 1
+                if depth == 0:
+                    end = j + 1
+                    break
+        if end is None:
+            self.skip(i, "truncated SGLang meta_info (the dict is cut)", raw)
+            return
+        text = raw[start:end]
+        try:
+            meta = json.loads(text) if raw[key] == '"' else ast.literal_eval(text)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            self.skip(i, "SGLang meta_info that is not a literal dict", raw)
+            return
+        if not isinstance(meta, dict) or not any(str(k).startswith("spec_") for k in meta):
+            return
+        w, why = window_of({"meta_info": meta}, i)
+        if why:
+            self.skip(i, why, raw)
+        elif w is not None:
+            w.version = f"{w.version}; {META_VERSION}" if w.version else META_VERSION
+            w.extra["request"] = True
+            self.reading.windows.append(w)
+
     def feed(self, i: int, raw: str) -> None:
+        if "meta_info" in raw and ("Finish:" in raw or raw.lstrip().startswith("{")):
+            self._meta_info(i, raw)
+            return
         if "server_args=" in raw or "ServerArgs(" in raw:
             self.reading.config.update(_server_args(raw))
             return
@@ -204,6 +254,8 @@ class Parser(LineParser):
             cfg["max_accept_len"] = cfg["num_draft_tokens"]
         D = cfg.get("num_draft_tokens")
         for w in reading.windows:
+            if w.extra.get("request"):
+                continue   # a request's meta_info: its own version and conventions
             w.k = cfg.get("num_steps", w.k)
             e = era(w.time)
             w.conventions["accept_len"] = LEN_CONV

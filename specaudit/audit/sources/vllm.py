@@ -30,12 +30,14 @@ import math
 import re
 
 from specaudit.audit.sources import LineParser, Reading, Window
+from specaudit.audit.sources.vllm_startup import startup
 
 NUM = r"(-?(?:\d+(?:\.\d*)?|\.\d+)|nan|inf)"
 SPEC_RE = re.compile(r"SpecDecoding metrics:\s*(?P<body>.*)$")
 V0_RE = re.compile(r"Speculative metrics:\s*(?P<body>.*)$")
-ENGINE_RE = re.compile(r"(?:Engine (?P<eng>\d+):\s*)?Avg prompt throughput: [^,]*, Avg generation throughput: "
-                       + NUM + r" tokens/s, Running: (?P<run>\d+) reqs")
+ENGINE_RE = re.compile(r"(?:Engine (?P<eng>\d+):\s*|(?P<agg>\d+) Engines Aggregated:\s*)?Avg prompt throughput: [^,]*, "
+                       r"Avg generation throughput: " + NUM + r" tokens/s, Running: (?P<run>\d+) reqs"
+                       r"(?:, Waiting: (?P<wait>\d+) reqs)?(?:, Deferred: (?P<defer>\d+) reqs)?")
 TS_RE = re.compile(r"\b(?:INFO|WARNING|DEBUG|ERROR)\s+(?P<ts>\d\d-\d\d \d\d:\d\d:\d\d)")
 F = {
     "mean": re.compile(r"Mean acceptance length: " + NUM),
@@ -46,7 +48,6 @@ F = {
     "rate_frac": re.compile(r"(?<!Avg )Draft acceptance rate: (-?\d+\.\d+|-?\d+|nan|inf)(?![\d.%])"),
     "depth": re.compile(r"Current speculative depth: " + NUM),
 }
-PER_POS_RE = re.compile(r"Per-position acceptance rate: (?P<list>[-0-9.naif, ]+)")
 V0 = {
     "rate": re.compile(r"Draft acceptance rate: " + NUM),
     "k": re.compile(r"Number of speculative tokens: " + NUM),
@@ -66,11 +67,16 @@ V0_LEN = "V0: emitted tokens / (draft tokens / k) (accepted prefix + bonus per p
 
 
 # substrings every line this reader uses holds (Lines' prefilter: other lines are never decoded)
-MARKERS = (b"metrics:", b"Avg prompt throughput")
+MARKERS = (b"metrics:", b"Avg prompt throughput", b"non-default args:", b"Initializing a V1 LLM engine")
+# the start-up lines that name the models (seeded into every range of a large log)
+CONFIG_MARKERS = (b"non-default args:", b"Initializing a V1 LLM engine")
 
 
 def looks_like_line(line: str) -> bool:
-    return "SpecDecoding metrics:" in line or "Speculative metrics: Draft acceptance rate" in line
+    """A spec-decoding line, or the engine stats line every vLLM server logs (a log with
+    speculative decoding off is still vLLM's: judged on what it holds)."""
+    return ("SpecDecoding metrics:" in line or "Speculative metrics: Draft acceptance rate" in line
+            or ("Avg prompt throughput:" in line and "Avg generation throughput:" in line))
 
 
 def looks_like(text: str) -> bool:
@@ -80,22 +86,6 @@ def looks_like(text: str) -> bool:
 def _num(rx, body):
     m = rx.search(body)
     return float(m.group(1)) if m else None
-
-
-def _per_pos(body: str):
-    m = PER_POS_RE.search(body)
-    if not m:
-        return None
-    out = []
-    for tok in m.group("list").split(","):
-        tok = tok.strip()
-        if not tok:
-            continue
-        try:
-            out.append(float(tok))
-        except ValueError:
-            break
-    return out
 
 
 _KEYS = {"Mean acceptance length", "Current speculative depth", "Accepted", "Drafted", "Avg Draft acceptance rate",
@@ -180,18 +170,25 @@ class Parser(LineParser):
         self.last_engine: dict = {}  # engine -> (gen tps, running, line)
         self.current = None
         self.engines: set = set()
+        self.queue: dict = {}        # engine -> {"waiting": n, "deferred": n} of its last stats line
 
     def feed(self, i: int, raw: str) -> None:
         if "metrics:" not in raw and "Avg prompt throughput" not in raw:
+            if "non-default args:" in raw or "Initializing a V1 LLM engine" in raw:
+                self.reading.config.update(startup(raw, i))
             return  # most lines of a server log: nothing for this reader (fast path)
         em = ENGINE_RE.search(raw) if "Avg prompt throughput" in raw else None
         if em:
-            eng = em.group("eng")
-            self.current = str(int(eng)) if eng is not None else None
+            eng, agg = em.group("eng"), em.group("agg")
+            # data parallel: per-engine lines (`Engine 00N:`) or one line for all engines
+            # (`N Engines Aggregated:`, its SpecDecoding line summed over them)
+            self.current = str(int(eng)) if eng is not None else (f"agg{int(agg)}" if agg is not None else None)
             try:
-                self.last_engine[self.current] = (float(em.group(2)), float(em.group("run")), i)
+                self.last_engine[self.current] = (float(em.group(3)), float(em.group("run")), i)   # 3: NUM
             except ValueError:
                 pass
+            self.queue[self.current] = {k: int(em.group(g)) for k, g in (("waiting", "wait"), ("deferred", "defer"))
+                                        if em.group(g) is not None}
             return
         sm = SPEC_RE.search(raw)
         vm = V0_RE.search(raw) if not sm else None
@@ -220,6 +217,9 @@ class Parser(LineParser):
             first_pct = kv.get("Draft acceptance rate%") if w.printed_rate_pct is None else None
             frac = kv.get("Draft acceptance rate") if w.printed_rate_pct is None and first_pct is None else None
             depth = kv.get("Current speculative depth")
+            for key, name in (("Accepted throughput", "acc_tps"), ("Drafted throughput", "dr_tps")):
+                if key in kv:
+                    w.extra[name] = kv[key]
             w.per_pos = per_pos
             if not _all_finite(kv, per_pos) and not _finite(w.accept_len, w.accepted_tokens, w.draft_tokens,
                                                             w.printed_rate_pct, first_pct, frac, *(w.per_pos or [])):
@@ -303,7 +303,12 @@ class Parser(LineParser):
         cur = self.current
         if cur in self.last_engine and i - self.last_engine[cur][2] <= 5:
             w.gen_tps, w.concurrency, _ = self.last_engine[cur]
-        w.rank = f"engine {cur}" if cur is not None else None
+            w.extra.update(self.queue.get(cur, {}))
+        if cur is not None and cur.startswith("agg"):
+            w.rank = f"{cur[3:]} engines aggregated"
+            w.version = (w.version or "V1") + ", data parallel aggregated"
+        else:
+            w.rank = f"engine {cur}" if cur is not None else None
         self.engines.add(w.rank)
         self.reading.windows.append(w)
 

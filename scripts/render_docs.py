@@ -1,0 +1,324 @@
+"""Render the generated pages of the docs site from their sources of truth.
+
+    python3 scripts/render_docs.py           # write docs/rules/*.md and docs/benchmarks.md
+    python3 scripts/render_docs.py --check   # exit 1, naming each stale page (tests/test_docs.py)
+
+- docs/rules/: one page per rule of the catalog (What, Why, Example, message, fixtures),
+  from the rules' own docstrings and fixtures (invariants/), as `specaudit rules CODE` prints
+  them; an index per family.
+- docs/benchmarks.md: every measured figure of the docs, from the JSON files the benchmark
+  scripts write (docs/benchmarks/<name>.json, scripts/benchutil.py record()): the figures
+  with the command line, commit, date and machine (cores, load) that produced them. A JSON
+  missing a key the page shows is an error naming the file and the key.
+
+Nothing here measures or types a number: change the code or rerun a benchmark, then this.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+BENCH_DIR = DOCS / "benchmarks"
+FIXTURES = ROOT / "tests" / "fixtures" / "engines"
+
+# ------------------------------------------------------------------ benchmarks
+# (name of docs/benchmarks/<name>.json, title, script, what it measures, [(figure key, label)]).
+# Every key listed is required in the JSON's "figures"; null means withheld (busy machine).
+BENCHMARKS = [
+    ("runtime", "Runtime: speedup, trace overhead, lossless", "scripts/bench_runtime.py",
+     "Batch 1 on the embedded models, traced and untraced runs interleaved in rounds (medians); "
+     "every output compared with plain greedy.",
+     [("greedy_tokens_per_s", "plain greedy, tokens/s"), ("speedup_chain", "chain b7, speedup (traced)"),
+      ("best_tree", "best tree"), ("speedup_best_tree", "best tree, speedup (traced)"),
+      ("mean_commit_len_chain", "chain, mean commit length"),
+      ("max_tree_commit_len", "trees, largest mean commit length"),
+      ("trace_overhead", "trace overhead (pooled)"), ("tracer_cpu_us_per_step", "tracer CPU per step, us"),
+      ("speedup_sampled_chain", "sampled chain speedup, per temperature"),
+      ("trace_overhead_v2", "trace overhead, sampled (v2)"),
+      ("lossless", "lossless"), ("prompts", "prompts"), ("max_new_tokens", "new tokens"), ("rounds", "rounds")]),
+    ("check", "Checker: steps/s against the decode limit", "scripts/bench_check.py",
+     "A synthetic dataset checked with the whole catalog, the same files' list columns decoded alone "
+     "(the limit), and a plain per-row Python implementation of the same rules (the baseline).",
+     [("steps", "steps"), ("steps_per_s", "steps/s (wall)"), ("steps_per_cpu_s", "steps per CPU second"),
+      ("decode_steps_per_s", "decode limit, steps/s"), ("of_decode_limit", "share of the decode limit (wall)"),
+      ("of_decode_limit_cpu", "share of the decode limit (CPU)"), ("peak_rss_mb", "peak RSS, MB"),
+      ("baseline_steps_per_s", "per-row baseline, steps/s"), ("speedup", "speedup over the baseline")]),
+    ("tiny_runs", "Checker: many tiny runs", "scripts/bench_tiny_runs.py",
+     "Runs of one request and a few steps, written as the sink writes them, checked four ways side by side.",
+     [("runs", "runs"), ("workers", "workers"), ("pooled_wall_s", "pooled, workers with polars: wall s"),
+      ("pooled_arrow_wall_s", "pooled, workers with Arrow: wall s"), ("pooled_1_wall_s", "pooled, one process: wall s"),
+      ("alone_wall_s", "every run alone: wall s"), ("pooled_per_run_ms", "pooled: ms per run"),
+      ("speedup_pooled", "pooled over alone"), ("polars_over_arrow", "polars over Arrow")]),
+    ("sources", "Engine logs: streaming reader", "scripts/bench_sources.py",
+     "Worst-case vLLM logs (every line a SpecDecoding line), read in parallel and with one worker.",
+     [("sizes", "per size: MiB, lines, runs (workers, seconds, CPU seconds, MiB/s, peak RSS), same findings")]),
+    ("estimator", "Estimator: accuracy against the truth", "scripts/bench_estimator.py",
+     "Per configuration: calibrate r on other prompts, play a load generator timed from outside, estimate "
+     "the commit length from client-side tokens/s; the truth is the runtime's pooled mean commit length.",
+     [("max_rel_error", "largest relative error"), ("mean_rel_error", "mean relative error"), ("target", "target"),
+      ("within_target", "within target"), ("covered", "95% intervals covering the truth"),
+      ("min_true_commit_len", "smallest true commit length"), ("max_true_commit_len", "largest true commit length"),
+      ("configs", "per configuration")]),
+    ("scrape", "Serving: what a 10 Hz scrape of /metrics costs", "scripts/bench_scrape.py",
+     "`specaudit serve` under load, phases with and without a scrape alternating in one run.",
+     [("scrape_overhead", "throughput loss (median of pairs)"), ("scrape_cpu_share", "server CPU share for /metrics"),
+      ("scrape_cpu_us_per_scrape", "server CPU per scrape, us"), ("tokens_per_s_scrape", "tokens/s with scrapes"),
+      ("tokens_per_s_no_scrape", "tokens/s without"), ("scrapes", "scrapes"), ("metrics_bytes", "bytes per scrape")]),
+    ("query", "Post-mortem: canned queries and the report", "scripts/bench_query.py",
+     "A synthetic dataset; every canned query and the report timed with its own connect, from rollups.",
+     [("steps", "steps"), ("rollup_files", "rollup files"), ("max_query_s", "slowest canned query, wall s"),
+      ("max_query_cpu_s", "slowest canned query, CPU s"), ("report_s", "report, wall s"),
+      ("report_cpu_s", "report, CPU s"),
+      ("slowest_query", "slowest canned query"), ("queries", "per query, wall s")]),
+    ("sink_rollup", "Trace sink: what the rollup costs", "scripts/bench_sink_rollup.py",
+     "CPU per step of the Parquet sink without a rollup, with one rollup per run, and with one per flushed file.",
+     [("steps", "steps"), ("flush_steps", "steps per flush"), ("total_cpu_us_per_step", "CPU per step, us"),
+      ("rollup_cost", "rollup per run: added cost"), ("per_file_cost", "rollup per file: added cost")]),
+    ("ab_evidence", "A/B from evidence: throughput", "scripts/bench_ab_evidence.py",
+     "Two generated SGLang logs and two synthetic trace datasets compared with `specaudit ab`.",
+     [("log_lines", "log lines"), ("log_windows_per_s", "log windows/s"), ("trace_rows", "trace rows"),
+      ("trace_rows_per_s", "trace rows/s"), ("peak_rss_mb", "peak RSS, MB"), ("log_verdict", "log verdict"),
+      ("trace_verdict", "trace verdict")]),
+    ("spark", "Fleet: the checker on Spark", "scripts/bench_spark.py",
+     "The same dataset checked locally and on Spark local[1] and local[2]; findings must be equal.",
+     [("steps", "steps"), ("local_steps_per_s", "local, steps/s"), ("spark_steps_per_s_1", "Spark local[1], steps/s"),
+      ("spark_steps_per_s_2", "Spark local[2], steps/s"), ("spark_2_over_1", "local[2] over local[1]"),
+      ("spark_startup_s_1", "Spark startup, s")]),
+    ("kernels", "Triton audit kernels (GPU)", "scripts/bench_kernels.py",
+     "On CUDA, each kernel against its torch reference (eager and CUDA-graph replay) and a host-sync "
+     "implementation; the fused audit at B=256, N=64 against its target.",
+     [("device", "device"), ("fused_audit_b256_n64_us", "fused audit, B=256, N=64, eager, us"),
+      ("fused_audit_b256_n64_graph_us", "fused audit, B=256, N=64, CUDA-graph replay, us"),
+      ("target_us", "target, us"), ("meets_target_graph", "meets the target (graph replay)"),
+      ("meets_target_eager", "meets the target (eager)"),
+      ("audit_faster_than_torch_everywhere", "fused audit faster than torch at every size")]),
+]
+PROVENANCE = ("command", "commit", "date", "machine")
+MACHINE = ("cores", "load_avg_1m")
+
+
+class BenchmarkError(ValueError):
+    """A benchmark JSON the page cannot be rendered from (names the file and the key)."""
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "withheld"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if _is_rows(v):
+        return "(table below)"
+    if isinstance(v, (dict, list)):
+        return "`" + json.dumps(v, separators=(", ", ": ")) + "`"
+    return str(v)
+
+
+def _is_rows(v) -> bool:
+    return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
+
+
+def _rows_table(label: str, rows: list[dict]) -> list[str]:
+    """A list of records (per configuration, per size) as its own table."""
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    out = ["", f"{label}:", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        cell = lambda v: "`" + json.dumps(v, separators=(", ", ": ")) + "`" if _is_rows(v) else _fmt(v)
+        out.append("| " + " | ".join(cell(r[c]) if c in r else "" for c in cols) + " |")
+    return out
+
+
+def render_benchmark(name: str, doc: dict, title: str, script: str, what: str, keys) -> str:
+    """One section of the benchmarks page; BenchmarkError when a required key is missing."""
+    where = f"docs/benchmarks/{name}.json"
+    for k in PROVENANCE:
+        if k not in doc:
+            raise BenchmarkError(f"{where}: missing key {k!r}")
+    for k in MACHINE:
+        if k not in doc["machine"]:
+            raise BenchmarkError(f"{where}: missing key 'machine.{k}'")
+    figs = doc.get("figures")
+    if not isinstance(figs, dict):
+        raise BenchmarkError(f"{where}: missing key 'figures'")
+    for k, _ in keys:
+        if k not in figs:
+            raise BenchmarkError(f"{where}: missing key 'figures.{k}'")
+    m = doc["machine"]
+    commit = (doc["commit"] or "unknown")[:12] + (" (uncommitted changes)" if doc.get("dirty") else "")
+    quiet = m.get("machine_quiet")
+    load = (f"load average {m['load_avg_1m']} on {m['cores']} cores"
+            + ("" if quiet is None else " (quiet)" if quiet else " (busy: ratios withheld)"))
+    lines = [f"## {title} {{#{name.replace('_', '-')}}}", "", what, "",
+             f"`{doc['command']}` at commit `{commit}`, {doc['date']}, {m.get('cpu', 'unknown CPU')}, {load}.", "",
+             "| figure | value |", "|---|---|"]
+    lines += [f"| {label} (`{k}`) | {_fmt(figs[k])} |" for k, label in keys]
+    for k, label in keys:
+        if _is_rows(figs[k]):
+            lines += _rows_table(f"{label} (`{k}`)", figs[k])
+    if figs.get("withheld"):
+        lines += ["", f"Withheld: {figs['withheld']}"]
+    for note in ("load_note",):
+        if figs.get(note):
+            lines += ["", f"Note: {figs[note]}"]
+    return "\n".join(lines) + "\n"
+
+
+def render_benchmarks(bench_dir: Path = BENCH_DIR) -> str:
+    out = ["# Benchmarks", "",
+           "Every measured figure of these docs, rendered by `scripts/render_docs.py` from the JSON files",
+           "the benchmark scripts write to `docs/benchmarks/` (`scripts/benchutil.py`), each with the",
+           "command line, commit, date and machine that produced it. On a busy machine (load average",
+           "above 0.75 per core) a benchmark withholds its ratios rather than print noise. Rerun a",
+           "script, then `python3 scripts/render_docs.py`; `tests/test_docs.py` fails when this page is",
+           "stale or shows a figure that no JSON holds.", ""]
+    missing = []
+    for name, title, script, what, keys in BENCHMARKS:
+        path = bench_dir / f"{name}.json"
+        if not path.exists():
+            missing.append((name, title, script))
+            continue
+        try:
+            doc = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise BenchmarkError(f"docs/benchmarks/{name}.json: not JSON ({e})") from None
+        out.append(render_benchmark(name, doc, title, script, what, keys))
+    for name, title, script in missing:
+        out += [f"## {title} {{#{name.replace('_', '-')}}}", "",
+                f"Not recorded yet: no `docs/benchmarks/{name}.json`, so no figure of it is shown. "
+                f"Run `python3 {script}`.", ""]
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------- rules
+def _sections(doc: str) -> dict:
+    """'What: ...\\n\\nWhy: ...\\n\\nExample: ...' -> {"What": ..., "Why": ..., "Example": ...}."""
+    parts, cur = {}, None
+    for line in doc.splitlines():
+        head = line.split(":", 1)[0]
+        if head in ("What", "Why", "Example") and ":" in line:
+            cur = head
+            parts[cur] = [line.split(":", 1)[1].strip()]
+        elif cur:
+            parts[cur].append(line)
+        else:
+            parts.setdefault("What", []).append(line)
+    return {k: "\n".join(v).strip() for k, v in parts.items()}
+
+
+def _overrides(rule, method: str) -> bool:
+    from specaudit.invariants import Rule
+    return getattr(type(rule), method) is not getattr(Rule, method)
+
+
+def _fixture_text(rel: str) -> str:
+    path = FIXTURES / rel
+    text = path.read_text(errors="replace") if path.exists() else ""
+    lines = text.splitlines()
+    shown = "\n".join(line[:200] for line in lines[:12]) + ("\n..." if len(lines) > 12 else "")
+    return f"`tests/fixtures/engines/{rel}`:\n\n```text\n{shown}\n```\n"
+
+
+def render_rule(rule) -> str:
+    from specaudit.invariants.catalog import FAMILIES
+    s = _sections(rule.doc())
+    fam = rule.code[:3]
+    out = [f"# {rule.code} {rule.name}", "",
+           f"**{rule.severity}** · scope `{rule.scope}` · family {fam}xx ({FAMILIES.get(fam, '')})"
+           + (f" · also runs live: {', '.join(f'`{x}`' for x in rule.live)}" if rule.live else ""), ""]
+    for k in ("What", "Why", "Example"):
+        text = s.get(k) or "(not documented)"
+        out += [f"## {k}", "", text[:1].upper() + text[1:], ""]
+    out += ["## Message", "", f"`{rule.message}`", "", "## Fixtures", ""]
+    fail, ok = getattr(rule, "fail_fixture", None), getattr(rule, "pass_fixture", None)
+    if fail or ok:
+        out += ["Real engine output; `tests/test_sources.py` checks that the failing excerpt reports this "
+                "code and the passing one nothing."]
+        if fail:
+            out += ["", "Fails: " + _fixture_text(fail)]
+        if ok:
+            out += ["", "Passes: " + _fixture_text(ok)]
+    elif _overrides(rule, "fail"):
+        out += [f"Each rule mutates a small valid synthetic {rule.fixture_algo} run "
+                "(`invariants/fixtures.py`); `tests/test_invariants.py` checks that the failing run "
+                "reports this code and the passing run no error.", "",
+                "Fails (`fail`):", "", "```python", textwrap.dedent(inspect.getsource(type(rule).fail)).rstrip(), "```"]
+        if _overrides(rule, "passing"):
+            out += ["", "Passes (`passing`):", "", "```python",
+                    textwrap.dedent(inspect.getsource(type(rule).passing)).rstrip(), "```"]
+    else:
+        out += ["This rule is about the input itself or a pair of sources; its cases are tested in "
+                "`tests/` (grep for the code)."]
+    out += ["", f"`specaudit rules {rule.code}` prints the same text; `--select {rule.code}` / "
+            f"`--ignore {rule.code}` choose it in `specaudit check`.", ""]
+    return "\n".join(out)
+
+
+def _builtin_rules():
+    from specaudit.invariants.registry import builtin_codes, load_rules
+    codes = builtin_codes()
+    return [r for r in load_rules(entry_points=False) if r.code in codes]
+
+
+def render_rules_index(rules) -> str:
+    from specaudit.invariants.catalog import FAMILIES
+    out = ["# Rules", "",
+           "The invariant catalog, one page per rule, generated from the rules themselves",
+           "(`invariants/`, by `scripts/render_docs.py`): the same What / Why / Example as",
+           "`specaudit rules CODE`, the message, and the fixtures that prove the rule.",
+           "Families and how to write your own: [`specaudit check`](../commands/check.md).", ""]
+    fam = None
+    for r in rules:
+        if r.code[:3] != fam:
+            fam = r.code[:3]
+            out += ["", f"## {fam}xx: {FAMILIES.get(fam, '')}", "",
+                    "| code | name | severity | what |", "|---|---|---|---|"]
+        out.append(f"| [{r.code}]({r.code}.md) | {r.name} | {r.severity} | {r.summary().replace('|', '/')} |")
+    return "\n".join(out) + "\n"
+
+
+def render_all() -> dict[Path, str]:
+    """{path: text} of every generated page."""
+    rules = _builtin_rules()
+    pages = {DOCS / "rules" / "index.md": render_rules_index(rules)}
+    pages.update({DOCS / "rules" / f"{r.code}.md": render_rule(r) for r in rules})
+    pages[DOCS / "benchmarks.md"] = render_benchmarks()
+    return pages
+
+
+def stale(pages: dict[Path, str]) -> list[str]:
+    """Pages whose file differs from the render, and rule pages no rule has any more."""
+    bad = [str(p.relative_to(ROOT)) for p, text in pages.items() if not p.exists() or p.read_text() != text]
+    bad += [str(p.relative_to(ROOT)) for p in sorted((DOCS / "rules").glob("*.md")) if p not in pages]
+    return bad
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    sys.path.insert(0, str(ROOT))
+    try:
+        pages = render_all()
+    except BenchmarkError as e:
+        print(f"render_docs.py: error: {e}", file=sys.stderr)
+        return 2
+    if "--check" in argv:
+        bad = stale(pages)
+        for p in bad:
+            print(f"stale: {p} (python3 scripts/render_docs.py)", file=sys.stderr)
+        return 1 if bad else 0
+    (DOCS / "rules").mkdir(parents=True, exist_ok=True)
+    for p in sorted((DOCS / "rules").glob("*.md")):
+        if p not in pages:
+            p.unlink()
+    for p, text in pages.items():
+        if not p.exists() or p.read_text() != text:
+            p.write_text(text)
+            print(f"wrote {p.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""Every engine reading accounts for itself (issue 28 item 1): `check` says the source and
+version recognised, windows read and skipped (with the first skipped line), the figures
+found, each identity checked with its numbers, and what could not be checked and why.
+Bad input (Markdown around a paste, CRLF, a line cut mid-write, a scrape without spec
+series, a partial scrape) is read for what it holds; exit 2 only for no engine's output."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from specaudit.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+FIX = ROOT / "tests" / "fixtures" / "engines"
+CORPUS = FIX / "corpus" / "rendered"
+SGL = ("[2026-03-18 11:22:0{s} TP0] Decode batch, #running-req: 2, #token: 5046, token usage: 0.01, "
+       "accept len: {L}, accept rate: {r}, cuda graph: True, gen throughput (token/s): {t}")
+
+
+def _check(capsys, *args):
+    rc = main(["check", *map(str, args)])
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def test_text_account_names_source_version_identities_and_what_is_missing(capsys):
+    f = CORPUS / "llamacpp-pr24536-slot-eagle3.log"
+    rc, out, _ = _check(capsys, f)
+    assert rc == 0
+    assert "[--source llamacpp-log]" in out and "PR 24536" in out
+    assert "read 1 window (lines 1-1); skipped none" in out
+    # the identity with its own arithmetic, and its verdict from the rules
+    assert "1 + sum(0.805, 0.632, 0.483) = 2.920 vs printed 2.92; holds on all 1 window" in out
+    assert "259 <= 3 x 87 = 261" in out
+    assert "not checkable: no running-request count" in out
+    assert "no depth counter in this output" in out and "--reported-accept-depth" in out
+    assert "verdict: nothing contradicts the" in out
+    assert "No violations in what could be checked" in out
+    rc, out, _ = _check(capsys, f, "--output-format", "github")
+    assert rc == 0 and "::notice" in out and "nothing contradicts" in out
+
+
+def test_json_account_and_broken_identity(capsys):
+    f = CORPUS / "llamacpp-broken-slot-rate.log"
+    rc, out, _ = _check(capsys, f, "--output-format", "json")
+    assert rc == 1
+    doc = json.loads(out)
+    (acc,) = doc["summary"]["readings"]
+    assert acc["source"] == "llamacpp-log" and acc["engine"] == "llamacpp" and acc["windows"] == 1
+    rate = [c for c in acc["checked"] if c["identity"].startswith("acceptance rate = accepted")][0]
+    assert "128 / 144 = 0.8889 vs printed 0.8194" in rate["example"] and rate["result"].startswith("broken: SA726")
+    assert "1 finding contradicts" in acc["verdict"]
+
+
+def test_markdown_crlf_and_a_cut_line_are_read_for_what_they_hold(tmp_path, capsys):
+    f = tmp_path / "paste.md"
+    f.write_bytes(("> ```\r\n> " + SGL.format(s=5, L="2.64", r="0.66", t="242.08") + "\r\n- "
+                   + SGL.format(s=9, L="2.60", r="0.65", t="240.08") + "\r\n> ```\r\n"
+                   + SGL.format(s=9, L="2.60", r="0.65", t="240.08")[:110]).encode())
+    rc, out, err = _check(capsys, f)
+    assert rc == 0 and not err
+    assert "read 2 windows (lines 2-3)" in out
+    assert "skipped 1 (first: line 5: truncated SGLang decode line" in out
+
+
+def test_scrape_without_spec_series_is_judged_exit_0(tmp_path, capsys):
+    f = tmp_path / "sglang.prom"
+    f.write_text('sglang:num_running_reqs{tp_rank="0"} 3\nsglang:gen_throughput{tp_rank="0"} 120.5\n')
+    rc, out, err = _check(capsys, f)
+    assert rc == 0 and not err
+    assert "SGLang Prometheus scrape" in out and "no speculative figures in it" in out
+
+
+def test_trtllm_iteration_stats_without_spec_stats_exit_0(capsys):
+    rc, out, _ = _check(capsys, CORPUS / "trtllm-6364-trt-backend-no-spec-stats.json")
+    assert rc == 0 and "TensorRT-LLM iteration stats" in out and "engine trtllm" in out
+    assert "no speculative figures" in out
+
+
+def test_partial_vllm_scrape_is_judged_on_its_series(capsys):
+    rc, out, _ = _check(capsys, FIX / "bad_vllm_missing_series.prom")
+    assert rc == 0
+    assert "series absent from this scrape: vllm:spec_decode_num_accepted_tokens_total" in out
+    assert "drafted per verify step 3 " in out and "no accepted token count" in out
+
+
+def test_json_that_is_no_engines_output_is_exit_2(tmp_path, capsys):
+    f = tmp_path / "other.json"
+    f.write_text('{"hello": 1}\n')
+    rc, out, err = _check(capsys, f)
+    assert rc == 2 and "no usable spec-decoding figures" in err and len(err.strip().splitlines()) == 1
+
+
+def test_logs_with_no_speculative_lines_are_recognised_exit_0(tmp_path, capsys):
+    """A vLLM or llama.cpp log with speculative decoding off is still that engine's: the
+    account says there was nothing to judge, exit 0 (issue 28: judged on what it holds)."""
+    v = tmp_path / "vllm.log"
+    v.write_text("INFO 10-02 14:11:08 [loggers.py:123] Engine 000: Avg prompt throughput: 37.3 tokens/s, Avg "
+                 "generation throughput: 1717.6 tokens/s, Running: 8 reqs, Waiting: 0 reqs\n")
+    ll = tmp_path / "llama.log"
+    ll.write_text("slot print_timing: id  0 | task 0 |        eval time =    2296.72 ms /   256 tokens (    8.97 ms "
+                  "per token,   111.46 tokens per second)\n")
+    for f, what in ((v, "vLLM log"), (ll, "llama.cpp")):
+        rc, out, err = _check(capsys, f)
+        assert rc == 0 and not err, (f, err)
+        assert what in out and "no speculative figures in it" in out
+
+
+def test_parallel_audit_gives_the_same_account(tmp_path, monkeypatch):
+    """A large log is audited in byte ranges by worker processes: the merged account is
+    the sequential one (windows, lines, figures, identities)."""
+    import specaudit.audit.sources as sources
+    src = (CORPUS / "vllm-ascend-13640-dspark-k7.log").read_text()
+    f = tmp_path / "big.log"
+    f.write_text(src * 40)
+    seq_f, seq = sources.audit_file_account(f)
+    monkeypatch.setattr(sources, "PARALLEL_MIN", 1)
+    monkeypatch.setenv("SPECAUDIT_WORKERS", "2")
+    par_f, par = sources.audit_file_account(f)
+    assert [x.code for x in par_f] == [x.code for x in seq_f]
+    for key in ("windows", "lines", "figures", "skipped", "versions"):
+        assert par[key] == seq[key], key
+    assert [c["result"] for c in par["checked"]] == [c["result"] for c in seq["checked"]]
+
+
+def test_applicable_matches_numbers_on_every_fixture_window():
+    """The account counts windows with _applicable() and writes the first one's arithmetic
+    with _numbers(): both must agree on which identities apply, on every real and fixture window."""
+    from specaudit.audit.sources import read_source
+    from specaudit.audit.sources.account import IDENTITIES, _applicable, _numbers
+    from specaudit.trace.schema import InputError
+    n = 0
+    for f in sorted([*CORPUS.iterdir(), *FIX.glob("*.log"), *FIX.glob("*.prom")]):
+        try:
+            r = read_source(f)
+        except InputError:
+            continue
+        for w in r.windows:
+            assert set(_applicable(w, r.config)) == {i for i in IDENTITIES if _numbers(i, w, r.config) is not None}, f
+            n += 1
+    assert n > 100
