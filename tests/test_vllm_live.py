@@ -87,8 +87,8 @@ def live(tmp_path_factory):
         out["plain"] = run_prompts(plain, PROMPTS)
         wait_log_settled(spec)
         out["metrics_after"] = spec.metrics()
-        time.sleep(3.0)       # the last scrape and rule evaluation
-        out["prom"] = {e: prom.query(e) for e in ('specaudit:accept_length{engine="vllm"}',
+        time.sleep(5.0)       # the last scrapes (every 2 s) and rule evaluations
+        out["prom"] = {e: prom.wait_query(e) for e in ('specaudit:accept_length{engine="vllm"}',
                                                  'specaudit:accept_rate{engine="vllm"}',
                                                  'specaudit:accept_rate_by_position{engine="vllm"}')}
         out["alerts"] = dict(prom.fired)

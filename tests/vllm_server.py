@@ -144,7 +144,7 @@ class VllmServer:
 class Prometheus:
     """A real Prometheus scraping one vLLM server every second (job "vllm") with the
     engines' recording and alert rules (dashboards/engines.py) rendered for short runs;
-    a thread records every alert it sees firing."""
+    a thread records every alert it sees firing. `scrape_interval` 2 s."""
 
     def __init__(self, tmp: Path, target_port: int):
         import shutil
@@ -163,7 +163,8 @@ class Prometheus:
         port = free_port()
         cfg = tmp / "prometheus.yml"
         cfg.write_text(json.dumps({
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
+            # a loaded machine may take over a second to answer /metrics: 2 s to scrape
+            "global": {"scrape_interval": "2s", "evaluation_interval": "1s", "scrape_timeout": "2s"},
             "rule_files": [str(tmp / "rules" / "engines_rules.yml"), str(tmp / "rules" / "engines_alerts.yml")],
             "scrape_configs": [{"job_name": "vllm", "static_configs": [{"targets": [f"127.0.0.1:{target_port}"]}]}]}))
         self.proc = Proc([exe, f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'tsdb'}",
@@ -194,6 +195,17 @@ class Prometheus:
             except (httpx.HTTPError, ValueError, KeyError):
                 pass
             self._stop.wait(0.5)
+
+    def wait_query(self, expr: str, timeout: float = 30.0) -> list:
+        """The query's result once it has one (rules record within an evaluation or two
+        of the scrape that feeds them); raises with the scrape health when none comes."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            res = self.query(expr)
+            if res:
+                return res
+            time.sleep(1.0)
+        raise AssertionError(f"no data for {expr} in {timeout:.0f} s; scrape health: {self.query('up')}")
 
     def query(self, expr: str) -> list:
         r = httpx.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=10).json()
