@@ -79,7 +79,7 @@ def live(tmp_path_factory):
         for s in (spec, draft, plain):
             s.wait_ready()
         prom = Prometheus(tmp, spec.port)
-        time.sleep(3.0)       # a few scrapes of the idle server before the traffic
+        prom.wait_samples("vllm:spec_decode_num_drafts_total", 2)   # the idle server's zeros, before the traffic
         out = {"tmp": tmp, "run_dir": tmp / "traces" / "run_id=ngram", "draft_dir": tmp / "traces" / "run_id=draft"}
         out["metrics_before"] = spec.metrics()
         out["spec"] = run_prompts(spec, PROMPTS)
@@ -87,7 +87,8 @@ def live(tmp_path_factory):
         out["plain"] = run_prompts(plain, PROMPTS)
         wait_log_settled(spec)
         out["metrics_after"] = spec.metrics()
-        time.sleep(5.0)       # the last scrapes (every 2 s) and rule evaluations
+        prom.wait_samples("vllm:spec_decode_num_drafts_total", 2)   # the final counts, scraped
+        time.sleep(2.0)       # and the rules evaluated on them
         out["prom"] = {e: prom.wait_query(e) for e in ('specaudit:accept_length{engine="vllm"}',
                                                  'specaudit:accept_rate{engine="vllm"}',
                                                  'specaudit:accept_rate_by_position{engine="vllm"}')}

@@ -196,6 +196,20 @@ class Prometheus:
                 pass
             self._stop.wait(0.5)
 
+    def wait_samples(self, series: str, n: int, timeout: float = 60.0) -> None:
+        """Until Prometheus holds `n` more samples of `series` than now (so a rate() has
+        a sample before the traffic and after it, however fast the traffic was)."""
+        q = f"count_over_time({series}[10m])"
+        have = lambda: max((int(float(r["value"][1])) for r in self.query(q)), default=0)
+        want = have() + n
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if have() >= want:
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"Prometheus did not scrape {series} {n} more times in {timeout:.0f} s; "
+                             f"scrape health: {self.query('up')}")
+
     def wait_query(self, expr: str, timeout: float = 30.0) -> list:
         """The query's result once it has one (rules record within an evaluation or two
         of the scrape that feeds them); raises with the scrape health when none comes."""
