@@ -104,9 +104,22 @@ def _flag(action) -> str:
     return (longs or action.option_strings or [action.dest])[0]
 
 
+def _aliases(parser) -> dict:
+    """dest -> " (old spelling --x)" for the hidden aliases a renamed flag keeps for one release."""
+    import argparse
+    out: dict = {}
+    for a in getattr(parser, "_actions", ()):
+        if a.help == argparse.SUPPRESS and a.option_strings:
+            out.setdefault(a.dest, []).extend(a.option_strings)
+    return {d: f" (old spelling {', '.join(v)})" for d, v in out.items()}
+
+
 def check_args(command: str | None, parser, args) -> None:
     """Check every numeric option of `parser` that `args` holds; ValueError for the first bad one."""
+    import argparse
     values = vars(args)
+    aliases = _aliases(parser)
+    flag = lambda a: _flag(a) + ("" if a.help == argparse.SUPPRESS else aliases.get(a.dest, ""))
     for a in getattr(parser, "_actions", ()):
         if a.dest not in values:
             continue
@@ -117,7 +130,7 @@ def check_args(command: str | None, parser, args) -> None:
             for part in v.split(","):
                 part = part.strip()
                 if part.lstrip("-").isdigit():
-                    check_value(_flag(a), int(part), lo, hi, ol)
+                    check_value(flag(a), int(part), lo, hi, ol)
             continue
         if a.type not in (int, float) or v is None or isinstance(v, bool):
             continue
@@ -125,4 +138,4 @@ def check_args(command: str | None, parser, args) -> None:
             if isinstance(x, bool) or not isinstance(x, (int, float)):
                 continue   # not this action's value (an alias's SUPPRESS default, a string grid)
             lo, hi, ol = bound_of(command, a.dest, a.type)
-            check_value(_flag(a), x, lo, hi, ol)
+            check_value(flag(a), x, lo, hi, ol)

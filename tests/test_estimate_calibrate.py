@@ -163,11 +163,35 @@ def test_calibrate_from_empty_folder(tmp_path, capsys):
     assert "no trace runs" in capsys.readouterr().err
 
 
-def test_reference_run_as_estimator_input(make_run, models, capsys):
-    """Real traced runs of the reference runtime: an honest one and the commit-counter bug
-    (the seed case), judged from their own timestamps and a profile measured here."""
+def _timed_runs_and_profile(make_run, models):
+    """An honest chain run, the commit-counter bug and a profile, timed back to back."""
     res = make_run(algo="chain", budget=7, concurrency=2, num_prompts=6, max_new_tokens=64)
     bug = make_run(algo="chain", budget=7, concurrency=2, num_prompts=6, max_new_tokens=64, inject="commit-counter")
+    p = res.run_dir.parent.parent / f"{res.run_dir.parent.name}-cost.json"
+    measure_profile(models=models, n_grid=(8,), c_grid=(2,), repeats=3, max_new_tokens=64).save(p)
+    return res, bug, p
+
+
+def test_reference_run_as_estimator_input(make_run, models, capsys):
+    """Real traced runs of the reference runtime: an honest one and the commit-counter bug
+    (the seed case), judged from their own timestamps and a profile measured here.
+
+    The estimate rests on wall-clock timings taken minutes apart on a shared 2-core machine:
+    another job that starts between the runs and the profile moves it (an estimate above N
+    is then refused as a calibration mismatch, exit 2). Up to three fresh measurements; the
+    assertions hold for the last one, so an estimator that is always wrong still fails."""
+    for attempt in range(3):
+        res, bug, p = _timed_runs_and_profile(make_run, models)
+        argv = ["--profile", str(p), "--baseline-from-profile", "--output-format", "json"]
+        cli.main(["estimate", str(res.run_dir.parent)] + argv)
+        honest = json.loads(capsys.readouterr().out)["results"][0]
+        rc = cli.main(["estimate", str(bug.run_dir.parent)] + argv)
+        judged = json.loads(capsys.readouterr().out)["results"][0]
+        truth = res.manifest["reported"]["mean_commit_len"]
+        if (honest["estimate"]["value"] == pytest.approx(truth, rel=0.35) and rc == 1
+                and judged["verdict"] == "inconsistent"):
+            break
+        print(f"attempt {attempt + 1}: estimate {honest['estimate']['value']} vs {truth}, bug rc {rc}")
     dataset = res.run_dir.parent
     (o,) = observations_from_traces(dataset)
     assert o.extra["tokens"] == res.summary["tokens"] - 6  # decode tokens: first tokens are prefill's
@@ -177,14 +201,7 @@ def test_reference_run_as_estimator_input(make_run, models, capsys):
     prof = profile_from_traces(dataset, models=models, steps=8)
     (e,) = prof.entries
     assert (e.n_nodes, e.concurrency) == (8, 2) and e.r > 0 and e.t_ar_s > 0
-    p = dataset.parent / f"{dataset.name}-cost.json"
-    measure_profile(models=models, n_grid=(8,), c_grid=(2,), repeats=3, max_new_tokens=64).save(p)
-    argv = ["--profile", str(p), "--baseline-from-profile", "--output-format", "json"]
-    cli.main(["estimate", str(dataset)] + argv)
-    d = json.loads(capsys.readouterr().out)["results"][0]
-    truth = res.manifest["reported"]["mean_commit_len"]
-    assert d["estimate"]["value"] == pytest.approx(truth, rel=0.35)  # timing on a shared machine
+    assert honest["estimate"]["value"] == pytest.approx(truth, rel=0.35)  # timing on a shared machine
     # the bug reports about 2 tokens per step while the clock says about the truth: inconsistent
-    assert cli.main(["estimate", str(bug.run_dir.parent)] + argv) == 1
-    d = json.loads(capsys.readouterr().out)["results"][0]
-    assert d["reported_commit_len"] < 2.1 and d["verdict"] == "inconsistent"
+    assert rc == 1
+    assert judged["reported_commit_len"] < 2.1 and judged["verdict"] == "inconsistent"
