@@ -8,9 +8,10 @@
 
 --spec is the server with the drafter (`--spec-draft-n-max K`), --plain the same target with
 speculation off; both loopback, both otherwise idle. Each prompt (one per line of
---prompts; `\\n` in a line is a newline) is streamed to one server then the other,
---rounds times, greedy, with "timings_per_token": true; the steps are counted by the
-server's clock (specaudit/audit/llamacpp_cost.py says how), never by its spec counters.
+--prompts; `\\n` in a line is a newline), --rounds times, greedy: streamed to the spec
+server with "timings_per_token": true (its target forwards counted by the server's clock,
+never by its spec counters; specaudit/audit/llamacpp_cost.py says how), then asked again
+without streaming on both servers (the times r is made of: streaming slows each token).
 Prints one JSON line: r, r_std, the step and plain-token times, date, machine and load.
 Exit 0, 2 on bad input or a server that does not answer (one line).
 """
@@ -29,22 +30,36 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 
-def stream(url: str, prompt: str, n_predict: int, timeout: float = 120.0) -> list:
-    """One streamed greedy completion -> [(predicted_n, predicted_ms)] per chunk."""
-    body = json.dumps({"prompt": prompt, "n_predict": n_predict, "temperature": 0.0, "top_k": 1, "seed": 0,
-                       "cache_prompt": False, "stream": True, "timings_per_token": True}).encode()
-    req = urllib.request.Request(url.rstrip("/") + "/completion", data=body,
+def _post(url: str, prompt: str, n_predict: int, streamed: bool, timeout: float):
+    body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0.0, "top_k": 1, "seed": 0,
+            "cache_prompt": False}
+    if streamed:
+        body.update(stream=True, timings_per_token=True)
+    req = urllib.request.Request(url.rstrip("/") + "/completion", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
-    out = []
-    with urllib.request.urlopen(req, timeout=timeout) as r:   # noqa: S310  (loopback URLs only, checked)
+    return urllib.request.urlopen(req, timeout=timeout)   # noqa: S310  (loopback URLs only, checked)
+
+
+def stream(url: str, prompt: str, n_predict: int, timeout: float = 120.0) -> tuple[list, str]:
+    """One streamed greedy completion -> ([(predicted_n, predicted_ms)] per chunk, the text)."""
+    out, text = [], []
+    with _post(url, prompt, n_predict, True, timeout) as r:
         for raw in r:
             ln = raw.decode("utf-8", "replace").strip()
             if not ln.startswith("data: "):
                 continue
-            t = json.loads(ln[6:]).get("timings")
+            d = json.loads(ln[6:])
+            text.append(d.get("content") or "")
+            t = d.get("timings")
             if isinstance(t, dict):
                 out.append((t.get("predicted_n"), t.get("predicted_ms")))
-    return out
+    return out, "".join(text)
+
+
+def complete(url: str, prompt: str, n_predict: int, timeout: float = 120.0) -> dict:
+    """One plain (not streamed) greedy completion -> the response."""
+    with _post(url, prompt, n_predict, False, timeout) as r:
+        return json.loads(r.read())
 
 
 def loopback(url: str) -> str:
@@ -65,7 +80,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="passes over the prompts (default 2)")
     ap.add_argument("--out", type=Path, required=True, help="the cost profile JSON to write")
     a = ap.parse_args(argv)
-    from specaudit.audit.llamacpp_cost import profile_from_streams
+    from specaudit.audit.llamacpp_cost import profile_from_runs
     try:
         spec, plain = loopback(a.spec), loopback(a.plain)
         if a.k < 1 or a.n_predict < 2 or a.rounds < 1:
@@ -76,10 +91,11 @@ def main(argv=None) -> int:
         s_runs, p_runs = [], []
         for _ in range(a.rounds):
             for p in prompts:   # alternating: a busy machine slows both alike
-                s_runs.append(stream(spec, p, a.n_predict))
-                p_runs.append(stream(plain, p, a.n_predict))
-        prof = profile_from_streams(s_runs, p_runs, a.k, 1, {"spec_url": spec, "plain_url": plain,
-                                                              "n_predict": a.n_predict})
+                chunks, text = stream(spec, p, a.n_predict)
+                s_runs.append((chunks, text, complete(spec, p, a.n_predict)))
+                p_runs.append(complete(plain, p, a.n_predict))
+        prof = profile_from_runs(s_runs, p_runs, a.k, 1, {"spec_url": spec, "plain_url": plain,
+                                                           "n_predict": a.n_predict})
     except (OSError, ValueError, urllib.error.URLError) as e:
         print(f"llama_cost_profile: error: {getattr(e, 'reason', None) or e}", file=sys.stderr)
         return 2
