@@ -398,7 +398,8 @@ def test_ab_speculation_off_vs_on_from_the_responses_decides_tokens_per_s(fleet,
 
 # ---------------------------------------------------------------- the throughput estimate
 
-COST_ROUNDS = 4   # passes over PROMPTS (a busy machine's noise averages out over them)
+COST_ROUNDS = 6   # passes over PROMPTS (a busy machine's noise averages out over them)
+COST_N = 300      # tokens per request: long enough that a scheduling hiccup is a small part of it
 
 
 @pytest.fixture(scope="module")
@@ -428,11 +429,11 @@ def costed(tmp_path_factory, llama_bin, gguf_pair) -> dict:
         before = counters(spec.metrics())
         for _ in range(COST_ROUNDS):
             for p in PROMPTS:
-                chunks, text = LCP.stream(spec.url, p, 200)
-                cal_spec.append((chunks, text, LCP.complete(spec.url, p, 200)))
-                cal_off.append(LCP.complete(off.url, p, 200))
-                on_r.append(spec.complete(p, 200))
-                off_r.append(off.complete(p, 200))
+                chunks, text = LCP.stream(spec.url, p, COST_N)
+                cal_spec.append((chunks, text, LCP.complete(spec.url, p, COST_N)))
+                cal_off.append(LCP.complete(off.url, p, COST_N))
+                on_r.append(spec.complete(p, COST_N))
+                off_r.append(off.complete(p, COST_N))
         time.sleep(0.3)
         after = counters(spec.metrics())
     finally:
