@@ -10,7 +10,7 @@ requests, never window by window.
 """
 from __future__ import annotations
 
-from specaudit.audit.sources import Window
+from dataclasses import replace
 
 SPAN_S = 20.0    # seconds of windows merged into one span (many requests of a few hundred tokens)
 MIN_SPANS = 4    # = the estimator's MIN_WINDOWS: spans of one group before a split is judged
@@ -21,14 +21,16 @@ def at_request_end(reading) -> bool:
     return (reading.config or {}).get("counters_at") == "request_end"
 
 
-def _merge(ws) -> Window:
+def _merge(ws):
     """Windows of one rank, consecutive, as one: counters summed, throughput and concurrency
     weighted by each window's seconds (a window without seconds counts 1)."""
     secs = [w.extra.get("seconds") or 1.0 for w in ws]
     total = sum(secs)
     first, last = ws[0], ws[-1]
-    m = Window(line=first.line, time=last.time, t=last.t, rank=first.rank, engine=first.engine, kind=first.kind,
-               cuda_graph=first.cuda_graph, k=first.k, per_pos_kind=first.per_pos_kind)
+    # a copy of the first window (no import of the sources package: it imports this module)
+    m = replace(first, time=last.time, t=last.t, concurrency=None, accept_len=None, accept_rate=None,
+                per_pos=None, per_pos_counts=None, gen_tps=None, printed_rate_pct=None, histogram=None,
+                per_pos_drafted=None, extra={}, conventions={})
 
     def add(attr):
         vals = [getattr(w, attr) for w in ws]
