@@ -10,7 +10,12 @@ Runs (loopback only, each server killed in its fixture's finalizer, every wait b
             time, a scrape, stopped: plain log (k=6), `-v` log (k=6), speculation off
   fleet     three servers alive at once (k=6, k=2, off) and one Prometheus scraping them
             every second, under a steady load of one request in flight per server:
-            check --prometheus, dashboards, alerts, ab
+            check --prometheus (no finding at all; SA708 judging spans of request-end
+            counters), dashboards, alerts, ab k2 vs k6 from the scrapes, ab off vs k6
+            from the responses the clients saved
+  costed    k=6 and off alive at once: scripts/llama_cost_profile.py, then a cost profile
+            (forwards counted by the server's clock) and the throughput measured in
+            alternation, `specaudit estimate --profile` within 10% of the counted length
 """
 from __future__ import annotations
 
