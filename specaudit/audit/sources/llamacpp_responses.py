@@ -28,7 +28,7 @@ import json
 import math
 
 from specaudit.audit.sources import Reading, Window
-from specaudit.trace.schema import InputError
+from specaudit.trace.schema import InputError, parse_json_bounded
 
 MAX_BYTES = 256 << 20     # a response export of a few hundred thousand requests
 SOURCE = "llamacpp-responses"
@@ -49,9 +49,9 @@ def looks_like(path) -> bool:
         return False
     for ln in head.splitlines():
         if ln.strip():
-            try:
-                return _timings(json.loads(ln)) is not None
-            except ValueError:
+            try:   # bounded: a line nested thousands deep is not a response (and no recursion)
+                return _timings(parse_json_bounded(ln, path, max_depth=64)) is not None
+            except InputError:
                 return False
     return False
 
@@ -74,9 +74,9 @@ def read_responses(path) -> Reading:
         if not ln.strip():
             continue
         try:
-            obj = json.loads(ln)
-        except ValueError:
-            raise InputError(path, f"line {i}: not a JSON line (one /completion response per line)") from None
+            obj = parse_json_bounded(ln.encode(), path, max_depth=64)
+        except InputError as e:
+            raise InputError(path, f"line {i}: {e.reason} (one /completion response JSON per line)") from None
         t = _timings(obj)
         if t is None:
             raise InputError(path, f"line {i}: no llama-server timings (predicted_n, predicted_per_second)")
