@@ -195,6 +195,100 @@ def test_greedy_outputs_identical_with_speculation_on_and_off(recorded, tmp_path
     assert res.returncode == 1 and "position 5" in res.stdout, res.stdout
 
 
+# ---------------------------------------------------------------- the throughput estimate
+# (before the fleet: its servers stay loaded until the module ends, and would share the CPUs)
+
+COST_ROUNDS = 6   # passes over PROMPTS (a busy machine's noise averages out over them)
+COST_N = 300      # tokens per request: long enough that a scheduling hiccup is a small part of it
+
+
+@pytest.fixture(scope="module")
+def costed(tmp_path_factory, llama_bin, gguf_pair) -> dict:
+    """Speculation on (k=6) and off, alive at once. scripts/llama_cost_profile.py runs on them
+    as a user would (its profile is checked); then, per prompt and round, the calibration
+    requests it makes (stream on the spec server to count forwards by the server's clock,
+    the same prompt unstreamed on both to time them) interleaved with the measured run's
+    requests (unstreamed, both servers), so that a machine whose load drifts slows the
+    profile and the run alike. The run's requests sit between two scrapes of the spec server."""
+    import llama_cost_profile as LCP
+
+    from specaudit.audit.llamacpp_cost import profile_from_runs
+    tmp = tmp_path_factory.mktemp("llama-cost")
+    spec = off = None
+    try:
+        spec = LlamaServer(llama_bin, server_args(gguf_pair, K), tmp / "spec.log")
+        off = LlamaServer(llama_bin, server_args(gguf_pair, None), tmp / "off.log")
+        prompts = tmp / "prompts.txt"
+        prompts.write_text("".join(p.replace("\n", "\\n") + "\n" for p in PROMPTS))
+        script = subprocess.run([sys.executable, str(REPO / "scripts" / "llama_cost_profile.py"), "--spec",
+                                 spec.url, "--plain", off.url, "--k", str(K), "--prompts", prompts, "--n-predict",
+                                 "200", "--rounds", "1", "--out", tmp / "script_cost.json"],
+                                capture_output=True, text=True, timeout=300)
+        assert script.returncode == 0, script.stdout + script.stderr
+        cal_spec, cal_off, on_r, off_r = [], [], [], []
+        before = counters(spec.metrics())
+        for _ in range(COST_ROUNDS):
+            for p in PROMPTS:
+                chunks, text = LCP.stream(spec.url, p, COST_N)
+                cal_spec.append((chunks, text, LCP.complete(spec.url, p, COST_N)))
+                cal_off.append(LCP.complete(off.url, p, COST_N))
+                on_r.append(spec.complete(p, COST_N))
+                off_r.append(off.complete(p, COST_N))
+        time.sleep(0.3)
+        after = counters(spec.metrics())
+    finally:
+        for s in (spec, off):
+            if s is not None:
+                s.stop()
+    prof = profile_from_runs(cal_spec, cal_off, K, 1, {"prompts": len(PROMPTS), "rounds": COST_ROUNDS})
+    prof.save(tmp / "cost.json")
+
+    def tps(rs):   # the server's own per-request definition: tokens after the first / predicted_ms
+        return 1000 * sum(r["timings"]["predicted_n"] - 1 for r in rs) / sum(r["timings"]["predicted_ms"] for r in rs)
+
+    # the counters' proof: the run's requests and the calibration's unstreamed twins are the
+    # same greedy requests (streamed ones too), so the whole span's counters serve
+    d = {k: after[k] - before.get(k, 0.0) for k in after}
+    acc, steps = d["llamacpp:spec_decode_num_accepted_tokens_total"], d["llamacpp:spec_decode_num_drafts_total"]
+    e = prof.entries[0]
+    return {"profile": tmp / "cost.json", "script": json.loads(script.stdout),
+            "measured": {"r": e.r, "r_std": e.r_std, **prof.meta}, "observed_tps": tps(on_r),
+            "baseline_tps": tps(off_r), "proven": 1 + acc / steps}
+
+
+def test_the_cost_profile_script_measures_r_on_the_servers(costed):
+    from specaudit.audit.estimate import CostProfile
+    out = costed["script"]
+    prof = CostProfile.load(out["profile"])
+    (e,) = prof.entries
+    assert prof.source == "measured" and (e.n_nodes, e.concurrency) == (K + 1, 1)
+    assert e.r > 1 and e.r_std >= 0 and out["spec_forwards"] > 0 and out["t_plain_ms"] > 0
+    # its forwards come from the clock: fewer than the tokens (speculation commits several per step)
+    assert out["spec_forwards"] < out["plain_forwards"]
+    print(json.dumps({"script_r": e.r, "script_r_std": e.r_std, "date": out["date"], "load_1m": out.get("load_1m")}))
+
+
+def test_estimate_from_throughput_is_within_10pct_of_the_proven_commit_length(costed):
+    def est(reported):
+        return cli("estimate", "--observed-tps", f"{costed['observed_tps']:.3f}", "--baseline-tps",
+                   f"{costed['baseline_tps']:.3f}", "--profile", costed["profile"], "--n-nodes", K + 1,
+                   "--concurrency", 1, "--reported-commit-len", f"{reported:.4f}", "--output-format", "json")
+    res = est(costed["proven"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    e = json.loads(res.stdout)["results"][0]["estimate"]["value"]
+    m = costed["measured"]
+    print(json.dumps({"estimate": e, "proven_commit_length": costed["proven"], "rel_error": e / costed["proven"] - 1,
+                      "r": m["r"], "r_std": m["r_std"], "t_step_ms": m["t_step_ms"], "t_plain_ms": m["t_plain_ms"],
+                      "observed_tps": costed["observed_tps"], "baseline_tps": costed["baseline_tps"],
+                      "date": m["date"], "load_1m": m.get("load_1m")}))
+    assert abs(e / costed["proven"] - 1) <= 0.10, (e, costed["proven"])
+    # and the estimate can refuse a counter: every drafted token counted as accepted reads k + 1
+    # (the bonus counted as accepted, +1, sits inside the band when this machine is noisy)
+    res = est(K + 1)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert json.loads(res.stdout)["verdict"] == "inconsistent"
+
+
 # ---------------------------------------------------------------- a fleet under Prometheus
 
 class Fleet:
@@ -399,99 +493,6 @@ def test_ab_speculation_off_vs_on_from_the_responses_decides_tokens_per_s(fleet,
     assert ab["one_sided_metrics"]["accept_rate"]["side"] == "B" and acc > 0
     assert any("speculation off" in w for w in ab["warnings"])
     assert "confounders" in ab and ab["conclusion"]
-
-
-# ---------------------------------------------------------------- the throughput estimate
-
-COST_ROUNDS = 6   # passes over PROMPTS (a busy machine's noise averages out over them)
-COST_N = 300      # tokens per request: long enough that a scheduling hiccup is a small part of it
-
-
-@pytest.fixture(scope="module")
-def costed(tmp_path_factory, llama_bin, gguf_pair) -> dict:
-    """Speculation on (k=6) and off, alive at once. scripts/llama_cost_profile.py runs on them
-    as a user would (its profile is checked); then, per prompt and round, the calibration
-    requests it makes (stream on the spec server to count forwards by the server's clock,
-    the same prompt unstreamed on both to time them) interleaved with the measured run's
-    requests (unstreamed, both servers), so that a machine whose load drifts slows the
-    profile and the run alike. The run's requests sit between two scrapes of the spec server."""
-    import llama_cost_profile as LCP
-
-    from specaudit.audit.llamacpp_cost import profile_from_runs
-    tmp = tmp_path_factory.mktemp("llama-cost")
-    spec = off = None
-    try:
-        spec = LlamaServer(llama_bin, server_args(gguf_pair, K), tmp / "spec.log")
-        off = LlamaServer(llama_bin, server_args(gguf_pair, None), tmp / "off.log")
-        prompts = tmp / "prompts.txt"
-        prompts.write_text("".join(p.replace("\n", "\\n") + "\n" for p in PROMPTS))
-        script = subprocess.run([sys.executable, str(REPO / "scripts" / "llama_cost_profile.py"), "--spec",
-                                 spec.url, "--plain", off.url, "--k", str(K), "--prompts", prompts, "--n-predict",
-                                 "200", "--rounds", "1", "--out", tmp / "script_cost.json"],
-                                capture_output=True, text=True, timeout=300)
-        assert script.returncode == 0, script.stdout + script.stderr
-        cal_spec, cal_off, on_r, off_r = [], [], [], []
-        before = counters(spec.metrics())
-        for _ in range(COST_ROUNDS):
-            for p in PROMPTS:
-                chunks, text = LCP.stream(spec.url, p, COST_N)
-                cal_spec.append((chunks, text, LCP.complete(spec.url, p, COST_N)))
-                cal_off.append(LCP.complete(off.url, p, COST_N))
-                on_r.append(spec.complete(p, COST_N))
-                off_r.append(off.complete(p, COST_N))
-        time.sleep(0.3)
-        after = counters(spec.metrics())
-    finally:
-        for s in (spec, off):
-            if s is not None:
-                s.stop()
-    prof = profile_from_runs(cal_spec, cal_off, K, 1, {"prompts": len(PROMPTS), "rounds": COST_ROUNDS})
-    prof.save(tmp / "cost.json")
-
-    def tps(rs):   # the server's own per-request definition: tokens after the first / predicted_ms
-        return 1000 * sum(r["timings"]["predicted_n"] - 1 for r in rs) / sum(r["timings"]["predicted_ms"] for r in rs)
-
-    # the counters' proof: the run's requests and the calibration's unstreamed twins are the
-    # same greedy requests (streamed ones too), so the whole span's counters serve
-    d = {k: after[k] - before.get(k, 0.0) for k in after}
-    acc, steps = d["llamacpp:spec_decode_num_accepted_tokens_total"], d["llamacpp:spec_decode_num_drafts_total"]
-    e = prof.entries[0]
-    return {"profile": tmp / "cost.json", "script": json.loads(script.stdout),
-            "measured": {"r": e.r, "r_std": e.r_std, **prof.meta}, "observed_tps": tps(on_r),
-            "baseline_tps": tps(off_r), "proven": 1 + acc / steps}
-
-
-def test_the_cost_profile_script_measures_r_on_the_servers(costed):
-    from specaudit.audit.estimate import CostProfile
-    out = costed["script"]
-    prof = CostProfile.load(out["profile"])
-    (e,) = prof.entries
-    assert prof.source == "measured" and (e.n_nodes, e.concurrency) == (K + 1, 1)
-    assert e.r > 1 and e.r_std >= 0 and out["spec_forwards"] > 0 and out["t_plain_ms"] > 0
-    # its forwards come from the clock: fewer than the tokens (speculation commits several per step)
-    assert out["spec_forwards"] < out["plain_forwards"]
-    print(json.dumps({"script_r": e.r, "script_r_std": e.r_std, "date": out["date"], "load_1m": out.get("load_1m")}))
-
-
-def test_estimate_from_throughput_is_within_10pct_of_the_proven_commit_length(costed):
-    def est(reported):
-        return cli("estimate", "--observed-tps", f"{costed['observed_tps']:.3f}", "--baseline-tps",
-                   f"{costed['baseline_tps']:.3f}", "--profile", costed["profile"], "--n-nodes", K + 1,
-                   "--concurrency", 1, "--reported-commit-len", f"{reported:.4f}", "--output-format", "json")
-    res = est(costed["proven"])
-    assert res.returncode == 0, res.stdout + res.stderr
-    e = json.loads(res.stdout)["results"][0]["estimate"]["value"]
-    m = costed["measured"]
-    print(json.dumps({"estimate": e, "proven_commit_length": costed["proven"], "rel_error": e / costed["proven"] - 1,
-                      "r": m["r"], "r_std": m["r_std"], "t_step_ms": m["t_step_ms"], "t_plain_ms": m["t_plain_ms"],
-                      "observed_tps": costed["observed_tps"], "baseline_tps": costed["baseline_tps"],
-                      "date": m["date"], "load_1m": m.get("load_1m")}))
-    assert abs(e / costed["proven"] - 1) <= 0.10, (e, costed["proven"])
-    # and the estimate can refuse a counter: every drafted token counted as accepted reads k + 1
-    # (the bonus counted as accepted, +1, sits inside the band when this machine is noisy)
-    res = est(K + 1)
-    assert res.returncode == 1, res.stdout + res.stderr
-    assert json.loads(res.stdout)["verdict"] == "inconsistent"
 
 
 # ---------------------------------------------------------------- failures: named, never a hang
