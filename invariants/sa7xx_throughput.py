@@ -15,6 +15,7 @@ from specaudit.audit.estimate import MIN_WINDOWS, STEP_RATE_FACTOR, lines, split
 
 from .sa7xx_common import fmt, mean, usable, where
 from .sa7xx_identities import SourceRule
+from .sa7xx_spans import SPAN_S, at_request_end, judged_windows
 
 SHIFT = 0.20             # acceptance moving by more than 20% between compared windows
 CONC_SHIFT = 0.25        # concurrency moving by more than 25% confounds the comparison
@@ -29,7 +30,7 @@ def _bucket(c):
 def groups(reading):
     """(rank, concurrency bucket, graph mode) -> windows with a step rate, in file order."""
     g: dict = {}
-    for w in reading.windows:
+    for w in judged_windows(reading):   # llama.cpp: spans of >= SPAN_S s (request-end counters)
         if w.step_rate is None or not usable(w):
             continue
         g.setdefault((w.rank, _bucket(w.concurrency), w.cuda_graph), []).append(w)
@@ -108,6 +109,8 @@ class AcceptLenVsThroughput(SourceRule):
             tps = mean([w.gen_tps for w in ws])
             conc = mean([w.concurrency for w in ws])
             ctx = f"{'' if graph is None else ', cuda graph ' + str(graph)}"
+            if at_request_end(reading):
+                ctx += f" (spans of at least {SPAN_S:g} s: these counters move when a request ends)"
             pair = (f"{lines(lo)} ({accept_range(lo)}) and {lines(hi)} ({accept_range(hi)}) disagree by a factor "
                     f"{factor:.2f} in tokens per step at the same throughput (about {fmt(tps, 1)} tokens/s) and "
                     f"{conc:g} running request{'' if conc == 1 else 's'}{ctx}")
@@ -141,7 +144,7 @@ def _compare(reading):
     """Pairs of window sets to compare: by graph mode, else first half vs second half,
     per rank. Yields (label_a, A, label_b, B)."""
     by_rank: dict = {}
-    for w in reading.windows:
+    for w in judged_windows(reading):
         if w.accept_len is not None and w.accept_len > 0 and usable(w):
             by_rank.setdefault(w.rank, []).append(w)
     for _rank, ws in by_rank.items():

@@ -498,7 +498,15 @@ def read_side(spec, side: str, *, source: str | None = None, bins: str = "pow2",
         else:
             if not p.exists():
                 raise InputError(p, "no such file or folder")
-            r = read_source(p, source)
+            from specaudit.audit.sources import llamacpp_responses as LR
+            if source in (None, LR.SOURCE) and (source == LR.SOURCE or LR.looks_like(p)):
+                r = LR.read_responses(p)    # per-request timings: tokens/s on both sides
+                if r.config["speculation"] != "on":
+                    notes.append(f"{side}: {p}: llama-server responses without draft_n (speculation off"
+                                 f"{' in some' if r.config['speculation'] == 'mixed' else ''}): tokens/s only, "
+                                 "no acceptance figures on this side")
+            else:
+                r = read_source(p, source)
             ws, n_cum = windows_from_reading(r, side, bins)
             kind = r.source
             if n_cum:
@@ -1064,6 +1072,19 @@ def conclusion(res: dict) -> str:
 
 # ------------------------------------------------------------------ entry point
 
+def one_sided_metrics(wa, wb) -> dict:
+    """Metrics with figures on one side only (e.g. acceptance on the speculative side of an
+    off-vs-on A/B): {metric: {"side", "mean", "windows"}}, stated rather than compared."""
+    out = {}
+    for m in METRICS:
+        xa = [getattr(w, m) for w in wa if getattr(w, m) is not None]
+        xb = [getattr(w, m) for w in wb if getattr(w, m) is not None]
+        if bool(xa) != bool(xb):
+            lab, xs = ("A", xa) if xa else ("B", xb)
+            out[m] = {"side": lab, "mean": float(sum(xs) / len(xs)), "windows": len(xs)}
+    return out
+
+
 def compare_sides(side_a, side_b, *, source: str | None = None, vary=None, same_within: float = 0.02,
                   n_boot: int = 2000, seed: int = 0, primary: str = "accept_len", bins: str = "pow2",
                   window_forwards: int = WINDOW_FORWARDS, min_windows: int = MIN_WINDOWS,
@@ -1099,6 +1120,10 @@ def compare_sides(side_a, side_b, *, source: str | None = None, vary=None, same_
     res = compare_windows(wa, wb, vary=vary, same_within=same_within, n_boot=n_boot, seed=seed,
                           primary=primary, min_windows=min_windows, side_facts={"A": fa, "B": fb})
     res["warnings"] += fa["notes"] + fb["notes"] + extra
+    res["one_sided_metrics"] = one_sided_metrics(wa, wb)
+    for m, d in res["one_sided_metrics"].items():
+        res["warnings"].append(f"{METRIC_LABEL[m]} exists on side {d['side']} only ({d['mean']:.4g}, mean of "
+                               f"{d['windows']} windows): not compared (the other side has no such figure)")
     if base is not None:
         res["baseline_tps"] = base if isinstance(base, float) else {str(k): v for k, v in base.items()}
         res["cost_factor"] = cost

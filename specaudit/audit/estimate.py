@@ -586,7 +586,9 @@ def observations_from_reading(reading, concurrency=None) -> list[Observation]:
         raise InputError(reading.path, f"no window with a positive generation throughput{why} (a single "
                                        "Prometheus scrape has no rate: append a second one)")
     rated = [w for w in ws if w.step_rate is not None]
-    sp = split_by_step_rate(rated) if len(rated) == len(ws) else None
+    from specaudit.invariants.sa7xx_spans import at_request_end, spans
+    judged = spans(rated) if at_request_end(reading) else rated   # llama.cpp: request-end counters
+    sp = split_by_step_rate(judged) if len(rated) == len(ws) else None
     if sp is None:
         return [_observation(reading, ws, Path(reading.path).name)]
     lo, hi, _ = sp

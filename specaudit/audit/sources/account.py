@@ -302,6 +302,12 @@ class Account:
                        "(SA708-SA710 need windows with concurrency)")
         elif "gen_tps" not in f:
             out.append("no generation throughput: accept length cannot be tested against throughput")
+        if self.cfg.get("counters_at") == "request_end":
+            from specaudit.invariants.sa7xx_spans import MIN_SPANS, SPAN_S
+            out.append(f"accept length against throughput window by window: these counters move only when a "
+                       f"request ends, so a scrape window holds a whole number of requests; SA708-SA710 compare "
+                       f"spans of at least {SPAN_S:g} s instead (at least {MIN_SPANS} spans of one concurrency, "
+                       f"i.e. minutes of steady load, before anything is judged)")
         if self.windows == 1:
             out.append("one window only: shifts between windows cannot be seen")
         out.append(SEED_DEPTH)

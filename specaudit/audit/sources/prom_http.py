@@ -303,6 +303,8 @@ def _readings(url, engine, raw, step_s, ks=None) -> list[Reading]:
         r.config["series"] = {"job": job, "instance": inst, "model": model}
         if model:
             r.config["model_name"] = model   # the A/B evidence's model stratum reads it
+        if engine == "llamacpp":   # a request's counts land when it ends (invariants/sa7xx_spans.py)
+            r.config["counters_at"] = "request_end"
         for rank, fields in sorted(ranks.items(), key=lambda kv: (kv[0] is None, str(kv[0]))):
             if KEY[engine] not in fields:
                 continue

@@ -247,6 +247,7 @@ def build(scrapes, notes, path, types=None, info=None) -> Reading:
         reading.config["missing_series"] = missing
     if engine == "llamacpp":
         reading.version = "llama-server /metrics spec_decode_* counters (PR 26389)"
+        reading.config["counters_at"] = "request_end"   # a request's counts land when it ends
     models = {dict(labels).get("model_name") for sc in scrapes for (n, labels) in sc.samples
               if n.startswith(PREFIX[engine])} - {None, ""}
     if len(models) == 1:   # one model served: the A/B evidence's model stratum reads it
