@@ -55,7 +55,7 @@ def aiperf(srv: VllmServer, tokenizer: str, prompts: Path, out: Path, flags: lis
            "--artifact-dir", str(out), "--ui", "none", "--random-seed", "7"] + flags
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON"))}
     env.update(HF_HOME=str(out / "hf"), HF_ENDPOINT="http://127.0.0.1:9",   # a closed port: nothing is fetched
-               HF_HUB_OFFLINE="1", NO_COLOR="1", TERM="dumb")
+               NO_COLOR="1", TERM="dumb")
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=out.parent)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return out / "profile_export.jsonl"
@@ -117,3 +117,28 @@ def test_aiperf_per_request_figures_equal_the_trace(live, run):
         for rid in pq.read_table(f, columns=["request_id"]).column("request_id").to_pylist():
             rows[rid] = rows.get(rid, 0) + 1
     assert any(rows[rid] > f.steps for rid, f in traced.items() if client_id(rid, "vllm") in recs)
+
+
+def test_check_names_an_export_that_counts_every_row_as_a_step(live, tmp_path):
+    """The same real export with one record's steps counted as every trace row (steps
+    without drafts included, our own runtime's convention): `specaudit check` exits 1 with
+    SA590 on that request, saying it counted as vLLM does. The check is not vacuous."""
+    import pyarrow.parquet as pq
+    recs = [json.loads(line) for line in live["exports"]["plain"].read_text().splitlines() if line.strip()]
+    xid = recs[0]["metadata"]["x_request_id"]
+    rows = sum(1 for f in sorted(live["run_dir"].glob("steps-*.parquet"))
+               for rid in pq.read_table(f, columns=["request_id"]).column("request_id").to_pylist()
+               if rid.startswith(f"cmpl-{xid}-0-"))
+    m = recs[0]["metrics"]
+    assert rows > m["spec_decode_steps"]["value"]
+    m["spec_decode_steps"]["value"] = rows
+    m["spec_decode_acceptance_length"]["value"] = 1 + m["spec_decode_accepted_draft_tokens"]["value"] / rows
+    bad = tmp_path / "profile_export.jsonl"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    p = subprocess.run([sys.executable, "-m", "specaudit", "check", str(live["run_dir"]), str(bad),
+                        "--output-format", "json"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-2000:]
+    found = [f for f in json.loads(p.stdout)["findings"] if f["code"] == "SA590"]
+    assert {f["values"]["figure"] for f in found} == {"steps", "accept_len"}
+    assert all(f["request_id"].startswith(f"cmpl-{xid}-0-") and "verify steps with drafts (vLLM's count)"
+               in f["message"] for f in found), found
