@@ -10,10 +10,18 @@ within summation order; counts compare exactly).
 
 Matching: `specaudit serve` names each request `cmpl-<X-Request-ID>` or
 `chatcmpl-<X-Request-ID>`; a client record meets the trace request whose id is one of
-these prefixes plus the record's x_request_id.
+these prefixes plus the record's x_request_id. vLLM's engine names them
+`cmpl-<X-Request-ID>-<prompt index>-<8 hex>` and `chatcmpl-<X-Request-ID>-<8 hex>`: for a
+trace of vLLM (Figures.convention "vllm") the X-Request-ID is taken from that form too.
+
+Counting verify steps: as the engine that wrote the client's figures counts them. Our
+runtime counts every verify step (convention "rows": every step row); vLLM's
+per-request block counts only the steps that had drafts (convention "vllm": rows with
+more than one node). The finding's message says which count it used.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from specaudit.audit.compare import agrees
@@ -21,6 +29,11 @@ from specaudit.audit.compare import agrees
 from .base import Rule
 
 PREFIXES = ("cmpl-", "chatcmpl-")
+# vLLM's engine request id: the API's id, then "-<prompt index>" (completions only), then
+# "-" and 8 hex digits it adds to make the id unique
+VLLM_ID = {"cmpl-": re.compile(r"^cmpl-(.+)-\d+-[0-9a-f]{8}$"), "chatcmpl-": re.compile(r"^chatcmpl-(.+)-[0-9a-f]{8}$")}
+# how each convention counts verify steps, as the finding's message says it
+STEPS_COUNTED = {"rows": "verify steps", "vllm": "verify steps with drafts (vLLM's count)"}
 # (figure, is a count): counts compare exactly, fractions at full precision
 FIGURES = (("steps", True), ("drafted", True), ("accepted", True), ("accept_len", False), ("accept_rate", False))
 
@@ -33,11 +46,25 @@ class Figures:
     accepted: int
     accept_len: float | None = None     # 1 + accepted / steps (bonus included)
     accept_rate: float | None = None    # accepted / drafted (a fraction)
+    convention: str = "rows"            # how steps were counted: STEPS_COUNTED's keys
 
     @classmethod
-    def of(cls, steps: int, drafted: int, accepted: int) -> Figures:
+    def of(cls, steps: int, drafted: int, accepted: int, convention: str = "rows") -> Figures:
         return cls(steps, drafted, accepted, 1.0 + accepted / steps if steps else None,
-                   accepted / drafted if drafted else None)
+                   accepted / drafted if drafted else None, convention)
+
+
+def client_id(rid: str, convention: str = "rows") -> str | None:
+    """The X-Request-ID a trace request id carries, or None: `cmpl-X` / `chatcmpl-X`, and
+    for a vLLM trace vLLM's engine form (`cmpl-X-0-1a2b3c4d`, `chatcmpl-X-1a2b3c4d`)."""
+    for pre in PREFIXES:
+        if rid.startswith(pre):
+            if convention == "vllm":
+                m = VLLM_ID[pre].match(rid)
+                if m:
+                    return m.group(1)
+            return rid[len(pre):]
+    return None
 
 
 @dataclass
@@ -51,10 +78,10 @@ class ClientComparison:
     def pairs(self):
         """-> ([(trace request id, record, Figures)] matched, [x_request_id] unmatched), in record order."""
         by_client = {}
-        for rid in self.derived:
-            for pre in PREFIXES:
-                if rid.startswith(pre):
-                    by_client[rid[len(pre):]] = rid
+        for rid, fig in self.derived.items():
+            xid = client_id(rid, getattr(fig, "convention", "rows"))
+            if xid is not None:
+                by_client[xid] = rid
         matched, unmatched = [], []
         for xid, rec in self.records.items():
             rid = by_client.get(xid)
@@ -93,8 +120,9 @@ class _ClientRule(Rule):
 class ClientVsTrace(_ClientRule):
     """What: a figure a benchmark client reported for one request (AIPerf's spec-decode
     steps, drafted and accepted tokens, acceptance length, draft acceptance rate) equals
-    the same figure re-derived from that request's step rows: verify steps = rows,
-    drafted = nodes - 1 per row, accepted = the accepted path's depth (the path the target
+    the same figure re-derived from that request's step rows: verify steps = rows (for
+    vLLM, whose per-request block counts only steps that had drafts: rows with more than
+    one node), drafted = nodes - 1 per row, accepted = the accepted path's depth (the path the target
     really accepted, never the reported accepted_depth).
 
     Why: the client copies what the server put in its responses, so a server counter that
@@ -111,7 +139,7 @@ class ClientVsTrace(_ClientRule):
     name = "client-vs-trace"
     severity = "error"
     message = ("AIPerf {figure} {reported:g} for request {request}, the trace re-derives {derived:g} "
-               "(from the accepted paths: {accepted} accepted of {drafted} drafted in {steps} verify steps)")
+               "(from the accepted paths: {accepted} accepted of {drafted} drafted in {steps} {counted})")
 
     def findings(self, ctx):
         out = []
@@ -120,7 +148,8 @@ class ClientVsTrace(_ClientRule):
                 rep, der = rec.get(fig), getattr(d, fig)
                 if agrees(rep, der, counter=counter) is False:
                     out.append(dict(figure=fig, reported=rep, derived=der, request=rid, accepted=d.accepted,
-                                    drafted=d.drafted, steps=d.steps, request_id=rid, file=ctx.file))
+                                    drafted=d.drafted, steps=d.steps, request_id=rid, file=ctx.file,
+                                    counted=STEPS_COUNTED.get(getattr(d, "convention", "rows"), "verify steps")))
         return out
 
     def fail(self, ctx: ClientComparison) -> None:

@@ -79,3 +79,38 @@ def test_check_cli_names_an_unreadable_export_in_one_line(make_run, tmp_path, ca
     out = capsys.readouterr()
     assert "line 2 is not JSON" in out.out + out.err and "Traceback" not in out.err
     assert code in (1, 2)
+
+
+def test_vllm_request_ids_and_its_step_count_are_matched_as_vllm_counts(make_run, tmp_path):
+    """A vLLM trace: its engine ids (cmpl-X-0-<8 hex>, chatcmpl-X-<8 hex>) meet AIPerf's
+    X-Request-IDs, and a step without drafts is no verify step (vLLM's per-request block
+    counts only steps that had drafts); the finding says which count it used. The same ids
+    in a trace of our own runtime are not taken apart, and every row there is a step."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    x1, x2 = "0b1c2d3e-aaaa-4bbb-8ccc-0123456789ab", "f00d-1"
+    rows = {"request_id": [f"cmpl-{x1}-0-1a2b3c4d"] * 3 + [f"chatcmpl-{x2}-9f8e7d6c"] * 2,
+            # [rows] node tokens (root first) and accepted path: one row of each request without drafts
+            "node_tokens": [[5], [5, 6, 7, 8], [5, 6, 7, 8], [5, 6, 7, 8], [5]],
+            "accepted_path": [[0], [0, 1, 2], [0], [0, 1, 2, 3], [0]]}
+    manifest = dict(make_run().manifest)   # a valid manifest; only its engine changes
+    for engine in ("vllm", "specaudit"):
+        run = tmp_path / engine / f"run_id={manifest['run_id']}"
+        run.mkdir(parents=True)
+        (run / "run.json").write_text(json.dumps(dict(manifest, engine=dict(manifest["engine"], name=engine))))
+        pq.write_table(pa.table(rows), run / "steps-00000.parquet")
+    figs = trace_figures([tmp_path / "vllm"])
+    a, b = figs[f"cmpl-{x1}-0-1a2b3c4d"], figs[f"chatcmpl-{x2}-9f8e7d6c"]
+    assert (a.steps, a.drafted, a.accepted, a.convention) == (2, 6, 2, "vllm")
+    assert (b.steps, b.drafted, b.accepted) == (1, 3, 3)
+    ok = lambda f: {k: getattr(f, k) for k in ("steps", "drafted", "accepted", "accept_len", "accept_rate")}
+    recs = {x1: ok(a), x2: ok(b)}
+    assert compare(recs, figs) == []
+    recs[x1] = dict(recs[x1], steps=3, accept_len=1 + 2 / 3)   # every row counted: not vLLM's count
+    found = compare(recs, figs, file="e.jsonl")
+    assert {(f.code, f.values["figure"]) for f in found} == {("SA590", "steps"), ("SA590", "accept_len")}
+    assert all("in 2 verify steps with drafts (vLLM's count)" in f.message for f in found)
+    own = trace_figures([tmp_path / "specaudit"])
+    assert own[f"cmpl-{x1}-0-1a2b3c4d"].steps == 3 and own[f"cmpl-{x1}-0-1a2b3c4d"].convention == "rows"
+    [un] = compare({x1: ok(a), x2: ok(b)}, own)   # our runtime's ids are cmpl-<X-Request-ID>, whole
+    assert un.code == "SA591" and un.values["unmatched"] == 2

@@ -9,8 +9,11 @@ speculative figures the server put in its responses (vLLM's
 `metrics.speculative_decoding`): acceptance length, draft acceptance rate (percent),
 verify steps, accepted and drafted tokens. `specaudit serve` names each request
 `cmpl-<X-Request-ID>` / `chatcmpl-<X-Request-ID>`, so each AIPerf record meets its trace
-rows. From the rows specaudit re-derives the same figures from raw data: verify steps
-= rows, drafted = nodes - 1 per row, accepted = the accepted path's depth (the path the
+rows (vLLM's engine ids `cmpl-<X-Request-ID>-0-<8 hex>` / `chatcmpl-<X-Request-ID>-<8 hex>`
+are matched too, for a trace whose manifest names vLLM). From the rows specaudit
+re-derives the same figures from raw data: verify steps = rows (for a vLLM trace, the
+rows that had drafts: vLLM's per-request block counts only those, and the finding says
+which count it used), drafted = nodes - 1 per row, accepted = the accepted path's depth (the path the
 target really accepted, never the reported accepted_depth). Each pair gets one verdict
 from specaudit.audit.compare (AIPerf writes computed floats: full precision, so they
 agree within summation order; counts compare exactly).
@@ -87,7 +90,11 @@ def trace_figures(paths) -> dict[str, Figures]:
 
     from specaudit.trace.schema import discover
     acc: dict[str, list[int]] = {}
+    conv: dict[str, str] = {}
     for run in discover(paths):
+        # how the engine that wrote the client's figures counts verify steps
+        engine = ((run.manifest or {}).get("engine") or {}).get("name")
+        convention = "vllm" if engine == "vllm" else "rows"
         for f in run.step_files:
             t = pq.read_table(f, columns=["request_id", "node_tokens", "accepted_path"])
             rids = t.column("request_id").to_pylist()
@@ -95,10 +102,11 @@ def trace_figures(paths) -> dict[str, Figures]:
             depth = pc.list_value_length(t.column("accepted_path")).to_pylist() # [rows] path, root included
             for rid, n, d in zip(rids, nodes, depth):
                 a = acc.setdefault(rid, [0, 0, 0])
-                a[0] += 1
+                conv[rid] = convention
+                a[0] += 1 if convention == "rows" or (n or 1) > 1 else 0   # vLLM: a step without drafts is none
                 a[1] += (n or 1) - 1
                 a[2] += (d or 1) - 1
-    return {rid: Figures.of(*v) for rid, v in acc.items()}
+    return {rid: Figures.of(*v, conv[rid]) for rid, v in acc.items()}
 
 
 def compare(records: dict[str, dict], derived: dict[str, Figures], file: str | None = None) -> list[Finding]:
