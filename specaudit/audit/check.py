@@ -86,6 +86,14 @@ class CheckResult:
     rules: list = field(default_factory=list)         # codes run
     max_per_code: int = 1000
 
+    def bad_input(self, path, reason: str, run_id=None) -> None:
+        """An input that could not be read: in bad_files and as one SA000 finding (path and
+        reason on one line). A method, so readers handed a result record it without importing
+        this module."""
+        from specaudit.invariants import get_rule
+        self.bad_files.append((str(path), reason))
+        self.add(get_rule("SA000").finding(run_id=run_id, file=str(path), where=str(path), reason=reason))
+
     @property
     def errors(self) -> int:
         return sum(n for c, n in self.counts.items() if self.severities.get(c) == "error")
@@ -795,10 +803,7 @@ def _reason(e: Exception) -> str:
 
 
 def result_bad(result: CheckResult, path, reason: str, run_id=None) -> None:
-    from specaudit.invariants import get_rule
-    result.bad_files.append((str(path), reason))
-    rule = get_rule("SA000")
-    result.add(rule.finding(run_id=run_id, file=str(path), where=str(path), reason=reason))
+    result.bad_input(path, reason, run_id)
 
 
 def _open_requests(rf: RunFiles, result: CheckResult, batch_rows: int):

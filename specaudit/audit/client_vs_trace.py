@@ -145,9 +145,7 @@ def cross_check(traces, files, select, ignore, result) -> None:
         try:
             found = compare(aiperf_records(e), derived, file=str(e))
         except InputError as err:   # as the checker records a bad input: SA000, one line
-            where = str(err.path or e)
-            result.bad_files.append((where, err.reason))
-            result.add(get_rule("SA000").finding(file=where, where=where, reason=err.reason))
+            result.bad_input(err.path or e, err.reason)
             continue
         for f in found:
             if keep(f.code):

@@ -204,9 +204,7 @@ def cross_check(responses, others, select, ignore, result) -> None:
             before, after = _order_scrapes(scrapes)
             found = audit(evidence(r, logs[0], before, after))
         except InputError as err:
-            where = str(err.path or r)
-            result.bad_files.append((where, err.reason))
-            result.add(get_rule("SA000").finding(file=where, where=where, reason=err.reason))
+            result.bad_input(err.path or r, err.reason)
             continue
         for f in found:
             if keep(f.code):
