@@ -25,12 +25,10 @@ import time
 
 import numpy as np
 
+from specaudit.audit.defaults import DEFAULT_C, DEFAULT_N
 from specaudit.audit.estimate import STALL_FACTOR, CostEntry, CostProfile
 from specaudit.stats import mean_se
 from specaudit.trace.schema import InputError
-
-DEFAULT_N = (2, 4, 8, 9, 13, 16)
-DEFAULT_C = (1, 4, 8)
 
 
 class _StepClock:

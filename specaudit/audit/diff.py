@@ -38,6 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from specaudit.audit.compare import agrees
+from specaudit.audit.defaults import DEFAULT_MARGIN_TOL
 from specaudit.numfmt import fixed
 from specaudit.tokenizer import decode
 from specaudit.trace.schema import (
@@ -71,7 +72,6 @@ OPTIONAL_STEP = ("target_margin", "batch_size", "algo")
 NEEDED_REQ = ("request_id", "prompt_tokens")
 OPTIONAL_REQ = ("first_token", "output_tokens", "finish_reason")
 BOOKKEEPING = ("accepted_path", "accepted_depth", "commit_len", "committed_tokens", "finished")
-DEFAULT_MARGIN_TOL = 1e-3  # logits: float32 batch-shape noise is ~1e-5, a real change is >> 1e-2
 
 
 # ------------------------------------------------------------------------ loading

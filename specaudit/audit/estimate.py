@@ -65,6 +65,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from specaudit.audit.defaults import DEFAULT_TOLERANCE
 from specaudit.audit.r_band import RBand
 from specaudit.numfmt import fixed as _f  # two decimals, as engines print their figures
 from specaudit.stats import mean_se
@@ -72,7 +73,6 @@ from specaudit.trace.schema import InputError
 
 Z95 = 1.959963984540054   # two-sided 95% normal quantile
 MAX_REL_STD = 0.25        # s above this: the 95% interval spans more than x1.6 either way
-DEFAULT_TOLERANCE = 0.1
 # A cost factor typed by hand is one number for every context length and batch shape;
 # measured profiles of the reference runtime spread by about this much over a run's
 # context lengths, so a hand-given r without its own spread is taken as +-10% (1 sd).
@@ -697,7 +697,7 @@ def cost_for(obs: Observation, *, cost_factor=None, cost_factor_std=None, profil
 
 
 def band_for(*, profile=None, cost_factor=None, cost_factor_std=None, hardware=None, n_nodes=None,
-             concurrency=None, tolerance: float = 0.1) -> RBand | None:
+             concurrency=None, tolerance: float = DEFAULT_TOLERANCE) -> RBand | None:
     """The r band from what the user gave (profile > hand > hardware class), or None."""
     from specaudit.audit.r_band import band_from_hardware, band_from_r
     if profile is not None:
