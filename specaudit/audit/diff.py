@@ -41,6 +41,7 @@ from specaudit.audit.compare import agrees
 from specaudit.audit.defaults import DEFAULT_MARGIN_TOL
 from specaudit.numfmt import fixed
 from specaudit.tokenizer import decode
+from specaudit.trace.derived import MEANS, means, step_commit, step_depth
 from specaudit.trace.schema import (
     CONVENTIONS,
     NODE_LIST_COLUMNS,
@@ -196,8 +197,8 @@ def load_side(run: RunFiles, label: str) -> Side:
                     for r in _read_table(f, need_req, OPTIONAL_REQ).to_pylist()}
     side = Side(label, run.run_dir, run.run_id, run.manifest, manifest_conventions(run.manifest),
                 table, ranges, requests)
-    depth = pc.fill_null(pc.list_value_length(table["accepted_path"]), 1).to_numpy().astype(np.int64) - 1
-    commit = pc.fill_null(pc.list_value_length(table["committed_tokens"]), 0).to_numpy().astype(np.int64)
+    depth = pc.fill_null(step_depth(table["accepted_path"]), 0).to_numpy()       # [rows] int64
+    commit = pc.fill_null(step_commit(table["committed_tokens"]), 0).to_numpy()
     side.cum_depth = np.concatenate(([0], np.cumsum(depth)))
     side.cum_commit = np.concatenate(([0], np.cumsum(commit)))
     if skipped:
@@ -595,29 +596,16 @@ class DiffResult:
         }
 
 
-REPORTED_MEANS = ("mean_accepted_depth", "mean_commit_len", "mean_accept_length")
+REPORTED_MEANS = MEANS   # mean_accepted_depth, mean_commit_len, mean_accept_length
 
 
 def rows_means(side: Side, rids: list[str], conventions: dict) -> dict:
-    """The reported means re-derived from the rows of the given requests, under `conventions`.
-
-    depth = len(accepted_path) - 1 and commit = len(committed_tokens) per step (what the
-    tensors say, not the counters); accept length = depth + 1 (includes_bonus) or depth.
-    mean: pooled over steps, or the mean of per-request means.
-    """
+    """The reported means re-derived from the rows of the given requests, under `conventions`
+    (specaudit/trace/derived.py: the per-step definition and the conventions)."""
     rng = np.array([side.ranges[r] for r in rids if side.n_steps(r) > 0], dtype=np.int64).reshape(-1, 2)
-    if not len(rng):
-        return dict.fromkeys(REPORTED_MEANS)
     s, e = rng[:, 0], rng[:, 1]
-    n = (e - s).astype(np.float64)
-    D = (side.cum_depth[e] - side.cum_depth[s]).astype(np.float64)   # [R] per-request sums
-    C = (side.cum_commit[e] - side.cum_commit[s]).astype(np.float64)
-    bonus = 0 if conventions.get("accept_length") == "excludes_bonus" else 1
-    if conventions.get("mean") == "per_request":
-        d, c = float((D / n).mean()), float((C / n).mean())
-    else:
-        d, c = float(D.sum() / n.sum()), float(C.sum() / n.sum())
-    return {"mean_accepted_depth": d, "mean_commit_len": c, "mean_accept_length": d + bonus}
+    # [R] per-request step counts and sums
+    return means(e - s, side.cum_depth[e] - side.cum_depth[s], side.cum_commit[e] - side.cum_commit[s], conventions)
 
 
 def _acceptance(side: Side, rids: list[str]) -> dict:

@@ -35,7 +35,7 @@ calib        run_id, bins, bin             n, accepted, p_sum
 outputs      run_id                        n (requests), generated (output tokens)
 
 commit_len = len(committed_tokens) and depth = len(accepted_path) - 1 (derived, never the
-counters); rep_commit / rep_depth are sums of the counters commit_len / accepted_depth
+counters: trace/derived.py's definition, its SQL and Arrow forms); rep_commit / rep_depth are sums of the counters commit_len / accepted_depth
 (reported, the figures under audit); n_disagree counts steps whose commit_len counter
 differs from len(committed_tokens). calib: reached draft nodes (see CALIB_SQL) binned by
 exp(draft_logprob) into `bins` equal bins; the writer stores bins in CALIB_BINS.
@@ -53,6 +53,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from specaudit.trace.derived import commit_sql, depth_sql, step_commit, step_depth
 from specaudit.trace.schema import atomic_write_bytes
 
 ROLLUP_VERSION = 2            # 2: `time` keyed by grain cell (was: one row per t_start)
@@ -82,19 +83,19 @@ _DUCK = {pa.string(): "VARCHAR", pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa
 KIND_SQL = {
     "request": """
 SELECT s.run_id, s.request_id, count(*) AS n, count(*) FILTER (WHERE s.finished) AS n_finished,
-       sum(len(s.committed_tokens))::BIGINT AS committed, sum(len(s.accepted_path) - 1)::BIGINT AS depth_sum,
+       sum(COMMIT)::BIGINT AS committed, sum(DEPTH)::BIGINT AS depth_sum,
        sum(len(s.node_tokens) - 1)::BIGINT AS drafted, sum(s.commit_len)::BIGINT AS rep_commit,
        sum(s.accepted_depth)::BIGINT AS rep_depth, sum(s.step_s) AS step_s, sum(s.draft_s) AS draft_s,
        sum(s.verify_s) AS verify_s, min(s.t_start) AS t0, max(s.t_start + s.step_s) AS t1
 FROM {src} AS s GROUP BY s.run_id, s.request_id""",
     "hist": """
-SELECT s.run_id, len(s.committed_tokens)::INTEGER AS commit_len, (len(s.accepted_path) - 1)::INTEGER AS depth,
+SELECT s.run_id, COMMIT::INTEGER AS commit_len, DEPTH::INTEGER AS depth,
        count(*) AS n, count(*) FILTER (WHERE s.finished) AS n_finished, sum(s.commit_len)::BIGINT AS rep_commit,
-       count(*) FILTER (WHERE s.commit_len IS DISTINCT FROM len(s.committed_tokens)) AS n_disagree
-FROM {src} AS s GROUP BY s.run_id, len(s.committed_tokens), len(s.accepted_path)""",
+       count(*) FILTER (WHERE s.commit_len IS DISTINCT FROM COMMIT) AS n_disagree
+FROM {src} AS s GROUP BY s.run_id, COMMIT, DEPTH""",
     "time": """
-SELECT s.run_id, CELL AS cell, count(*) AS n, sum(len(s.committed_tokens))::BIGINT AS committed,
-       sum(len(s.accepted_path) - 1)::BIGINT AS depth_sum, sum(s.commit_len)::BIGINT AS rep_commit,
+SELECT s.run_id, CELL AS cell, count(*) AS n, sum(COMMIT)::BIGINT AS committed,
+       sum(DEPTH)::BIGINT AS depth_sum, sum(s.commit_len)::BIGINT AS rep_commit,
        sum(s.accepted_depth)::BIGINT AS rep_depth
 FROM {src} AS s GROUP BY 1, 2""".replace("CELL", _CELL_SQL),
     # Reached nodes: drafted nodes whose parent is on the accepted path. Rows with topk 1
@@ -107,7 +108,7 @@ FROM {src} AS s GROUP BY 1, 2""".replace("CELL", _CELL_SQL),
     "calib": """
 WITH nb AS ({nb}),
 chain_rows AS (
-    SELECT hash(run_id) AS h, len(accepted_path) - 1 AS d, draft_logprob
+    SELECT hash(run_id) AS h, DEPTH_BARE AS d, draft_logprob
     FROM {src} WHERE topk = 1 AND draft_logprob IS NOT NULL
 ),
 chain_nodes AS (
@@ -153,6 +154,9 @@ SELECT ids.run_id, b.bins, b.bin, b.n, b.accepted, b.p_sum FROM binned AS b LEFT
 SELECT r.run_id, count(*) AS n, sum(len(r.output_tokens))::BIGINT AS generated
 FROM {src} AS r GROUP BY r.run_id""",
 }
+# the per-step depth and commit of trace/derived.py (one definition for the SQL and the Arrow path)
+KIND_SQL = {k: q.replace("DEPTH_BARE", depth_sql(None)).replace("DEPTH", depth_sql("s"))
+            .replace("COMMIT", commit_sql("s")) for k, q in KIND_SQL.items()}
 STEP_KINDS = ("request", "hist", "time", "calib")
 REQUEST_KINDS = ("outputs",)
 # the columns each kind fills (the rest are NULL in its rows)
@@ -255,7 +259,7 @@ def _steps_partials(t: pa.Table) -> dict:
     column): the per-flush work; _merge_partials sums any number of them."""
     import pyarrow.compute as pc
     count_all = pc.CountOptions(mode="all")
-    clen, dlen = _lens(t["committed_tokens"]), pc.subtract(_lens(t["accepted_path"]), 1)
+    clen, dlen = step_commit(t["committed_tokens"]), step_depth(t["accepted_path"])   # trace/derived.py
     rep_commit = t["commit_len"].cast(pa.int64())
     fin = pc.fill_null(t["finished"], False).cast(pa.int64())
     # IS DISTINCT FROM: one side NULL, or both set and different
