@@ -25,7 +25,7 @@ SHARED = ("specaudit.trace.schema", "specaudit.trace.rollup", "specaudit.audit.f
 READERS = {
     "check": ("specaudit.audit.check", "specaudit.audit.reference", "specaudit.audit.spark"),
     "estimate": ("specaudit.audit.estimate",),
-    "diff": ("specaudit.audit.diff",),
+    "diff": ("specaudit.audit.diff", "specaudit.audit.diff_sides"),
     "sources": ("specaudit.audit.sources",),
     "ab-evidence": ("specaudit.audit.ab_evidence",),
     "client-vs-trace": ("specaudit.audit.client_vs_trace",),

@@ -470,7 +470,7 @@ def write_synthetic_dataset(out, n_steps: int, n_nodes: int = 8, algo: str = "ch
     at the end, and requests.parquet's rollup. Returns the run folder.
     """
     from specaudit.trace.parquet import write_parquet_atomic
-    from specaudit.trace.rollup import RollupAccumulator, write_rollup
+    from specaudit.trace.rollup_writer import RollupAccumulator, write_rollup
     budget, topk = _norm(algo, n_nodes - 1, topk, None)
     conventions = {**DEFAULT_CONVENTIONS, **(conventions or {})}
     run_id = run_id or f"synth-{algo}-n{n_nodes}-{n_steps}"
