@@ -109,7 +109,7 @@ class EvWindow:
 
 def decide(diff_ci, base: float, same_within: float) -> str:
     """The one place a same / A better / B better / undecided verdict is made here."""
-    from specaudit.audit.ab import verdict
+    from specaudit.ab_verdict import verdict
     return verdict(list(diff_ci), base, same_within)
 
 
