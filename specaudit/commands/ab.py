@@ -6,7 +6,7 @@ Prometheus server's range as URL?match=...&range=6h&step=30s&timeout=30s), each 
 comma-separated list or a quoted glob, one engine per side. Nothing is rerun: the
 windows of each side are matched by stratum (concurrency, cuda graph, rank, k, topk,
 algo, engine, version, model) and compared only where both sides have windows; see
-specaudit/audit/ab_evidence.py.
+specaudit/audit/ab_evidence/.
   specaudit ab linear.log ddtree.log                      # is B really worse, and is it fair?
   specaudit ab "a-dp0.log,a-dp1.log" b.log --output-format json -o ab.json
   specaudit ab "traces/run_id=chain-*" "traces/run_id=tree-*" --vary algo
@@ -103,7 +103,8 @@ def add_arguments(p) -> None:
 
 def main_evidence(args) -> int:
     """`specaudit ab A B`: the library call and its output; exit 0 (bad input raises: exit 2)."""
-    from specaudit.audit.ab_evidence import compare_sides, format_text, to_json
+    from specaudit.audit.ab_evidence import compare_sides
+    from specaudit.audit.ab_evidence.text import format_text, to_json
     from specaudit.runtime.ab_arms import parse_vary
     if len(args.sides) != 2:
         raise ValueError(f"give two sides, A and B (got {len(args.sides)}); several files on one side go "
@@ -117,7 +118,7 @@ def main_evidence(args) -> int:
                         min_windows=args.min_windows, baseline_tps=args.baseline_tps, cost_factor=args.cost_factor)
     text = to_json(res) if (args.output_format == "json" or args.json) else format_text(res) + "\n"
     if args.output:
-        from specaudit.audit.ab_evidence import expand_side
+        from specaudit.audit.ab_evidence.sides import expand_side
         from specaudit.outfile import write_output
         inputs = [str(p) for side in args.sides for p in expand_side(side)]  # each file of each side
         write_output(args.output, text, inputs=inputs)   # never over a file it read
