@@ -53,6 +53,8 @@ import argparse
 import json
 import sys
 
+from specaudit.ab_verdict import SAME_WITHIN
+
 HELP = ("A/B from evidence (`ab A B`: two engines' logs, scrapes or traces, matched by stratum) or by rerunning "
         "(`ab --a ARGS --b ARGS`: two runtime configurations on the same prompts)")
 ORDER = 45
@@ -75,8 +77,9 @@ def add_arguments(p) -> None:
                    help="the metric of the overall verdict (runtime default tokens_per_s: accepted_depth, commit_len, "
                         "tokens_per_s; evidence default accept_len: accept_len, accept_rate, tokens_per_s, "
                         "commit_len_tput)")
-    p.add_argument("--same-within", type=float, default=0.02, metavar="FRAC",
-                   help="'same' when the 95%% interval of B - A lies within this fraction of A (default 0.02)")
+    p.add_argument("--same-within", type=float, default=SAME_WITHIN, metavar="FRAC",
+                   help="'same' when the 95%% interval of B - A lies within this fraction of A "
+                        f"(default {SAME_WITHIN:g})")
     p.add_argument("--bootstrap", type=int, default=2000, metavar="N", help="bootstrap resamples (default 2000)")
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)   # old spelling of --output-format json
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")

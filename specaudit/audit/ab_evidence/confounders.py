@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from specaudit.ab_verdict import SAME_WITHIN
 from specaudit.audit.ab_evidence.window import KEYS, METRICS, value_order, value_text
 
 
@@ -69,10 +68,10 @@ def _gap_within(A: _Side, B: _Side, key: str, m: str):
     return float(g), shared
 
 
-def confounder_report(wa, wb, primary, matched, varied, pooled, matched_res,
-                      same_within: float = SAME_WITHIN) -> list[dict]:
+def confounder_report(wa, wb, primary, matched, varied, pooled, matched_res, same_within: float) -> list[dict]:
     """Every key whose window distribution differs between A and B, with its share of the gap.
-    A pooled gap within `same_within` of A (the verdicts' "same" band) has nothing to explain."""
+    A pooled gap within `same_within` of A (the verdicts' "same" band) has nothing to explain;
+    the band has no default here, so no caller can forget to pass the user's."""
     A, B = _Side(wa), _Side(wb)
     out = []
     p = pooled.get(primary)
