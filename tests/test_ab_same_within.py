@@ -132,3 +132,28 @@ def test_runtime_mode_honours_same_within(capsys, tmp_path, monkeypatch, models)
     assert res["verdict"] == said["tokens_per_s"]
     saved = json.loads((tmp_path / "ab" / "ab.json").read_text())
     assert saved["same_within"] == band and saved["metrics"] == res["metrics"]
+
+
+def test_the_band_and_the_verdict_have_one_home():
+    """specaudit/ab_verdict.py is the only place the band's value and the verdict rule are
+    written: both A/B modes import them at top level, and no module writes a band default of
+    its own (`same_within=0.02`, `same_within: float = 0.02`, `default=0.02` beside the flag)."""
+    import ast
+    import re
+    repo = Path(__file__).resolve().parents[1]
+    for rel in ("specaudit/runtime/ab_arms.py", "specaudit/audit/ab_evidence/comparison.py"):
+        tree = ast.parse((repo / rel).read_text(encoding="utf-8"))
+        top = {a.name for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "specaudit.ab_verdict"
+               for a in n.names}
+        assert "verdict" in top, f"{rel} does not import the verdict from specaudit.ab_verdict at top level"
+    home = ast.parse((repo / "specaudit" / "ab_verdict.py").read_text(encoding="utf-8"))
+    assert not [n for n in ast.walk(home) if isinstance(n, (ast.Import, ast.ImportFrom))
+                and any((getattr(n, "module", None) or a.name).startswith("specaudit") for a in n.names)]
+    literal = re.compile(r"same_within\s*(:\s*float\s*)?=\s*[0-9.]|--same-within[^)]*default=[0-9.]", re.S)
+    rule = re.compile(r"^def verdict\(diff_ci", re.M)
+    for p in sorted((repo / "specaudit").rglob("*.py")):
+        if p.name == "ab_verdict.py":
+            continue
+        text = p.read_text(encoding="utf-8")
+        assert not literal.search(text), f"{p.relative_to(repo)} writes a 'same' band of its own"
+        assert not rule.search(text), f"{p.relative_to(repo)} defines an A/B verdict of its own"

@@ -1,8 +1,20 @@
 """A/B from evidence: compare two engines' logs, scrapes or trace datasets fairly.
 
-    from specaudit.audit.ab_evidence import compare_sides, format_text
+    from specaudit.audit.ab_evidence import compare_sides
+    from specaudit.audit.ab_evidence.text import format_text
     res = compare_sides(["linear.log"], ["ddtree.log"])
     res["conclusion"]   # "the pooled gap in accept length 3.45 vs 2.00 is concurrency: ..."
+
+This module is the entry point (compare_sides: check the arguments, read both sides,
+compare). The package, one idea a module:
+    window        EvWindow and the vocabulary of strata keys and metrics
+    sides         a side as typed -> its inputs -> windows (logs, scrapes, traces, URLs)
+    stats         intervals of a side's mean (t or moving-block bootstrap, named) and the
+                  permutation test
+    comparison    strata, per-stratum comparison, matched and pooled, Simpson's paradox
+    confounders   what differs between the sides and how much of the gap it explains
+    text          the closing sentence, the text report, the JSON
+    throughput    the throughput-derived commit length and its two flags
 
 Nothing is rerun. Each side (one or several files of one engine) is cut into windows:
 
