@@ -303,8 +303,8 @@ def test_lines_in_blocks_number_and_filter_like_a_plain_split(tmp_path, monkeypa
 
 def test_the_model_is_passed_through_for_the_ab_model_stratum(tmp_path):
     """SGLang's server_args model_path and a scrape's model_name reach Reading.config, where
-    the A/B evidence reads its model stratum (ab_evidence._reading_meta)."""
-    from specaudit.audit.ab_evidence import _reading_meta
+    the A/B evidence reads its model stratum (ab_evidence.sides._reading_meta)."""
+    from specaudit.audit.ab_evidence.sides import _reading_meta
     log = tmp_path / "s.log"
     log.write_text("[2026-03-18 11:22:00] server_args=ServerArgs(model_path='Qwen/Qwen3-8B', tp_size=1, "
                    "speculative_algorithm='EAGLE3', speculative_num_draft_tokens=4, served_model_name='qwen')\n"

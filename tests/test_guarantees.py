@@ -372,7 +372,7 @@ def test_ab_counts_a_duplicated_log_once(tmp_path):
 def test_ab_counts_a_copied_trace_run_once(tmp_path):
     import shutil
 
-    from specaudit.audit.ab_evidence import read_side
+    from specaudit.audit.ab_evidence.sides import read_side
     s, q, m = synth_run_rows(n_requests=24, budget=7, accept_p=0.6, concurrency=1, seed=1, run_id="r1",
                              max_new_tokens=160)
     write_run(tmp_path / "a", s, q, m)
