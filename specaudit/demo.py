@@ -31,7 +31,7 @@ def run_demo(out="specaudit-demo", *, keep=False, num_prompts=4, max_new_tokens=
     from specaudit.audit.run_summary import summary_line
     from specaudit.model import default_models
     from specaudit.postmortem.report import build_report
-    from specaudit.run import run_traced
+    from specaudit.traced_run import run_traced
     out = Path(out)
     traces, injected = out / "traces", out / "injected"
     for d in (traces, injected):

@@ -122,8 +122,8 @@ def test_every_surface_says_the_same(table_ds, tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def fault_runs(tmp_path_factory):
     """Every --inject fault's run of the reference runtime (chain, tree where the fault needs it)."""
-    from specaudit.run import run_traced
     from specaudit.runtime.faults import FAULTS
+    from specaudit.traced_run import run_traced
     out = tmp_path_factory.mktemp("faults")
     runs = {}
     for name, f in FAULTS.items():
@@ -393,7 +393,7 @@ def test_one_threads_default_for_every_command_that_runs_a_model():
 
 
 def test_draft_noise_lowers_acceptance_and_is_recorded(tmp_path):
-    from specaudit.run import run_traced
+    from specaudit.traced_run import run_traced
     clean = run_traced(num_prompts=2, max_new_tokens=40, out=tmp_path, run_id="clean", threads=1)
     noisy = run_traced(num_prompts=2, max_new_tokens=40, out=tmp_path, run_id="noisy", threads=1, draft_noise=8.0)
     assert noisy.manifest["config"]["draft_noise"] == 8.0 and clean.manifest["config"]["draft_noise"] == 0.0

@@ -73,7 +73,6 @@ class SpecServer:
         from prometheus_client import CollectorRegistry, Counter, Histogram
 
         from specaudit.model import EOS_ID, default_models
-        from specaudit.run import check_device, new_run_id, reference_manifest
         from specaudit.runtime.engine import SpecConfig, SpecEngine
         from specaudit.runtime.faults import get_fault
         from specaudit.serve.errors import STATUSES
@@ -82,6 +81,7 @@ class SpecServer:
         from specaudit.trace.parquet import ParquetSink, prepare_run_dir
         from specaudit.trace.prom_sink import FastExposition, PromSink
         from specaudit.trace.tracer import Tracer
+        from specaudit.traced_run import check_device, new_run_id, reference_manifest
 
         check_device(device, dtype)
         if not 0 <= port <= 65535:
