@@ -24,7 +24,8 @@ SHARED = ("specaudit.trace.schema", "specaudit.trace.rollup", "specaudit.audit.f
 # Each reader, by module prefix. A reader may import its own modules, SHARED and GROUND.
 READERS = {
     "check": ("specaudit.audit.check", "specaudit.audit.reference", "specaudit.audit.spark"),
-    "estimate": ("specaudit.audit.estimate",),
+    "estimate": ("specaudit.audit.estimate", "specaudit.audit.estimate_model", "specaudit.audit.estimate_judge",
+                 "specaudit.audit.cost_profile", "specaudit.audit.observed_throughput"),
     "diff": ("specaudit.audit.diff",),
     "sources": ("specaudit.audit.sources",),
     "ab-evidence": ("specaudit.audit.ab_evidence",),

@@ -73,7 +73,9 @@ def test_every_surface_says_the_same(table_ds, tmp_path, monkeypatch):
 
     from specaudit.audit import diff as D
     from specaudit.audit.check import check_paths
-    from specaudit.audit.estimate import CostProfile, estimate_commit_length, live_judgement, verdict
+    from specaudit.audit.cost_profile import CostProfile
+    from specaudit.audit.estimate import live_judgement
+    from specaudit.audit.estimate_model import estimate_commit_length, verdict
     from specaudit.postmortem import views as Q
     from specaudit.postmortem.report import build_report
 

@@ -60,7 +60,7 @@ class SpecServer:
     otel: an OtelSink, or True to build one from the OTEL_* variables, or None.
     spec_metrics: none | summary | detailed: the per-request block (spec.py).
     estimator options: baseline_tps, cost_factor[, cost_factor_std] or a calibration
-    profile path (specaudit.estimate.CostProfile); without them the estimate gauge is 0.
+    profile path (specaudit.audit.cost_profile.CostProfile); without them the estimate gauge is 0.
     """
 
     def __init__(self, *, trace_dir, algo="chain", budget=7, topk=1, concurrency=8, max_new_tokens=256,
@@ -93,7 +93,7 @@ class SpecServer:
         get_fault(inject)
         profile = None
         if calibration is not None:
-            from specaudit.audit.estimate import CostProfile
+            from specaudit.audit.cost_profile import CostProfile
             profile = CostProfile.load(calibration)
         if baseline_tps is not None and not (baseline_tps > 0 and math.isfinite(baseline_tps)):
             raise ValueError(f"--baseline-tps must be a positive number (got {baseline_tps})")
