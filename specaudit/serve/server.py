@@ -79,7 +79,8 @@ class SpecServer:
         from specaudit.serve.loop import EngineLoop
         from specaudit.serve.spec import SpecTap
         from specaudit.trace.parquet import ParquetSink, prepare_run_dir
-        from specaudit.trace.prom_sink import FastExposition, PromSink
+        from specaudit.trace.prom_exposition import FastExposition
+        from specaudit.trace.prom_sink import PromSink
         from specaudit.trace.tracer import Tracer
         from specaudit.traced_run import check_device, new_run_id, reference_manifest
 
