@@ -20,6 +20,7 @@ from specaudit.audit.estimate_model import (
     INCONSISTENT,
     MISMATCH,
     NOT_ENOUGH_DATA,
+    finite_positive,
 )
 from specaudit.audit.observed_throughput import Observation, gather, observation_from_load_json
 from specaudit.audit.r_band import RBand
@@ -36,13 +37,7 @@ def reported_figure(name: str, x) -> float | None:
     exactly 0 has not speculated)."""
     if x is None:
         return None
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, not {x!r}") from None
-    if not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{name} must be above 0 (a mean per verify step), got {x!r}")
-    return v
+    return finite_positive(name, x, "above 0 (a mean per verify step)")
 
 
 def baseline_for(obs: Observation, *, baseline_tps=None, baseline_std=0.0, baseline_file=None,

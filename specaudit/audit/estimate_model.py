@@ -56,13 +56,14 @@ CONSISTENT, INCONSISTENT, NOT_ENOUGH_DATA = "consistent", "inconsistent", "not e
 MISMATCH = "calibration mismatch"
 
 
-def finite_positive(name: str, x) -> float:
+def finite_positive(name: str, x, what: str = "a positive number of tokens/s or a positive factor") -> float:
+    """float(x) when it is finite and above 0; else ValueError: `{name} must be {what}, got x`."""
     try:
         v = float(x)
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a number, not {x!r}") from None
     if not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{name} must be a positive number of tokens/s or a positive factor, got {x!r}")
+        raise ValueError(f"{name} must be {what}, got {x!r}")
     return v
 
 
