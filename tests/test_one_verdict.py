@@ -73,7 +73,9 @@ def test_every_surface_says_the_same(table_ds, tmp_path, monkeypatch):
 
     from specaudit.audit import diff as D
     from specaudit.audit.check import check_paths
-    from specaudit.audit.estimate import CostProfile, estimate_commit_length, live_judgement, verdict
+    from specaudit.audit.cost_profile import CostProfile
+    from specaudit.audit.estimate import live_judgement
+    from specaudit.audit.estimate_model import estimate_commit_length, verdict
     from specaudit.postmortem import views as Q
     from specaudit.postmortem.report import build_report
 
@@ -122,8 +124,8 @@ def test_every_surface_says_the_same(table_ds, tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def fault_runs(tmp_path_factory):
     """Every --inject fault's run of the reference runtime (chain, tree where the fault needs it)."""
-    from specaudit.run import run_traced
     from specaudit.runtime.faults import FAULTS
+    from specaudit.traced_run import run_traced
     out = tmp_path_factory.mktemp("faults")
     runs = {}
     for name, f in FAULTS.items():
@@ -342,13 +344,13 @@ def test_live_rules_come_from_the_catalog_and_do_not_drift():
     from specaudit.invariants.registry import kernel_codes, live_rules
     from specaudit.kernels.audit import RULES, rule_codes
 
-    from specaudit.trace import prom_sink
+    from specaudit.trace import inline_rules
     from specaudit.trace.synth import synth_run_rows
     prom = live_rules("prom")
-    assert [(r.code, r.name) for r in prom] == [(c, n) for c, n, _ in prom_sink.INLINE_RULES]
+    assert [(r.code, r.name) for r in prom] == [(c, n) for c, n, _ in inline_rules.INLINE_RULES]
     # the sink computes exactly the catalog's live codes, no more, no fewer
     steps, _, man = synth_run_rows(2, algo="tree", budget=6, topk=2, seed=1)
-    got = prom_sink.inline_violations(steps.to_batches()[0])
+    got = inline_rules.inline_violations(steps.to_batches()[0])
     assert set(got) == {r.code for r in prom}
     # the kernel: every flag reports catalog codes, every declared flag exists
     kc = kernel_codes()
@@ -366,7 +368,7 @@ def test_the_rule_guide_names_every_place_and_each_holds_the_catalog():
     from specaudit.invariants.registry import builtin_codes, live_rules
     root = Path(__file__).resolve().parents[1]
     guide = inv.__doc__.split("Every place a new rule touches", 1)[1].split("Fixtures:", 1)[0]
-    for path in ("specaudit/audit/reference.py", "specaudit/trace/prom_sink.py", "kernels/audit.py",
+    for path in ("specaudit/audit/reference.py", "specaudit/trace/inline_rules.py", "kernels/audit.py",
                  "specaudit/audit/compare.py", "docs/commands/check.md", "tests/test_invariants.py",
                  "tests/test_check_props.py"):
         assert path in guide, path
@@ -393,7 +395,7 @@ def test_one_threads_default_for_every_command_that_runs_a_model():
 
 
 def test_draft_noise_lowers_acceptance_and_is_recorded(tmp_path):
-    from specaudit.run import run_traced
+    from specaudit.traced_run import run_traced
     clean = run_traced(num_prompts=2, max_new_tokens=40, out=tmp_path, run_id="clean", threads=1)
     noisy = run_traced(num_prompts=2, max_new_tokens=40, out=tmp_path, run_id="noisy", threads=1, draft_noise=8.0)
     assert noisy.manifest["config"]["draft_noise"] == 8.0 and clean.manifest["config"]["draft_noise"] == 0.0

@@ -1,6 +1,6 @@
 """Thin commands: every module in specaudit/commands/ is argument parsing plus a call into a
 library function; the library functions the commands call are tested here directly
-(check: test_run_check.py, query: test_run_query.py, report: test_run_report.py)."""
+(check: test_check_inputs.py, query: test_query_dataset.py, report: test_report_inputs.py)."""
 from __future__ import annotations
 
 import ast

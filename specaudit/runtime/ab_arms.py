@@ -251,7 +251,7 @@ def run_ab(a: dict, b: dict, *, prompts: list[str], repeats: int = 2, out, vary:
            same_within: float = SAME_WITHIN, n_boot: int = 2000, primary: str = "tokens_per_s",
            load_models=None, log=None, warmup: bool = True) -> dict:
     """Run arms A and B `repeats` times each, interleaved, traced; return (and write) the result."""
-    from specaudit.run import run_traced
+    from specaudit.traced_run import run_traced
 
     if repeats < 1:
         raise ValueError(f"--repeats must be at least 1 (got {repeats})")
@@ -370,7 +370,7 @@ def run_arms(a: str, b: str, *, out, prompts_file=None, num_prompts: int = 8, re
              primary: str | None = None, log=None) -> dict:
     """`specaudit ab --a "..." --b "..."`: the arms as typed (run's flags), the prompts (a file,
     or the embedded held-out ones, cycled to num_prompts), checked, then run_ab."""
-    from specaudit.run import default_prompts, load_prompts
+    from specaudit.traced_run import default_prompts, load_prompts
     primary = primary or "tokens_per_s"
     if primary not in ("accepted_depth", "commit_len", "tokens_per_s"):
         raise ValueError(f"--primary {primary} is an evidence metric; runtime arms have accepted_depth, "

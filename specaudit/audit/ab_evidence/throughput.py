@@ -49,7 +49,7 @@ def parse_cost_factor(text):
 
 def add_throughput_commit(windows: list[EvWindow], baseline, cost) -> int:
     """Fill commit_len_tput where the window's concurrency has a baseline; count them."""
-    from specaudit.audit.estimate import estimate_commit_length
+    from specaudit.audit.estimate_model import estimate_commit_length
     n = 0
     for w in windows:
         if w.tokens_per_s is None or w.concurrency is None:
