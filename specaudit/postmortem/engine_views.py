@@ -86,7 +86,7 @@ def _json(d) -> str | None:
 def windows_table(paths, source: str | None = None) -> pa.Table:
     """Every window of every engine-output path as one Arrow table (WINDOW_SCHEMA).
     InputError (one line) for a file that is no engine's output, or mixes two engines.
-    Streams: one chunk of windows (specaudit.audit.sources.CHUNK_WINDOWS) is held as
+    Streams: one chunk of windows (specaudit.audit.sources.stream.CHUNK_WINDOWS) is held as
     Python objects at a time; what is kept is Arrow."""
     from specaudit.audit.sources import iter_readings
     parts = [_chunk_table(r, str(path)) for path in paths for r in iter_readings(path, source)]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 
-from specaudit.audit.sources import LineParser, Reading, Window
+from specaudit.audit.sources.reading import LineParser, Reading, Window
 
 NUM = r"(-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|-?inf)"
 SLOT_RE = re.compile(r"draft acceptance(?P<old> rate)? = " + NUM + r" \(\s*" + NUM + r" accepted /\s*" + NUM

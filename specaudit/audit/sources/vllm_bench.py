@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import re
 
-from specaudit.audit.sources import LineParser, Reading, Window
+from specaudit.audit.sources.reading import LineParser, Reading, Window
 
 NUM = r"(-?(?:\d+(?:\.\d*)?|\.\d+)|N/A|nan|inf)"
 BENCH_HEAD = re.compile(r"^-{3,}\s*Speculative Decoding\s*-{3,}\s*$")
