@@ -63,6 +63,8 @@ def parse_chunks(path, source: str, forced: bool, lines, parser, chunk: int, sta
 
 
 def no_figures(path, source, stats, recognised=None) -> InputError:
+    """The NoFigures error of a file read as `source` that gave no window (stats from
+    parse_chunks: how many lines were skipped, and the first one's reason)."""
     last = stats.get("last_notes")
     return NoFigures(path, f"read as {source}, but no usable spec-decoding figures in it"
                      + (f" ({stats['notes']} lines skipped; line {last[0]['line']}: {last[0]['reason']})"
@@ -88,6 +90,8 @@ def _recognised(source: str, forced: bool, stats: dict) -> str | None:
 
 
 def read_chunks(p: Path, path, source: str, forced: bool, chunk: int = CHUNK_WINDOWS):
+    """The Readings of a checked path p read as `source` (iter_readings after resolve();
+    `forced`: the source was given, not detected). NoFigures when no chunk has a window."""
     mods = reader_modules()
     lines = Lines(p, markers=log_markers(mods) if SOURCES[source][1] == "log" else None)
     parser = mods[source].Parser(str(path))
