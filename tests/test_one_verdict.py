@@ -76,22 +76,24 @@ def test_every_surface_says_the_same(table_ds, tmp_path, monkeypatch):
     from specaudit.audit.cost_profile import CostProfile
     from specaudit.audit.estimate import live_judgement
     from specaudit.audit.estimate_model import estimate_commit_length, verdict
-    from specaudit.postmortem import views as Q
     from specaudit.postmortem.report import build_report
+    from specaudit.postmortem.sql_guard import fetch_arrow
+    from specaudit.postmortem.view_sql import AGREES_MACRO_SQL
+    from specaudit.postmortem.views import connect
 
     ds, ids = table_ds
     # check: SA510 fires exactly on the disagreeing cases
     res = check_paths([str(ds)], select=("SA510",))
     flagged = {f.run_id for f in res.findings if f.code == "SA510"}
     # query: the figures view (Python UDF = compare.verdict)
-    con = Q.connect([ds])
-    rows = Q.fetch_arrow(con, "SELECT run_id, derived, reported, verdict FROM figures "
+    con = connect([ds])
+    rows = fetch_arrow(con, "SELECT run_id, derived, reported, verdict FROM figures "
                               "WHERE metric = 'tokens_per_s'").to_pylist()
     con.close()
     assert len(rows) == len(CASES)
     # the shell: the SQL macro, on plain duckdb
     sh = duckdb.connect()
-    sh.execute(Q.AGREES_MACRO_SQL)
+    sh.execute(AGREES_MACRO_SQL)
     # report: the Runs table's cell
     page = build_report([ds], tmp_path / "rep", findings=res.findings, summary=res.summary()).read_text()
     for row in rows:
@@ -151,14 +153,16 @@ def _truth(run_dir):
 
 def test_fault_runs_show_the_true_figures_beside_the_reported(fault_runs, tmp_path):
     from specaudit.audit.check import check_paths
-    from specaudit.postmortem import views as Q
+    from specaudit.postmortem.canned import canned
     from specaudit.postmortem.report import build_report
+    from specaudit.postmortem.sql_guard import fetch_arrow
+    from specaudit.postmortem.views import connect
     ds, runs = fault_runs
-    con = Q.connect([ds])
-    figs = Q.fetch_arrow(con, "SELECT * FROM figures").to_pylist()
-    over = Q.fetch_arrow(con, Q.canned("throughput_over_time").sql).to_pylist()
-    hist = Q.fetch_arrow(con, Q.canned("commit_length_histogram").sql).to_pylist()
-    spread = Q.fetch_arrow(con, Q.canned("request_acceptance_spread").sql).to_pylist()
+    con = connect([ds])
+    figs = fetch_arrow(con, "SELECT * FROM figures").to_pylist()
+    over = fetch_arrow(con, canned("throughput_over_time").sql).to_pylist()
+    hist = fetch_arrow(con, canned("commit_length_histogram").sql).to_pylist()
+    spread = fetch_arrow(con, canned("request_acceptance_spread").sql).to_pylist()
     con.close()
     res = check_paths([str(ds)])
     page = build_report([ds], tmp_path / "rep", findings=res.findings, summary=res.summary()).read_text()
@@ -191,10 +195,12 @@ def test_fault_runs_show_the_true_figures_beside_the_reported(fault_runs, tmp_pa
 
 
 def test_a_vs_b_on_the_counter_fault_uses_the_committed_tokens(fault_runs):
-    from specaudit.postmortem import views as Q
+    from specaudit.postmortem.canned import canned
+    from specaudit.postmortem.sql_guard import fetch_arrow
+    from specaudit.postmortem.views import connect
     ds, runs = fault_runs
-    con = Q.connect([ds], variables={"a": "stale-draft", "b": "commit-counter"})
-    rows = {r["metric"]: r for r in Q.fetch_arrow(con, Q.canned("a_vs_b").sql).to_pylist()}
+    con = connect([ds], variables={"a": "stale-draft", "b": "commit-counter"})
+    rows = {r["metric"]: r for r in fetch_arrow(con, canned("a_vs_b").sql).to_pylist()}
     con.close()
     truth = _truth(runs["commit-counter"].run_dir)
     assert rows["mean_commit_len"]["b"] == pytest.approx(truth["mean_commit_len"])

@@ -363,10 +363,10 @@ def test_query_threads_bounded(clean, threads, capsys):
 
 
 def test_query_counts_a_copied_run_once(clean, tmp_path):
-    from specaudit.postmortem import views as Q
+    from specaudit.postmortem.views import connect
     d = _copy(clean, tmp_path)
     shutil.copytree(d / "run_id=r0", d / "backup" / "run_id=r0")
-    con = Q.connect([d], None)
+    con = connect([d], None)
     try:
         n_runs = con.execute("SELECT count(*) FROM runs").fetchone()[0]
         n_steps = con.execute("SELECT count(*) FROM steps").fetchone()[0]

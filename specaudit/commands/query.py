@@ -101,4 +101,4 @@ def main(args) -> int:
     fmt = "table" if args.output_format == "text" else args.output_format
     return run_query(args.args, sql_file=args.file, params=args.param, output_format=fmt,
                      output=args.output, max_rows=args.max_rows, threads=args.threads,
-                     checker=None if args.no_check else run_checker, list_canned=args.list, show=args.show)
+                     checker=None if args.no_check else run_checker, list_canned=args.list, show_canned=args.show)
