@@ -1,7 +1,7 @@
 """Derived mean accepted depth and commit length: one definition (specaudit/trace/derived.py)
 with the conventions of trace-schema.md (depth = len(accepted_path) - 1, commit =
 len(committed_tokens), bonus in the commit; a run's declared `mean` is pooled over steps or
-the mean of per-request means), so `specaudit run`'s summary, `specaudit diff` and the
+the mean of per-request means), so `specaudit run`'s summary (traced_run.py), `specaudit diff` and the
 synthetic runs' `reported` give one figure for one trace."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import json
 import pytest
 
 from specaudit.audit.diff import diff_runs
-from specaudit.run import derived_means
 from specaudit.trace.synth import synth_run_rows, write_run
+from specaudit.traced_run import derived_means
 
 
 @pytest.mark.parametrize("conventions", [{"mean": "per_request"}, {"mean": "pooled"},

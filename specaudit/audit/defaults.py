@@ -2,12 +2,11 @@
 
 Numpy-free on purpose: every command's add_arguments runs at CLI start-up (`check --help`
 imports no numeric library, tests/test_ci_install.py), so the commands read these here and
-the readers (estimate.py, diff.py, calibrate.py) import them from here too.
+the readers (diff.py, calibrate.py) import them from here too. (The estimator's tolerance,
+DEFAULT_TOLERANCE, lives in audit/estimate_model.py, itself numpy-free.)
 """
 from __future__ import annotations
 
-# estimate: relative slack around the estimate's interval for what the cost model leaves out
-DEFAULT_TOLERANCE = 0.1
 # diff: a change of the target's top-1 margin (logits) above this is a verify divergence;
 # float32 batch-shape noise is ~1e-5, a real change is >> 1e-2
 DEFAULT_MARGIN_TOL = 1e-3

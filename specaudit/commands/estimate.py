@@ -49,7 +49,7 @@ from __future__ import annotations
 import json
 import sys
 
-from specaudit.audit.defaults import DEFAULT_TOLERANCE
+from specaudit.audit.estimate_model import DEFAULT_TOLERANCE  # numpy-free: read at CLI start-up
 
 HELP = ("estimate the commit length from throughput; judge each reported counter by the step cost r it implies "
         "against a measured, given or hardware-class band")
