@@ -15,8 +15,9 @@ trace-schema.md's words, as every figure derived from step rows reads them (the 
                              ("excludes_bonus": an engine whose accept length leaves the bonus out)
 
 step_depth / step_commit are the pyarrow form, DEPTH_SQL / COMMIT_SQL the DuckDB form of the
-same per-step definition; means() applies the conventions to per-request sums
-[R] (numpy), and run_means() reads a run's step files into them.
+same per-step definition; means() applies the conventions to per-request sums [R] (numpy),
+mean_sql() in DuckDB (the post-mortem's figures view), and run_means() reads a run's step
+files into them.
 """
 from __future__ import annotations
 
@@ -29,7 +30,10 @@ from specaudit.trace.schema import manifest_conventions
 
 MEANS = ("mean_accepted_depth", "mean_commit_len", "mean_accept_length")
 
-# DuckDB, over a step relation ({s} its alias and a dot, or nothing): the per-step definitions above
+# the per-step definitions in words (what a derived figure says it was derived from), and in
+# DuckDB over a step relation ({s}: its alias and a dot, or nothing)
+DEPTH_WORDS = "len(accepted_path) - 1"
+COMMIT_WORDS = "len(committed_tokens)"
 DEPTH_SQL = "(len({s}accepted_path) - 1)"
 COMMIT_SQL = "len({s}committed_tokens)"
 
@@ -41,6 +45,13 @@ def depth_sql(alias: str | None = "s") -> str:
 
 def commit_sql(alias: str | None = "s") -> str:
     return COMMIT_SQL.format(s=f"{alias}." if alias else "")
+
+
+def mean_sql(convention: str, total: str, steps: str, per_request_mean: str) -> str:
+    """The run's mean under its declared `mean` convention, in DuckDB: `convention` an
+    expression holding 'pooled' or 'per_request', `total` / `steps` the pooled mean's sum and
+    step count, `per_request_mean` the mean over requests of (a request's sum / its steps)."""
+    return f"CASE WHEN {convention} = 'per_request' THEN {per_request_mean} ELSE {total} / {steps} END"
 
 
 def step_depth(accepted_path) -> pa.Array:
