@@ -71,6 +71,25 @@ def bonus(conventions: dict | None) -> int:
     return 0 if (conventions or {}).get("accept_length") == "excludes_bonus" else 1
 
 
+def per_request_means(n_steps, sums) -> np.ndarray:
+    """[R'] float64: each request's mean (its sum / its steps), for the requests with >= 1
+    step, in order: the terms the per_request convention averages (means() takes their
+    numpy mean; the checker sums them exactly, so its figure is the same however the
+    requests are grouped)."""
+    n = np.asarray(n_steps, dtype=np.float64).reshape(-1)
+    s = np.asarray(sums, dtype=np.float64).reshape(-1)
+    has = n > 0
+    return s[has] / n[has]
+
+
+def mean_in(convention: str | None, total, steps, per_request_mean):
+    """A run's mean under its declared `mean` convention: `per_request_mean` for
+    "per_request", else total / steps (pooled; None without steps)."""
+    if convention == "per_request":
+        return per_request_mean
+    return total / steps if steps else None
+
+
 def means(n_steps, depth_sum, commit_sum, conventions: dict | None) -> dict:
     """Per-request step counts and sums ([R] each, any integer or float arrays) -> the run's
     {mean_accepted_depth, mean_commit_len, mean_accept_length} under `conventions`
@@ -82,10 +101,10 @@ def means(n_steps, depth_sum, commit_sum, conventions: dict | None) -> dict:
     if not has.any():
         return dict.fromkeys(MEANS)
     n, D, C = n[has], D[has], C[has]
-    if (conventions or {}).get("mean") == "per_request":
-        d, c = float((D / n).mean()), float((C / n).mean())
-    else:
-        d, c = float(D.sum() / n.sum()), float(C.sum() / n.sum())
+    conv = (conventions or {}).get("mean")
+    d = mean_in(conv, D.sum(), n.sum(), float(per_request_means(n, D).mean()) if conv == "per_request" else None)
+    c = mean_in(conv, C.sum(), n.sum(), float(per_request_means(n, C).mean()) if conv == "per_request" else None)
+    d, c = float(d), float(c)
     return {"mean_accepted_depth": d, "mean_commit_len": c, "mean_accept_length": d + bonus(conventions)}
 
 
