@@ -369,6 +369,12 @@ FROM (
 """
 
 
+# The catalog rules the figures view computes again (invariants/homes.py reads it): metric
+# -> the code whose verdict its `verdict` column gives (tests/test_rule_homes.py runs each
+# rule's catalog fixtures through the view). accept_rate has no rule of its own: its two
+# terms are SA502 and SA503, and SA509 audits the optional reported.accept_rate instead.
+FIGURE_RULES = {"mean_accepted_depth": "SA506", "mean_commit_len": "SA507", "tokens_per_s": "SA510"}
+
 # figures: derived beside reported. tokens_per_s: generated tokens (the requests' output,
 # else committed tokens + one first token per request) over the run's reported wall_s (the
 # clock; the steps' own span when run.json has none). Means follow the run's declared mean
