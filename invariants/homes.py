@@ -13,7 +13,8 @@ home that claims it, and fails when a home claims a code the catalog lacks or a 
 whose scope it cannot see; scripts/render_docs.py writes the matrix below into
 docs/rules/index.md, so a new rule shows at once which homes lack it.
 
-Imports of the homes are function-local: the catalog loads without them.
+The homes are imported only when their codes are asked for (the kernel's needs torch): the
+catalog loads without them.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ class Home:
               codes, or a mapping whose values are codes (or tuples of codes)
     scopes    the rule scopes this home can consume (Rule.scope)
     what      one line: what the home is, and when it runs
+    how       what a new rule needs there, when it belongs in this home too
     """
 
     name: str
@@ -40,6 +42,7 @@ class Home:
     declares: str
     scopes: tuple
     what: str
+    how: str
 
     def codes(self) -> frozenset:
         """The catalog codes this home says it computes, read from its own module."""
@@ -57,16 +60,25 @@ HOMES = (
     Home("oracle", "specaudit/audit/reference.py", "specaudit.audit.reference", "RULES_IMPLEMENTED",
          ("step", "request"),
          "the per-row Python oracle of the greedy contract; the property tests and the checker's "
-         "benchmark baseline"),
+         "benchmark baseline",
+         "every step and request rule of SA1xx-SA4xx: its plain per-row `hit(\"SAnnn\")` in check_step_rows "
+         "or check_request_rows, and the code in RULES_IMPLEMENTED (tests/test_check_props.py then checks "
+         "the engine flags exactly the same rows)"),
     Home("prom", "specaudit/trace/prom_sink.py", "specaudit.trace.prom_sink", "INLINE_CODES", ("step",),
          "the Prometheus sink's inline rules, on every step batch a traced server writes "
-         "(specaudit_invariant_violations_total{code})"),
-    Home("kernel", "kernels/audit.py", "specaudit.invariants.registry", "kernel_codes", ("step",),
+         "(specaudit_invariant_violations_total{code})",
+         "a step rule that needs only the row: computed in inline_violations, its code in INLINE_CODES "
+         "and `live = (\"prom\",)` on the rule"),
+    Home("kernel", "kernels/audit.py", "specaudit.kernels.audit", "rule_codes", ("step",),
          "the fused Triton audit of one verify step (audit_step; audit_step_ref in torch): each flag "
-         "of RULES reports the codes whose `live` names `kernel:<flag>`"),
+         "of RULES reports the codes whose `live` names `kernel:<flag>`",
+         "a step rule the kernel's inputs show: a flag of RULES (audit_step_ref and the Triton kernel "
+         "alike), or an existing flag, named on the rule as `live = (\"kernel:<flag>\",)`"),
     Home("sql", "specaudit/postmortem/views.py", "specaudit.postmortem.views", "FIGURE_RULES", ("run",),
          "the post-mortem `figures` view: a derived figure beside the reported one, with the "
-         "comparison's verdict (`specaudit query`, `specaudit report`)"),
+         "comparison's verdict (`specaudit query`, `specaudit report`)",
+         "a run rule comparing a reported figure with a derived one: a metric of FIGURES_VIEW_SQL "
+         "(verdict by specaudit_agrees) and its entry in FIGURE_RULES"),
 )
 
 
