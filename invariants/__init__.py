@@ -109,12 +109,13 @@ else spells a code by hand without a test tying it back here. A built-in rule to
                                    gets its plain Python hit("SAnnn") there;
                                    tests/test_check_props.py checks that the vectorised
                                    engine flags exactly the same rows
-     specaudit/trace/prom_sink.py  the live sink, INLINE_CODES, with live = ("prom",) on
-                                   the rule: inline_violations must compute it
+     specaudit/trace/inline_rules.py  the live rules the Prometheus sink counts,
+                                   INLINE_CODES, with live = ("prom",) on the rule:
+                                   inline_violations must compute it
      kernels/audit.py              the fused kernel: live = ("kernel:<flag>",) on the
                                    rule names a flag of RULES (rule_codes reads it)
-     specaudit/postmortem/views.py the figures view, FIGURE_RULES: a run rule that puts
-                                   a reported figure beside a derived one
+     specaudit/postmortem/view_sql.py  the figures view, FIGURE_RULES: a run rule
+                                   that puts a reported figure beside a derived one
   4. specaudit/audit/compare.py    when the rule compares a reported figure with a
                                    derived one: call compare.agrees, never a tolerance
                                    of its own

@@ -64,8 +64,8 @@ HOMES = (
          "every step and request rule of SA1xx-SA4xx: its plain per-row `hit(\"SAnnn\")` in check_step_rows "
          "or check_request_rows, and the code in RULES_IMPLEMENTED (tests/test_check_props.py then checks "
          "the engine flags exactly the same rows)"),
-    Home("prom", "specaudit/trace/prom_sink.py", "specaudit.trace.prom_sink", "INLINE_CODES", ("step",),
-         "the Prometheus sink's inline rules, on every step batch a traced server writes "
+    Home("prom", "specaudit/trace/inline_rules.py", "specaudit.trace.inline_rules", "INLINE_CODES", ("step",),
+         "the live rules the Prometheus sink counts on every step batch a traced server writes "
          "(specaudit_invariant_violations_total{code})",
          "a step rule that needs only the row: computed in inline_violations, its code in INLINE_CODES "
          "and `live = (\"prom\",)` on the rule"),
@@ -74,7 +74,7 @@ HOMES = (
          "of RULES reports the codes whose `live` names `kernel:<flag>`",
          "a step rule the kernel's inputs show: a flag of RULES (audit_step_ref and the Triton kernel "
          "alike), or an existing flag, named on the rule as `live = (\"kernel:<flag>\",)`"),
-    Home("sql", "specaudit/postmortem/views.py", "specaudit.postmortem.views", "FIGURE_RULES", ("run",),
+    Home("sql", "specaudit/postmortem/view_sql.py", "specaudit.postmortem.view_sql", "FIGURE_RULES", ("run",),
          "the post-mortem `figures` view: a derived figure beside the reported one, with the "
          "comparison's verdict (`specaudit query`, `specaudit report`)",
          "a run rule comparing a reported figure with a derived one: a metric of FIGURES_VIEW_SQL "

@@ -51,7 +51,7 @@ def oracle_codes(run) -> set:
 
 
 def prom_codes(run) -> set:
-    from specaudit.trace.prom_sink import inline_violations
+    from specaudit.trace.inline_rules import inline_violations
     steps, _ = run.tables()
     v = inline_violations(steps.combine_chunks().to_batches()[0], eos_id=run.eos_id)
     return {c for c, m in v.items() if m.any()}
@@ -112,15 +112,16 @@ def kernel_codes_flagged(run) -> set:
 
 def sql_codes(run) -> set:
     from specaudit.postmortem import views
+    from specaudit.postmortem.sql_guard import fetch_arrow
+    from specaudit.postmortem.view_sql import FIGURE_RULES
     with tempfile.TemporaryDirectory() as d:
         run.write(Path(d))
         con = views.connect([Path(d)])
         try:
-            rows = views.fetch_arrow(con, "SELECT metric, verdict FROM figures").to_pylist()
+            rows = fetch_arrow(con, "SELECT metric, verdict FROM figures").to_pylist()
         finally:
             con.close()
-    return {views.FIGURE_RULES[r["metric"]] for r in rows
-            if r["verdict"] == "disagrees" and r["metric"] in views.FIGURE_RULES}
+    return {FIGURE_RULES[r["metric"]] for r in rows if r["verdict"] == "disagrees" and r["metric"] in FIGURE_RULES}
 
 
 ADAPTERS = {"oracle": oracle_codes, "prom": prom_codes, "kernel": kernel_codes_flagged, "sql": sql_codes}
@@ -211,17 +212,19 @@ def test_the_homes_own_declarations():
     from specaudit.kernels.audit import rule_codes
 
     from specaudit.postmortem import views
-    from specaudit.trace import prom_sink
+    from specaudit.postmortem.sql_guard import fetch_arrow
+    from specaudit.postmortem.view_sql import FIGURE_RULES
+    from specaudit.trace import inline_rules
     from specaudit.trace.synth import synth_run_rows
     assert rule_codes() == kernel_codes() and set(FLAGS) == set(kernel_codes())
     steps, _, _ = synth_run_rows(2, algo="tree", budget=6, topk=2, seed=1)
-    assert set(prom_sink.inline_violations(steps.to_batches()[0])) == set(prom_sink.INLINE_CODES)
+    assert set(inline_rules.inline_violations(steps.to_batches()[0])) == set(inline_rules.INLINE_CODES)
     with tempfile.TemporaryDirectory() as d:
         FixtureRun.make().write(Path(d))
         con = views.connect([Path(d)])
-        metrics = {r["metric"] for r in views.fetch_arrow(con, "SELECT metric FROM figures").to_pylist()}
+        metrics = {r["metric"] for r in fetch_arrow(con, "SELECT metric FROM figures").to_pylist()}
         con.close()
-    assert set(views.FIGURE_RULES) <= metrics
+    assert set(FIGURE_RULES) <= metrics
 
 
 def test_the_docs_show_the_current_matrix():
