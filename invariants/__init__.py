@@ -101,22 +101,30 @@ else spells a code by hand without a test tying it back here. A built-in rule to
   2. its fixtures                  fail(run) and, for an edge case, passing(run) (or
                                    fail_fixture / pass_fixture files for SA7xx source
                                    rules); tests/test_invariants.py runs every rule's
-  3. specaudit/audit/reference.py  the per-row oracle: a step or request rule of the
-                                   greedy contract (SA1xx-SA4xx) gets its plain Python
-                                   hit("SAnnn") there; tests/test_check_props.py checks
-                                   that the vectorised engine flags exactly the same rows
-  4. `live` on the rule            when it also runs while an engine serves:
-                                   "prom" -> specaudit/trace/inline_rules.py inline_violations
-                                   must compute it (INLINE_RULES comes from the catalog);
-                                   "kernel:<flag>" -> kernels/audit.py RULES has the flag
-  5. specaudit/audit/compare.py    when the rule compares a reported figure with a
+  3. the homes that compute it again (invariants/homes.py lists them; each declares
+     its codes in its own module, and tests/test_rule_homes.py runs every claimed
+     rule's own pass/fail fixtures through it):
+     specaudit/audit/reference.py  the per-row oracle, RULES_IMPLEMENTED: every step or
+                                   request rule of the greedy contract (SA1xx-SA4xx)
+                                   gets its plain Python hit("SAnnn") there;
+                                   tests/test_check_props.py checks that the vectorised
+                                   engine flags exactly the same rows
+     specaudit/trace/inline_rules.py  the live rules the Prometheus sink counts,
+                                   INLINE_CODES, with live = ("prom",) on the rule:
+                                   inline_violations must compute it
+     kernels/audit.py              the fused kernel: live = ("kernel:<flag>",) on the
+                                   rule names a flag of RULES (rule_codes reads it)
+     specaudit/postmortem/view_sql.py  the figures view, FIGURE_RULES: a run rule
+                                   that puts a reported figure beside a derived one
+  4. specaudit/audit/compare.py    when the rule compares a reported figure with a
                                    derived one: call compare.agrees, never a tolerance
                                    of its own
-  6. docs/commands/check.md         the families table names the family's codes (each
-                                   rule's own page is generated: scripts/render_docs.py)
-tests/test_one_verdict.py checks this list against the catalog: every SA1xx-SA4xx code
-has its oracle line, every "prom" rule is computed by the sink and nothing else is, every
-"kernel:<flag>" names a real flag, and every path above exists.
+  5. docs/commands/check.md         the families table names the family's codes (each
+                                   rule's own page, and the rule x home matrix of
+                                   docs/rules/index.md, are generated: scripts/render_docs.py)
+tests/test_one_verdict.py checks that the sink's and the kernel's codes are the catalog's
+live rules; tests/test_rule_homes.py checks every claim of every home on the rule's own
+fixtures and that docs/rules/index.md shows the current matrix.
 
 Fixtures: `fail(run)` and `passing(run)` receive a FixtureRun (invariants/fixtures.py):
 `run.steps` and `run.requests` are lists of row dicts of a small valid synthetic run

@@ -49,8 +49,10 @@ class CommitLenVsDepth(Rule):
                     accepted_depth=f.accepted_depth, rule=rule)
 
     def fail(self, run):
-        s = run.steps_where(_unfinished_with_depth)[0]
-        s["accepted_depth"], s["commit_len"] = len(s["node_tokens"]) - 1, 2
+        # the commit counter reads another variable: 2 tokens beside an honest depth >= 2
+        # (depth and path untouched, so every home that re-derives the depth sees it too)
+        s = run.steps_where(lambda s: not s["finished"] and s["accepted_depth"] >= 2)[0]
+        s["commit_len"] = 2
 
 
 class DepthVsPath(Rule):
@@ -290,7 +292,11 @@ class CommitEndsAtEos(Rule):
         return Hits(bad, eos=f.eos_id, k=k, extra=f.commit_n - 1 - k)
 
     def fail(self, run):
+        # the target's argmax at the root is EOS and the draft matched it, yet the commit
+        # goes on past it: the tokens stay the accepted drafts then the bonus (SA307 holds),
+        # so a home that re-derives the commit from the tree sees the same EOS
         s = run.steps_where(_unfinished_with_depth)[0]
+        s["target_argmax"][0] = s["node_tokens"][s["accepted_path"][1]] = run.eos_id
         s["committed_tokens"][0] = run.eos_id
         s["finished"] = True
 

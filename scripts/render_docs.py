@@ -5,7 +5,8 @@
 
 - docs/rules/: one page per rule of the catalog (What, Why, Example, message, fixtures),
   from the rules' own docstrings and fixtures (invariants/), as `specaudit rules CODE` prints
-  them; an index per family.
+  them; an index per family, the guide for adding a rule with every home it may touch
+  (invariants/homes.py) and the rule x home matrix.
 - docs/benchmarks.md: every measured figure of the docs, from the JSON files the benchmark
   scripts write (docs/benchmarks/<name>.json, scripts/benchutil.py record()): the figures
   with the command line, commit, date and machine (cores, load) that produced them. A JSON
@@ -282,10 +283,42 @@ def render_rules_index(rules) -> str:
     return "\n".join(out) + "\n"
 
 
+def render_homes(rules) -> str:
+    """The guide for adding a rule (every place it touches, the homes read from their own
+    declarations: invariants/homes.py) and the rule x home matrix."""
+    from specaudit.invariants.homes import HOMES, render_matrix
+    out = ["", "## Adding a rule: every place it touches", "",
+           "A rule's identity (code, name, severity, message, documentation) and its fixtures live in",
+           "the catalog alone. A built-in rule touches:", "",
+           "1. `invariants/saN_<family>.py`: the `Rule` subclass with its What / Why / Example docstring",
+           "   and `check()` (defining it registers it; the full guide is the docstring of",
+           "   `invariants/__init__.py`).",
+           "2. Its fixtures: `fail(run)` and, for an edge case, `passing(run)` (SA7xx source rules:",
+           "   `fail_fixture` / `pass_fixture` files); `tests/test_invariants.py` runs them through",
+           "   `specaudit check`.",
+           "3. Every home below where the rule belongs too. Each home declares the codes it computes in",
+           "   its own module; `tests/test_rule_homes.py` runs each claimed rule's own pass and fail",
+           "   fixtures through that home, and fails on a claim the home does not keep.", ""]
+    for h in HOMES:
+        out += [f"    - **{h.name}**, `{h.path}` ({', '.join(h.scopes)} rules; declared in `{h.declares}`):",
+                f"      {h.what}. A new rule there: {h.how}."]
+    out += ["",
+            "4. `specaudit/audit/compare.py`, when the rule compares a reported figure with a derived",
+            "   one: call `compare.agrees`, never a tolerance of its own (it is the comparison, not a home).",
+            "5. `docs/commands/check.md`: the families table names the family's codes. This page and each",
+            "   rule's own page are generated: `python3 scripts/render_docs.py`.", "",
+            "## Where each rule runs", "",
+            "Read from the homes' declarations: `x` the home computes the rule, blank it could (the rule's",
+            "scope is one the home consumes) but does not, `-` it cannot (another scope). Rules of scopes",
+            "no home consumes (source) are left out.", "",
+            render_matrix(rules).rstrip("\n")]
+    return "\n".join(out) + "\n"
+
+
 def render_all() -> dict[Path, str]:
     """{path: text} of every generated page."""
     rules = _builtin_rules()
-    pages = {DOCS / "rules" / "index.md": render_rules_index(rules)}
+    pages = {DOCS / "rules" / "index.md": render_rules_index(rules) + render_homes(rules)}
     pages.update({DOCS / "rules" / f"{r.code}.md": render_rule(r) for r in rules})
     pages[DOCS / "benchmarks.md"] = render_benchmarks()
     return pages

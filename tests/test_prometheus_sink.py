@@ -12,13 +12,15 @@ import pyarrow as pa
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from specaudit.invariants.registry import get_rule
 
-from specaudit.trace.inline_rules import INLINE_CODES, INLINE_RULES, inline_violations
+from specaudit.trace.inline_rules import INLINE_CODES, inline_violations
 from specaudit.trace.prom_sink import PromSink
 from specaudit.trace.schema import STEPS_SCHEMA, tree_depths
 from specaudit.trace.synth import synth_run_rows
 
-CODE = {name: code for code, name, _ in INLINE_RULES}
+# the live rules are named by code only; their names come from the catalog
+CODE = {get_rule(code).name: code for code in INLINE_CODES}
 
 
 def synth_batch(algo="chain", seed=0, **kw) -> pa.RecordBatch:
@@ -292,7 +294,7 @@ def test_runtime_faults_light_up_live(small_run, fault, algo, codes):
     (those rules exactly); its clean runs trip none."""
     batch, eos_id = small_run(fault, algo)
     v = inline_violations(batch, eos_id=eos_id)
-    fired = {name for code, name, _ in INLINE_RULES if v[code].any()}
+    fired = {name for name, code in CODE.items() if v[code].any()}
     if fault is None:
         assert fired == set(), {c: int(m.sum()) for c, m in v.items() if m.any()}
     else:
@@ -309,7 +311,7 @@ def test_inline_rules_agree_with_the_checker_on_its_own_fixtures(code):
     from specaudit.audit.check import check_tables
 
     rule = get_rule(code)
-    assert rule is not None and rule.name == {c: n for c, n, _ in INLINE_RULES}[code]
+    assert rule is not None and CODE[rule.name] == code
     run = FixtureRun.make(getattr(rule, "fixture_algo", None) or "chain")
     rule.fail(run)
     steps, requests = run.tables()

@@ -18,6 +18,14 @@ from specaudit.audit.compare import agrees
 from specaudit.trace.derived import bonus
 from specaudit.trace.schema import MAX_NODES, manifest_conventions, mask_hash_from_parents
 
+# The catalog codes this oracle computes (invariants/homes.py reads it): every step and
+# request rule of the greedy contract. tests/test_rule_homes.py runs each one's own catalog
+# fixtures through check_rows and fails on a code flagged here but not listed.
+RULES_IMPLEMENTED = frozenset((
+    "SA101", "SA102", "SA103", "SA104", "SA105", "SA106", "SA107", "SA108", "SA109", "SA201", "SA202",
+    "SA301", "SA302", "SA303", "SA304", "SA305", "SA306", "SA307", "SA308", "SA309", "SA310", "SA311",
+    "SA401", "SA402", "SA403", "SA404", "SA405", "SA406", "SA407", "SA408", "SA409", "SA410"))
+
 NODE_LISTS = ("parents", "positions", "target_argmax")
 NULLABLE_LISTS = ("draft_logprob", "target_margin")
 REQUIRED_SCALARS = ("step", "request_id", "budget", "topk", "batch_size", "seq_len", "accepted_depth",

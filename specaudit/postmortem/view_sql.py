@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from specaudit.audit.compare import AGREES, DISAGREES, FULL_PRECISION_REL, NO_VERDICT
 from specaudit.postmortem.dataset import Dataset
 from specaudit.postmortem.sql_guard import sql_str
 from specaudit.postmortem.tables import finite_number
@@ -91,6 +92,12 @@ FROM (
 """
 
 
+# The catalog rules the figures view computes again (invariants/homes.py reads it): metric
+# -> the code whose verdict its `verdict` column gives (tests/test_rule_homes.py runs each
+# rule's catalog fixtures through the view). accept_rate has no rule of its own: its two
+# terms are SA502 and SA503, and SA509 audits the optional reported.accept_rate instead.
+FIGURE_RULES = {"mean_accepted_depth": "SA506", "mean_commit_len": "SA507", "tokens_per_s": "SA510"}
+
 # figures: derived beside reported. tokens_per_s: generated tokens (the requests' output,
 # else committed tokens + one first token per request) over the run's reported wall_s (the
 # clock; the steps' own span when run.json has none). Means follow the run's declared mean
@@ -147,15 +154,17 @@ FIGURES_VIEW_SQL = (FIGURES_VIEW_SQL
 
 # The duckdb CLI cannot call Python: the shell gets this macro, the same rule in SQL
 # (printed precision read as the fewest decimals, up to 12, that round(r, k) keeps; more
-# than that: full precision, relative 1e-9). connect() registers compare.agrees itself.
-AGREES_MACRO_SQL = """
+# than that: full precision, relative FULL_PRECISION_REL). The words and the slack are
+# compare's own constants; connect() registers compare.agrees itself.
+AGREES_MACRO_SQL = f"""
 CREATE MACRO specaudit_agrees(r, d) AS (
-    CASE WHEN r IS NULL OR d IS NULL OR isnan(r) OR isnan(d) OR isinf(r) OR isinf(d) THEN 'no verdict'
+    CASE WHEN r IS NULL OR d IS NULL OR isnan(r) OR isnan(d) OR isinf(r) OR isinf(d) THEN '{NO_VERDICT}'
          WHEN list_filter(range(13), lambda k: round(r, k::INTEGER) = r)[1] IS NULL
-             THEN CASE WHEN abs(r - d) <= 1e-9 * greatest(abs(r), abs(d)) THEN 'agrees' ELSE 'disagrees' END
+             THEN CASE WHEN abs(r - d) <= {FULL_PRECISION_REL!r} * greatest(abs(r), abs(d))
+                       THEN '{AGREES}' ELSE '{DISAGREES}' END
          WHEN r - 0.5 * pow(10, -list_filter(range(13), lambda k: round(r, k::INTEGER) = r)[1]) <= d
               AND d < r + 0.5 * pow(10, -list_filter(range(13), lambda k: round(r, k::INTEGER) = r)[1])
-             THEN 'agrees' ELSE 'disagrees' END)
+             THEN '{AGREES}' ELSE '{DISAGREES}' END)
 """
 
 

@@ -1,9 +1,10 @@
 """The live rules: the cheap per-step rules of the invariant catalog on one batch of step rows.
 
 Evaluated on every row of every step with numpy over the Arrow buffers (no Python loop
-over rows). Their codes and names are the checker's (specaudit.invariants), so a live
-violation and `specaudit check` on the same trace name the same rule. The expensive rules (mask hash,
-continuity across steps, losslessness, aggregates) stay in the offline checker.
+over rows). Their codes are the checker's (specaudit.invariants), so a live violation and
+`specaudit check` on the same trace name the same rule (`specaudit rules CODE` explains it).
+The rules that need more than one row (continuity across steps, losslessness, aggregates)
+stay in the offline checker.
 
 The Prometheus sink (trace/prom_sink.py) counts what `inline_violations` flags as
 specaudit_invariant_violations_total{code=...}; `list_parts`, `pad_rows` and `column_np` read
@@ -17,37 +18,19 @@ import pyarrow.compute as pc
 
 from specaudit.trace.schema import tree_depths
 
-# (code, name, what it catches): the step-scope rules of specaudit.invariants that need
-# nothing but the row itself, under the checker's own codes and names. Rows whose
+# The step-scope rules of specaudit.invariants that need nothing but the row itself, by
+# the checker's own codes: the only thing this module says about a rule (the sink's `code`
+# label values). Their names, messages and docs live in the catalog alone, where each is
+# marked live = ("prom", ...); the trace layer may not import the catalog (it never
+# imports readers), so tests/test_one_verdict.py fails when this list and the catalog's
+# live rules drift, and tests/test_rule_homes.py runs each one's catalog fixtures through
+# inline_violations (invariants/homes.py lists this module as a home). Rows whose
 # structure is unsound (any SA1xx but SA105/SA106) are skipped by the SA2xx/SA3xx rules,
 # as the checker does. Left to the offline checker: SA107 (nulls), SA108 (partition),
-# SA311 and SA4xx (need the request's earlier steps), SA5xx (run aggregates).
-
-# The catalog (specaudit.invariants) is the home of these rules: each is marked
-# live = ("prom", ...) there. The trace layer may not import the catalog (the trace layer never
-# imports readers), so the codes and names are spelled here once more and
-# tests/test_one_verdict.py fails when they drift from the catalog's live rules.
-INLINE_RULES = (
-    ("SA101", "node-list-lengths", "a per-node list does not have N = len(node_tokens) entries"),
-    ("SA102", "node-count", "N outside 1..budget + 1"),
-    ("SA103", "root-parent", "parents[0] != -1"),
-    ("SA104", "parent-precedes", "a parent outside 0..i-1"),
-    ("SA105", "topk-children", "a node with more than topk children"),
-    ("SA106", "chain-shape", "a chain (or topk 1) whose parents are not i - 1"),
-    ("SA201", "positions", "positions[i] != seq_len + depth(i)"),
-    ("SA202", "mask-hash", "mask_hash is not the ancestor-or-self mask of the parents"),
-    ("SA301", "commit-len-vs-depth", "unfinished commit_len != accepted_depth + 1, or finished above it"),
-    ("SA302", "depth-vs-path", "accepted_depth != len(accepted_path) - 1"),
-    ("SA303", "path-walk", "accepted_path is not a root-to-node walk of the tree"),
-    ("SA304", "path-matches-argmax", "an accepted token differs from the target's argmax at its parent"),
-    ("SA305", "path-maximal", "a child of the path's last node carries the bonus token"),
-    ("SA306", "commit-len-vs-tokens", "commit_len != len(committed_tokens)"),
-    ("SA307", "committed-tokens", "committed_tokens are not the accepted drafts then the bonus"),
-    ("SA308", "commit-ends-at-eos", "the commit goes on after an EOS"),
-    ("SA309", "eos-finishes", "a commit holding EOS on an unfinished step"),
-    ("SA310", "counters-sign", "accepted_depth < 0 or commit_len < 1"),
-)
-INLINE_CODES = tuple(r[0] for r in INLINE_RULES)
+# SA109 (diagnostic ranges), SA311 and SA4xx (need the request's earlier steps), SA5xx
+# (run aggregates).
+INLINE_CODES = ("SA101", "SA102", "SA103", "SA104", "SA105", "SA106", "SA201", "SA202",
+                "SA301", "SA302", "SA303", "SA304", "SA305", "SA306", "SA307", "SA308", "SA309", "SA310")
 _CHAIN_HASH: dict[int, int] = {}
 
 
