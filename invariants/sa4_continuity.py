@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from specaudit.audit.compare import agrees
+from specaudit.trace.derived import bonus
 from specaudit.trace.schema import manifest_conventions
 
 from .base import Hits, Rule
@@ -326,7 +327,7 @@ class ClientFigures(Rule):
         want = {
             "completion_tokens": q.output_len.astype(float),
             "verify_steps": q.n_steps.astype(float),
-            "accept_length": (q.sum_true_depth / ns + (0.0 if conv == "excludes_bonus" else 1.0)),
+            "accept_length": q.sum_true_depth / ns + bonus({"accept_length": conv}),   # trace/derived.py
         }
         bad = np.zeros(q.R, dtype=bool)
         col = np.full(q.R, "", dtype=object)

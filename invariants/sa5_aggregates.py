@@ -14,6 +14,7 @@ import math
 
 from specaudit.audit.compare import agrees
 from specaudit.numfmt import figure as fmt
+from specaudit.trace.derived import mean_in
 
 from .base import Rule
 
@@ -45,10 +46,8 @@ def partition_candidates(run, key: str, scale=None) -> dict:
 def mean_of(run, total_key: str, mean_kind: str):
     """Pooled or per-request mean of a per-step quantity."""
     d = run.derived
-    steps = d["steps"]
-    if mean_kind == "per_request":
-        return {"accepted": d["per_request_mean_depth"], "committed": d["per_request_mean_commit"]}[total_key]
-    return d[total_key] / steps if steps else None
+    per_request = {"accepted": d.get("per_request_mean_depth"), "committed": d.get("per_request_mean_commit")}
+    return mean_in(mean_kind, d[total_key], d["steps"], per_request.get(total_key))   # trace/derived.py
 
 
 class _Agg(Rule):

@@ -73,7 +73,7 @@ def main() -> int:
         print(f"traces: {2 * args.steps:,} step rows -> {wins:,} windows in {tr_s:.2f} s "
               f"({2 * args.steps / tr_s:,.0f} rows/s); {res2['conclusion']}")
         out = {
-            "bench": "ab_evidence", "cpu_count": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2),
+            "bench": "ab_evidence", "cpu_count": os.cpu_count(),
             "log_lines": 2 * n, "log_seconds": round(log_s, 3), "log_cpu_seconds": round(log_cpu, 3),
             "log_windows_per_s": round(2 * n / log_s), "trace_rows": 2 * args.steps, "trace_windows": wins,
             "trace_seconds": round(tr_s, 3), "trace_cpu_seconds": round(tr_cpu, 3),

@@ -55,7 +55,7 @@ def make_dataset(root: Path, steps: int, seed: int, jobs: int = 1) -> tuple[Path
     ds = root / f"steps-{steps}-seed{seed}"
     done = ds / ".complete"
     if done.exists():
-        from specaudit.trace.rollup import refresh_rollups
+        from specaudit.trace.rollup_writer import refresh_rollups
         t0 = time.time()
         n = refresh_rollups(ds)     # a dataset from before a rollup change: its rollups rewritten
         if n:

@@ -36,6 +36,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # scripts/: benchutil
 from benchutil import add_json_out, guard_ratios, load_fields, quiet_machine, record  # noqa: E402  (the scripts folder on the path first)
 
+from specaudit.machine_load import load_avg  # noqa: E402  (benchutil puts the repository root on the path)
+
 CHILD_LOCAL = r"""
 import json, sys, time
 from specaudit.audit.check import check_paths
@@ -145,7 +147,7 @@ def main(argv=None) -> int:
         for n in (1, 2):
             phases[n] = child(CHILD_SPARK, str(base), f"local[{n}]", str(args.shuffle_partitions))
             print(json.dumps({"phase": f"spark local[{n}]", **phases[n]}), flush=True)
-        load1 = os.getloadavg()[0]
+        load1 = load_avg()
         steps = phases["local"]["steps"]
         for k in (1, 2):
             assert phases[k]["steps"] == steps and phases[k]["counts"] == phases["local"]["counts"], (k, phases[k])

@@ -1,10 +1,12 @@
 """What every benchmark shares: the machine's load, read beside the figures.
 
 A ratio measured while other processes compete for the cores is noise, not a
-regression. `quiet_machine()` waits (up to `wait_s`) for the 1-minute load average to
-drop below `threshold` x cores and returns the load it saw; `load_fields()` gives the
-keys every benchmark's JSON line carries; `guard_ratios()` withholds the ratios of a
-run that stayed busy, so a noisy figure is never mistaken for a result.
+regression. The busy rule itself is the library's (specaudit/machine_load.py, shared with
+the demo: load average above SPECAUDIT_BENCH_LOAD, default 0.75, x cores).
+`quiet_machine()` waits (up to `wait_s`) for the machine to be quiet and returns the load
+it saw; `load_fields()` (machine_load's) gives the keys every benchmark's JSON line
+carries; `guard_ratios()` withholds the ratios of a run that stayed busy, so a noisy
+figure is never mistaken for a result.
 
     from benchutil import guard_ratios, load_fields, quiet_machine
     quiet_machine()                          # before measuring
@@ -28,24 +30,11 @@ import sys
 import time
 from pathlib import Path
 
-# Busy means a 1-minute load average above this many runnable processes per core. On 2
-# cores, 0.75 x 2 = 1.5: the benchmark itself (one process) plus a little noise.
-THRESHOLD_PER_CORE = float(os.environ.get("SPECAUDIT_BENCH_LOAD", "0.75"))
-
-
-def cores() -> int:
-    return os.cpu_count() or 1
-
-
-def load_avg() -> float:
-    try:
-        return os.getloadavg()[0]
-    except OSError:  # not available on this platform: treat as quiet
-        return 0.0
-
-
-def threshold() -> float:
-    return THRESHOLD_PER_CORE * cores()
+# The busy rule (load average above SPECAUDIT_BENCH_LOAD, default 0.75, x cores), the load
+# reading and the load keys are the library's (specaudit/machine_load.py), shared with the demo.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the repository root: specaudit
+from specaudit import machine_load  # noqa: E402  (the repository root on the path first)
+from specaudit.machine_load import load_fields  # noqa: E402,F401  (what every benchmark imports from here)
 
 
 def quiet_machine(wait_s: float = 120.0, poll_s: float = 5.0, log=sys.stderr) -> float:
@@ -53,20 +42,13 @@ def quiet_machine(wait_s: float = 120.0, poll_s: float = 5.0, log=sys.stderr) ->
     SPECAUDIT_BENCH_WAIT_S environment variable's seconds); return the load."""
     wait_s = float(os.environ.get("SPECAUDIT_BENCH_WAIT_S", wait_s))
     t0 = time.time()
-    load = load_avg()
-    while load > threshold() and time.time() - t0 < wait_s:
-        print(f"machine busy: load average {load:.2f} > {threshold():.2f} ({THRESHOLD_PER_CORE} x "
-              f"{cores()} cores); waiting", file=log)
+    load = machine_load.load_avg()
+    while machine_load.is_busy(load) and time.time() - t0 < wait_s:
+        print(f"machine busy: load average {load:.2f} > {machine_load.threshold():.2f} "
+              f"({machine_load.per_core()} x {machine_load.cores()} cores); waiting", file=log)
         time.sleep(poll_s)
-        load = load_avg()
+        load = machine_load.load_avg()
     return load
-
-
-def load_fields() -> dict:
-    """The load keys every benchmark's JSON line carries, read now (after the measurement)."""
-    load = load_avg()
-    return {"load_avg_1m": round(load, 2), "cores": cores(), "load_threshold": round(threshold(), 2),
-            "machine_quiet": load <= threshold()}
 
 
 def guard_ratios(out: dict, keys) -> dict:

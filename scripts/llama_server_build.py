@@ -183,12 +183,10 @@ def _install(src: Path, dst: Path) -> None:
 
 
 def _machine() -> dict:
-    try:
-        load = os.getloadavg()[0]
-    except OSError:
-        load = None
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the repository root
+    from specaudit.machine_load import load_fields  # the busy rule's load keys (stdlib only)
     return {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": platform.machine(),
-            "cpus": os.cpu_count(), "load_1m": load}
+            **load_fields()}
 
 
 class Locked:

@@ -169,13 +169,15 @@ def render_benchmark(name: str, doc: dict, title: str, script: str, what: str, k
 
 
 def render_benchmarks(bench_dir: Path = BENCH_DIR) -> str:
+    from specaudit.machine_load import DEFAULT_PER_CORE, ENV
     out = ["# Benchmarks", "",
            "Every measured figure of these docs, rendered by `scripts/render_docs.py` from the JSON files",
            "the benchmark scripts write to `docs/benchmarks/` (`scripts/benchutil.py`), each with the",
            "command line, commit, date and machine that produced it. On a busy machine (load average",
-           "above 0.75 per core) a benchmark withholds its ratios rather than print noise. Rerun a",
-           "script, then `python3 scripts/render_docs.py`; `tests/test_docs.py` fails when this page is",
-           "stale or shows a figure that no JSON holds.", ""]
+           f"above {DEFAULT_PER_CORE} per core, or `{ENV}`'s value: `specaudit/machine_load.py`) a",
+           "benchmark withholds its ratios rather than print noise. Rerun a script, then",
+           "`python3 scripts/render_docs.py`; `tests/test_docs.py` fails when this page is stale or",
+           "shows a figure that no JSON holds.", ""]
     missing = []
     for name, title, script, what, keys in BENCHMARKS:
         path = bench_dir / f"{name}.json"

@@ -204,6 +204,8 @@ def ensure(role: str, spec: Spec, cache: Path | None = None, log=print) -> Path:
         sample = data[:20000].decode("utf-8", "replace").encode("utf-8")
         if tok.encode(sample.decode("utf-8")).ids != encode_bytes(sample).tolist():
             raise RuntimeError("tiny_llama: the tokenizer and encode_bytes disagree (a bug in this file)")
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the repository root
+        from specaudit.machine_load import load_fields  # the busy rule's load keys (stdlib only)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
         report = _train(spec, ids, tmp, log=log)
         report.update(role=role, spec=asdict(spec), format=FORMAT, vocab=VOCAB, merge_id=MERGE_ID,
@@ -211,7 +213,7 @@ def ensure(role: str, spec: Spec, cache: Path | None = None, log=print) -> Path:
                                              "python": platform.python_version(), "bytes": len(data),
                                              "tokens": int(len(ids)), "sha256": sha},
                       written_by="scripts/tiny_llama.py", date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                      machine={"cores": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]})
+                      machine=load_fields())
         (tmp / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
         os.chmod(tmp, 0o777 & ~_umask())
         os.replace(tmp, final)

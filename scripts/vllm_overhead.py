@@ -22,6 +22,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+from specaudit.machine_load import load_fields  # noqa: E402  (the repository root on the path first)
 
 
 def measure(srv, prompts, rounds, max_tokens) -> list[float]:
@@ -49,7 +51,7 @@ def main(argv=None) -> int:
     model = a.model or tiny_pair()["target"]
     res = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": {
         "platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
-        "load_before": os.getloadavg(), "model": model, "speculative_config": NGRAM,
+        "load_before": load_fields(), "model": model, "speculative_config": NGRAM,
         "rounds": a.rounds, "max_tokens": a.max_tokens, "requests_per_round": len(PROMPTS)}
     with tempfile.TemporaryDirectory() as tmp:
         for name, trace in (("untraced", None), ("traced", Path(tmp) / "traces")):
@@ -61,7 +63,7 @@ def main(argv=None) -> int:
                 srv.stop()
             res[name] = {"tokens_per_s": [round(x, 2) for x in tps], "best": round(max(tps), 2),
                          "median": round(statistics.median(tps), 2)}
-    res["load_after"] = os.getloadavg()
+    res["load_after"] = load_fields()
     res["traced_over_untraced_median"] = round(res["traced"]["median"] / res["untraced"]["median"], 4)
     print(json.dumps(res, indent=1))
     return 0

@@ -222,11 +222,13 @@ def one_pass(args, llm, prompts, params, calls, steps, t0, trace_dir) -> dict:
                             seed=args.seed, vllm_version=vllm.__version__,
                             run_id=f"vllm-probe-{'control' if state['fix'] else 'shipped'}-"
                                    f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}")
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repository root
+    from specaudit.machine_load import load_fields  # the busy rule's load keys (stdlib only)
     rows = rows_of(calls, args.temperature)
     return dict(
         what="vLLM rejection-sampling probe (scripts/vllm_sampling_probe.py)",
         date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        machine=dict(cores=os.cpu_count(), load_avg_1m=os.getloadavg()[0], platform=platform.platform()),
+        machine=dict(**load_fields(), platform=platform.platform()),
         vllm=vllm.__version__, torch=torch.__version__, wall_s=round(time.time() - t0, 1),
         setup=dict(model=args.model, drafter=args.drafter or args.model, k=args.k, requests=args.requests,
                    max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,

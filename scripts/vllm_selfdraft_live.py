@@ -148,6 +148,8 @@ def run(python: str, model: str, out: Path, *, temperature: float, seed, request
     with open(out / "responses.jsonl", "w") as f:
         for r in results:
             f.write(json.dumps(r) + "\n")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the repository root
+    from specaudit.machine_load import load_fields  # the busy rule's load keys (stdlib only)
     steps, per_pos, psa = 0, [0] * k, []
     for r in results:
         sd = (r.get("metrics") or {}).get("speculative_decoding") or {}
@@ -160,7 +162,7 @@ def run(python: str, model: str, out: Path, *, temperature: float, seed, request
     summary = dict(
         what="vLLM self-draft live run (scripts/vllm_selfdraft_live.py)",
         date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        machine=dict(cores=os.cpu_count(), load_avg_1m=os.getloadavg()[0]),
+        machine=load_fields(),
         setup=dict(model=model, k=k, temperature=temperature, seed=seed, requests=requests, max_tokens=max_tokens,
                    fix_expand=fix_expand),
         startup_s=round(t_ready - t0, 1), requests_s=round(t_done - t_ready, 1),

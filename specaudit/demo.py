@@ -8,11 +8,12 @@ sits beside the CLI, above the layers it calls; nothing but the command imports 
 """
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import time
 from pathlib import Path
+
+from specaudit.machine_load import cores, is_busy, load_avg
 
 # The seed bug the demo injects, and the codes that must name it: the per-step identity
 # (SA301: commit_len = accepted_depth + 1) and both run means against the rows (SA506, SA507).
@@ -116,7 +117,7 @@ def _estimate(clean_run, bad_run, models, max_new_tokens: int, device: str = "cp
     r, r_std = prof.lookup(8, 1)
     base_tps = 1 / profile_t_ar(prof, 1)
     print(f"calibrated: plain decode {base_tps:.1f} tokens/s; cost factor r(N=8, c=1) = {r:.2f} +/- {r_std:.2f}")
-    busy = busy_reason(*_load())
+    busy = busy_reason(load_avg(), cores())
     for name, run in (("clean chain", clean_run), ("injected chain", bad_run)):
         (o,) = observations_from_traces(run.run_dir)
         res = estimate_and_judge(o, (base_tps, 0.0, "profile t_ar"), (r, r_std, "profile"))
@@ -125,24 +126,18 @@ def _estimate(clean_run, bad_run, models, max_new_tokens: int, device: str = "cp
               f"[{e['low']:.2f}, {e['high']:.2f}]; {busy or res['conclusion']}")
 
 
-BUSY_PER_CORE = 0.75   # runnable processes per core above which timings are other jobs' (as scripts/benchutil.py)
+DEMO_OWN_LOAD = 1.0   # the demo itself keeps one core busy while it reads the load
 
 
-def _load() -> tuple[float, int]:
-    try:
-        return os.getloadavg()[0], os.cpu_count() or 1
-    except (OSError, AttributeError):   # no load average on this platform: judged as quiet
-        return 0.0, 1
-
-
-def busy_reason(load: float, cores: int) -> str | None:
-    """Why the throughput verdict is withheld, or None on a quiet machine.
+def busy_reason(load: float, n_cores: int) -> str | None:
+    """Why the throughput verdict is withheld, or None on a quiet machine (the busy rule of
+    specaudit/machine_load.py, SPECAUDIT_BENCH_LOAD honoured, with the demo's own core allowed).
 
     The runs were timed minutes before the calibration: when other jobs share the cores,
     their throughput and the calibration's plain decode were slowed by different amounts,
     so the estimate says nothing about the counters (a healthy run would look broken)."""
-    if load <= max(BUSY_PER_CORE * cores, 1.25):   # (the demo itself keeps one core busy)
+    if not is_busy(load, n_cores, own=DEMO_OWN_LOAD):
         return None
-    return (f"not judged: the machine was busy (load average {load:.1f} on {cores} cores), so the runs' "
+    return (f"not judged: the machine was busy (load average {load:.1f} on {n_cores} cores), so the runs' "
             "throughput and the calibration were slowed by different amounts; rerun the demo on a quiet "
             "machine (the per-step check above decides either way)")

@@ -14,7 +14,8 @@ from pathlib import Path
 from specaudit import __version__
 from specaudit.runtime.host import check_device, host_info, set_torch_threads
 from specaudit.tokenizer import default_prompts, encode, load_prompts
-from specaudit.trace.schema import SAMPLING_SCHEMA_VERSION, SCHEMA_VERSION, InputError
+from specaudit.trace.derived import means, run_means
+from specaudit.trace.schema import SAMPLING_SCHEMA_VERSION, SCHEMA_VERSION, InputError, manifest_conventions
 
 MIN_FREE_BYTES = 16 << 20
 
@@ -88,25 +89,21 @@ def new_run_id(algo: str, budget: int, topk: int, concurrency: int, fault: str |
     return f"{tag}-{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(2)}"
 
 
-def derived_means(run_dir, reqs) -> dict:
-    """The run's mean accepted depth and commit length from the raw tensors, not the counters:
-    len(accepted_path) - 1 and len(committed_tokens) of every step row the trace holds; an
-    untraced run has only its requests' outputs (commit length; depth None)."""
-    steps = sum(r.steps for r in reqs)
+def derived_means(run_dir, reqs, manifest: dict | None = None) -> dict:
+    """The run's mean accepted depth and commit length from the raw tensors, not the counters,
+    in its declared conventions (`manifest`'s, else its run.json's), so they sit beside its
+    reported figures in the same convention (specaudit/trace/derived.py: the definition);
+    an untraced run has only its requests' outputs (commit length; depth None)."""
+    conventions = manifest_conventions(manifest) if manifest is not None else None
     if run_dir is not None:
-        import pyarrow.compute as pc
-        import pyarrow.parquet as pq
-        files = sorted(Path(run_dir).glob("steps-*.parquet"))
-        n = depth = commit = 0
-        for f in files:
-            t = pq.read_table(f, columns=["accepted_path", "committed_tokens"])
-            n += t.num_rows
-            depth += int(pc.sum(pc.list_value_length(t.column("accepted_path"))).as_py() or 0) - t.num_rows
-            commit += int(pc.sum(pc.list_value_length(t.column("committed_tokens"))).as_py() or 0)
-        if n:
-            return {"mean_accepted_depth": round(depth / n, 3), "mean_commit_len": round(commit / n, 3)}
-    commit = sum(max(len(r.output) - 1, 0) for r in reqs)      # the first token is prefill's
-    return {"mean_accepted_depth": None, "mean_commit_len": round(commit / steps, 3) if steps else None}
+        m = run_means(run_dir, conventions)
+        if m["mean_commit_len"] is not None:
+            return {"mean_accepted_depth": round(m["mean_accepted_depth"], 3),
+                    "mean_commit_len": round(m["mean_commit_len"], 3)}
+    # untraced: a request's output is prefill's first token, then its commits
+    c = means([r.steps for r in reqs], [0] * len(reqs), [max(len(r.output) - 1, 0) for r in reqs],
+              conventions)["mean_commit_len"]
+    return {"mean_accepted_depth": None, "mean_commit_len": round(c, 3) if c is not None else None}
 
 
 def run_traced(*, algo="chain", budget=7, topk=1, concurrency=1, num_prompts=8, max_new_tokens=256,
@@ -247,7 +244,7 @@ def run_traced(*, algo="chain", budget=7, topk=1, concurrency=1, num_prompts=8, 
     gen = sum(len(o) for o in outputs)
     summary = {
         "run_id": run_id, "requests": len(reqs), "steps": reported["verify_steps"],
-        **derived_means(run_dir, reqs),
+        **derived_means(run_dir, reqs, manifest),
         "tokens": gen, "tokens_per_s": round(gen / wall, 1) if wall > 0 else 0.0,
         # beside the derived figures: what the runtime's own metrics code (under audit) says
         "reported_mean_accepted_depth": round(reported["mean_accepted_depth"], 3),

@@ -13,9 +13,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 # Modules every layer may use: the package root, the models, the tokenizer, the output guard,
-# number formatting and the shared statistics.
+# number formatting, the shared statistics and the busy-machine rule.
 GROUND = ("specaudit", "specaudit.model", "specaudit.tokenizer", "specaudit.outfile", "specaudit.numfmt",
-          "specaudit.stats")
+          "specaudit.stats", "specaudit.machine_load")
 # What readers share: the contract, the finding type, the one comparison, the output
 # formats and the rule catalog. Importing these is not "a reader importing a reader".
 # trace.rollup: the one definition of a rollup's rows, run by the writers and by the views.
@@ -26,7 +26,7 @@ READERS = {
     "check": ("specaudit.audit.check", "specaudit.audit.reference", "specaudit.audit.spark"),
     "estimate": ("specaudit.audit.estimate", "specaudit.audit.estimate_model", "specaudit.audit.estimate_judge",
                  "specaudit.audit.cost_profile", "specaudit.audit.observed_throughput"),
-    "diff": ("specaudit.audit.diff",),
+    "diff": ("specaudit.audit.diff", "specaudit.audit.diff_sides"),
     "sources": ("specaudit.audit.sources",),
     "ab-evidence": ("specaudit.audit.ab_evidence",),
     "client-vs-trace": ("specaudit.audit.client_vs_trace",),
@@ -177,7 +177,7 @@ def test_model_is_the_ground_floor():
 
 def test_numfmt_and_stats_import_nothing_of_specaudit():
     g = _graph()
-    for m in ("specaudit.numfmt", "specaudit.stats"):
+    for m in ("specaudit.numfmt", "specaudit.stats", "specaudit.machine_load"):
         assert not (g[m] - {"specaudit"}), f"{m} is ground floor and imports {g[m]}"
 
 

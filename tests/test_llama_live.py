@@ -265,7 +265,8 @@ def test_the_cost_profile_script_measures_r_on_the_servers(costed):
     assert e.r > 1 and e.r_std >= 0 and out["spec_forwards"] > 0 and out["t_plain_ms"] > 0
     # its forwards come from the clock: fewer than the tokens (speculation commits several per step)
     assert out["spec_forwards"] < out["plain_forwards"]
-    print(json.dumps({"script_r": e.r, "script_r_std": e.r_std, "date": out["date"], "load_1m": out.get("load_1m")}))
+    print(json.dumps({"script_r": e.r, "script_r_std": e.r_std, "date": out["date"],
+                      "load_avg_1m": out.get("load_avg_1m")}))
 
 
 def test_estimate_from_throughput_is_within_10pct_of_the_proven_commit_length(costed):
@@ -280,7 +281,7 @@ def test_estimate_from_throughput_is_within_10pct_of_the_proven_commit_length(co
     print(json.dumps({"estimate": e, "proven_commit_length": costed["proven"], "rel_error": e / costed["proven"] - 1,
                       "r": m["r"], "r_std": m["r_std"], "t_step_ms": m["t_step_ms"], "t_plain_ms": m["t_plain_ms"],
                       "observed_tps": costed["observed_tps"], "baseline_tps": costed["baseline_tps"],
-                      "date": m["date"], "load_1m": m.get("load_1m")}))
+                      "date": m["date"], "load_avg_1m": m.get("load_avg_1m")}))
     assert abs(e / costed["proven"] - 1) <= 0.10, (e, costed["proven"])
     # and the estimate can refuse a counter: every drafted token counted as accepted reads k + 1
     # (the bonus counted as accepted, +1, sits inside the band when this machine is noisy)

@@ -21,6 +21,7 @@ from specaudit.postmortem.canned import canned, canned_queries
 from specaudit.postmortem.sql_guard import fetch_arrow
 from specaudit.postmortem.views import connect
 from specaudit.trace import rollup as R
+from specaudit.trace import rollup_writer as W
 from specaudit.trace.parquet import ParquetSink
 from specaudit.trace.synth import synth_run_rows, write_run, write_synthetic_dataset
 
@@ -80,19 +81,19 @@ def _broken(steps: pa.Table) -> pa.Table:
                                      ("tree", {"topk": 2, "budget": 7, "ragged": True})])
 def test_writer_rows_equal_the_sql_definition(algo, kw):
     steps, reqs, _ = synth_run_rows(60, algo=algo, seed=5, **kw)
-    _same_rollup(R.compute_rollup(steps), R.compute_rollup_sql(steps))
-    _same_rollup(R.compute_rollup(reqs, "requests"), R.compute_rollup_sql(reqs, "requests"))
+    _same_rollup(W.compute_rollup(steps), R.compute_rollup_sql(steps))
+    _same_rollup(W.compute_rollup(reqs, "requests"), R.compute_rollup_sql(reqs, "requests"))
     bad = _broken(steps)
-    _same_rollup(R.compute_rollup(bad), R.compute_rollup_sql(bad))
+    _same_rollup(W.compute_rollup(bad), R.compute_rollup_sql(bad))
     # two runs in one table, and an empty table
     two = pa.concat_tables([steps, synth_run_rows(5, algo=algo, seed=6, run_id="other", **kw)[0]])
-    _same_rollup(R.compute_rollup(two), R.compute_rollup_sql(two))
-    _same_rollup(R.compute_rollup(steps.slice(0, 0)), R.compute_rollup_sql(steps.slice(0, 0)))
+    _same_rollup(W.compute_rollup(two), R.compute_rollup_sql(two))
+    _same_rollup(W.compute_rollup(steps.slice(0, 0)), R.compute_rollup_sql(steps.slice(0, 0)))
 
 
 def test_rollup_counts_are_the_rows_counts():
     steps, reqs, _ = synth_run_rows(30, algo="tree", seed=2)
-    t = R.compute_rollup(steps)
+    t = W.compute_rollup(steps)
     by = {k: t.filter(pa.compute.equal(t["kind"], k)) for k in R.STEP_KINDS}
     n = steps.num_rows
     for k in ("request", "hist", "time"):
@@ -156,7 +157,7 @@ def test_a_stale_rollup_is_ignored_with_a_note_and_a_forged_one_is_caught(tmp_pa
     assert R.rollup_problem(f, t.num_rows - 1).startswith("stale")
     # a forged rollup (values changed, fingerprint kept): the views cannot tell, verify can
     g = run / "steps-000002.parquet"
-    assert R.verify_rollup(g) == []
+    assert W.verify_rollup(g) == []
     rp = R.rollup_path(g)
     meta = pq.read_schema(rp).metadata
     rt = pq.read_table(rp)
@@ -164,7 +165,7 @@ def test_a_stale_rollup_is_ignored_with_a_note_and_a_forged_one_is_caught(tmp_pa
     n[0] += 5
     pq.write_table(rt.set_column(rt.schema.get_field_index("n"), "n", pa.array(n)).replace_schema_metadata(meta), rp)
     assert R.rollup_problem(g, pq.read_metadata(g).num_rows) is None
-    diffs = R.verify_rollup(g)
+    diffs = W.verify_rollup(g)
     assert diffs and "n is" in diffs[0]
     # time cells of another grain (a rollup from before a grain change): ignored
     other = {R.META_KEY: meta[R.META_KEY].replace(b'"time_grain_s": 0.5', b'"time_grain_s": 0.1')}
@@ -196,11 +197,11 @@ def test_synth_writes_the_sinks_rollups(tmp_path):
     # the sink's layout: one rollup for the step files (written at the end), one for requests
     rows = {f.name: pq.read_metadata(f).num_rows for f in steps}
     assert R.run_rollup_covers(run, rows) == ([f.name for f in steps], None)
-    assert R.verify_run_rollup(run) == []
+    assert W.verify_run_rollup(run) == []
     assert not [f for f in steps if R.rollup_path(f).exists()]
     f = run / "requests.parquet"
     assert R.rollup_problem(f, pq.read_metadata(f).num_rows) is None
-    assert R.verify_rollup(f) == []
+    assert W.verify_rollup(f) == []
     off = write_synthetic_dataset(tmp_path / "off", 1000, n_nodes=8, seed=1, rollups=False)
     assert not list(off.glob("rollup-*"))
 
@@ -258,7 +259,7 @@ def test_close_merges_the_parts_and_a_crash_after_the_merge_counts_once(tmp_path
     assert not list(run.glob("requests-*")) and not list(run.glob("rollup-requests-0*"))
     merged = pq.read_table(run / "requests.parquet")
     assert sorted(merged["request_id"].to_pylist()) == sorted(reqs["request_id"].to_pylist())
-    assert R.verify_rollup(run / "requests.parquet") == []
+    assert W.verify_rollup(run / "requests.parquet") == []
     res = check_paths([run])
     assert res.exit_code == 0 and not res.findings and res.requests == reqs.num_rows
     # killed between the merge and the removal of the parts: both on disk, counted once
@@ -274,8 +275,8 @@ def test_sink_without_rollups_and_a_failing_rollup_keep_the_record(tmp_path, mon
     from specaudit.trace import parquet as P
     def boom(*a, **k):
         raise ValueError("boom")
-    monkeypatch.setattr(R, "compute_rollup", boom)
-    monkeypatch.setattr(R, "_steps_partials", boom)
+    monkeypatch.setattr(W, "compute_rollup", boom)
+    monkeypatch.setattr(W, "steps_partials", boom)
     sink, steps, reqs, _ = _sink_run(tmp_path)
     assert list(sink.run_dir.glob("steps-*.parquet")) and not list(sink.run_dir.glob("rollup-*"))
     assert check_paths([sink.run_dir]).exit_code == 0
@@ -318,7 +319,7 @@ def test_time_rollup_has_a_fixed_grain_and_over_time_buckets_whole_cells(tmp_pat
     steps, reqs, man = synth_run_rows(40, algo="chain", seed=3, concurrency=2)
     t = steps["t_start"].to_numpy()
     cells = np.floor(t / R.TIME_GRAIN_S).astype(np.int64)
-    roll = R.compute_rollup(steps)
+    roll = W.compute_rollup(steps)
     tim = roll.filter(pa.compute.equal(roll["kind"], "time"))
     assert tim.num_rows == len(np.unique(cells)) < len(np.unique(t))
     assert sorted(tim["cell"].to_pylist()) == sorted(np.unique(cells).tolist())
@@ -346,11 +347,11 @@ def test_time_cell_is_null_for_a_missing_or_non_finite_start():
     t = steps["t_start"].to_pylist()
     t[0], t[1], t[2], t[3] = None, float("inf"), 2e15, float("nan")
     bad = steps.set_column(steps.schema.get_field_index("t_start"), "t_start", pa.array(t, pa.float64()))
-    assert R.time_cells(bad["t_start"]).to_pylist()[:4] == [None, None, None, None]
+    assert W.time_cells(bad["t_start"]).to_pylist()[:4] == [None, None, None, None]
     # (NaN left out of the full comparison: request t0/t1 min/max treat NaN differently in
     # Arrow and DuckDB, a difference that predates the time grain)
     bad = pa.concat_tables([bad.slice(0, 3), bad.slice(4)])
-    _same_rollup(R.compute_rollup(bad), R.compute_rollup_sql(bad))
+    _same_rollup(W.compute_rollup(bad), R.compute_rollup_sql(bad))
 
 
 def test_sink_writes_one_step_rollup_at_close_and_the_views_agree(tmp_path, monkeypatch):
@@ -358,8 +359,8 @@ def test_sink_writes_one_step_rollup_at_close_and_the_views_agree(tmp_path, monk
     equal to the rows' own rollup; the views answer the same from it and from the raw rows;
     rows digested in batches (DIGEST_ROWS) and partial sums merged early (COMPACT_EVERY)
     change nothing."""
-    monkeypatch.setattr(R, "COMPACT_EVERY", 2)
-    monkeypatch.setattr(R, "DIGEST_ROWS", 40)
+    monkeypatch.setattr(W, "COMPACT_EVERY", 2)
+    monkeypatch.setattr(W, "DIGEST_ROWS", 40)
     sink, steps, reqs, _ = _sink_run(tmp_path, n_flushes=5)
     run = sink.run_dir
     files = sorted(run.glob("steps-*.parquet"))
@@ -367,8 +368,8 @@ def test_sink_writes_one_step_rollup_at_close_and_the_views_agree(tmp_path, monk
         "rollup-requests.parquet", "rollup-steps.parquet"]
     covered, problem = R.run_rollup_covers(run, {f.name: pq.read_metadata(f).num_rows for f in files})
     assert problem is None and covered == [f.name for f in files]
-    assert R.verify_run_rollup(run) == []
-    whole = R.compute_rollup(pa.concat_tables([pq.read_table(f) for f in files]))
+    assert W.verify_run_rollup(run) == []
+    whole = W.compute_rollup(pa.concat_tables([pq.read_table(f) for f in files]))
     _same_rollup(pq.read_table(run / R.RUN_ROLLUP).select(R.ROLLUP_SCHEMA.names), whole)
     a, notes = _answers(run)
     b, _ = _answers(run, rollups=False)

@@ -26,12 +26,10 @@ import time
 import numpy as np
 
 from specaudit.audit.cost_profile import CostEntry, CostProfile
+from specaudit.audit.defaults import DEFAULT_C, DEFAULT_N
 from specaudit.audit.observed_throughput import STALL_FACTOR
 from specaudit.stats import mean_se
 from specaudit.trace.schema import InputError
-
-DEFAULT_N = (2, 4, 8, 9, 13, 16)
-DEFAULT_C = (1, 4, 8)
 
 
 class _StepClock:

@@ -78,7 +78,7 @@ def cost_for(obs: Observation, *, cost_factor=None, cost_factor_std=None, profil
 
 
 def band_for(*, profile=None, cost_factor=None, cost_factor_std=None, hardware=None, n_nodes=None,
-             concurrency=None, tolerance: float = 0.1) -> RBand | None:
+             concurrency=None, tolerance: float = DEFAULT_TOLERANCE) -> RBand | None:
     """The r band from what the user gave (profile > hand > hardware class), or None."""
     from specaudit.audit.r_band import band_from_hardware, band_from_r
     if profile is not None:

@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass
 
 Z95 = 1.959963984540054   # two-sided 95% normal quantile
 MAX_REL_STD = 0.25        # s above this: the 95% interval spans more than x1.6 either way
-DEFAULT_TOLERANCE = 0.1
+DEFAULT_TOLERANCE = 0.1   # relative slack around the interval for what the model leaves out (--tolerance)
 
 CONSISTENT, INCONSISTENT, NOT_ENOUGH_DATA = "consistent", "inconsistent", "not enough data"
 MISMATCH = "calibration mismatch"

@@ -30,6 +30,7 @@ import platform
 import time
 
 from specaudit.audit.cost_profile import CostEntry, CostProfile
+from specaudit.machine_load import load_fields
 
 
 def forwards(chunks) -> tuple[int, float, int]:
@@ -81,10 +82,6 @@ def profile_from_runs(spec_runs, plain_responses, k: int, concurrency: int = 1, 
             "spec_requests": n, "plain_requests": len(plain_responses), "spec_forwards": steps,
             "plain_forwards": p_steps, "t_step_ms": t_step, "t_plain_ms": t_ar,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": platform.machine(), **(meta or {})}
-    try:
-        import os
-        info["load_1m"] = os.getloadavg()[0]
-    except (AttributeError, OSError):
-        pass
+    info.update(load_fields())   # the busy rule's keys, beside the timings
     e = CostEntry(r=r, r_std=sd, n_nodes=k + 1, concurrency=concurrency, t_ar_s=t_ar / 1000, samples=n)
     return CostProfile([e], source="measured", meta=info)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import Counter
 
 from specaudit.audit.compare import agrees
+from specaudit.trace.derived import bonus
 from specaudit.trace.schema import MAX_NODES, manifest_conventions, mask_hash_from_parents
 
 # The catalog codes this oracle computes (invariants/homes.py reads it): every step and
@@ -232,8 +233,7 @@ def check_request_rows(requests, state, *, eos_id=0, max_new_tokens=None, comple
         n = st.n_steps if st is not None else 0
         want = {"completion_tokens": len(out), "verify_steps": n}
         if n:
-            bonus = 0.0 if (conventions or {}).get("accept_length") == "excludes_bonus" else 1.0
-            want["accept_length"] = st.sum_depth / n + bonus
+            want["accept_length"] = st.sum_depth / n + bonus(conventions)   # trace/derived.py's convention
         for col, w in want.items():
             v = q.get(col)
             if v is not None and v == v and agrees(float(v), float(w)) is False:

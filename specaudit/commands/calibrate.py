@@ -20,6 +20,8 @@ import argparse
 import json
 import sys
 
+from specaudit.audit.defaults import DEFAULT_C, DEFAULT_N, csv
+
 HELP = "measure the step cost factor r(N, c) and write a cost profile"
 EXTRA = "runtime"   # torch: pip install specaudit[runtime] (specaudit/commands/_extras.py)
 ORDER = 36
@@ -33,9 +35,10 @@ def add_arguments(p) -> None:
     g.add_argument("--cost-factor-std", type=float, default=None, help="its spread (default 10%% of r)")
     g.add_argument("--from-traces", metavar="DIR", help="derive r from a trace dataset's draft_s + verify_s")
     g = p.add_argument_group("measurement")
-    g.add_argument("--n-nodes", default=",".join(map(str, (2, 4, 8, 9, 13, 16))),
-                   help="verify nodes per step N = budget + 1, comma-separated (default 2,4,8,9,13,16)")
-    g.add_argument("--concurrency", default="1,4,8", help="concurrency levels, comma-separated (default 1,4,8)")
+    g.add_argument("--n-nodes", default=csv(DEFAULT_N),
+                   help=f"verify nodes per step N = budget + 1, comma-separated (default {csv(DEFAULT_N)})")
+    g.add_argument("--concurrency", default=csv(DEFAULT_C),
+                   help=f"concurrency levels, comma-separated (default {csv(DEFAULT_C)})")
     g.add_argument("--repeats", type=int, default=3, help="measurements per (N, c), on different prompts (default 3)")
     g.add_argument("--max-new-tokens", type=int, default=96, help="tokens decoded per measurement (default 96)")
     add_host_arguments(g, dtype=False)  # --threads defaults to 1, as in run and serve

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import json
 
+from specaudit.audit.defaults import DEFAULT_MARGIN_TOL
+
 HELP = "classify where two runs of the same prompts first diverge: draft, verify or metric"
 ORDER = 40
 
@@ -37,17 +39,17 @@ def add_arguments(p) -> None:
     p.add_argument("--output-format", choices=["text", "json"], default="text", help="default text")
     p.add_argument("--examples", type=int, default=5, metavar="N",
                    help="example requests shown per class in text output (default 5)")
-    p.add_argument("--margin-tol", type=float, default=None, metavar="X",
-                   help="a change of the target's top-1 margin (logits) above X counts as a verify "
-                        "divergence even when the argmax agrees (default 1e-3; 'inf' to ignore margins)")
+    p.add_argument("--margin-tol", type=float, default=DEFAULT_MARGIN_TOL, metavar="X",
+                   help="a change of the target's top-1 margin (logits) above X counts as a verify divergence "
+                        f"even when the argmax agrees (default {DEFAULT_MARGIN_TOL:g}; 'inf' to ignore margins)")
 
 
 def main(args) -> int:
-    from specaudit.audit.diff import DEFAULT_MARGIN_TOL, diff_runs, format_text
+    from specaudit.audit.diff import diff_runs, format_text
 
     if args.examples < 0:
         raise ValueError(f"--examples must be >= 0 (got {args.examples})")
-    tol = DEFAULT_MARGIN_TOL if args.margin_tol is None else args.margin_tol
+    tol = args.margin_tol
     if not tol >= 0:
         raise ValueError(f"--margin-tol must be >= 0 (got {args.margin_tol})")
     res = diff_runs(args.a, args.b, margin_tol=tol)

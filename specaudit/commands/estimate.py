@@ -49,6 +49,8 @@ from __future__ import annotations
 import json
 import sys
 
+from specaudit.audit.estimate_model import DEFAULT_TOLERANCE  # numpy-free: read at CLI start-up
+
 HELP = ("estimate the commit length from throughput; judge each reported counter by the step cost r it implies "
         "against a measured, given or hardware-class band")
 ORDER = 35
@@ -92,8 +94,9 @@ def add_arguments(p) -> None:
     g.add_argument("--reported-accept-depth", type=float,
                    help="reported mean accepted depth (drafts only, > 0); judged as depth + 1; may be given "
                         "with --reported-commit-len to ask which of the two counters is wrong")
-    p.add_argument("--tolerance", type=float, default=0.1,
-                   help="relative slack around the interval for what the model leaves out (default 0.1)")
+    p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
+                   help="relative slack around the interval for what the model leaves out "
+                        f"(default {DEFAULT_TOLERANCE})")
     p.add_argument("--output-format", choices=["text", "json"], default="text")
 
 

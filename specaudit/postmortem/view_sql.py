@@ -13,6 +13,7 @@ from specaudit.audit.compare import AGREES, DISAGREES, FULL_PRECISION_REL, NO_VE
 from specaudit.postmortem.dataset import Dataset
 from specaudit.postmortem.sql_guard import sql_str
 from specaudit.postmortem.tables import finite_number
+from specaudit.trace.derived import COMMIT_WORDS, DEPTH_WORDS, mean_sql
 from specaudit.trace.rollup import CALIB_BINS, KIND_COLUMNS, REQUEST_KINDS, STEP_KINDS, TIME_GRAIN_S, kind_sql
 from specaudit.trace.rollup import ROLLUP_SCHEMA as _ROLLUP_SCHEMA
 
@@ -116,10 +117,8 @@ WITH per_req AS (
     SELECT run_id, sum(generated) AS generated FROM rollup_outputs GROUP BY ALL
 ), d AS (
     SELECT r.run_id, r.config, r.mean_convention,
-           CASE WHEN r.mean_convention = 'per_request' THEN p.pr_depth ELSE p.depth / p.steps END
-               AS mean_accepted_depth,
-           CASE WHEN r.mean_convention = 'per_request' THEN p.pr_commit ELSE p.commit / p.steps END
-               AS mean_commit_len,
+           MEAN_DEPTH AS mean_accepted_depth,
+           MEAN_COMMIT AS mean_commit_len,
            p.depth / nullif(p.drafted, 0) AS accept_rate,
            coalesce(o.generated, p.commit + p.n_req)
                / nullif(coalesce(r.reported_wall_s, p.span), 0) AS tokens_per_s,
@@ -131,9 +130,9 @@ WITH per_req AS (
 ), long AS (
     SELECT run_id, config, unnest([
         {'i': 1, 'metric': 'mean_accepted_depth', 'derived': mean_accepted_depth,
-         'reported': reported_mean_accepted_depth, 'derived_from': 'len(accepted_path) - 1'},
+         'reported': reported_mean_accepted_depth, 'derived_from': 'DEPTH_WORDS'},
         {'i': 2, 'metric': 'mean_commit_len', 'derived': mean_commit_len,
-         'reported': reported_mean_commit_len, 'derived_from': 'len(committed_tokens)'},
+         'reported': reported_mean_commit_len, 'derived_from': 'COMMIT_WORDS'},
         {'i': 3, 'metric': 'accept_rate', 'derived': accept_rate, 'reported': reported_accept_rate,
          'derived_from': 'accepted path / drafted nodes'},
         {'i': 4, 'metric': 'tokens_per_s', 'derived': tokens_per_s, 'reported': reported_gen_throughput_tps,
@@ -147,6 +146,11 @@ SELECT run_id, config, f.i AS i, f.metric AS metric, f.derived AS derived, f.rep
        f.derived_from AS derived_from
 FROM long
 """
+# the means and their words: trace/derived.py's definition (the conventions, per request or pooled)
+FIGURES_VIEW_SQL = (FIGURES_VIEW_SQL
+                    .replace("MEAN_DEPTH", mean_sql("r.mean_convention", "p.depth", "p.steps", "p.pr_depth"))
+                    .replace("MEAN_COMMIT", mean_sql("r.mean_convention", "p.commit", "p.steps", "p.pr_commit"))
+                    .replace("DEPTH_WORDS", DEPTH_WORDS).replace("COMMIT_WORDS", COMMIT_WORDS))
 
 # The duckdb CLI cannot call Python: the shell gets this macro, the same rule in SQL
 # (printed precision read as the fewest decimals, up to 12, that round(r, k) keeps; more

@@ -13,6 +13,7 @@ Per arm, with a bootstrap 95% interval over requests (the resample draws prompts
 several repeats, repeats too, since a busy machine slows a whole run at once; the same
 draws for both arms, so the difference B - A is paired):
     accepted depth   sum of (len(accepted_path) - 1) / steps     from the trace, not the counters
+                     (per step: trace/derived.py, the one definition)
     commit length    sum of len(committed_tokens) / steps
     tokens/s         output tokens / engine seconds, where a request's engine seconds are its
                      prefill plus, for each step, step_s / batch_size (its share of the batch)
@@ -38,6 +39,7 @@ import numpy as np
 from specaudit.ab_verdict import SAME_WITHIN, check_same_within, verdict
 from specaudit.numfmt import fixed
 from specaudit.stats import percentile_ci as _ci
+from specaudit.trace.derived import step_commit, step_depth
 from specaudit.trace.schema import InputError, atomic_write_bytes
 
 # The settings of one arm (the `specaudit run` runtime options, topk resolved).
@@ -129,11 +131,15 @@ class Collector:
 
     def write_steps(self, batch) -> None:
         d = batch.to_pydict()
+        col = batch.schema.get_field_index
+        # [rows] per-step depth and commit: trace/derived.py's definition (the tensors, not the counters)
+        depth = step_depth(batch.column(col("accepted_path"))).to_pylist()
+        commit = step_commit(batch.column(col("committed_tokens"))).to_pylist()
         for i, rid in enumerate(d["request_id"]):
             r = self._r(rid)
             r["steps"] += 1
-            r["depth"] += len(d["accepted_path"][i]) - 1
-            r["commit"] += len(d["committed_tokens"][i])
+            r["depth"] += depth[i]
+            r["commit"] += commit[i]
             r["reported_depth"] += d["accepted_depth"][i]
             r["reported_commit"] += d["commit_len"][i]
             r["cost"] += d["step_s"][i] / max(d["batch_size"][i], 1)  # this request's share of the forward

@@ -28,7 +28,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from specaudit.trace.rollup import RollupAccumulator, rollup_bytes, rollup_path
+from specaudit.trace.rollup import rollup_path
+from specaudit.trace.rollup_writer import RollupAccumulator, rollup_bytes
 from specaudit.trace.schema import REQUESTS_SCHEMA, InputError, atomic_write_bytes
 
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -70,7 +71,7 @@ def write_with_rollup(path: Path, table: pa.Table, row_group_size: int = 65536, 
     atomically. The data file is the record: it is written first, and a rollup that cannot
     be computed or written is left out (readers then read the raw rows), never an error.
     Returns whether the rollup was written. The sink and synth both write through here."""
-    from specaudit.trace.rollup import compute_rollup
+    from specaudit.trace.rollup_writer import compute_rollup
     size = write_parquet_atomic(path, table, row_group_size)
     if not rollups:
         return False
@@ -109,7 +110,7 @@ class ParquetSink:
     (requests-<seq>.parquet; nothing already on disk is rewritten), so a killed process
     loses at most one flush interval of either. close_run merges the parts into
     requests.parquet. Unless `rollups=False`, each flush keeps the partial sums of its
-    step rows (trace/rollup.RollupAccumulator, in memory) and close_run writes them as one
+    step rows (trace/rollup_writer.RollupAccumulator, in memory) and close_run writes them as one
     rollup-steps.parquet, and requests.parquet gets its rollup: a flush writes no rollup
     file, and a killed run has none (readers compute the same rows from the raw files;
     its steps check as before). A failed write (disk full, permission) keeps the rows

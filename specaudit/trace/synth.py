@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from specaudit.trace.derived import bonus, means
 from specaudit.trace.schema import (
     DEFAULT_CONVENTIONS,
     REQUESTS_SCHEMA,
@@ -344,8 +345,7 @@ class _Acc:
 
     def __init__(self, budget: int):
         self.steps = self.drafted = self.accepted = self.committed = self.generated = 0
-        self.req_mean_depth = []  # per-request mean depth / commit (requests with steps)
-        self.req_mean_commit = []
+        self.req_n, self.req_depth, self.req_commit = [], [], []   # per request with steps: [R] steps, sums
         self.by_depth = np.zeros(max(budget, 1), dtype=np.int64)  # steps with depth >= d+1
 
     def add(self, s: dict, n_steps: np.ndarray, out_len_total: int) -> None:
@@ -358,19 +358,20 @@ class _Acc:
         has = n_steps > 0
         st = np.concatenate(([0], np.cumsum(n_steps)))[:-1][has]
         if S:
-            self.req_mean_depth.append(np.add.reduceat(s["depth"], st) / n_steps[has])
-            self.req_mean_commit.append(np.add.reduceat(s["commit_len"], st) / n_steps[has])
+            self.req_n.append(n_steps[has])
+            self.req_depth.append(np.add.reduceat(s["depth"], st))
+            self.req_commit.append(np.add.reduceat(s["commit_len"], st))
             d = np.bincount(s["depth"], minlength=len(self.by_depth) + 1)
             self.by_depth += np.cumsum(d[::-1])[::-1][1: len(self.by_depth) + 1]
 
     def reported(self, conventions: dict, wall_s: float) -> dict:
         S = max(self.steps, 1)
-        if conventions.get("mean") == "per_request":
-            md = float(np.concatenate(self.req_mean_depth).mean()) if self.req_mean_depth else 0.0
-            mc = float(np.concatenate(self.req_mean_commit).mean()) if self.req_mean_commit else 0.0
-        else:
-            md, mc = self.accepted / S, self.committed / S
-        acc_len = md + (1.0 if conventions.get("accept_length") != "excludes_bonus" else 0.0)
+        # the rows are honest (depth = len(accepted_path) - 1, commit_len = len(committed_tokens)),
+        # so `reported` is the derived means under the declared conventions (0 for a run without steps)
+        cat = (lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64))
+        m = means(cat(self.req_n), cat(self.req_depth), cat(self.req_commit), conventions)
+        md, mc = m["mean_accepted_depth"] or 0.0, m["mean_commit_len"] or 0.0
+        acc_len = md + bonus(conventions)
         return {
             "verify_steps": self.steps, "drafted_tokens": self.drafted,
             "accepted_tokens": self.accepted, "committed_tokens": self.committed,
@@ -469,7 +470,7 @@ def write_synthetic_dataset(out, n_steps: int, n_nodes: int = 8, algo: str = "ch
     at the end, and requests.parquet's rollup. Returns the run folder.
     """
     from specaudit.trace.parquet import write_parquet_atomic
-    from specaudit.trace.rollup import RollupAccumulator, write_rollup
+    from specaudit.trace.rollup_writer import RollupAccumulator, write_rollup
     budget, topk = _norm(algo, n_nodes - 1, topk, None)
     conventions = {**DEFAULT_CONVENTIONS, **(conventions or {})}
     run_id = run_id or f"synth-{algo}-n{n_nodes}-{n_steps}"

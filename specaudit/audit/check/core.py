@@ -33,6 +33,7 @@ from specaudit.invariants.frame import (
     to_np,
     token_mix,
 )
+from specaudit.trace.derived import per_request_means
 from specaudit.trace.schema import manifest_conventions
 
 BATCH_ROWS = 65536          # step rows per batch: ~200 MB of numpy work at N = 8
@@ -361,8 +362,8 @@ def group_partial(derived: RunSums, rq: RequestFrame | None, *, have_facts: bool
     out["generated"] = int(np.maximum(rq.output_len[rq.has_row], 0).sum()) if have_facts else 0
     out["first_tokens"] = int(rq.has_row.sum()) if have_facts else 0
     out["n_real"] = int(real.sum())
-    out["means"] = {key: exact_sum_partials(np.asarray(getattr(rq, col)[real] / ns, dtype=np.float64))
-                    for key, col in MEANS}
+    # the per_request convention's terms (trace/derived.py), summed exactly
+    out["means"] = {key: exact_sum_partials(per_request_means(ns, getattr(rq, col)[real])) for key, col in MEANS}
     return out
 
 
