@@ -77,7 +77,8 @@ def check_spark(spark, paths, select=(), ignore=(), *, out=None, invariants_dirs
     task_bytes: a run of at most this many bytes is checked whole by one task (-1: every
     run by request buckets); buckets / bucket_bytes: how a bigger run is split.
     stats (a dict, optional) receives how the job was cut (runs_whole, runs_grouped,
-    whole_tasks, groups) and python_cpu_s, the CPU the tasks' Python side spent.
+    whole_tasks, groups) and the CPU of the Python side (combine_rows: python_cpu_s,
+    python_worker_cpu_s), which Spark's task metrics do not count.
     Raises SparkCheckError when Spark itself fails (one line; the cause chained)."""
     from specaudit.invariants import load_rules
     spec = (tuple(select), tuple(ignore), tuple(str(d) for d in invariants_dirs), entry_points)
@@ -119,7 +120,7 @@ def check_spark(spark, paths, select=(), ignore=(), *, out=None, invariants_dirs
         raise SparkCheckError(one_line(e)) from e
     if stats is not None:
         stats.update(runs_whole=len(whole), runs_grouped=len(big), whole_tasks=len(packs), groups=n_groups,
-                     python_cpu_s=cpu)
+                     **cpu)
     return result
 
 

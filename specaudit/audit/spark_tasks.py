@@ -17,12 +17,14 @@ Two paths, chosen per run by specaudit.audit.spark_plan:
   runs the run rules on the combined partials.
 
 Every task function measures its own CPU (time.process_time of its Python worker, which
-runs one task at a time) into `cpu` rows and file statuses: Spark's task metrics count the
-JVM's side only, not the Python worker's.
+runs one task at a time) into `cpu` rows and file statuses, with the worker's pid and its
+CPU since it was forked: Spark's task metrics count the JVM's side only, not the Python
+worker's (combine_rows sums both: the tasks' own, and every worker's whole).
 """
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import time
 import zlib
@@ -116,9 +118,20 @@ def _whole_task(spec, batch_rows):
                 rows = check_whole(pickle.loads(t["runs"]), _rules(spec), batch_rows, t["task_key"])
                 for i in range(0, len(rows), OUT_ROWS):
                     yield pa.RecordBatch.from_pylist(rows[i:i + OUT_ROWS], schema=_GROUP_ARROW)
-                yield pa.RecordBatch.from_pylist([_row("cpu", t["task_key"], cpu_s=time.process_time() - t0)],
-                                                 schema=_GROUP_ARROW)
+                yield pa.RecordBatch.from_pylist([_cpu_row(t["task_key"], t0)], schema=_GROUP_ARROW)
     return run
+
+
+def _cpu_note(t0: float) -> dict:
+    """CPU seconds since t0 in this process, its host:pid and all its CPU since it was
+    forked (a reused Python worker: the largest figure per pid is the worker's whole CPU)."""
+    now = time.process_time()
+    return {"cpu_s": now - t0, "pid": f"{os.uname().nodename}:{os.getpid()}", "proc_cpu_s": now}
+
+
+def _cpu_row(run_key: int, t0: float) -> dict:
+    note = _cpu_note(t0)
+    return _row("cpu", run_key, cpu_s=note.pop("cpu_s"), payload=json.dumps(note))
 
 
 # ------------------------------------------------------- request buckets: read
@@ -158,17 +171,17 @@ def read_file_rows(run_key: int, kind: str, file_idx: int, path, buckets: int, b
     t0 = time.process_time()
 
     def cpu():
-        return time.process_time() - t0
+        return _cpu_note(t0)
     seq = 0
     fname = str(path)
     if kind == "steps":
         holder = RunFiles(run_dir=None, run_id="", step_files=[path])
         for item in _iter_step_batches(holder, batch_rows, STEP_READ_COLUMNS):
             if isinstance(item, str):
-                yield _status(run_key, file_idx, kind, fname, ok=True, cpu_s=cpu())
+                yield _status(run_key, file_idx, kind, fname, ok=True, cpu=cpu())
             elif hasattr(item, "reason"):
                 yield _status(run_key, file_idx, kind, str(item.path), ok=False, reason=item.reason,
-                              cpu_s=cpu())
+                              cpu=cpu())
             else:
                 batch, file, part = item
                 yield from _split(run_key, "s", file_idx, seq, part, file, batch, buckets)
@@ -183,7 +196,7 @@ def read_file_rows(run_key: int, kind: str, file_idx: int, path, buckets: int, b
             seq += 1
     bad = scratch.bad_files
     yield _status(run_key, file_idx, kind, str(bad[0][0]) if bad else fname, ok=not bad,
-                  reason=bad[0][1] if bad else None, opened=gen is not None, cpu_s=cpu())
+                  reason=bad[0][1] if bad else None, opened=gen is not None, cpu=cpu())
 
 
 def _split(run_key, kind, file_idx, seq, part, file, batch, buckets):
@@ -197,8 +210,8 @@ def _split(run_key, kind, file_idx, seq, part, file, batch, buckets):
                    file=file, blob=_ipc(sub), info=None)
 
 
-def _status(run_key, file_idx, kind, file, *, ok, reason=None, opened=True, cpu_s=0.0):
-    info = {"kind": kind, "ok": ok, "reason": reason, "opened": opened, "cpu_s": cpu_s}
+def _status(run_key, file_idx, kind, file, *, ok, reason=None, opened=True, cpu=None):
+    info = {"kind": kind, "ok": ok, "reason": reason, "opened": opened, **(cpu or {})}
     return dict(run_key=run_key, bucket=-1, kind="status", file_idx=file_idx, seq=0, part="", file=file,
                 blob=None, info=json.dumps(info))
 
@@ -275,7 +288,7 @@ def _group_task(runs: dict, spec):
             return _GROUP_ARROW.empty_table()
         run = runs[rows[0]["run_key"]]
         out = check_bucket(rows, run, _rules(spec) if rows[0]["bucket"] >= 0 else [])
-        out.append(_row("cpu", run["run_key"], cpu_s=time.process_time() - t0))
+        out.append(_cpu_row(run["run_key"], t0))
         return pa.Table.from_pylist(out, schema=_GROUP_ARROW)
     return group
 
@@ -319,22 +332,31 @@ def combine_rows(runs, packs, tasks, rows, rules, result: CheckResult) -> tuple[
     """The driver's combine: every non-finding GROUP row of both paths (dicts) -> `result`
     gets each run's bookkeeping and run findings, in listing order (a whole-run task's
     runs at its first run key). runs: the plan; packs: the whole-run tasks; tasks: the
-    bucketed runs' file tasks. Returns ({bucketed run_key: complete}, the CPU seconds
-    the tasks' Python side reported)."""
-    statuses, partials, books, cpu = {}, {}, {}, 0.0
+    bucketed runs' file tasks. Returns ({bucketed run_key: complete}, cpu): cpu's
+    python_cpu_s is what the task functions spent, python_worker_cpu_s what their worker
+    processes spent since forked (imports and Spark's framing included; on a session's
+    first check, the Python side's whole cost)."""
+    statuses, partials, books = {}, {}, {}
+    task_cpu, procs = 0.0, {}
+
+    def note(d: dict):
+        nonlocal task_cpu
+        task_cpu += d.get("cpu_s") or 0.0
+        if "pid" in d:
+            procs[d["pid"]] = max(procs.get(d["pid"], 0.0), d["proc_cpu_s"])
     for row in rows:
         kind, rk = row["row_kind"], row["run_key"]
         if kind == "status":
             s = json.loads(row["payload"])
             s["file"] = row["file"]
             statuses.setdefault(rk, []).append(s)
-            cpu += s.get("cpu_s") or 0.0
+            note(s)
         elif kind == "partial":
             partials.setdefault(rk, []).append(json.loads(row["payload"]))
         elif kind == "result":
             books[rk] = json.loads(row["payload"])
         elif kind == "cpu":
-            cpu += row["cpu_s"] or 0.0
+            note({"cpu_s": row["cpu_s"], **json.loads(row["payload"])})
     whole = {k for p in packs for k, _ in p}
     order = {(t["run_key"], t["path"]): t["file_idx"] for t in tasks}
     complete = {}
@@ -345,5 +367,5 @@ def combine_rows(runs, packs, tasks, rows, rules, result: CheckResult) -> tuple[
             st = sorted(statuses.get(key, []), key=lambda s: (s["kind"] != "requests",
                                                               order.get((key, s["file"]), 1 << 30)))
             complete[key] = combine_run(rf, key, st, partials.get(key, []), rules, result)
-    return complete, cpu
+    return complete, {"python_cpu_s": task_cpu, "python_worker_cpu_s": sum(procs.values())}
 
