@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -11,7 +12,8 @@ import torch
 
 from specaudit import cli
 from specaudit.audit.calibrate import algo_for, measure_profile, plain_steps, profile_from_traces
-from specaudit.audit.estimate import CostProfile, observations_from_traces
+from specaudit.audit.cost_profile import CostProfile
+from specaudit.audit.observed_throughput import observations_from_traces
 from specaudit.model import GPT, BlockDrafter, DrafterConfig, GPTConfig
 from specaudit.trace.synth import synth_run_rows, write_run
 
@@ -191,7 +193,9 @@ def test_reference_run_as_estimator_input(make_run, models, capsys):
         if (honest["estimate"]["value"] == pytest.approx(truth, rel=0.35) and rc == 1
                 and judged["verdict"] == "inconsistent"):
             break
-        print(f"attempt {attempt + 1}: estimate {honest['estimate']['value']} vs {truth}, bug rc {rc}")
+        # to stderr: stdout is the next attempt's JSON (capsys keeps the two apart)
+        print(f"attempt {attempt + 1}: estimate {honest['estimate']['value']} vs {truth}, bug rc {rc}",
+              file=sys.stderr)
     dataset = res.run_dir.parent
     (o,) = observations_from_traces(dataset)
     assert o.extra["tokens"] == res.summary["tokens"] - 6  # decode tokens: first tokens are prefill's

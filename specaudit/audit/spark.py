@@ -5,7 +5,7 @@
     res = check_spark(session("local[2]"), ["s3a://bucket/traces/"], out="findings/")
     res.exit_code, res.counts            # a CheckResult, as the local checker returns
 
-One implementation, two drivers: the local checker's core (check.py) runs in the
+One implementation, two drivers: the local checker's code (specaudit.audit.check) runs in the
 Spark tasks. Runs are independent, so the job is cut by run:
 
 1. discovery (driver, spark_plan): run folders, their run.json (read with Spark's
@@ -34,7 +34,8 @@ import warnings
 from functools import reduce
 from pathlib import Path
 
-from specaudit.audit.check import BATCH_ROWS, CheckResult
+from specaudit.audit.check.core import BATCH_ROWS
+from specaudit.audit.check.result import CheckResult
 from specaudit.audit.findings import Finding
 from specaudit.audit.spark_plan import (
     BUCKET_BYTES,

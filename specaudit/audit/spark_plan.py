@@ -15,7 +15,8 @@ from __future__ import annotations
 import os
 from pathlib import Path, PurePosixPath
 
-from specaudit.audit.check import CheckResult, iter_runs
+from specaudit.audit.check import iter_runs
+from specaudit.audit.check.result import CheckResult
 from specaudit.audit.spark_session import one_line
 from specaudit.trace.schema import InputError, RunFiles, discover
 

@@ -32,20 +32,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from specaudit.audit.check import (
-    BATCH_ROWS,
-    STEP_READ_COLUMNS,
-    CheckResult,
-    _iter_step_batches,
-    _open_requests,
-    check_group,
-    check_run_rules,
-    check_runs,
-    combine_partials,
-    result_bad,
-    run_counts,
-    run_start,
-)
+from specaudit.audit.check.core import BATCH_ROWS, check_group, check_run_rules, combine_partials
+from specaudit.audit.check.pool import check_runs
+from specaudit.audit.check.result import CheckResult, result_bad
+from specaudit.audit.check.stream import STEP_READ_COLUMNS, iter_step_batches, open_requests, run_counts, run_start
 from specaudit.audit.findings import Finding
 from specaudit.audit.spark_plan import UriPath, is_uri
 from specaudit.trace.schema import RunFiles
@@ -176,7 +166,7 @@ def read_file_rows(run_key: int, kind: str, file_idx: int, path, buckets: int, b
     fname = str(path)
     if kind == "steps":
         holder = RunFiles(run_dir=None, run_id="", step_files=[path])
-        for item in _iter_step_batches(holder, batch_rows, STEP_READ_COLUMNS):
+        for item in iter_step_batches(holder, batch_rows, STEP_READ_COLUMNS):
             if isinstance(item, str):
                 yield _status(run_key, file_idx, kind, fname, ok=True, cpu=cpu())
             elif hasattr(item, "reason"):
@@ -189,7 +179,7 @@ def read_file_rows(run_key: int, kind: str, file_idx: int, path, buckets: int, b
         return
     scratch = CheckResult()
     holder = RunFiles(run_dir=None, run_id="", requests_file=path)
-    gen, state = _open_requests(holder, scratch, batch_rows)
+    gen, state = open_requests(holder, scratch, batch_rows)
     if gen is not None:
         for batch in gen:
             yield from _split(run_key, "r", file_idx, seq, "", fname, batch, buckets)
