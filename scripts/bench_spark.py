@@ -26,6 +26,9 @@
      `cpu_s_spark_python_tasks`. The driver's own CPU (listing, combining) is beside it
      (`cpu_s_driver_spark`), a cost paid once per check, not per core.
      From local[1] (one executor core); local[2]'s figure is `cpu_s_per_step_spark_2`.
+     It is a fresh session's first check: the JVM's JIT warm-up and the workers'
+     imports (about a second of CPU) are in it, a fixed cost that a dataset of a few
+     hundred thousand steps does not amortise (measure with the default 5M).
 
    `spark_over_local_cpu_per_step` is their ratio (the target: 2 or less).
 
@@ -34,7 +37,7 @@ the local checker), c_s = cpu_s_per_step_spark, W executor cores (--cluster-core
 fixed wall cost F = Spark's startup + the wall time of checking the one-run dataset (a
 job's fixed cost), Spark takes F + steps x c_s / W seconds against steps x c_l locally,
 so it is faster above `break_even_steps` = F / (c_l - c_s / W), and only on more than
-c_s / c_l cores (`break_even_steps` null below that). The summary carries the load
+c_s / c_l cores (`break_even_min_cores`; `break_even_steps` null below that). The summary carries the load
 (scripts/benchutil.py) and withholds the ratios and the break-even (and
 spark_2_over_1) when the machine was busy.
 """
