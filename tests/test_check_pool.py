@@ -25,8 +25,11 @@ TRACE_RULES = [r for r in all_rules() if r.scope != "source"]
 
 
 def _tiny(out, i: int, **kw):
-    """A clean tiny run t<i> (one request, a few steps) written as the sink writes one."""
+    """A clean tiny run t<i> (one request, a few steps) written as the sink writes one. Its
+    rows come from seed i; its config says seed 0 for all, so the runs of one **kw share a
+    configuration and pool together (synth writes the seed into the config)."""
     s, r, m = synth_run_rows(1, run_id=f"t{i}", seed=i, max_new_tokens=8, **kw)
+    m = dict(m, config=dict(m["config"], seed=0))
     d = out / f"run_id=t{i}"
     d.mkdir(parents=True)
     pq.write_table(s, d / "steps-000000.parquet")
@@ -147,22 +150,33 @@ def test_listing_findings_keep_their_place(tmp_path, monkeypatch):
     assert pooled == alone and workers == alone
 
 
+_REAL_POOL_TASK = pool._pool_task
+_PARENT: dict = {}
+
+
+def _dying_task(members):
+    """pool._pool_task, but the worker given run t1's pool dies (module level: the
+    executor pickles the task's function by name)."""
+    import os
+    if os.getpid() != _PARENT["pid"] and "t1" in {rf.run_id for rf in members}:
+        os._exit(9)
+    return _REAL_POOL_TASK(members)
+
+
 def test_a_worker_that_dies_has_its_pool_redone(tmp_path, monkeypatch):
     """A worker killed (out of memory, say) loses nothing: its pool is checked here."""
     import os
     for i in range(12):
         _tiny(tmp_path / "ds", i)
     alone = _report(C.check_paths([tmp_path / "ds"], workers=1))
-    parent = os.getpid()
-    real = pool._pool_task
-
-    def dying(members):
-        if os.getpid() != parent and members[0].run_id == "t1":
-            os._exit(9)
-        return real(members)
-    monkeypatch.setattr(pool, "_pool_task", dying)
+    monkeypatch.setitem(_PARENT, "pid", os.getpid())
+    monkeypatch.setattr(pool, "_pool_task", _dying_task)
     monkeypatch.setattr(pool, "POOL_RUNS", 3)
+    redone = []
+    real = pool._pool_results
+    monkeypatch.setattr(pool, "_pool_results", lambda members, *a: (redone.append(len(members)), real(members, *a))[1])
     assert _report(C.check_paths([tmp_path / "ds"], workers=2)) == alone
+    assert 3 in redone   # the dead worker's pool of three, checked in this process
 
 
 def test_check_workers_bounds():

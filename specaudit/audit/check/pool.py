@@ -22,10 +22,12 @@ Reading a pool's files is pool_read.py's.
 """
 from __future__ import annotations
 
+import logging
 import os
 from collections import deque
 
 import numpy as np
+import pyarrow as pa
 
 from specaudit.audit.check.core import (
     BATCH_ROWS,
@@ -39,11 +41,19 @@ from specaudit.audit.check.core import (
     request_facts,
     run_config,
 )
+from specaudit.audit.check.fallback import fell_back
 from specaudit.audit.check.pool_read import int32_array, plain_rows, read_task, string_array, unique_request_ids
 from specaudit.audit.check.result import CheckResult, merge_result
 from specaudit.audit.check.stream import check_run, file_size
 from specaudit.invariants.frame import Carry, RequestFrame, StepFrame
 from specaudit.trace.schema import RunFiles
+
+log = logging.getLogger(__name__)
+# What the pool's except clauses catch: errors the data can cause in numpy / Arrow work on
+# the pooled rows (a value out of range, an odd type, an index past an end, memory). A
+# programming error (AttributeError, NameError, AssertionError, ImportError ...) is not
+# among them: it propagates, as a bug, instead of every run silently being checked alone.
+DATA_ERRORS = (ArithmeticError, LookupError, ValueError, TypeError, MemoryError, pa.ArrowException)
 
 POOL_RUN_BYTES = 256 << 10   # a run whose step + requests files are below this may be pooled
 POOL_RUNS = 256              # runs per pool (one task; the pooled frame holds their rows)
@@ -157,7 +167,8 @@ def _task_result(tasks: list, t: int) -> list:
     fut, members = got
     try:
         got = fut.result()
-    except BrokenProcessPool:
+    except BrokenProcessPool as e:   # a worker died (killed for memory, say): its pool is redone here
+        fell_back(log, "pool worker process", "checking its pool in this process", e)
         got = _pool_results(members, _WORKER["rules"], _WORKER["cap"], _WORKER["batch_rows"])
     tasks[t] = got
     return got
@@ -173,6 +184,9 @@ def _start_workers(n: int, rules, cap: int, batch_rows: int):
     # would inherit them). polars is optional (pip install specaudit[fast]): without it the
     # workers read with Arrow from the start instead of failing an import per task
     use = POOL_POLARS and "polars" not in sys.modules and _importable("polars")
+    if POOL_POLARS and not use:
+        fell_back(log, "pool read (polars scan in workers)", "Arrow file by file",
+                  "this process has loaded polars" if "polars" in sys.modules else "polars is not installed")
     return ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("fork"), initializer=_worker_init,
                                initargs=(use,))
 
@@ -193,7 +207,6 @@ def _worker_init(use_polars: bool) -> None:
 def _pool_task(members: list) -> list:
     """A worker's task: one pool's per-member results."""
     return _pool_results(members, _WORKER["rules"], _WORKER["cap"], _WORKER["batch_rows"])
-
 
 
 def _pool_key(rf: RunFiles, configs: list) -> int | None:
@@ -255,7 +268,10 @@ def _pool_groups(members: list, batch_rows: int):
     for read in read_task(members, bool(_WORKER.get("polars"))):
         try:
             idx, steps, st_n, reqs, rq_n = plain_rows(members, *read)
-        except Exception:   # noqa: BLE001  (e.g. a run id no Arrow string can hold: each member alone)
+        # a run id no Arrow string can hold (UnicodeEncodeError: a ValueError), a column of
+        # a type the row checks cannot compare (pa.ArrowException): each member alone
+        except DATA_ERRORS as e:
+            fell_back(log, "pool (plain rows)", "checking each run alone", e)
             continue
         s0 = np.concatenate([[0], np.cumsum(st_n)])
         q0 = np.concatenate([[0], np.cumsum(rq_n)])
@@ -278,16 +294,18 @@ def _row_ranges(counts, limit: int) -> list[tuple[int, int]]:
     return out
 
 
-
 def _check_pool(members, steps, st_n, reqs, rq_n, rules, codes, batch_rows: int) -> list[bool]:
     """Check a pool of tiny runs (RunFiles) of one configuration and schema, their rows
     in `steps` and `reqs` (st_n[k] and rq_n[k] rows of member k, in member order); per
-    member, whether it came out clean (no finding of any severity). Never raises: an
-    error makes every member come out not clean (each is then checked alone)."""
+    member, whether it came out clean (no finding of any severity). An error the rows
+    can cause (DATA_ERRORS) makes every member come out not clean (each is then checked
+    alone, where a real problem is reported or raised); any other error is a bug and
+    propagates."""
     try:
         return _pool_clean(members, unique_request_ids(steps, st_n), unique_request_ids(reqs, rq_n), rules, codes,
                            batch_rows)
-    except Exception:   # noqa: BLE001  (check_run, run alone, reports or raises it properly)
+    except DATA_ERRORS as e:   # each member alone: check_run reports (or raises) it properly
+        fell_back(log, "pool (pooled check)", "checking each run alone", e)
         return [False] * len(members)
 
 

@@ -10,6 +10,7 @@ pool builds from buffers (pa.array() would import pandas).
 """
 from __future__ import annotations
 
+import logging
 import os
 
 import numpy as np
@@ -17,10 +18,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from specaudit.audit.check.fallback import fell_back
 from specaudit.audit.check.stream import REQUEST_READ_COLUMNS, STEP_READ_COLUMNS, check_schema_once
 from specaudit.invariants.arrow import valid_mask
 from specaudit.invariants.frame import to_np
 from specaudit.trace import schema as contract  # the trace contract: its schemas, RunFiles, InputError
+
+log = logging.getLogger(__name__)
+# What reading a file can raise on a file that is not as expected: the OS's errors
+# (vanished, unreadable) and Arrow's (not Parquet, truncated, corrupt footer or pages).
+READ_ERRORS = (OSError, pa.ArrowException)
 
 
 def read_task(members: list, use_polars: bool):
@@ -86,12 +93,13 @@ def read_with_arrow(rf: contract.RunFiles):
     gets reported)."""
     try:
         st, schema = _read_small_file(rf.step_files[0], STEP_READ_COLUMNS)
-        if st is None:
-            return None
-        rq, rschema = _read_small_file(rf.request_files[0], REQUEST_READ_COLUMNS)
-        if rq is None:
-            return None
-    except Exception:   # noqa: BLE001  (any trouble: check_run reads it again and reports it)
+        rq, rschema = (None, None) if st is None else _read_small_file(rf.request_files[0], REQUEST_READ_COLUMNS)
+    except READ_ERRORS as e:   # check_run reads it again and reports it (SA000)
+        fell_back(log, "pool read (Arrow)", "checking the run alone", e)
+        return None
+    if st is None or rq is None:
+        fell_back(log, "pool read (Arrow)", "checking the run alone",
+                  "a file's leaves are not its columns, or it declares oversized rows")
         return None
     return st, rq, schema, rschema
 
@@ -106,7 +114,8 @@ def _read_small_file(path, wanted):
         from pyarrow._parquet import ParquetReader
         r = ParquetReader()
         r.open(pa.OSFile(str(path)), use_memory_map=False, pre_buffer=False)
-    except (ImportError, TypeError):   # another pyarrow's private API: the public reader
+    except (ImportError, TypeError) as e:   # another pyarrow's private API: the public reader
+        fell_back(log, "pool read (Arrow's file reader)", "pyarrow.parquet.ParquetFile", e)
         pf = pq.ParquetFile(path)
         schema = pf.schema_arrow
         return pf.read(columns=[c for c in wanted if c in schema.names], use_threads=False), schema
@@ -142,20 +151,32 @@ def read_with_polars(members: list):
     """(member indices, steps, per-member step rows, requests, per-member request rows)
     of a task's tiny runs, read by one polars scan per table; None when the scan cannot
     be made (then read_task reads file by file)."""
+    to = "reading file by file with Arrow"
     try:
         pl = _import_polars()
-        sf = [str(rf.step_files[0]) for rf in members]
-        qf = [str(rf.request_files[0]) for rf in members]
+    except ImportError as e:   # (the parent checks it is findable; an install broken since)
+        fell_back(log, "pool read (polars scan)", to, e)
+        return None
+    sf = [str(rf.step_files[0]) for rf in members]
+    qf = [str(rf.request_files[0]) for rf in members]
+    # what the scan raises on files it does not read as the first: polars' errors (a column
+    # missing, extra or of another type; an unreadable file), the OS's and Arrow's (the first
+    # files' schemas, the cast back to Arrow's types), ValueError (rows out of file order)
+    expected = (pl.exceptions.PolarsError, *READ_ERRORS, ValueError)
+    try:
         schema, rschema = pq.read_schema(sf[0]), pq.read_schema(qf[0])
-        if (any(pa.types.is_dictionary(f.type) for f in (*schema, *rschema))
-                or not _schemas_poolable(members[0], schema, rschema)):
+        if any(pa.types.is_dictionary(f.type) for f in (*schema, *rschema)):
+            fell_back(log, "pool read (polars scan)", to, "dictionary-encoded columns")
             return None
+        if not _schemas_poolable(members[0], schema, rschema):
+            return None   # (not a fallback: read_task's Arrow path leaves these runs alone too)
         steps, ks = _scan_in_file_order(pl, sf, [c for c in STEP_READ_COLUMNS if c in schema.names])
         reqs, kq = _scan_in_file_order(pl, qf, [c for c in REQUEST_READ_COLUMNS if c in rschema.names])
-        P = len(members)
-        return list(range(P)), steps, np.bincount(ks, minlength=P), reqs, np.bincount(kq, minlength=P)
-    except Exception:   # noqa: BLE001  (any trouble: the files are read one by one, as before)
+    except expected as e:
+        fell_back(log, "pool read (polars scan)", to, e)
         return None
+    P = len(members)
+    return list(range(P)), steps, np.bincount(ks, minlength=P), reqs, np.bincount(kq, minlength=P)
 
 
 def _scan_in_file_order(pl, files: list[str], cols: list[str]) -> tuple[pa.Table, np.ndarray]:
