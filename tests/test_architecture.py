@@ -23,7 +23,8 @@ SHARED = ("specaudit.trace.schema", "specaudit.trace.rollup", "specaudit.audit.f
           "specaudit.audit.formats", "specaudit.invariants")
 # Each reader, by module prefix. A reader may import its own modules, SHARED and GROUND.
 READERS = {
-    "check": ("specaudit.audit.check", "specaudit.audit.reference", "specaudit.audit.spark"),
+    "check": ("specaudit.audit.check", "specaudit.audit.reference", "specaudit.audit.spark",
+              "specaudit.audit.spark_plan", "specaudit.audit.spark_tasks", "specaudit.audit.spark_session"),
     "estimate": ("specaudit.audit.estimate", "specaudit.audit.estimate_model", "specaudit.audit.estimate_judge",
                  "specaudit.audit.cost_profile", "specaudit.audit.observed_throughput"),
     "diff": ("specaudit.audit.diff", "specaudit.audit.diff_sides"),

@@ -285,7 +285,8 @@ def test_sink_without_rollups_and_a_failing_rollup_keep_the_record(tmp_path, mon
 
 def test_spark_plans_every_request_part_before_the_steps_and_combines_them(tmp_path):
     from specaudit.audit.check import CheckResult
-    from specaudit.audit.spark import combine_run, file_tasks
+    from specaudit.audit.spark_plan import file_tasks
+    from specaudit.audit.spark_tasks import combine_run
     from specaudit.trace.schema import discover
     sink, steps, reqs, _ = _sink_run(tmp_path)              # a finished run whose table is in parts
     whole = sink.run_dir / "requests.parquet"

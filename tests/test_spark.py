@@ -4,8 +4,10 @@ The corpus holds a run per injected runtime fault, a clean run, one run per held
 corruption (every rule's failing fixture), and bad input (an unreadable step file, a
 run.json missing, a run killed mid-way, an unknown schema version, a requests table
 that is not Parquet). It is checked locally and then (a) through the Spark driver's
-own task functions in-process, with 1 and 3 request buckets, and (b) on Spark
-local[2]: the findings must be equal (code, run, request, step, file, message).
+own task functions in-process: whole runs per task, request buckets (1, 3, by bytes)
+and both mixed, and (b) on Spark local[2], by request buckets alone and mixed (the
+largest run over the task budget): the findings must be equal (code, run, request,
+step, file, message).
 """
 from __future__ import annotations
 
@@ -19,7 +21,11 @@ from specaudit.invariants import all_rules, load_rules
 from specaudit.invariants.fixtures import FixtureRun
 
 from specaudit.audit import spark as sp
+from specaudit.audit import spark_plan as spp
+from specaudit.audit import spark_session as sps
+from specaudit.audit import spark_tasks as spt
 from specaudit.audit.check import CheckResult, check_paths
+from specaudit.audit.findings import Finding
 from specaudit.runtime.faults import FAULTS
 
 # PySpark 4.x warns about pandas 3 on Arrow functions, which use no pandas
@@ -108,33 +114,40 @@ def _diff(a, b) -> str:
     return "\n".join(out)
 
 
-def emulate(paths, buckets: int | None, batch_rows: int = BATCH_ROWS, min_groups: int = 0) -> CheckResult:
-    """The Spark dataflow with Python loops in place of Spark: read tasks, groups, combine.
-    buckets None: check_spark's default, each run's share of min_groups (spread_buckets)."""
+def emulate(paths, buckets: int | None, batch_rows: int = BATCH_ROWS, min_groups: int = 0,
+            task_bytes: int = -1) -> CheckResult:
+    """The Spark dataflow with Python loops in place of Spark: whole-run tasks, read
+    tasks, groups, combine. buckets None: check_spark's default, each run's share of
+    min_groups (spread_buckets); task_bytes -1: every run by request buckets."""
     rules = [r for r in load_rules() if r.scope != "source"]
     result = CheckResult(max_per_code=0, rules=[r.code for r in rules])
-    runs = sp.plan(paths, None, result)
-    info = {k: {"run_key": k, "run_id": rf.run_id, "manifest": rf.manifest} for k, rf in runs}
+    runs = spp.plan(paths, None, result)
+    whole, big = spp.split_runs(runs, task_bytes)
+    packs = spp.run_tasks(whole, spp.task_target(whole, 2, task_bytes))
+    info = {k: {"run_key": k, "run_id": rf.run_id, "manifest": rf.manifest} for k, rf in big}
+    out = [r for p in packs for r in spt.check_whole(p, rules, batch_rows, p[0][0])]
     groups = defaultdict(list)
-    tasks = sp.file_tasks(runs, buckets=buckets)
-    sp.spread_buckets(tasks, 0 if buckets else min_groups)
+    tasks = spp.file_tasks(big, buckets=buckets)
+    spp.spread_buckets(tasks, 0 if buckets else min_groups)
     for t in sorted(tasks, key=lambda t: -t["size"]):      # check_spark's order: largest file first
-        for row in sp.read_file_rows(t["run_key"], t["kind"], t["file_idx"], sp.Path(t["path"]), t["buckets"],
-                                     batch_rows):
+        for row in spt.read_file_rows(t["run_key"], t["kind"], t["file_idx"], spp.Path(t["path"]), t["buckets"],
+                                      batch_rows):
             groups[(row["run_key"], row["bucket"])].append(row)
-    out = [r for (rk, _), rows in groups.items() for r in sp.check_bucket(rows, info[rk], rules)]
-    statuses, partials = defaultdict(list), defaultdict(list)
+    out += [r for (rk, _), rows in groups.items() for r in spt.check_bucket(rows, info[rk], rules)]
+    complete, _ = spt.combine_rows(runs, packs, tasks, [r for r in out if r["row_kind"] != "finding"], rules,
+                                   result)
     for r in out:
-        if r["row_kind"] == "status":
-            statuses[r["run_key"]].append({**json.loads(r["payload"]), "file": r["file"]})
-        elif r["row_kind"] == "partial":
-            partials[r["run_key"]].append(json.loads(r["payload"]))
-    complete = {k: sp.combine_run(rf, k, statuses[k], partials[k], rules, result) for k, rf in runs}
-    for r in out:
-        if r["row_kind"] == "finding" and r["when_complete"] in (None, complete[r["run_key"]]):
+        if r["row_kind"] == "finding" and r["when_complete"] in (None, complete.get(r["run_key"])):
             vals = json.loads(r.pop("values"))
-            result.add(sp.Finding(values=vals, **{k: r[k] for k in sp.FINDINGS_COLUMNS if k != "values"}))
+            result.add(Finding(values=vals, **{k: r[k] for k in spt.FINDINGS_COLUMNS if k != "values"}))
     return result
+
+
+def _largest_run_bytes(corpus) -> tuple[int, int]:
+    """(bytes of the corpus's largest run, of its second largest): a task budget between
+    them sends exactly one run to the request buckets."""
+    sizes = sorted(spp.run_bytes(rf) for _, rf in spp.plan([corpus]))
+    return sizes[-1], sizes[-2]
 
 
 @pytest.fixture(scope="module")
@@ -154,12 +167,39 @@ def test_corpus_covers_faults_corruptions_and_bad_input(local):
     assert "missing run.json" in reasons and "not a Parquet file" in reasons and "schema_version" in reasons
 
 
-@pytest.mark.parametrize("buckets,min_groups", [(1, 0), (3, 0), (None, 64)])
-def test_dataflow_in_process_equals_local(corpus, local, buckets, min_groups):
-    """Any grouping of whole requests gives the local findings: the core, not Spark
-    (None: check_spark's default, a different bucket count per run, by its bytes)."""
-    got, want = _summary(emulate([corpus], buckets, min_groups=min_groups)), _summary(local)
+@pytest.mark.parametrize("buckets,min_groups,task_bytes", [(1, 0, -1), (3, 0, -1), (None, 64, -1),
+                                                            (None, 64, spp.RUN_TASK_BYTES), (3, 0, "mixed")])
+def test_dataflow_in_process_equals_local(corpus, local, buckets, min_groups, task_bytes):
+    """Any grouping of whole requests, and whole runs per task, give the local findings:
+    the core, not Spark (buckets None: check_spark's default, a different bucket count
+    per run, by its bytes; task_bytes -1: buckets alone, RUN_TASK_BYTES: every run of the
+    corpus whole, mixed: the largest run by buckets, the others whole)."""
+    if task_bytes == "mixed":
+        task_bytes = _largest_run_bytes(corpus)[1]
+    got, want = _summary(emulate([corpus], buckets, min_groups=min_groups, task_bytes=task_bytes)), _summary(local)
     assert got == want, _diff(got, want)
+
+
+def test_small_runs_are_checked_whole_and_a_run_over_the_budget_by_buckets(corpus):
+    """The plan: under the default budget every run of the corpus is whole (no shuffle of
+    its steps); a budget below the largest run sends that one run, and only it, to the
+    request buckets; whole-run tasks are contiguous ranges of the listing, at least one
+    per run when the target is one byte, and -1 buckets every run."""
+    runs = spp.plan([corpus])
+    whole, big = spp.split_runs(runs)
+    assert len(whole) == len(runs) > 50 and not big
+    packs = spp.run_tasks(whole, spp.task_target(whole, 2))
+    assert [k for p in packs for k, _ in p] == [k for k, _ in whole]
+    assert all([k for k, _ in p] == list(range(p[0][0], p[0][0] + len(p))) for p in packs)
+    assert 8 <= len(packs) < len(whole) / 4              # several runs per task, a few tasks per core
+    largest, second = _largest_run_bytes(corpus)
+    assert largest > second
+    whole, big = spp.split_runs(runs, second)
+    assert len(big) == 1 and spp.run_bytes(big[0][1]) == largest and len(whole) == len(runs) - 1
+    packs = spp.run_tasks(whole, 1 << 30)
+    assert big[0][0] not in {p[0][0] for p in packs} and len(packs) == (2 if 0 < big[0][0] < len(runs) - 1 else 1)
+    assert len(spp.run_tasks(whole, 1)) == len(whole)
+    assert spp.split_runs(runs, -1) == ([], runs)
 
 
 def test_spread_buckets_gives_every_core_groups_in_proportion_to_bytes(tmp_path):
@@ -169,17 +209,17 @@ def test_spread_buckets_gives_every_core_groups_in_proportion_to_bytes(tmp_path)
     from specaudit.trace.synth import write_synthetic_dataset
     for i, n in enumerate((3000, 1000)):
         write_synthetic_dataset(tmp_path, n, seed=i, run_id=f"r{i}", chunk_steps=1000)
-    runs = sp.plan([tmp_path])
-    tasks = sp.file_tasks(runs)
+    runs = spp.plan([tmp_path])
+    tasks = spp.file_tasks(runs)
     assert {t["buckets"] for t in tasks} == {1}                  # a few MB: one bucket each by bytes
-    n = sp.spread_buckets(tasks, 16)
+    n = spp.spread_buckets(tasks, 16)
     per = {t["run_key"]: t["buckets"] for t in tasks}
     big, small = (per[k] for k, rf in runs if rf.run_id == "r0"), (per[k] for k, rf in runs if rf.run_id == "r1")
     big, small = next(big), next(small)
     assert n == big + small and 14 <= n <= 18 and big >= 2.5 * small >= 2.5
     assert all(t["size"] > 0 for t in tasks)
-    tasks = sp.file_tasks(runs, buckets=3)
-    assert sp.spread_buckets(tasks, 0) == 6 and {t["buckets"] for t in tasks} == {3}
+    tasks = spp.file_tasks(runs, buckets=3)
+    assert spp.spread_buckets(tasks, 0) == 6 and {t["buckets"] for t in tasks} == {3}
 
 
 # ------------------------------------------------------------------- on Spark
@@ -187,19 +227,35 @@ def test_spread_buckets_gives_every_core_groups_in_proportion_to_bytes(tmp_path)
 
 @pytest.fixture(scope="session")
 def spark():
-    s = sp.session("local[2]", shuffle_partitions=4)
+    s = sps.session("local[2]", shuffle_partitions=4)
     yield s
     s.stop()
 
 
-def test_spark_local2_equals_local(spark, corpus, local, tmp_path):
+@pytest.mark.parametrize("path", ["buckets", "mixed"])
+def test_spark_local2_equals_local(spark, corpus, local, tmp_path, path):
+    """On Spark: every run by request buckets (3 each), and mixed: the many small runs
+    checked whole by run tasks, the one run larger than the task budget by buckets."""
     out = tmp_path / "findings"
-    res = sp.check_spark(spark, [corpus], out=str(out), max_per_code=0, batch_rows=BATCH_ROWS, buckets=3)
+    stats: dict = {}
+    if path == "buckets":
+        kw = dict(buckets=3, task_bytes=-1)
+    else:
+        kw = dict(task_bytes=_largest_run_bytes(corpus)[1])
+    res = sp.check_spark(spark, [corpus], out=str(out), max_per_code=0, batch_rows=BATCH_ROWS, stats=stats, **kw)
     assert _summary(res) == _summary(local), _diff(_summary(res), _summary(local))
+    n_runs = len(spp.plan([corpus]))
+    if path == "buckets":
+        assert stats["runs_whole"] == stats["whole_tasks"] == 0 and stats["runs_grouped"] == n_runs
+    else:
+        assert stats["runs_grouped"] == 1 and stats["runs_whole"] == n_runs - 1 and stats["whole_tasks"] >= 4
+        (big,) = [rf for _, rf in spp.split_runs(spp.plan([corpus]), kw["task_bytes"])[1]]
+        assert any(f.run_id == big.run_id for f in local.findings)   # the bucketed run has findings to agree on
+    assert stats["python_cpu_s"] > 0
     assert res.exit_code == local.exit_code == 1
     # the findings dataset holds every finding, with the documented columns
     t = pq.read_table(out)
-    assert set(sp.FINDINGS_COLUMNS) <= set(t.schema.names)
+    assert set(spt.FINDINGS_COLUMNS) <= set(t.schema.names)
     assert sorted((r["code"], r["run_id"], r["request_id"], r["step"], r["file"], r["message"])
                   for r in t.to_pylist()) == sorted(_key(f) for f in local.findings)
 
@@ -282,4 +338,4 @@ def test_shuffle_partitions_follow_the_local_cores(master, cores):
     """session(): spark.sql.shuffle.partitions = the cores of a local master (the group
     stage partitions itself; more shuffle partitions only add tasks), else 8."""
     import os
-    assert sp._cores(master) == (cores or os.cpu_count() or 1)
+    assert sps._cores(master) == (cores or os.cpu_count() or 1)

@@ -184,7 +184,8 @@ def run_check(paths=(), *, select=(), ignore=(), invariants=(), entry_points=Tru
 def run_check_spark(paths, select, ignore, *, invariants=(), entry_points=True, max_per_code=1000,
                     spark_master=None, out=None):
     """engine="spark": every path (folder or URI) is a trace dataset, checked on Spark -> CheckResult."""
-    from specaudit.audit.spark import check_spark, session
+    from specaudit.audit.spark import check_spark
+    from specaudit.audit.spark_session import session
     if not paths:
         raise ValueError("--engine spark needs PATHs or URIs of trace datasets")
     spark = session(spark_master)

@@ -269,6 +269,12 @@ class InputError(Exception):
         self.reason = reason
         super().__init__(f"{self.path}: {reason}" if self.path else reason)
 
+    def __reduce__(self):
+        # pickled with the run it belongs to (RunFiles.problems) when a Spark task checks
+        # whole runs; Exception's default would call __init__ with the message alone.
+        # A subclass's own attributes travel as its state
+        return (type(self), (self.path, self.reason), dict(self.__dict__))
+
 
 _LAST_INPUT: list = [None]
 
