@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import math
 
+Z95 = 1.959963984540054   # the two-sided 95% quantile of the standard normal (every 95% interval here)
+
 
 def mean_se(samples) -> tuple[float, float, int]:
     """(mean, standard error of the mean, n) over the finite samples; se is 0 for one

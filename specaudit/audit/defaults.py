@@ -13,6 +13,10 @@ DEFAULT_MARGIN_TOL = 1e-3
 # calibrate: the verify node counts N = budget + 1 and the concurrency levels measured
 DEFAULT_N = (2, 4, 8, 9, 13, 16)
 DEFAULT_C = (1, 4, 8)
+# ab (evidence mode): trace windows are this many consecutive verify forwards at one batch
+# size; a stratum is compared only with at least MIN_WINDOWS windows on each side
+WINDOW_FORWARDS = 16
+MIN_WINDOWS = 3
 
 
 def csv(values) -> str:

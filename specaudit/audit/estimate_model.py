@@ -48,7 +48,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-Z95 = 1.959963984540054   # two-sided 95% normal quantile
+from specaudit.stats import Z95
+
 MAX_REL_STD = 0.25        # s above this: the 95% interval spans more than x1.6 either way
 DEFAULT_TOLERANCE = 0.1   # relative slack around the interval for what the model leaves out (--tolerance)
 

@@ -40,8 +40,8 @@ import math
 from dataclasses import dataclass
 
 from specaudit.numfmt import fixed as _f
+from specaudit.stats import Z95
 
-Z95 = 1.959963984540054
 DRAFT_MAX = 1.0           # a draft forward costs at most one target forward (self-speculation)
 HARDWARE = {
     "gpu": {"verify_max": lambda n: 2.0,

@@ -54,6 +54,7 @@ import json
 import sys
 
 from specaudit.ab_verdict import SAME_WITHIN
+from specaudit.audit.defaults import MIN_WINDOWS, WINDOW_FORWARDS
 
 HELP = ("A/B from evidence (`ab A B`: two engines' logs, scrapes or traces, matched by stratum) or by rerunning "
         "(`ab --a ARGS --b ARGS`: two runtime configurations on the same prompts)")
@@ -94,10 +95,10 @@ def add_arguments(p) -> None:
     g.add_argument("--bootstrap-seed", type=int, default=0, metavar="N", help="bootstrap seed (default 0)")
     g.add_argument("--concurrency-bins", choices=["pow2", "exact"], default="pow2",
                    help="running requests binned 1, 2, 3-4, 5-8, ... (default) or matched exactly")
-    g.add_argument("--window-forwards", type=int, default=16, metavar="N",
-                   help="trace datasets: verify forwards per window (default 16)")
-    g.add_argument("--min-windows", type=int, default=3, metavar="N",
-                   help="windows each side needs in a stratum to compare it (default 3)")
+    g.add_argument("--window-forwards", type=int, default=WINDOW_FORWARDS, metavar="N",
+                   help=f"trace datasets: verify forwards per window (default {WINDOW_FORWARDS})")
+    g.add_argument("--min-windows", type=int, default=MIN_WINDOWS, metavar="N",
+                   help=f"windows each side needs in a stratum to compare it (default {MIN_WINDOWS})")
     g.add_argument("--baseline-tps", metavar="TPS|C=TPS,...",
                    help="plain decoding tokens/s per request, one number or per concurrency (1=98,8=90): "
                         "with --cost-factor adds the throughput-derived commit length")

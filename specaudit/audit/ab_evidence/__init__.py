@@ -70,10 +70,11 @@ values the sides never share is inseparable: no window can say what it does.
 from __future__ import annotations
 
 from specaudit.ab_verdict import SAME_WITHIN, check_same_within
-from specaudit.audit.ab_evidence.comparison import MIN_WINDOWS, compare_windows
-from specaudit.audit.ab_evidence.sides import WINDOW_FORWARDS, read_side
+from specaudit.audit.ab_evidence.comparison import compare_windows
+from specaudit.audit.ab_evidence.sides import read_side
 from specaudit.audit.ab_evidence.throughput import add_throughput_commit, parse_cost_factor, parse_per_concurrency
 from specaudit.audit.ab_evidence.window import METRIC_LABEL, METRICS
+from specaudit.audit.defaults import MIN_WINDOWS, WINDOW_FORWARDS
 
 
 def one_sided_metrics(wa, wb) -> dict:

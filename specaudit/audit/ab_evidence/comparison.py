@@ -30,13 +30,13 @@ from specaudit.audit.ab_evidence.window import (
     value_order,
     value_text,
 )
+from specaudit.audit.defaults import MIN_WINDOWS
 from specaudit.numfmt import signed as _num
 from specaudit.stats import percentile_ci as _ci
 from specaudit.trace.schema import InputError
 
 KIND = "specaudit-ab-evidence"
 VERSION = 1
-MIN_WINDOWS = 3            # a stratum is compared only with this many windows on each side
 
 
 class NoOverlap(ValueError):

@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from specaudit.audit.ab_evidence.window import EvWindow, concurrency_bin
+from specaudit.audit.defaults import WINDOW_FORWARDS
 from specaudit.trace.schema import InputError
 
-WINDOW_FORWARDS = 16       # trace windows: consecutive verify forwards at one batch size
 TRACE_SUFFIXES = (".parquet",)
 
 

@@ -29,6 +29,8 @@ from itertools import combinations
 
 import numpy as np
 
+from specaudit.stats import Z95
+
 BLOCK_MIN_WINDOWS = 20     # below: t with n - 1 df (autocorrelation not estimable)
 PERM_EXACT_MAX = 20000     # relabellings listed exactly up to this many
 PERM_DRAWS = 5000
@@ -37,7 +39,6 @@ METHOD_BLOCK = "block"
 METHOD_TEXT = {METHOD_T: "t interval, n-1 df (too few windows to estimate their autocorrelation)",
                METHOD_BLOCK: "moving-block bootstrap over neighbouring windows"}
 BOOT_EXACT_MAX = 5000       # more windows than this: the bootstrap mean is drawn from its normal limit
-Z95 = 1.959963984540054
 
 
 def method_for(n: int) -> str:
