@@ -130,7 +130,15 @@ class Carry:
 
 
 class StepFrame:
-    """One record batch of one run's steps, re-derived. See the package docstring."""
+    """One record batch of one run's steps, re-derived. See the package docstring.
+
+    Built in stages, each a method below: the rows' order (request, step) and the
+    carry indices, the scalar columns, the per-node lists (flat, aligned on
+    node_tokens), the tree structure a row must have for the deeper rules to trust
+    it, the safe parents, the path and commit lists, and the continuity from each
+    request's previous step. A uniform-N batch (every row N nodes: the usual one)
+    works on [R, N] blocks and defers the flat per-node index arrays until a rule
+    asks; a ragged batch builds them up front."""
 
     def __init__(self, batch, *, run_id: str, carry: Carry, eos_id: int = 0,
                  max_new_tokens: int | None = None, manifest: dict | None = None,
@@ -144,9 +152,25 @@ class StepFrame:
         names = batch.schema.names
         col = {n: batch.column(i) for i, n in enumerate(names)}
         self.columns = col   # the batch's columns by name (optional ones: see `sampling`)
-        R = batch.num_rows
-        self.R = R
-        # --- request ids -> carry indices; sort rows by (request, step)
+        self.R = batch.num_rows
+        self.nulls: dict[str, np.ndarray] = {}  # column -> bool [R] (required values missing)
+        self._sort_rows(col, carry, row_offset)
+        self._read_scalars(col)
+        raw = self._read_lists(col)
+        self._check_structure()
+        self._set_safe_parents()
+        # accepted path and commit (flat in batch order; *_start per sorted row)
+        self.path, self.path_start, self.path_len, self.path_row = self._own(raw["accepted_path"], self.inv, self.order)
+        self.commit, self.commit_start, self.commit_n, self.commit_row = self._own(
+            raw["committed_tokens"], self.inv, self.order)
+        self.true_depth = self.path_len - 1
+        self._link_previous(carry)
+
+    # ------------------------------------------------------------ stages of __init__
+    def _sort_rows(self, col: dict, carry: Carry, row_offset: int) -> None:
+        """Request ids -> carry indices; the rows sorted by (request, step): `order`
+        (row r of this frame is batch row order[r]) and its inverse `inv`."""
+        R = self.R
         rcodes, rdict = _strings(col["request_id"])
         if not all(map(str.__instancecheck__, rdict)):   # (a string dictionary: all str already)
             rdict = [str(x) for x in rdict]
@@ -154,46 +178,47 @@ class StepFrame:
         req = gidx[rcodes]
         step, step_null = _scalar(col["step"])
         order = _request_step_order(rcodes, gidx, step)
-        self.order = order                      # row r of this frame is batch row order[r]
+        self.order = order
         self.row_in_file = order + row_offset
         self.req = req[order]
         self.step = step[order]
         self._rid_names = rdict + ["<null>"]
         self._rid_codes = rcodes[order]
-        self.nulls: dict[str, np.ndarray] = {}  # column -> bool [R] (required values missing)
         if step_null is not None:
             self.nulls["step"] = step_null[order]
         if rcodes.min(initial=0) < 0:
             self.nulls["request_id"] = (rcodes < 0)[order]
-        # run_id and algo per row: codes into small per-batch dictionaries
+        inv = np.empty(R, dtype=I64)
+        inv[order] = np.arange(R, dtype=I64)
+        self.inv = inv
+
+    def _read_scalars(self, col: dict) -> None:
+        """run_id and algo as codes into small per-batch dictionaries; the integer,
+        hash and flag columns in sorted order, their missing values in `nulls`."""
+        order = self.order
         rc, rd = _strings(col["run_id"])
         self._run_names = np.asarray([str(x) for x in rd] + ["<null>"], dtype=object)
         self._run_codes = rc[order]
-        self.run_id_ok = (self._run_names == run_id)[self._run_codes]
+        self.run_id_ok = (self._run_names == self.run_id)[self._run_codes]
         ac, ad = _strings(col["algo"])
         self._algo_names = np.asarray([str(x) for x in ad] + ["<null>"], dtype=object)
         self._algo_codes = ac[order]
         self.is_chain = (self._algo_names == "chain")[self._algo_codes]
         self.algo_known = np.isin(self._algo_names, ["chain", "tree"])[self._algo_codes]
-        for name in ("budget", "topk", "batch_size", "seq_len", "accepted_depth", "commit_len"):
-            v, nl = _scalar(col[name])
+        for name, fill, dtype in (("budget", -1, I64), ("topk", -1, I64), ("batch_size", -1, I64),
+                                  ("seq_len", -1, I64), ("accepted_depth", -1, I64), ("commit_len", -1, I64),
+                                  ("mask_hash", 0, np.uint64), ("finished", False, bool)):
+            v, nl = _scalar(col[name], fill=fill, dtype=dtype)
             setattr(self, name, v[order])
             if nl is not None:
                 self.nulls[name] = nl[order]
-        mh, nl = _scalar(col["mask_hash"], fill=0, dtype=np.uint64)
-        self.mask_hash = mh[order]
-        if nl is not None:
-            self.nulls["mask_hash"] = nl[order]
-        fin, nl = _scalar(col["finished"], fill=False, dtype=bool)
-        self.finished = fin[order]
-        if nl is not None:
-            self.nulls["finished"] = nl[order]
 
-        # --- per-node lists: flat in the batch's own order (no copy of the lists),
-        # with node_row mapping each flat entry to its sorted row
-        inv = np.empty(R, dtype=I64)
-        inv[order] = np.arange(R, dtype=I64)
-        self.inv = inv
+    def _read_lists(self, col: dict) -> dict:
+        """The list columns: lengths per sorted row (`lens`), the diagnostic lists'
+        bad values, N per row (`n`, `n_raw`), flat starts, and the per-node lists flat
+        in the batch's own order (no copy when every list has N entries).
+        -> the raw (offsets, values, lengths) of each list column, by name."""
+        R, order, inv = self.R, self.order, self.inv
         self.lens: dict[str, np.ndarray] = {}
         raw = {}
         for name in (*NODE_LIST_COLUMNS, *NULLABLE_NODE_LIST_COLUMNS, "accepted_path", "committed_tokens"):
@@ -205,13 +230,10 @@ class StepFrame:
         # diagnostic values (SA109), when the column was decoded: column -> (bad [R], value [R])
         self.diag_bad = {c: _diag_bad(col[c], *DIAGNOSTIC_RANGES[c], R, inv)
                          for c in DIAGNOSTIC_RANGES if c in col}
-        off, v, lens0 = raw["node_tokens"]
-        n0 = np.maximum(lens0, 0)
+        n0 = np.maximum(raw["node_tokens"][2], 0)          # N per batch row
         self.n_raw = self.lens["node_tokens"]
         self.n = n0[order]
-        n = self.n
-        T = int(n0.sum())
-        self.T = T
+        self.T = T = int(n0.sum())
         s0 = np.cumsum(n0) - n0                           # batch row -> flat start
         self.start = s0[order]                            # sorted row -> flat start
         N0 = int(n0[0]) if R else 0
@@ -227,8 +249,13 @@ class StepFrame:
         self.parents = self._aligned(raw["parents"], n0, rows0, s0)
         self.positions = self._aligned(raw["positions"], n0, rows0, s0)
         self.argmax = self._aligned(raw["target_argmax"], n0, rows0, s0)
+        return raw
 
-        # --- structure: rows the deeper rules may trust
+    def _check_structure(self) -> None:
+        """Rows the deeper rules may trust (`ok`): every per-node list N long, N in
+        range, a path and a commit, the root's parent -1 and every other parent an
+        earlier node, no required value missing."""
+        n, R = self.n, self.R
         shapes_ok = n >= 1
         for k in ("parents", "positions", "target_argmax"):
             shapes_ok &= self.lens[k] == n
@@ -240,52 +267,58 @@ class StepFrame:
         self.shapes_ok = shapes_ok
         p = self.parents
         if self.uniform_n:                                # [R, N0] blocks: node i at column i
+            N0 = self.T // R
             P = p.reshape(R, N0)
             Pc, ii = P[:, 1:], np.arange(1, N0, dtype=I64)
-            self.root_parent_bad = (P[:, 0] != -1)[order] | (n < 1)
+            self.root_parent_bad = (P[:, 0] != -1)[self.order] | (n < 1)
             bad = (Pc < 0) | (Pc >= ii)
-            self.parent_order_bad = bad.any(axis=1)[order] if bad.any() else np.zeros(R, dtype=bool)
-            chain_eq = Pc == ii - 1
-            all_chains = bool(chain_eq.all())
+            self.parent_order_bad = bad.any(axis=1)[self.order] if bad.any() else np.zeros(R, dtype=bool)
+            self._chain_rows = (Pc == ii - 1).all(axis=1)  # per batch row: parents are i - 1
+            self._all_chains = bool(self._chain_rows.all())
         else:
             is_root = self.node_i == 0
             self.root_parent_bad = self.row_any(is_root & (p != -1)) | (n < 1)
             self.parent_order_bad = self.row_any(~is_root & ((p < 0) | (p >= self.node_i)))
-            all_chains = not self.row_any(~is_root & (p != self.node_i - 1)).any()
+            self._all_chains = not self.row_any(~is_root & (p != self.node_i - 1)).any()
         tree_ok = shapes_ok & ~self.root_parent_bad & ~self.parent_order_bad
         null_any = np.zeros(R, dtype=bool)
         for v_ in self.nulls.values():
             null_any |= v_
         self.null_any = null_any
         self.ok = tree_ok & ~null_any
-        # safe parents: a chain on rows that are not ok, so derivations stay in range;
-        # pglob: the parent as a flat index (-1 at roots)
-        if self.ok.all() and all_chains:
-            self.psafe = p                                # all chains: parent = previous node
+
+    def _set_safe_parents(self) -> None:
+        """psafe: the parents where a row is ok, a chain where it is not (derivations
+        stay in range); pglob: the parent as a flat index (-1 at roots), built here
+        or on first use (a uniform-N tree batch, see the `pglob` property)."""
+        p, T = self.parents, self.T
+        if self.ok.all() and self._all_chains:            # all chains: parent = previous node
+            self.psafe = p
             self.pglob = np.arange(-1, T - 1, dtype=I64)
             if self.uniform_n:
-                self.pglob[::N0] = -1
+                self.pglob[:: T // self.R] = -1
             else:
-                self.pglob[is_root] = -1
-            self.__dict__["chain_shaped"] = np.ones(R, dtype=bool)
+                self.pglob[self.node_i == 0] = -1
+            self.__dict__["chain_shaped"] = np.ones(self.R, dtype=bool)
         elif self.uniform_n:                              # the same on [R, N0] blocks, no gathers
-            ok_b = self.ok[inv]                           # per batch row
-            ps = P.astype(I64)                            # an ok row's root parent is -1
+            N0 = T // self.R
+            ok_b = self.ok[self.inv]                      # per batch row
+            ps = p.reshape(self.R, N0).astype(I64)        # an ok row's root parent is -1
             ps[~ok_b] = np.arange(-1, N0 - 1, dtype=I64)
-            self.psafe = ps.reshape(-1)                   # pglob: built on first use (below)
-            self.__dict__["chain_shaped"] = chain_eq.all(axis=1)[order]
+            self.psafe = ps.reshape(-1)
+            self.__dict__["chain_shaped"] = self._chain_rows[self.order]
         else:
             is_root = self.node_i == 0
             okn = self.ok[self.node_row]
             self.psafe = np.where(okn & ~is_root, p, self.node_i - 1)
             self.pglob = np.where(self.psafe >= 0, self.start[self.node_row] + self.psafe, -1)
 
-        # --- accepted path and commit (flat in batch order; *_start per sorted row)
-        self.path, self.path_start, self.path_len, self.path_row = self._own(raw["accepted_path"], inv, order)
-        self.commit, self.commit_start, self.commit_n, self.commit_row = self._own(raw["committed_tokens"], inv, order)
-        self.true_depth = self.path_len - 1
-
-        # --- continuity from the request's previous step
+    def _link_previous(self, carry: Carry) -> None:
+        """Continuity from each request's previous step (carried from earlier batches,
+        or the previous sorted row): has_prev, prev_step, prev_seq_end, prev_last,
+        prev_finished, out_before, contiguous; and the groups (one per request) that
+        finish_carry folds back into the carry."""
+        R = self.R
         first = np.ones(R, dtype=bool)
         first[1:] = self.req[1:] != self.req[:-1]
         self.group_first = first
