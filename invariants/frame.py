@@ -271,10 +271,13 @@ class StepFrame:
             P = p.reshape(R, N0)
             Pc, ii = P[:, 1:], np.arange(1, N0, dtype=I64)
             self.root_parent_bad = (P[:, 0] != -1)[self.order] | (n < 1)
-            bad = (Pc < 0) | (Pc >= ii)
-            self.parent_order_bad = bad.any(axis=1)[self.order] if bad.any() else np.zeros(R, dtype=bool)
             self._chain_rows = (Pc == ii - 1).all(axis=1)  # per batch row: parents are i - 1
             self._all_chains = bool(self._chain_rows.all())
+            if self._all_chains:                          # parents i - 1: all in order
+                self.parent_order_bad = np.zeros(R, dtype=bool)
+            else:
+                bad = (Pc < 0) | (Pc >= ii)
+                self.parent_order_bad = bad.any(axis=1)[self.order] if bad.any() else np.zeros(R, dtype=bool)
         else:
             is_root = self.node_i == 0
             self.root_parent_bad = self.row_any(is_root & (p != -1)) | (n < 1)
@@ -322,35 +325,34 @@ class StepFrame:
         first = np.ones(R, dtype=bool)
         first[1:] = self.req[1:] != self.req[:-1]
         self.group_first = first
-        prev = np.arange(R, dtype=I64) - 1
-        gid = np.cumsum(first) - 1                       # group (request) of each row
         gstart = np.flatnonzero(first)
-        cr = self.req[first]                             # carry index of each group
-        seq_end_row = self.seq_len + self.commit_n
-        nf = ~first
-        self.has_prev = carry.seen[cr][gid].copy()
-        self.has_prev[nf] = True
-        self.prev_step = carry.last_step[cr][gid]
-        self.prev_step[nf] = self.step[prev[nf]]
-        self.prev_seq_end = carry.seq_end[cr][gid]
-        self.prev_seq_end[nf] = seq_end_row[prev[nf]]
-        self.prev_last = carry.last_tok[cr][gid]
-        self.prev_last[nf] = self.commit_last[prev[nf]]
+        sizes = np.diff(gstart, append=R)                # rows per group
+        cr = self.req[gstart]                            # carry index of each group
+        # a row's previous step is the sorted row before it, but at a group's first row,
+        # where it is the carried one: a shift, then one write per group
+        self.has_prev = np.ones(R, dtype=bool)
+        self.has_prev[gstart] = carry.seen[cr]
+        self.prev_step = _shifted(self.step, carry.last_step.dtype)
+        self.prev_step[gstart] = carry.last_step[cr]
+        self.prev_seq_end = _shifted(self.seq_len + self.commit_n, carry.seq_end.dtype)
+        self.prev_seq_end[gstart] = carry.seq_end[cr]
+        self.prev_last = _shifted(self.commit_last, carry.last_tok.dtype)
+        self.prev_last[gstart] = carry.last_tok[cr]
         # any earlier step of the request finished (carried, or earlier in this batch)
         fcum = np.cumsum(self.finished) - self.finished   # exclusive, over sorted rows
-        self.prev_finished = carry.finished[cr][gid] | (fcum - fcum[gstart][gid] > 0)
+        self.prev_finished = (fcum - np.repeat(fcum[gstart] - carry.finished[cr], sizes)) > 0
         # output tokens before this step: carried length + earlier commits in this batch
         csum = np.cumsum(self.commit_n) - self.commit_n  # exclusive, over the sorted rows
-        self.out_before = carry.out_len[cr][gid] + csum - csum[gstart][gid]
+        self.out_before = csum + np.repeat(carry.out_len[cr] - csum[gstart], sizes)
         # rows whose request's steps so far run 0, 1, 2, ... without a gap: out_before
         # and the token limit are exact there
-        expect = np.where(self.has_prev, self.prev_step + 1, 0)
-        bad = self.step != expect
+        bad = self.step != np.where(self.has_prev, self.prev_step + 1, 0)
         bad_cum = np.cumsum(bad)
-        before_group = (bad_cum - bad)[gstart][gid]
-        self.contiguous = carry.contiguous[cr][gid] & (bad_cum - before_group == 0)
+        # a group whose carry is not contiguous starts R + 1 behind: never 0 again
+        before = bad_cum[gstart] - bad[gstart] + (~carry.contiguous[cr]) * (R + 1)
+        self.contiguous = bad_cum - np.repeat(before, sizes) == 0
         self._carry = carry
-        self._gid, self._gstart, self._cr = gid, gstart, cr
+        self._gstart, self._cr = gstart, cr
 
     @cached_property
     def pglob(self) -> np.ndarray:
@@ -838,6 +840,13 @@ def _request_step_order(rcodes: np.ndarray, gidx: np.ndarray, step: np.ndarray) 
         if ((ks[1:] == ks[:-1]) & (ss[1:] < ss[:-1])).any():
             return np.lexsort((step, gidx[rcodes]))
     return order
+
+
+def _shifted(a: np.ndarray, dtype) -> np.ndarray:
+    """a[r - 1] at row r (row 0 left unset: every group's first row is written after)."""
+    out = np.empty(len(a), dtype=dtype)
+    out[1:] = a[:-1]
+    return out
 
 
 def _local_index(row: np.ndarray, start: np.ndarray, size: int) -> np.ndarray:

@@ -37,14 +37,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 # one thread per reader: rows/s per core (set before polars and DuckDB are imported)
 os.environ.setdefault("POLARS_MAX_THREADS", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchutil import add_json_out, guard_ratios, load_fields, quiet_machine, record  # noqa: E402
-
-import pyarrow as pa  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
 
 # the list columns the checker decodes (bench_check's decode limit: the diagnostic lists
 # are proven from the metadata and skipped)
@@ -59,15 +59,23 @@ def layouts(rg: int) -> list[dict]:
         for dic in (True, False):
             out.append({"name": f"{comp}{'' if dic else '-nodict'}", "compression": comp,
                         "dictionary": dic, "row_group_size": rg})
+    for comp in ("zstd", "lz4"):   # data pages v2: levels stored uncompressed, apart from the values
+        out.append({"name": f"{comp}-pagev2", "compression": comp, "dictionary": True, "row_group_size": rg,
+                    "data_page_version": "2.0"})
     for size in (16384, 262144, 1 << 20):
-        out.append({"name": f"zstd-nodict-rg{size}", "compression": "zstd", "dictionary": False,
-                    "row_group_size": size})
-    cur = {"name": "current", "compression": STEP_WRITE_OPTIONS["compression"],
-           "dictionary": STEP_WRITE_OPTIONS["use_dictionary"], "row_group_size": rg}
+        out.append({"name": f"zstd-rg{size}", "compression": "zstd", "dictionary": True, "row_group_size": size})
+    o = STEP_WRITE_OPTIONS   # written with exactly these options (write_layout)
+    cur = {"name": "current", "compression": o.get("compression", "snappy"),
+           "dictionary": o.get("use_dictionary", True),
+           "row_group_size": rg, "data_page_version": o.get("data_page_version", "1.0")}
     return [cur] + out
 
 
 def write_layout(tbl: pa.Table, path: Path, lay: dict) -> int:
+    if lay["name"] == "current":   # as the sink writes (trace/parquet.py)
+        from specaudit.trace.parquet import STEP_WRITE_OPTIONS
+        pq.write_table(tbl, path, row_group_size=lay["row_group_size"], **STEP_WRITE_OPTIONS)
+        return path.stat().st_size
     names = tbl.schema.names
     dic = lay["dictionary"]
     if dic is True:
@@ -77,7 +85,7 @@ def write_layout(tbl: pa.Table, path: Path, lay: dict) -> int:
     else:
         use_dictionary = dic
     pq.write_table(tbl, path, compression=lay["compression"], use_dictionary=use_dictionary,
-                   row_group_size=lay["row_group_size"])
+                   row_group_size=lay["row_group_size"], data_page_version=lay.get("data_page_version", "1.0"))
     return path.stat().st_size
 
 
@@ -160,6 +168,7 @@ def check_findings(run_dir: Path) -> dict:
 def study_shape(base: Path, algo: str, n_nodes: int, steps: int, rg: int, repeat: int, seed: int) -> dict:
     """Every layout of one shape -> {shape, rows, layouts: [...]} (raises on differing findings)."""
     import duckdb
+
     from specaudit.trace.synth import write_synthetic_dataset
     src = write_synthetic_dataset(base / "src", steps, n_nodes=n_nodes, algo=algo, seed=seed,
                                   run_id=f"layout-{algo}-n{n_nodes}", rollups=False)
@@ -183,6 +192,7 @@ def study_shape(base: Path, algo: str, n_nodes: int, steps: int, rg: int, repeat
                              f"{ref} != {got}")
         rows_out.append({"layout": lay["name"], "compression": lay["compression"],
                          "dictionary": lay["dictionary"], "row_group_size": lay["row_group_size"],
+                         "page_version": lay.get("data_page_version", "1.0"),
                          "mb": round(size / 1e6, 1), **measure(path, rows, repeat, con)})
         print(json.dumps({"shape": f"{algo} N={n_nodes}", **rows_out[-1]}), file=sys.stderr, flush=True)
         shutil.rmtree(base / lay["name"])
@@ -191,8 +201,8 @@ def study_shape(base: Path, algo: str, n_nodes: int, steps: int, rg: int, repeat
     fb = fixed_binary(tbl)
     pq.write_table(fb, path, compression="zstd", use_dictionary=False, row_group_size=rg)
     rows_out.append({"layout": "fixed_binary (study, not the contract)", "compression": "zstd",
-                     "dictionary": False, "row_group_size": rg, "mb": round(path.stat().st_size / 1e6, 1),
-                     **measure(path, rows, repeat, con)})
+                     "dictionary": False, "row_group_size": rg, "page_version": "1.0",
+                     "mb": round(path.stat().st_size / 1e6, 1), **measure(path, rows, repeat, con)})
     print(json.dumps({"shape": f"{algo} N={n_nodes}", **rows_out[-1]}), file=sys.stderr, flush=True)
     path.unlink()
     shutil.rmtree(base / "src")
@@ -220,21 +230,22 @@ def main(argv=None) -> int:
     finally:
         shutil.rmtree(base, ignore_errors=True)
     table, ratios = [], []
+    cpu = lambda r: r["pyarrow_rows_per_cpu_s"]   # the checker's reader, per CPU second
     for s in shapes:
         cur = s["layouts"][0]
         for r in s["layouts"]:
             row = {"shape": s["shape"], **r}
             # pyarrow (the checker's reader) against the writer's current layout
-            row["pyarrow_over_current"] = round(r["pyarrow_rows_per_cpu_s"] / cur["pyarrow_rows_per_cpu_s"], 2)
+            row["pyarrow_over_current"] = round(cpu(r) / cpu(cur), 2)
             row["size_over_current"] = round(r["mb"] / cur["mb"], 2) if cur["mb"] else None
             table.append(row)
-        best = max((r for r in s["layouts"] if "study" not in r["layout"]), key=lambda r: r["pyarrow_rows_per_cpu_s"])
+        best = max((r for r in s["layouts"] if "study" not in r["layout"]), key=cpu)
         study = s["layouts"][-1]
         key = s["shape"].replace(" ", "_").replace("=", "")
         ratios += [f"best_contract_over_current_{key}", f"fixed_binary_over_current_{key}"]
         s["best_contract_layout"] = best["layout"]
-        s[f"best_contract_over_current_{key}"] = round(best["pyarrow_rows_per_cpu_s"] / cur["pyarrow_rows_per_cpu_s"], 2)
-        s[f"fixed_binary_over_current_{key}"] = round(study["pyarrow_rows_per_cpu_s"] / cur["pyarrow_rows_per_cpu_s"], 2)
+        s[f"best_contract_over_current_{key}"] = round(cpu(best) / cpu(cur), 2)
+        s[f"fixed_binary_over_current_{key}"] = round(cpu(study) / cpu(cur), 2)
     out = {"chain_steps": shapes[0]["rows"], "tree_steps": shapes[1]["rows"], "repeat": args.repeat,
            "findings_identical": True, "columns": list(LISTS),
            **{k: v for s in shapes for k, v in s.items() if k.startswith(("best_contract_over", "fixed_binary_over"))},
