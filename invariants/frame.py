@@ -14,8 +14,6 @@ in verify order does; a step that comes late is reported by SA401.
 from __future__ import annotations
 
 from functools import cached_property
-from itertools import compress, repeat
-from operator import is_
 
 import numpy as np
 import pyarrow as pa
@@ -41,6 +39,7 @@ from .arrow import (  # noqa: F401  (re-exported)
     valid_mask,
 )
 from .frame_sampling import SAMPLING_SUM_KEYS
+from .request_ids import RequestIds
 
 I64 = np.int64
 _MIX1 = np.uint64(0x9E3779B97F4A7C15)
@@ -90,26 +89,17 @@ class Carry:
     }
 
     def __init__(self):
-        self.ids: dict[str, int] = {}
-        self.names: list[str] = []
+        self.names = RequestIds()   # request id <-> slot (sliceable: names[:n] is a list of str)
         self.n = 0
         cap = 1024
         for k, (dt, v) in self.FIELDS.items():
             setattr(self, k, np.full(cap, v, dtype=dt))
 
     def index(self, names: list[str]) -> np.ndarray:
-        """Request ids -> dense indices (new ids get new slots)."""
-        ids = self.ids
-        got = list(map(ids.get, names))                # C loops: no Python step per name
-        if None in got:
-            # new names, each once, in order of first appearance
-            new = list(dict.fromkeys(compress(names, map(is_, got, repeat(None)))))
-            base = len(self.names)
-            ids.update(zip(new, range(base, base + len(new)), strict=True))
-            self.names.extend(new)
-            got = list(map(ids.__getitem__, names))
+        """Request ids -> dense indices (new ids get new slots, in order of first appearance)."""
+        got = self.names.index(names)
         self._grow(len(self.names))
-        return np.fromiter(got, dtype=I64, count=len(got))
+        return got
 
     def _grow(self, n: int) -> None:
         cap = len(self.last_step)
@@ -881,7 +871,7 @@ class RequestFrame:
         self.run_id, self.eos_id, self.max_new_tokens = run_id, eos_id, max_new_tokens
         self.complete, self.manifest = complete, manifest
         self.R = Q
-        self.request_id = np.asarray(carry.names[:Q], dtype=object)
+        self._names = carry.names
         self.has_steps = carry.view("seen")
         self.n_steps = carry.view("n_steps")
         self.first_seq_len = carry.view("first_seq_len")
@@ -918,7 +908,15 @@ class RequestFrame:
         self.reference_len = arr("reference_len", -1, np.int32)
         self.finish_reason = arr("finish_reason", None, object)
         self.extra = {k[6:]: arr(k, np.nan, float) for k in t if k.startswith("extra:")}
-        self.null_slot = self.request_id == "\0null"
+        self.null_slot = np.zeros(Q, dtype=bool)      # the slot of rows without a request id
+        null = carry.names.slot_of("\0null")
+        if 0 <= null < Q:
+            self.null_slot[null] = True
+
+    @cached_property
+    def request_id(self) -> np.ndarray:
+        """The request id of each slot (object [Q]): built when a finding names one."""
+        return np.asarray(self._names[: self.R], dtype=object)
 
 
 class RunFrame:
