@@ -106,7 +106,7 @@ else spells a code by hand without a test tying it back here. A built-in rule to
                                    hit("SAnnn") there; tests/test_check_props.py checks
                                    that the vectorised engine flags exactly the same rows
   4. `live` on the rule            when it also runs while an engine serves:
-                                   "prom" -> specaudit/trace/prom_sink.py inline_violations
+                                   "prom" -> specaudit/trace/inline_rules.py inline_violations
                                    must compute it (INLINE_RULES comes from the catalog);
                                    "kernel:<flag>" -> kernels/audit.py RULES has the flag
   5. specaudit/audit/compare.py    when the rule compares a reported figure with a

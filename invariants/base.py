@@ -86,7 +86,7 @@ class Rule:
     fixture_algo  "chain" or "tree": the synthetic run the fixtures mutate
     live      where else the rule runs while an engine serves, beyond `specaudit check`:
               "prom" (the Prometheus sink evaluates it on every step batch and counts
-              specaudit_inline_violations_total{code=...}: specaudit/trace/prom_sink.py)
+              specaudit_invariant_violations_total{code=...}: specaudit/trace/inline_rules.py)
               and/or "kernel:<flag>" (the fused Triton audit's flag <flag> of
               kernels/audit.py RULES reports it). The sink and the kernel take their codes
               from here (registry.live_rules); tests/test_one_verdict.py fails on drift.

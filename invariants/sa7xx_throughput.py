@@ -1,6 +1,6 @@
 """SA708-SA710: an engine's accept length against its own throughput.
 
-The estimator's model (specaudit/estimate.py): per request, tps = C / t_step(c, N), so a
+The estimator's model (specaudit/audit/estimate_model.py): per request, tps = C / t_step(c, N), so a
 window's verify steps per second per request, gen_tps / (c * accept_len), depends only on
 the step cost at that concurrency. Honest counters keep that step rate steady across
 windows of one configuration; a counter that jumps without the throughput following moves
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from specaudit.audit.estimate import MIN_WINDOWS, STEP_RATE_FACTOR, lines, split_by_step_rate  # noqa: F401  (re-exported for the tests)
+from specaudit.audit.observed_throughput import MIN_WINDOWS, STEP_RATE_FACTOR, lines, split_by_step_rate  # noqa: F401  (re-exported for the tests)
 
 from .sa7xx_common import fmt, mean, usable, where
 from .sa7xx_identities import SourceRule
@@ -37,8 +37,9 @@ def groups(reading):
     return g
 
 
-# the split and the line lists live with the estimator (specaudit.audit.estimate), which
-# judges each group of a log on its own; this rule and it split windows the same way
+# the split and the line lists live with the estimator's observed throughput
+# (specaudit.audit.observed_throughput), which judges each group of a log on its own; this
+# rule and it split windows the same way
 def accept_range(ws) -> str:
     a = [w.accept_len for w in ws]
     return f"accept len {fmt(min(a))}" + ("" if fmt(min(a)) == fmt(max(a)) else f"-{fmt(max(a))}")
@@ -59,7 +60,8 @@ def supported_side(reading, lo, hi):
     base = baseline_of(reading)
     if base is None:
         return None, None
-    from specaudit.audit.estimate import CONSISTENT, CostProfile, estimate_commit_length, verdict
+    from specaudit.audit.cost_profile import CostProfile
+    from specaudit.audit.estimate_model import CONSISTENT, estimate_commit_length, verdict
     b, r = base
     r, r_sd = CostProfile.manual(r).lookup()     # a hand-given factor: the estimator's default spread
     out = {}

@@ -7,7 +7,7 @@
 mask [B, N, N]: bool (True = node i may attend to node j) or an additive float bias
 (visible where the bias is above -1e3: masked entries are -inf, the dtype's lowest or -1e4).
 n_nodes [B] optional: row b hashes its [n_b, n_b] block with N = n_b, exactly as the
-tracer does for a padded batch (specaudit.trace.tracer.node_mask_hashes). The result is the
+tracer does for a padded batch (specaudit.trace.steps_arrow.node_mask_hashes). The result is the
 uint64 hash of docs/trace-contract.md carried in an int64 tensor (same bits);
 bit-exact with specaudit.trace.schema.mask_hash and the contract's test vectors.
 """

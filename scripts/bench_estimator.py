@@ -44,7 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))   # scripts/: benchutil
 from benchutil import add_json_out, load_fields, quiet_machine, record
 
 from specaudit.audit.calibrate import PlainStepper, measure_profile, steady
-from specaudit.audit.estimate import CostProfile, estimate_commit_length
+from specaudit.audit.cost_profile import CostProfile
+from specaudit.audit.estimate_model import estimate_commit_length
 from specaudit.model import default_models
 from specaudit.runtime.engine import Request, SpecConfig, SpecEngine
 from specaudit.tokenizer import default_prompts, encode

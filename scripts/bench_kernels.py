@@ -92,7 +92,7 @@ def host_sync(name: str, dev: dict):
     """The host-sync implementation: device -> host copies, then the runtime's numpy."""
     from specaudit.runtime.verifier import accept_greedy
     from specaudit.trace.schema import ancestor_mask, tree_depths
-    from specaudit.trace.tracer import node_mask_hashes
+    from specaudit.trace.steps_arrow import node_mask_hashes
 
     def run():
         h = {k: v.cpu().numpy() for k, v in dev.items()

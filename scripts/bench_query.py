@@ -106,8 +106,11 @@ def main(argv=None) -> int:
     add_json_out(ap, "query")
     args = ap.parse_args(argv)
 
-    from specaudit.postmortem import views as Q
+    from specaudit.postmortem.canned import canned_queries
+    from specaudit.postmortem.dataset import find_dataset
     from specaudit.postmortem.report import build_report
+    from specaudit.postmortem.sql_guard import fetch_arrow
+    from specaudit.postmortem.views import connect
 
     if args.dataset:
         ds, gen_s = Path(args.dataset), 0.0
@@ -120,10 +123,10 @@ def main(argv=None) -> int:
 
     quiet_machine()
     t0 = time.time()
-    con = Q.connect(paths, threads=args.threads)
+    con = connect(paths, threads=args.threads)
     connect_s = time.time() - t0
-    n_steps = Q.fetch_arrow(con, "SELECT count(*) AS n FROM steps").column(0)[0].as_py()
-    n_nodes = int(Q.fetch_arrow(con, "SELECT sum(len(node_tokens))::BIGINT FROM steps").column(0)[0].as_py())
+    n_steps = fetch_arrow(con, "SELECT count(*) AS n FROM steps").column(0)[0].as_py()
+    n_nodes = int(fetch_arrow(con, "SELECT sum(len(node_tokens))::BIGINT FROM steps").column(0)[0].as_py())
     con.close()
 
     findings, check_s = None, None
@@ -137,12 +140,12 @@ def main(argv=None) -> int:
 
     def timed(rollups: bool, label: str) -> dict:
         times, cpus = {}, {}
-        for name, q in Q.canned_queries().items():
+        for name, q in canned_queries().items():
             worst, worst_cpu = 0.0, 0.0
             for _ in range(max(args.repeat, 1)):
                 t0, c0 = time.time(), cpu_s()
-                con = Q.connect(paths, findings, threads=args.threads, rollups=rollups)
-                rows = Q.fetch_arrow(con, q.sql).num_rows
+                con = connect(paths, findings, threads=args.threads, rollups=rollups)
+                rows = fetch_arrow(con, q.sql).num_rows
                 con.close()
                 worst, worst_cpu = max(worst, time.time() - t0), max(worst_cpu, cpu_s() - c0)
             times[name], cpus[name] = round(worst, 3), round(worst_cpu, 3)
@@ -163,7 +166,7 @@ def main(argv=None) -> int:
             "max_query_cpu_s": max(cpus.values()), "report_cpu_s": round(report_cpu, 2), "queries_cpu_s": cpus,
         }
 
-    found = Q.find_dataset(paths)
+    found = find_dataset(paths)
     res = {
         "steps": n_steps, "nodes": n_nodes, "threads": args.threads,
         "dataset_bytes": du(ds), "generate_s": round(gen_s, 1), "connect_s": round(connect_s, 3),

@@ -93,9 +93,9 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
 
     from specaudit.model import default_models
-    from specaudit.run import default_prompts, encode, run_traced
     from specaudit.runtime.engine import greedy_generate, sample_generate
     from specaudit.runtime.sampling import SamplingParams
+    from specaudit.traced_run import default_prompts, encode, run_traced
 
     models = default_models()
     target = models[0]

@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     add_json_out(ap, "sources")
     args = ap.parse_args(argv)
 
-    from specaudit.audit.sources import workers
+    from specaudit.audit.sources.parallel import workers
     n = args.workers or workers()
     sizes = []
     for mib in args.mib or [100, 1024]:

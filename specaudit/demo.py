@@ -31,7 +31,7 @@ def run_demo(out="specaudit-demo", *, keep=False, num_prompts=4, max_new_tokens=
     from specaudit.audit.run_summary import summary_line
     from specaudit.model import default_models
     from specaudit.postmortem.report import build_report
-    from specaudit.run import run_traced
+    from specaudit.traced_run import run_traced
     out = Path(out)
     traces, injected = out / "traces", out / "injected"
     for d in (traces, injected):
@@ -107,7 +107,9 @@ def _estimate(clean_run, bad_run, models, max_new_tokens: int, device: str = "cp
     comes from its own trace (steady-state decode steps, not the counters under audit).
     """
     from specaudit.audit.calibrate import measure_profile
-    from specaudit.audit.estimate import estimate_and_judge, observations_from_traces, profile_t_ar
+    from specaudit.audit.cost_profile import profile_t_ar
+    from specaudit.audit.estimate_judge import estimate_and_judge
+    from specaudit.audit.observed_throughput import observations_from_traces
 
     prof = measure_profile(models=models, n_grid=(8,), c_grid=(1,), repeats=3, max_new_tokens=max_new_tokens,
                            device=device)

@@ -41,7 +41,7 @@ def make_run(tmp_path_factory, models):
 
     Defaults are small (4 prompts, 40 new tokens) so a run takes about a second.
     """
-    from specaudit.run import run_traced
+    from specaudit.traced_run import run_traced
 
     def _run(out=None, **kw):
         kw.setdefault("num_prompts", 4)

@@ -6,17 +6,17 @@ import json
 import numpy as np
 import pytest
 
-from specaudit.audit.ab import (
+from specaudit.ab_verdict import verdict
+from specaudit.audit.diff import diff_runs
+from specaudit.cli import main
+from specaudit.runtime.ab_arms import (
     confounding_warnings,
     format_text,
     parse_arm,
     run_ab,
     settings_differ,
     summarize,
-    verdict,
 )
-from specaudit.audit.diff import diff_runs
-from specaudit.cli import main
 from specaudit.tokenizer import default_prompts
 from specaudit.trace.schema import discover
 
@@ -216,8 +216,8 @@ def test_stale_draft_is_worse_and_confounders_warned(tmp_path, models):
 
 def test_cli_ab_end_to_end(capsys, tmp_path, monkeypatch, models):
     """The CLI wiring, with the session's models instead of a second load."""
-    from specaudit.audit import ab
-    monkeypatch.setattr(ab, "_default_loader", lambda: (lambda device, dtype: models))
+    from specaudit.runtime import ab_arms
+    monkeypatch.setattr(ab_arms, "_default_loader", lambda: (lambda device, dtype: models))
     code, out, err = cli(capsys, "--a=--max-new-tokens 12", "--b=--max-new-tokens 12 --algo tree --topk 1",
                          "--num-prompts", "2", "--repeats", "1", "--bootstrap", "200", "--out", tmp_path / "ab",
                          "--no-progress", "--json")

@@ -13,15 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specaudit.audit.ab_evidence import (
-    EvWindow,
-    NoOverlap,
-    compare_sides,
-    compare_windows,
-    concurrency_bin,
-    format_text,
-    windows_from_traces,
-)
+from specaudit.audit.ab_evidence import compare_sides
+from specaudit.audit.ab_evidence.comparison import NoOverlap, compare_windows
+from specaudit.audit.ab_evidence.sides import windows_from_traces
+from specaudit.audit.ab_evidence.text import format_text
+from specaudit.audit.ab_evidence.window import EvWindow, concurrency_bin
 from specaudit.cli import main
 from specaudit.trace.schema import InputError
 from specaudit.trace.synth import synth_run_rows, write_run
@@ -481,10 +477,10 @@ def test_seed_case_explains_every_metric(seed_logs):
 
 
 def test_large_side_bootstrap_is_bounded():
-    from specaudit.audit import ab_evidence as E
+    from specaudit.audit.ab_evidence import stats
     rng = np.random.default_rng(0)
-    x = rng.normal(2.0, 0.1, E.BOOT_EXACT_MAX + 1)
-    reps = E._boot_means(np.random.default_rng(1), x, 2000)
+    x = rng.normal(2.0, 0.1, stats.BOOT_EXACT_MAX + 1)
+    reps = stats.mean_replicates(np.random.default_rng(1), x, 2000)
     assert reps.shape == (2000,) and abs(reps.std() - 0.1 / np.sqrt(len(x))) < 2e-4
 
 

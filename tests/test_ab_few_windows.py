@@ -16,8 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from specaudit.audit.ab_evidence import EvWindow, compare_sides, compare_windows, concurrency_bin, format_text
-from specaudit.audit.ab_stats import BLOCK_MIN_WINDOWS, more_windows, permutation_p
+from specaudit.audit.ab_evidence import compare_sides
+from specaudit.audit.ab_evidence.comparison import compare_windows
+from specaudit.audit.ab_evidence.stats import BLOCK_MIN_WINDOWS, more_windows, permutation_p
+from specaudit.audit.ab_evidence.text import format_text
+from specaudit.audit.ab_evidence.window import EvWindow, concurrency_bin
 from specaudit.cli import main
 
 ENGINES = Path(__file__).parent / "fixtures" / "engines"

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from specaudit.audit import sources
-from specaudit.audit.sources import Window, audit_file, detect, iter_readings, read_source
+from specaudit.audit.sources import Window, audit_file, detect, detection, iter_readings, parallel, read_source
+from specaudit.audit.sources import lines as line_reader
 from specaudit.trace.schema import InputError
 
 CORPUS = Path(__file__).parent / "fixtures" / "engines" / "corpus" / "rendered"
@@ -151,7 +152,7 @@ def test_nan_accept_len_is_a_note(tmp_path):
 
 
 def test_over_long_line_is_skipped(tmp_path, monkeypatch):
-    monkeypatch.setattr(sources, "MAX_LINE", 4096)
+    monkeypatch.setattr(line_reader, "MAX_LINE", 4096)
     f = tmp_path / "long.log"
     f.write_text("x" * 20000 + "\n" + VLLM.read_text())
     fs = audit_file(f)
@@ -214,7 +215,7 @@ def test_memory_does_not_grow_with_the_log(tmp_path, name):
 def test_no_progress_bar_off_a_terminal(tmp_path):
     f = tmp_path / "v.log"
     f.write_text(VLLM.read_text())
-    assert sources._progress(f) is None  # pytest's stderr is not a terminal; small files never get one
+    assert line_reader.progress_bar(f) is None  # pytest's stderr is not a terminal; small files never get one
 
 
 def test_cli_reads_the_main_engine_of_a_mixed_file(tmp_path, capsys):
@@ -263,7 +264,7 @@ def test_cli_source_names_are_the_registry():
 
 
 def test_another_engine_past_the_head_is_noted(tmp_path, monkeypatch):
-    monkeypatch.setattr(sources, "HEAD_BYTES", 100)
+    monkeypatch.setattr(detection, "HEAD_BYTES", 100)
     f = tmp_path / "late.log"
     f.write_text(VLLM.read_text() * 3 + (CORPUS / "llamacpp-pr27342-dflash2.log").read_text())
     fs = audit_file(f)
@@ -278,33 +279,33 @@ def test_lines_in_blocks_number_and_filter_like_a_plain_split(tmp_path, monkeypa
     (spanning blocks) is one note, a noise line's bad UTF-8 is still noted once, and a
     last line without a newline is yielded and flagged."""
     import re
-    monkeypatch.setattr(sources, "READ_CHUNK", chunk)
-    monkeypatch.setattr(sources, "MAX_LINE", 40)
+    monkeypatch.setattr(line_reader, "READ_CHUNK", chunk)
+    monkeypatch.setattr(line_reader, "MAX_LINE", 40)
     rows = [b"noise one", b"SpecDecoding metrics: a", b"x" * 100, b"bad \xff noise", b"",
             b"Decode batch, accept len: 2", b"more noise", b"metrics: last"]
     f = tmp_path / "l.log"
     f.write_bytes(b"\n".join(rows))                      # no newline after the last line
     want = [(n, r.decode("utf-8", "replace")) for n, r in enumerate(rows, 1) if len(r) <= 40]
-    lines = sources.Lines(f, progress=False)
+    lines = line_reader.Lines(f, progress=False)
     assert list(lines) == want
     assert [(x["line"], "skipped" in x["reason"]) for x in lines.notes] == [(3, True), (4, False)]
     assert lines.unterminated == 8
     want_marked = [(2, "SpecDecoding metrics: a"), (6, "Decode batch, accept len: 2"), (8, "metrics: last")]
     for markers in (re.compile(b"metrics:|Decode batch"), (b"metrics:", b"Decode batch")):  # line / block filter
-        marked = sources.Lines(f, progress=False, markers=markers)
+        marked = line_reader.Lines(f, progress=False, markers=markers)
         assert list(marked) == want_marked
         assert [x["line"] for x in marked.notes] == [3, 4]   # the long line and the bad bytes, both noise
     clean = tmp_path / "ascii.log"          # plain ASCII: the block filter finds the hits with bytes.find
     rows = [b"noise", b"x metrics: 1", b"Decode batch metrics: 2", b"", b"noise", b"metrics: 3\r", b"tail"]
     clean.write_bytes(b"\n".join(rows) + b"\n")
-    got = list(sources.Lines(clean, progress=False, markers=(b"metrics:", b"Decode batch")))
+    got = list(line_reader.Lines(clean, progress=False, markers=(b"metrics:", b"Decode batch")))
     assert got == [(2, "x metrics: 1"), (3, "Decode batch metrics: 2"), (6, "metrics: 3")]
 
 
 def test_the_model_is_passed_through_for_the_ab_model_stratum(tmp_path):
     """SGLang's server_args model_path and a scrape's model_name reach Reading.config, where
-    the A/B evidence reads its model stratum (ab_evidence._reading_meta)."""
-    from specaudit.audit.ab_evidence import _reading_meta
+    the A/B evidence reads its model stratum (ab_evidence.sides._reading_meta)."""
+    from specaudit.audit.ab_evidence.sides import _reading_meta
     log = tmp_path / "s.log"
     log.write_text("[2026-03-18 11:22:00] server_args=ServerArgs(model_path='Qwen/Qwen3-8B', tp_size=1, "
                    "speculative_algorithm='EAGLE3', speculative_num_draft_tokens=4, served_model_name='qwen')\n"
@@ -341,8 +342,8 @@ def test_parallel_audit_equals_the_sequential_one(tmp_path, monkeypatch, n):
     monkeypatch.setenv("SPECAUDIT_WORKERS", "1")
     seq = audit_file(f)
     monkeypatch.setenv("SPECAUDIT_WORKERS", str(n))
-    monkeypatch.setattr(sources, "PARALLEL_MIN", 1)
-    ranges = sources._ranges(f, n)
+    monkeypatch.setattr(parallel, "PARALLEL_MIN", 1)
+    ranges = parallel.byte_ranges(f, n)
     assert len(ranges) == n and ranges[0][0] == 0 and ranges[-1][1] == f.stat().st_size
     assert ranges[-1][0] <= f.read_bytes().index(b"accept len: 7.00")   # the bad line is in the last range
     par = audit_file(f)
@@ -359,6 +360,6 @@ def test_parallel_audit_of_a_log_without_figures_is_one_clear_error(tmp_path, mo
     f = tmp_path / "noise.log"
     f.write_text("[2025-10-02 14:00:05] Decode batch, #running-req: 1, #token: 10, accept len: nan, \n" * 200)
     monkeypatch.setenv("SPECAUDIT_WORKERS", "2")
-    monkeypatch.setattr(sources, "PARALLEL_MIN", 1)
+    monkeypatch.setattr(parallel, "PARALLEL_MIN", 1)
     with pytest.raises(InputError, match="no usable spec-decoding figures"):
         audit_file(f)

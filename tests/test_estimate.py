@@ -10,16 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specaudit import cli
-from specaudit.audit.estimate import (
-    CONSISTENT,
-    INCONSISTENT,
-    NOT_ENOUGH_DATA,
-    CostEntry,
-    CostProfile,
-    estimate_commit_length,
-    observation_from_load_json,
-    verdict,
-)
+from specaudit.audit.cost_profile import CostEntry, CostProfile
+from specaudit.audit.estimate_model import CONSISTENT, INCONSISTENT, NOT_ENOUGH_DATA, estimate_commit_length, verdict
+from specaudit.audit.observed_throughput import observation_from_load_json
 from specaudit.trace.schema import InputError
 
 FIX = __import__("pathlib").Path(__file__).parent / "fixtures" / "engines"
@@ -407,7 +400,7 @@ def test_band_holding_the_counter_and_the_derived_figure_cannot_tell_them_apart(
     what decides, instead of saying the evidence supports the depth counter."""
     import pyarrow.compute as pc
 
-    from specaudit.audit.estimate import observations_from_traces
+    from specaudit.audit.observed_throughput import observations_from_traces
     from specaudit.trace.synth import synth_run_rows, write_run
     s, r, m = synth_run_rows(6, algo="chain", budget=7, seed=3, run_id="demo", max_new_tokens=40)
     truth = pc.sum(pc.list_value_length(s.column("committed_tokens"))).as_py() / s.num_rows

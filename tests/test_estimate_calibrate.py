@@ -11,7 +11,8 @@ import torch
 
 from specaudit import cli
 from specaudit.audit.calibrate import algo_for, measure_profile, plain_steps, profile_from_traces
-from specaudit.audit.estimate import CostProfile, observations_from_traces
+from specaudit.audit.cost_profile import CostProfile
+from specaudit.audit.observed_throughput import observations_from_traces
 from specaudit.model import GPT, BlockDrafter, DrafterConfig, GPTConfig
 from specaudit.trace.synth import synth_run_rows, write_run
 

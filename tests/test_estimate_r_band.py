@@ -14,7 +14,8 @@ import json
 
 import pytest
 
-from specaudit.audit.estimate import CostEntry, CostProfile, run_estimate
+from specaudit.audit.cost_profile import CostEntry, CostProfile
+from specaudit.audit.estimate import run_estimate
 from specaudit.audit.r_band import band_from_hardware, implied_r
 from specaudit.cli import main
 

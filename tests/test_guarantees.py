@@ -372,7 +372,7 @@ def test_ab_counts_a_duplicated_log_once(tmp_path):
 def test_ab_counts_a_copied_trace_run_once(tmp_path):
     import shutil
 
-    from specaudit.audit.ab_evidence import read_side
+    from specaudit.audit.ab_evidence.sides import read_side
     s, q, m = synth_run_rows(n_requests=24, budget=7, accept_p=0.6, concurrency=1, seed=1, run_id="r1",
                              max_new_tokens=160)
     write_run(tmp_path / "a", s, q, m)
@@ -636,7 +636,7 @@ def test_an_input_missing_for_a_moment_is_classified_when_it_appears(tmp_path):
     classification looks again before calling it missing, and stats it once."""
     import threading
 
-    from specaudit.audit.run_check import split_inputs
+    from specaudit.audit.check_inputs import split_inputs
     p = tmp_path / "server.log"
     threading.Timer(0.2, lambda: p.write_text("INFO started\n")).start()
     traces, logs = split_inputs([p])
@@ -646,7 +646,7 @@ def test_an_input_missing_for_a_moment_is_classified_when_it_appears(tmp_path):
 
 
 def test_a_log_gone_between_classification_and_read_is_named_not_dropped(tmp_path, monkeypatch):
-    from specaudit.audit import run_check as rc_mod
+    from specaudit.audit import check_inputs as rc_mod
     p = tmp_path / "server.log"
     p.write_text("INFO started\n")
     real = rc_mod.split_inputs

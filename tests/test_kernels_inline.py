@@ -12,7 +12,7 @@ from specaudit.kernels import RULES, InlineAuditor, as_uint64
 from specaudit.kernels.audit import NUM_COUNTERS
 from test_kernels import engine_step, make_batch
 
-from specaudit.trace.tracer import node_mask_hashes
+from specaudit.trace.steps_arrow import node_mask_hashes
 
 
 def hook_steps(fault=None, seeds=range(4)):

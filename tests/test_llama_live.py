@@ -257,7 +257,7 @@ def costed(tmp_path_factory, llama_bin, gguf_pair) -> dict:
 
 
 def test_the_cost_profile_script_measures_r_on_the_servers(costed):
-    from specaudit.audit.estimate import CostProfile
+    from specaudit.audit.cost_profile import CostProfile
     out = costed["script"]
     prof = CostProfile.load(out["profile"])
     (e,) = prof.entries

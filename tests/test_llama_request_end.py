@@ -9,7 +9,8 @@ drafted token as accepted from minute 2 on is still caught over spans.
 """
 from __future__ import annotations
 
-from specaudit.audit.sources import Reading, Window, audit_reading
+from specaudit.audit.sources import Reading, Window
+from specaudit.audit.sources.rules import audit_reading
 
 STEP_S = 0.03    # a verify step: requests of 400 tokens last 2-7 s, a few per 5 s window
 ACCEPT = [2.1, 3.7, 5.5, 5.2, 1.8]   # mean accept length per request, cycled (the five live prompts, k=6)

@@ -73,23 +73,27 @@ def test_every_surface_says_the_same(table_ds, tmp_path, monkeypatch):
 
     from specaudit.audit import diff as D
     from specaudit.audit.check import check_paths
-    from specaudit.audit.estimate import CostProfile, estimate_commit_length, live_judgement, verdict
-    from specaudit.postmortem import views as Q
+    from specaudit.audit.cost_profile import CostProfile
+    from specaudit.audit.estimate import live_judgement
+    from specaudit.audit.estimate_model import estimate_commit_length, verdict
     from specaudit.postmortem.report import build_report
+    from specaudit.postmortem.sql_guard import fetch_arrow
+    from specaudit.postmortem.view_sql import AGREES_MACRO_SQL
+    from specaudit.postmortem.views import connect
 
     ds, ids = table_ds
     # check: SA510 fires exactly on the disagreeing cases
     res = check_paths([str(ds)], select=("SA510",))
     flagged = {f.run_id for f in res.findings if f.code == "SA510"}
     # query: the figures view (Python UDF = compare.verdict)
-    con = Q.connect([ds])
-    rows = Q.fetch_arrow(con, "SELECT run_id, derived, reported, verdict FROM figures "
+    con = connect([ds])
+    rows = fetch_arrow(con, "SELECT run_id, derived, reported, verdict FROM figures "
                               "WHERE metric = 'tokens_per_s'").to_pylist()
     con.close()
     assert len(rows) == len(CASES)
     # the shell: the SQL macro, on plain duckdb
     sh = duckdb.connect()
-    sh.execute(Q.AGREES_MACRO_SQL)
+    sh.execute(AGREES_MACRO_SQL)
     # report: the Runs table's cell
     page = build_report([ds], tmp_path / "rep", findings=res.findings, summary=res.summary()).read_text()
     for row in rows:
@@ -122,8 +126,8 @@ def test_every_surface_says_the_same(table_ds, tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def fault_runs(tmp_path_factory):
     """Every --inject fault's run of the reference runtime (chain, tree where the fault needs it)."""
-    from specaudit.run import run_traced
     from specaudit.runtime.faults import FAULTS
+    from specaudit.traced_run import run_traced
     out = tmp_path_factory.mktemp("faults")
     runs = {}
     for name, f in FAULTS.items():
@@ -149,14 +153,16 @@ def _truth(run_dir):
 
 def test_fault_runs_show_the_true_figures_beside_the_reported(fault_runs, tmp_path):
     from specaudit.audit.check import check_paths
-    from specaudit.postmortem import views as Q
+    from specaudit.postmortem.canned import canned
     from specaudit.postmortem.report import build_report
+    from specaudit.postmortem.sql_guard import fetch_arrow
+    from specaudit.postmortem.views import connect
     ds, runs = fault_runs
-    con = Q.connect([ds])
-    figs = Q.fetch_arrow(con, "SELECT * FROM figures").to_pylist()
-    over = Q.fetch_arrow(con, Q.canned("throughput_over_time").sql).to_pylist()
-    hist = Q.fetch_arrow(con, Q.canned("commit_length_histogram").sql).to_pylist()
-    spread = Q.fetch_arrow(con, Q.canned("request_acceptance_spread").sql).to_pylist()
+    con = connect([ds])
+    figs = fetch_arrow(con, "SELECT * FROM figures").to_pylist()
+    over = fetch_arrow(con, canned("throughput_over_time").sql).to_pylist()
+    hist = fetch_arrow(con, canned("commit_length_histogram").sql).to_pylist()
+    spread = fetch_arrow(con, canned("request_acceptance_spread").sql).to_pylist()
     con.close()
     res = check_paths([str(ds)])
     page = build_report([ds], tmp_path / "rep", findings=res.findings, summary=res.summary()).read_text()
@@ -189,10 +195,12 @@ def test_fault_runs_show_the_true_figures_beside_the_reported(fault_runs, tmp_pa
 
 
 def test_a_vs_b_on_the_counter_fault_uses_the_committed_tokens(fault_runs):
-    from specaudit.postmortem import views as Q
+    from specaudit.postmortem.canned import canned
+    from specaudit.postmortem.sql_guard import fetch_arrow
+    from specaudit.postmortem.views import connect
     ds, runs = fault_runs
-    con = Q.connect([ds], variables={"a": "stale-draft", "b": "commit-counter"})
-    rows = {r["metric"]: r for r in Q.fetch_arrow(con, Q.canned("a_vs_b").sql).to_pylist()}
+    con = connect([ds], variables={"a": "stale-draft", "b": "commit-counter"})
+    rows = {r["metric"]: r for r in fetch_arrow(con, canned("a_vs_b").sql).to_pylist()}
     con.close()
     truth = _truth(runs["commit-counter"].run_dir)
     assert rows["mean_commit_len"]["b"] == pytest.approx(truth["mean_commit_len"])
@@ -342,13 +350,13 @@ def test_live_rules_come_from_the_catalog_and_do_not_drift():
     from specaudit.invariants.registry import kernel_codes, live_rules
     from specaudit.kernels.audit import RULES, rule_codes
 
-    from specaudit.trace import prom_sink
+    from specaudit.trace import inline_rules
     from specaudit.trace.synth import synth_run_rows
     prom = live_rules("prom")
-    assert [(r.code, r.name) for r in prom] == [(c, n) for c, n, _ in prom_sink.INLINE_RULES]
+    assert [(r.code, r.name) for r in prom] == [(c, n) for c, n, _ in inline_rules.INLINE_RULES]
     # the sink computes exactly the catalog's live codes, no more, no fewer
     steps, _, man = synth_run_rows(2, algo="tree", budget=6, topk=2, seed=1)
-    got = prom_sink.inline_violations(steps.to_batches()[0])
+    got = inline_rules.inline_violations(steps.to_batches()[0])
     assert set(got) == {r.code for r in prom}
     # the kernel: every flag reports catalog codes, every declared flag exists
     kc = kernel_codes()
@@ -366,7 +374,7 @@ def test_the_rule_guide_names_every_place_and_each_holds_the_catalog():
     from specaudit.invariants.registry import builtin_codes, live_rules
     root = Path(__file__).resolve().parents[1]
     guide = inv.__doc__.split("Every place a new rule touches", 1)[1].split("Fixtures:", 1)[0]
-    for path in ("specaudit/audit/reference.py", "specaudit/trace/prom_sink.py", "kernels/audit.py",
+    for path in ("specaudit/audit/reference.py", "specaudit/trace/inline_rules.py", "kernels/audit.py",
                  "specaudit/audit/compare.py", "docs/commands/check.md", "tests/test_invariants.py",
                  "tests/test_check_props.py"):
         assert path in guide, path
@@ -380,8 +388,8 @@ def test_the_rule_guide_names_every_place_and_each_holds_the_catalog():
 
 
 def test_one_threads_default_for_every_command_that_runs_a_model():
-    from specaudit.audit.ab import parse_arm
     from specaudit.cli import build_parser
+    from specaudit.runtime.ab_arms import parse_arm
     ap = build_parser()
     defaults = {}
     for name in ("run", "serve", "calibrate", "demo"):
@@ -393,7 +401,7 @@ def test_one_threads_default_for_every_command_that_runs_a_model():
 
 
 def test_draft_noise_lowers_acceptance_and_is_recorded(tmp_path):
-    from specaudit.run import run_traced
+    from specaudit.traced_run import run_traced
     clean = run_traced(num_prompts=2, max_new_tokens=40, out=tmp_path, run_id="clean", threads=1)
     noisy = run_traced(num_prompts=2, max_new_tokens=40, out=tmp_path, run_id="noisy", threads=1, draft_noise=8.0)
     assert noisy.manifest["config"]["draft_noise"] == 8.0 and clean.manifest["config"]["draft_noise"] == 0.0

@@ -13,7 +13,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from specaudit.trace.prom_sink import INLINE_CODES, INLINE_RULES, PromSink, inline_violations
+from specaudit.trace.inline_rules import INLINE_CODES, INLINE_RULES, inline_violations
+from specaudit.trace.prom_sink import PromSink
 from specaudit.trace.schema import STEPS_SCHEMA, tree_depths
 from specaudit.trace.synth import synth_run_rows
 
@@ -327,7 +328,7 @@ def test_fast_exposition_equals_generate_latest():
     with labels (sorted, escaped), histograms with labels, and children added later."""
     from prometheus_client import Counter, Histogram
 
-    from specaudit.trace.prom_sink import FastExposition
+    from specaudit.trace.prom_exposition import FastExposition
     steps, reqs, manifest = synth_run_rows(n_requests=12, algo="tree", seed=1)
     reg = CollectorRegistry()
     sink = PromSink(reg)
@@ -356,7 +357,7 @@ def test_fast_exposition_reuses_lines_only_while_values_stand():
     the sum, a new child) still shows on the next render, byte for byte as generate_latest."""
     from prometheus_client import Counter, Gauge, Histogram
 
-    from specaudit.trace.prom_sink import FastExposition
+    from specaudit.trace.prom_exposition import FastExposition
     reg = CollectorRegistry()
     c = Counter("a", "a", registry=reg)
     g = Gauge("b", "b", registry=reg)
@@ -382,7 +383,7 @@ def test_fast_exposition_rereads_a_sink_only_after_it_wrote():
     equals generate_latest's."""
     from types import SimpleNamespace
 
-    from specaudit.trace.prom_sink import FastExposition
+    from specaudit.trace.prom_exposition import FastExposition
     steps, reqs, manifest = synth_run_rows(n_requests=6, algo="chain", seed=3)
     reg = CollectorRegistry()
     sink = PromSink(reg)

@@ -23,8 +23,15 @@ from ci import need
 
 from specaudit.audit.findings import Finding
 from specaudit.cli import main as cli_main
-from specaudit.postmortem import views as Q
-from specaudit.trace.schema import tree_depths
+from specaudit.postmortem.canned import canned, canned_queries
+from specaudit.postmortem.dataset import find_dataset
+from specaudit.postmortem.shell import shell_setup_sql
+from specaudit.postmortem.sql_guard import fetch_arrow
+from specaudit.postmortem.tables import config_label, findings_table
+from specaudit.postmortem.udfs import depths_udf
+from specaudit.postmortem.view_sql import parquet_view
+from specaudit.postmortem.views import connect
+from specaudit.trace.schema import STEPS_SCHEMA, tree_depths
 
 # ----------------------------------------------------------------------- fixtures
 
@@ -48,7 +55,7 @@ def synth_ds(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def con(synth_ds):
-    c = Q.connect([synth_ds[0]], threads=2)
+    c = connect([synth_ds[0]], threads=2)
     yield c
     c.close()
 
@@ -58,7 +65,7 @@ def all_steps(runs) -> pa.Table:
 
 
 def label(man) -> str:
-    return Q.config_label(man["config"])
+    return config_label(man["config"])
 
 
 def run_cli(argv, capsys):
@@ -76,19 +83,19 @@ def tree_files(root: Path) -> dict:
 def test_views_hold_every_row(con, synth_ds):
     _, runs = synth_ds
     steps = all_steps(runs)
-    assert Q.fetch_arrow(con, "SELECT count(*) FROM steps").column(0)[0].as_py() == steps.num_rows
+    assert fetch_arrow(con, "SELECT count(*) FROM steps").column(0)[0].as_py() == steps.num_rows
     n_req = sum(r.num_rows for _, r, _ in runs.values())
-    assert Q.fetch_arrow(con, "SELECT count(*) FROM requests").column(0)[0].as_py() == n_req
+    assert fetch_arrow(con, "SELECT count(*) FROM requests").column(0)[0].as_py() == n_req
     n_nodes = sum(len(x) for x in steps.column("node_tokens").to_pylist())
-    assert Q.fetch_arrow(con, "SELECT count(*) FROM nodes").column(0)[0].as_py() == n_nodes
-    got = {r["run_id"]: r for r in Q.fetch_arrow(con, "SELECT * FROM runs").to_pylist()}
+    assert fetch_arrow(con, "SELECT count(*) FROM nodes").column(0)[0].as_py() == n_nodes
+    got = {r["run_id"]: r for r in fetch_arrow(con, "SELECT * FROM runs").to_pylist()}
     assert set(got) == set(runs)
     for rid, (_, _, man) in runs.items():
         assert got[rid]["config"] == label(man)
         assert got[rid]["reported_mean_commit_len"] == pytest.approx(man["reported"]["mean_commit_len"])
         assert json.loads(got[rid]["manifest"])["run_id"] == rid
         assert got[rid]["complete"] is True and got[rid]["step_files"] == 2
-    assert Q.fetch_arrow(con, "SELECT count(*) FROM violations").column(0)[0].as_py() == 0
+    assert fetch_arrow(con, "SELECT count(*) FROM violations").column(0)[0].as_py() == 0
 
 
 def test_nodes_view_matches_numpy(con, synth_ds):
@@ -104,7 +111,7 @@ def test_nodes_view_matches_numpy(con, synth_ds):
                 want[(r["run_id"], r["request_id"], r["step"], i)] = (
                     int(depth[i]), tok, int(par[i]), r["positions"][i], r["target_argmax"][i],
                     i in path, None if i == 0 else (int(par[i]) in path))
-    got = Q.fetch_arrow(con, "SELECT run_id, request_id, step, node, depth, token, parent, position, "
+    got = fetch_arrow(con, "SELECT run_id, request_id, step, node, depth, token, parent, position, "
                              "target_argmax, accepted, parent_accepted FROM nodes").to_pylist()
     assert len(got) == len(want)
     for g in got:
@@ -116,30 +123,30 @@ def test_nodes_view_matches_numpy(con, synth_ds):
 def test_depths_udf_edge_cases():
     arr = pa.array([[-1, 0, 0, 1, 3], [-1, 0, 5, 1], None, [-1, -1, 0], [], [-1, 0, 1, 2]],
                    pa.list_(pa.int32()))
-    assert Q.depths_udf(arr).to_pylist() == [[0, 1, 1, 2, 3], [0, 1, None, 2], None,
+    assert depths_udf(arr).to_pylist() == [[0, 1, 1, 2, 3], [0, 1, None, 2], None,
                                              [0, None, 1], [], [0, 1, 2, 3]]
     # a sliced array (non-zero offset) keeps row boundaries
-    assert Q.depths_udf(arr.slice(3, 3)).to_pylist() == [[0, None, 1], [], [0, 1, 2, 3]]
+    assert depths_udf(arr.slice(3, 3)).to_pylist() == [[0, None, 1], [], [0, 1, 2, 3]]
 
 
 def test_shell_setup_sql_gives_the_same_views_and_lock(synth_ds, con):
     """The duckdb CLI's setup (run here in Python duckdb) builds the same views, locked."""
     c = duckdb.connect()
-    for stmt in c.extract_statements(Q.shell_setup_sql([synth_ds[0]], [_finding("SA301", "x")])):
+    for stmt in c.extract_statements(shell_setup_sql([synth_ds[0]], [_finding("SA301", "x")])):
         c.execute(stmt.query)
     for v in ("steps", "requests", "nodes"):
         n = c.execute(f"SELECT count(*) FROM {v}").fetchone()[0]
-        assert n == Q.fetch_arrow(con, f"SELECT count(*) FROM {v}").column(0)[0].as_py()
+        assert n == fetch_arrow(con, f"SELECT count(*) FROM {v}").column(0)[0].as_py()
     a = c.execute("SELECT sum(depth), count(*) FILTER (WHERE accepted) FROM nodes").fetchone()
-    b = Q.fetch_arrow(con, "SELECT sum(depth), count(*) FILTER (WHERE accepted) FROM nodes").to_pylist()[0]
+    b = fetch_arrow(con, "SELECT sum(depth), count(*) FILTER (WHERE accepted) FROM nodes").to_pylist()[0]
     assert [int(x) for x in a] == [int(x) for x in b.values()]
     assert c.execute("SELECT code FROM violations").fetchall() == [("SA301",)]
     # the older-CLI depth expression (pointer doubling) agrees with the UDF
     c2 = duckdb.connect()
-    for stmt in c2.extract_statements(Q.shell_setup_sql([synth_ds[0]], duckdb_major=1)):
+    for stmt in c2.extract_statements(shell_setup_sql([synth_ds[0]], duckdb_major=1)):
         c2.execute(stmt.query)
     d1 = c2.execute("SELECT list(depth ORDER BY run_id, request_id, step, node) FROM nodes").fetchone()[0]
-    d2 = Q.fetch_arrow(con, "SELECT list(depth ORDER BY run_id, request_id, step, node) FROM nodes")
+    d2 = fetch_arrow(con, "SELECT list(depth ORDER BY run_id, request_id, step, node) FROM nodes")
     assert d1 == d2.column(0)[0].as_py()
     with pytest.raises(duckdb.Error, match="locked"):
         c.execute("SET enable_external_access = true")
@@ -150,7 +157,7 @@ def test_shell_setup_sql_gives_the_same_views_and_lock(synth_ds, con):
 # ----------------------------------------------------------------- canned queries
 
 def test_every_canned_query_is_documented_and_its_columns_are_what_it_says(con):
-    qs = Q.canned_queries()
+    qs = canned_queries()
     assert {"acceptance_by_depth", "commit_length_histogram", "acceptance_vs_draft_logprob",
             "request_acceptance_spread", "throughput_over_time", "violations_by_code",
             "a_vs_b", "latency_breakdown"} <= set(qs)
@@ -159,13 +166,13 @@ def test_every_canned_query_is_documented_and_its_columns_are_what_it_says(con):
             assert part in q.doc, (name, part)
         cols = re.search(r"Columns:(.*?)(?:\n\n|$)", q.doc, re.DOTALL).group(1)
         want = [c.strip() for c in cols.replace("\n", " ").split(",") if c.strip()]
-        got = Q.fetch_arrow(con, q.sql).column_names
+        got = fetch_arrow(con, q.sql).column_names
         assert got == want, name
 
 
 def test_acceptance_by_depth_matches_numpy(con, synth_ds):
     _, runs = synth_ds
-    rows = Q.fetch_arrow(con, Q.canned("acceptance_by_depth").sql).to_pylist()
+    rows = fetch_arrow(con, canned("acceptance_by_depth").sql).to_pylist()
     for steps, _, man in runs.values():
         d = np.array([len(p) - 1 for p in steps.column("accepted_path").to_pylist()])
         mine = [r for r in rows if r["config"] == label(man)]
@@ -181,7 +188,7 @@ def test_acceptance_by_depth_matches_numpy(con, synth_ds):
 
 def test_commit_length_histogram_matches_numpy(con, synth_ds):
     _, runs = synth_ds
-    rows = Q.fetch_arrow(con, Q.canned("commit_length_histogram").sql).to_pylist()
+    rows = fetch_arrow(con, canned("commit_length_histogram").sql).to_pylist()
     for steps, _, man in runs.values():
         cl = np.array([len(x) for x in steps.column("committed_tokens").to_pylist()])   # derived, not the counter
         mine = {r["commit_len"]: r for r in rows if r["config"] == label(man)}
@@ -210,8 +217,8 @@ def _reached_accepted(steps: pa.Table, bins: int):
 @pytest.mark.parametrize("bins", [10, 7])
 def test_calibration_matches_numpy_for_chains_and_trees(synth_ds, bins):
     ds, runs = synth_ds
-    c = Q.connect([ds], variables={"bins": bins})
-    rows = Q.fetch_arrow(c, Q.canned("acceptance_vs_draft_logprob").sql).to_pylist()
+    c = connect([ds], variables={"bins": bins})
+    rows = fetch_arrow(c, canned("acceptance_vs_draft_logprob").sql).to_pylist()
     c.close()
     for steps, _, man in runs.values():
         reached, acc = _reached_accepted(steps, bins)
@@ -224,9 +231,9 @@ def test_calibration_matches_numpy_for_chains_and_trees(synth_ds, bins):
 
 def test_request_spread_and_over_time_and_latency_match_numpy(con, synth_ds):
     _, runs = synth_ds
-    spread = {r["config"]: r for r in Q.fetch_arrow(con, Q.canned("request_acceptance_spread").sql).to_pylist()}
-    over = Q.fetch_arrow(con, Q.canned("throughput_over_time").sql).to_pylist()
-    lat = {r["config"]: r for r in Q.fetch_arrow(con, Q.canned("latency_breakdown").sql).to_pylist()}
+    spread = {r["config"]: r for r in fetch_arrow(con, canned("request_acceptance_spread").sql).to_pylist()}
+    over = fetch_arrow(con, canned("throughput_over_time").sql).to_pylist()
+    lat = {r["config"]: r for r in fetch_arrow(con, canned("latency_breakdown").sql).to_pylist()}
     for steps, _, man in runs.values():
         cl = np.array([len(x) for x in steps.column("committed_tokens").to_pylist()])   # derived, not the counter
         req = np.array(steps.column("request_id").to_pylist())
@@ -248,8 +255,8 @@ def test_request_spread_and_over_time_and_latency_match_numpy(con, synth_ds):
 def test_a_vs_b(synth_ds):
     ds, runs = synth_ds
     chain, tree = runs["chainA"], runs["treeB"]
-    c = Q.connect([ds], variables={"a": "chainA", "b": label(tree[2])})
-    rows = {r["metric"]: r for r in Q.fetch_arrow(c, Q.canned("a_vs_b").sql).to_pylist()}
+    c = connect([ds], variables={"a": "chainA", "b": label(tree[2])})
+    rows = {r["metric"]: r for r in fetch_arrow(c, canned("a_vs_b").sql).to_pylist()}
     c.close()
     for side, (steps, reqs, _) in (("a", chain), ("b", tree)):
         drafted = sum(len(x) - 1 for x in steps.column("node_tokens").to_pylist())
@@ -263,9 +270,9 @@ def test_a_vs_b(synth_ds):
     r = rows["mean_commit_len"]
     assert r["b_minus_a"] == pytest.approx(r["b"] - r["a"]) and r["b_over_a"] == pytest.approx(r["b"] / r["a"])
     assert r["a_runs"] == "chainA" and r["b_runs"] == "treeB"
-    c = Q.connect([ds], variables={"a": "nope"})
+    c = connect([ds], variables={"a": "nope"})
     with pytest.raises(ValueError, match="no run_id or config named nope"):
-        Q.fetch_arrow(c, Q.canned("a_vs_b").sql)
+        fetch_arrow(c, canned("a_vs_b").sql)
     c.close()
 
 
@@ -278,16 +285,16 @@ def test_violations_view_and_by_code(synth_ds):
           _finding("SA301", "b", run_id="chainA", request_id="1", step=4),
           _finding("SA506", "c", run_id="treeB"),
           _finding("SA001", "d", sev="info", run_id="treeB")]
-    c = Q.connect([synth_ds[0]], fs)
-    rows = Q.fetch_arrow(c, Q.canned("violations_by_code").sql).to_pylist()
-    v = Q.fetch_arrow(c, "SELECT * FROM violations WHERE step = 3").to_pylist()
+    c = connect([synth_ds[0]], fs)
+    rows = fetch_arrow(c, canned("violations_by_code").sql).to_pylist()
+    v = fetch_arrow(c, "SELECT * FROM violations WHERE step = 3").to_pylist()
     c.close()
     assert [(r["code"], r["findings"], r["runs"], r["requests"]) for r in rows] == \
         [("SA301", 2, 1, 2), ("SA506", 1, 1, 0), ("SA001", 1, 1, 0)]
     assert json.loads(v[0]["values"]) == {"x": 1.5}
     # dicts and Arrow tables work as well as Finding objects
-    t = Q.findings_table([f.to_dict() for f in fs])
-    assert Q.findings_table(t).to_pylist() == t.to_pylist() and t.num_rows == 4
+    t = findings_table([f.to_dict() for f in fs])
+    assert findings_table(t).to_pylist() == t.to_pylist() and t.num_rows == 4
 
 
 # -------------------------------------------------------------- read-only, offline
@@ -352,8 +359,8 @@ def test_in_memory_tables_are_allowed_and_stay_in_memory(own_copy, capsys):
     rc, stdout, _ = run_cli(["query", str(ds), "--no-check", "--output-format", "csv",
                              "CREATE TABLE t AS SELECT run_id, count(*) AS n FROM steps GROUP BY ALL; "
                              "SELECT sum(n) AS n FROM t"], capsys)
-    assert rc == 0 and stdout.splitlines()[1] == str(Q.fetch_arrow(
-        Q.connect([ds]), "SELECT count(*) FROM steps").column(0)[0].as_py())
+    assert rc == 0 and stdout.splitlines()[1] == str(fetch_arrow(
+        connect([ds]), "SELECT count(*) FROM steps").column(0)[0].as_py())
     assert tree_files(ds.parent) == before
 
 
@@ -361,7 +368,7 @@ def test_unreadable_files_are_left_out_and_named(own_copy, capsys):
     """A truncated Parquet file and one with a wrongly typed column: the rest stays queryable."""
     ds, _ = own_copy
     files = sorted(ds.rglob("steps-*.parquet"))
-    good = Q.fetch_arrow(Q.connect([ds]), "SELECT count(*) FROM steps").column(0)[0].as_py()
+    good = fetch_arrow(connect([ds]), "SELECT count(*) FROM steps").column(0)[0].as_py()
     lost = pq.read_metadata(files[0]).num_rows + pq.read_metadata(files[1]).num_rows
     files[0].write_bytes(files[0].read_bytes()[:300])
     t = pq.read_table(files[1])
@@ -382,7 +389,7 @@ def test_unreadable_files_are_left_out_and_named(own_copy, capsys):
 def test_list_and_show(capsys):
     rc, out, _ = run_cli(["query", "--list"], capsys)
     assert rc == 0
-    for name, q in Q.canned_queries().items():
+    for name, q in canned_queries().items():
         assert re.search(rf"^{name}\s+{re.escape(q.title)}$", out, re.MULTILINE)
     assert "--param bins=" in out and "--param a=" in out
     rc, out, _ = run_cli(["query", "--show", "acceptance-by-depth"], capsys)
@@ -426,7 +433,7 @@ def test_output_formats_agree(synth_ds, capsys, tmp_path):
     ds = str(synth_ds[0])
     sql = ("SELECT run_id, request_id, step, commit_len, draft_s, node_tokens, finished FROM steps "
            "ORDER BY run_id, request_id, step")
-    ref = Q.fetch_arrow(Q.connect([ds]), sql).to_pylist()
+    ref = fetch_arrow(connect([ds]), sql).to_pylist()
     rc, out, _ = run_cli(["query", ds, sql, "--output-format", "csv"], capsys)
     assert rc == 0
     rows = list(csv.DictReader(io.StringIO(out)))
@@ -568,9 +575,9 @@ def test_real_duckdb_shell(own_copy, tmp_path):
               f".shell touch {out}/shell\n")
     r = subprocess.run([sys.executable, "-m", "specaudit", "query", str(ds), "--no-check"], input=script,
                        capture_output=True, text=True, timeout=120)
-    con = Q.connect([ds])
-    n = Q.fetch_arrow(con, "SELECT count(*) FROM steps").column(0)[0].as_py()
-    d = int(Q.fetch_arrow(con, "SELECT sum(depth) FROM nodes").column(0)[0].as_py())
+    con = connect([ds])
+    n = fetch_arrow(con, "SELECT count(*) FROM steps").column(0)[0].as_py()
+    d = int(fetch_arrow(con, "SELECT sum(depth) FROM nodes").column(0)[0].as_py())
     assert f"n={n}" in r.stdout and f"d={d}" in r.stdout, r.stdout + r.stderr
     assert "lock=true,auto=false" in r.stdout
     assert "disabled" in r.stderr or "Permission" in r.stderr
@@ -584,21 +591,21 @@ def test_views_on_real_runs(clean_dataset):
     on clean traces a node's depth from parents equals its position minus seq_len (rule 3),
     and the accepted nodes add up to the accepted depths."""
     ds, results = clean_dataset
-    con = Q.connect([ds])
-    bad = Q.fetch_arrow(con, "SELECT count(*) FROM nodes WHERE depth IS DISTINCT FROM position - seq_len")
+    con = connect([ds])
+    bad = fetch_arrow(con, "SELECT count(*) FROM nodes WHERE depth IS DISTINCT FROM position - seq_len")
     assert bad.column(0)[0].as_py() == 0
-    a = Q.fetch_arrow(con, "SELECT run_id, count(*) FILTER (WHERE accepted AND node > 0) AS n "
+    a = fetch_arrow(con, "SELECT run_id, count(*) FILTER (WHERE accepted AND node > 0) AS n "
                            "FROM nodes GROUP BY run_id ORDER BY run_id").to_pylist()
-    b = Q.fetch_arrow(con, "SELECT run_id, sum(accepted_depth) AS n FROM steps GROUP BY run_id "
+    b = fetch_arrow(con, "SELECT run_id, sum(accepted_depth) AS n FROM steps GROUP BY run_id "
                            "ORDER BY run_id").to_pylist()
     assert [(r["run_id"], r["n"]) for r in a] == [(r["run_id"], int(r["n"])) for r in b]
-    runs = {r["run_id"]: r for r in Q.fetch_arrow(con, "SELECT * FROM runs").to_pylist()}
+    runs = {r["run_id"]: r for r in fetch_arrow(con, "SELECT * FROM runs").to_pylist()}
     for res in results:
-        assert runs[res.run_id]["config"] == Q.config_label(res.manifest["config"])
+        assert runs[res.run_id]["config"] == config_label(res.manifest["config"])
         assert runs[res.run_id]["reported_verify_steps"] == res.manifest["reported"]["verify_steps"]
     # every canned query answers on real traces
-    for q in Q.canned_queries().values():
-        Q.fetch_arrow(con, q.sql)
+    for q in canned_queries().values():
+        fetch_arrow(con, q.sql)
     con.close()
 
 
@@ -610,18 +617,18 @@ def test_steps_view_binds_one_footer_when_columns_agree_and_unions_by_name_other
     from specaudit.trace.synth import synth_run_rows, write_run
     s, r, m = synth_run_rows(6, algo="chain", seed=1, run_id="same")
     write_run(tmp_path, s, r, m, n_files=2)
-    ds = Q.find_dataset([tmp_path])
-    assert ds.same_columns(ds.step_files) and "union_by_name = false" in Q._parquet_view(
-        "steps", ds.step_files, Q.STEPS_SCHEMA, ds)
+    ds = find_dataset([tmp_path])
+    assert ds.same_columns(ds.step_files) and "union_by_name = false" in parquet_view(
+        "steps", ds.step_files, STEPS_SCHEMA, ds)
     s2, r2, m2 = synth_run_rows(4, algo="chain", seed=2, run_id="v2")
     f = SAMPLING_FIELDS[0]
     s2 = s2.append_column(f, pa.nulls(s2.num_rows, f.type))
     write_run(tmp_path, s2, r2, m2)
-    ds = Q.find_dataset([tmp_path])
+    ds = find_dataset([tmp_path])
     assert not ds.same_columns(ds.step_files)
-    con = Q.connect([tmp_path])
+    con = connect([tmp_path])
     try:
-        got = Q.fetch_arrow(con, f"SELECT run_id, count(*) AS n, count({f.name}) AS k FROM steps GROUP BY ALL "
+        got = fetch_arrow(con, f"SELECT run_id, count(*) AS n, count({f.name}) AS k FROM steps GROUP BY ALL "
                                  "ORDER BY run_id").to_pylist()
     finally:
         con.close()

@@ -24,8 +24,8 @@ from ci import need
 
 from specaudit.audit.findings import Finding
 from specaudit.cli import main as cli_main
-from specaudit.postmortem import views as Q
 from specaudit.postmortem.report import PLOTS, PX_H, PX_W, build_report
+from specaudit.postmortem.tables import config_label
 
 STEMS = [p[0] for p in PLOTS]
 
@@ -268,6 +268,6 @@ def test_report_on_real_runs(clean_dataset, tmp_path):
     assert ("clean: no rule broken" in text) == (res.errors == 0)
     assert 'class="n bad"' not in text          # every reported counter matches its rows
     for r in results:
-        assert r.run_id in text and Q.config_label(r.manifest["config"]) in text
+        assert r.run_id in text and config_label(r.manifest["config"]) in text
     assert len(parse(text).imgs) == len(STEMS)
     assert json.dumps(res.summary())            # the summary is plain data

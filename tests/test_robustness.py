@@ -363,10 +363,10 @@ def test_query_threads_bounded(clean, threads, capsys):
 
 
 def test_query_counts_a_copied_run_once(clean, tmp_path):
-    from specaudit.postmortem import views as Q
+    from specaudit.postmortem.views import connect
     d = _copy(clean, tmp_path)
     shutil.copytree(d / "run_id=r0", d / "backup" / "run_id=r0")
-    con = Q.connect([d], None)
+    con = connect([d], None)
     try:
         n_runs = con.execute("SELECT count(*) FROM runs").fetchone()[0]
         n_steps = con.execute("SELECT count(*) FROM steps").fetchone()[0]
@@ -527,7 +527,7 @@ def test_run_refuses_to_start_without_free_space(tmp_path, monkeypatch):
     import shutil as sh
     from collections import namedtuple
 
-    from specaudit.run import run_traced
+    from specaudit.traced_run import run_traced
     du = namedtuple("du", "total used free")
     monkeypatch.setattr(sh, "disk_usage", lambda p: du(10 << 20, 9 << 20, 1 << 20))
     with pytest.raises(InputError, match="MiB free"):
@@ -538,8 +538,8 @@ def test_run_refuses_to_start_without_free_space(tmp_path, monkeypatch):
 def test_run_stops_early_when_the_disk_fills_and_keeps_files_readable(tmp_path, monkeypatch):
     import errno
 
-    from specaudit.run import run_traced
     from specaudit.trace import parquet as P
+    from specaudit.traced_run import run_traced
     real, calls = P.write_parquet_atomic, {"n": 0}
 
     def write(path, table, *a, **k):

@@ -17,7 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from specaudit.audit.check import check_paths
-from specaudit.postmortem import views as Q
+from specaudit.postmortem.canned import canned, canned_queries
+from specaudit.postmortem.sql_guard import fetch_arrow
+from specaudit.postmortem.views import connect
 from specaudit.trace import rollup as R
 from specaudit.trace.parquet import ParquetSink
 from specaudit.trace.synth import synth_run_rows, write_run, write_synthetic_dataset
@@ -109,13 +111,13 @@ def _dataset(tmp_path, rollups: bool):
 
 
 def _answers(path, only=None, **kw):
-    con = Q.connect([path], variables=kw.pop("variables", None), **kw)
+    con = connect([path], variables=kw.pop("variables", None), **kw)
     try:
-        out = {n: Q.fetch_arrow(con, q.sql).to_pylist() for n, q in Q.canned_queries().items()
+        out = {n: fetch_arrow(con, q.sql).to_pylist() for n, q in canned_queries().items()
                if only is None or n in only}
         if only is None:
-            out["figures"] = Q.fetch_arrow(con, "SELECT * FROM figures ORDER BY run_id, i").to_pylist()
-        notes = {r["run_id"]: r["rollups"] for r in Q.fetch_arrow(con, "SELECT run_id, rollups FROM runs").to_pylist()}
+            out["figures"] = fetch_arrow(con, "SELECT * FROM figures ORDER BY run_id, i").to_pylist()
+        notes = {r["run_id"]: r["rollups"] for r in fetch_arrow(con, "SELECT run_id, rollups FROM runs").to_pylist()}
     finally:
         con.close()
     return out, notes
@@ -243,9 +245,9 @@ def test_requests_are_appended_as_parts_never_rewritten(tmp_path):
     # every reader takes the parts: check (incomplete, nothing unreadable), the views
     res = check_paths([run])
     assert res.counts["SA001"] == 1 and not res.bad_files and res.requests == reqs.num_rows
-    con = Q.connect([run])
-    n_req = Q.fetch_arrow(con, "SELECT count(*) AS n FROM requests").column(0)[0].as_py()
-    figs = Q.fetch_arrow(con, "SELECT sum(n)::BIGINT AS n FROM rollup_outputs").column(0)[0].as_py()
+    con = connect([run])
+    n_req = fetch_arrow(con, "SELECT count(*) AS n FROM requests").column(0)[0].as_py()
+    figs = fetch_arrow(con, "SELECT sum(n)::BIGINT AS n FROM rollup_outputs").column(0)[0].as_py()
     con.close()
     assert n_req == figs == reqs.num_rows
 
@@ -263,8 +265,8 @@ def test_close_merges_the_parts_and_a_crash_after_the_merge_counts_once(tmp_path
     shutil.copy(run / "requests.parquet", run / "requests-000000.parquet")
     res = check_paths([run])
     assert res.exit_code == 0 and res.requests == reqs.num_rows
-    con = Q.connect([run])
-    assert Q.fetch_arrow(con, "SELECT count(*) FROM requests").column(0)[0].as_py() == reqs.num_rows
+    con = connect([run])
+    assert fetch_arrow(con, "SELECT count(*) FROM requests").column(0)[0].as_py() == reqs.num_rows
     con.close()
 
 
@@ -327,9 +329,9 @@ def test_time_rollup_has_a_fixed_grain_and_over_time_buckets_whole_cells(tmp_pat
     clen = np.array([len(x) for x in steps["committed_tokens"].to_pylist()])
     want = {int(b): (int((bucket == b).sum()), int(clen[bucket == b].sum())) for b in np.unique(bucket)}
     for rollups in (True, False):
-        con = Q.connect([root], variables={"buckets": buckets}, rollups=rollups)
+        con = connect([root], variables={"buckets": buckets}, rollups=rollups)
         try:
-            rows = Q.fetch_arrow(con, Q.canned("throughput_over_time").sql).to_pylist()
+            rows = fetch_arrow(con, canned("throughput_over_time").sql).to_pylist()
         finally:
             con.close()
         assert {r["bucket"]: (r["steps"], r["committed_tokens"]) for r in rows} == want

@@ -276,7 +276,7 @@ def test_v2_column_of_wrong_type_is_sa000(sampled_runs, tmp_path):
 def test_live_inline_rules_skip_argmax_rules_on_sampled_rows(sampled_runs):
     """The Prometheus sink's inline rules: no SA304/SA305/SA307 false alarm on a sampled
     batch (they fire when the v2 column is dropped, so the batch does exercise them)."""
-    from specaudit.trace.prom_sink import inline_violations
+    from specaudit.trace.inline_rules import inline_violations
     _, _, tree = sampled_runs
     b = pq.read_table(next(tree.run_dir.glob("steps-*.parquet"))).combine_chunks().to_batches()[0]
     assert not any(v.any() for v in inline_violations(b, eos_id=10).values())

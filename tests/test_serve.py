@@ -621,7 +621,7 @@ def test_shutdown_ends_running_streams_as_abort(scripted):
 def test_live_estimator_feeds_the_commit_length_gauges():
     from prometheus_client import CollectorRegistry
 
-    from specaudit.audit.estimate import estimate_commit_length
+    from specaudit.audit.estimate_model import estimate_commit_length
     from specaudit.serve.server import LiveEstimator
     from specaudit.trace.prom_sink import PromSink
 
@@ -644,7 +644,8 @@ def test_live_estimator_feeds_the_commit_length_gauges():
     assert g("specaudit_estimated_commit_length") == pytest.approx(want.value) == pytest.approx(4.5)
     assert g("specaudit_estimated_commit_length_lower") <= 4.5 <= g("specaudit_estimated_commit_length_upper")
     # one verdict: the server's is what `specaudit estimate`'s pipeline says for the same window
-    from specaudit.audit.estimate import CostProfile, live_judgement
+    from specaudit.audit.cost_profile import CostProfile
+    from specaudit.audit.estimate import live_judgement
     same = live_judgement(150.0, 0.0, concurrency=4, n_nodes=8, profile=CostProfile.manual(1.5, 0.0),
                           baseline_tps=50.0, reported_commit_len=2.0)
     assert est.verdict() == same["verdict"] and est.verdict() is not None
@@ -665,7 +666,7 @@ def test_live_estimator_feeds_the_commit_length_gauges():
 def test_live_estimator_baseline_is_the_profiles_t_ar():
     """The gauge's baseline from a calibration profile is the one `specaudit estimate`
     uses (mean over N at c, linear between grid points), clamped to the grid's ends."""
-    from specaudit.audit.estimate import CostEntry, CostProfile, profile_t_ar
+    from specaudit.audit.cost_profile import CostEntry, CostProfile, profile_t_ar
     from specaudit.serve.server import LiveEstimator
     prof = CostProfile([CostEntry(r=1.2, n_nodes=4, concurrency=1, t_ar_s=0.010),
                         CostEntry(r=1.4, n_nodes=8, concurrency=1, t_ar_s=0.012),

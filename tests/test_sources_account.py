@@ -110,11 +110,12 @@ def test_parallel_audit_gives_the_same_account(tmp_path, monkeypatch):
     """A large log is audited in byte ranges by worker processes: the merged account is
     the sequential one (windows, lines, figures, identities)."""
     import specaudit.audit.sources as sources
+    from specaudit.audit.sources import parallel
     src = (CORPUS / "vllm-ascend-13640-dspark-k7.log").read_text()
     f = tmp_path / "big.log"
     f.write_text(src * 40)
     seq_f, seq = sources.audit_file_account(f)
-    monkeypatch.setattr(sources, "PARALLEL_MIN", 1)
+    monkeypatch.setattr(parallel, "PARALLEL_MIN", 1)
     monkeypatch.setenv("SPECAUDIT_WORKERS", "2")
     par_f, par = sources.audit_file_account(f)
     assert [x.code for x in par_f] == [x.code for x in seq_f]

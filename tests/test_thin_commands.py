@@ -1,6 +1,6 @@
 """Thin commands: every module in specaudit/commands/ is argument parsing plus a call into a
 library function; the library functions the commands call are tested here directly
-(check: test_run_check.py, query: test_run_query.py, report: test_run_report.py)."""
+(check: test_check_inputs.py, query: test_query_dataset.py, report: test_report_inputs.py)."""
 from __future__ import annotations
 
 import ast
@@ -24,7 +24,7 @@ def test_every_command_function_is_short():
 
 
 def test_ab_runtime_arms_are_checked_before_anything_runs(tmp_path):
-    from specaudit.audit.ab import parse_vary, run_arms
+    from specaudit.runtime.ab_arms import parse_vary, run_arms
     assert parse_vary(" algo, budget ,") == ["algo", "budget"] and parse_vary(None) is None
     for kw, word in ((dict(primary="accept_len"), "evidence metric"), (dict(num_prompts=0), "--num-prompts"),
                      (dict(n_boot=10), "--bootstrap"), (dict(same_within=1.0), "--same-within")):

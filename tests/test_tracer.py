@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 import torch
 
+from specaudit.trace.host_copy import stage_device, unstage
 from specaudit.trace.schema import (
     SAMPLING_FIELDS,
     STEPS_SCHEMA,
@@ -23,7 +24,8 @@ from specaudit.trace.schema import (
     mask_hash,
     mask_hash_from_parents,
 )
-from specaudit.trace.tracer import Tracer, _stage_device, _unstage, steps_to_arrow
+from specaudit.trace.steps_arrow import steps_to_arrow
+from specaudit.trace.tracer import Tracer
 
 # ------------------------------------------------------------------ reference
 
@@ -215,9 +217,9 @@ def test_stage_device_round_trip():
               "c": torch.rand(2, 3, 3) < 0.5, "d": torch.arange(5, dtype=torch.int32), "e": [1, 2], "f": None,
               "g": torch.arange(6, dtype=torch.int64).reshape(2, 3).t()}   # not contiguous
     want = {k: (v.numpy().copy() if hasattr(v, "numpy") else v) for k, v in fields.items()}
-    staged, buf = _stage_device(dict(fields), lambda t: isinstance(t, torch.Tensor))
+    staged, buf = stage_device(dict(fields), lambda t: isinstance(t, torch.Tensor))
     assert buf is not None and buf.dtype == torch.uint8
-    out = _unstage(staged, buf.numpy())
+    out = unstage(staged, buf.numpy())
     for k, v in want.items():
         if isinstance(v, np.ndarray):
             assert out[k].dtype == v.dtype and out[k].shape == v.shape and (out[k] == v).all(), k

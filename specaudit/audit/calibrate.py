@@ -25,7 +25,8 @@ import time
 
 import numpy as np
 
-from specaudit.audit.estimate import STALL_FACTOR, CostEntry, CostProfile
+from specaudit.audit.cost_profile import CostEntry, CostProfile
+from specaudit.audit.observed_throughput import STALL_FACTOR
 from specaudit.stats import mean_se
 from specaudit.trace.schema import InputError
 
@@ -109,7 +110,7 @@ class PlainStepper:
 def steady(walls) -> list[float]:
     """Step times without the stalls: a step over STALL_FACTOR x the median (a preemption on
     a shared machine, the allocator, the garbage collector) is the machine's, not the
-    step's; as estimate.observations_from_traces does, they are set apart unless they are
+    step's; as observed_throughput.observations_from_traces does, they are set apart unless they are
     a quarter of the steps or more (then the machine is that slow, and they stay)."""
     walls = list(walls)
     if not walls:

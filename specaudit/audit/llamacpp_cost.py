@@ -29,7 +29,7 @@ import math
 import platform
 import time
 
-from specaudit.audit.estimate import CostEntry, CostProfile
+from specaudit.audit.cost_profile import CostEntry, CostProfile
 
 
 def forwards(chunks) -> tuple[int, float, int]:

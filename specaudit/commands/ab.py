@@ -6,7 +6,7 @@ Prometheus server's range as URL?match=...&range=6h&step=30s&timeout=30s), each 
 comma-separated list or a quoted glob, one engine per side. Nothing is rerun: the
 windows of each side are matched by stratum (concurrency, cuda graph, rank, k, topk,
 algo, engine, version, model) and compared only where both sides have windows; see
-specaudit/audit/ab_evidence.py.
+specaudit/audit/ab_evidence/.
   specaudit ab linear.log ddtree.log                      # is B really worse, and is it fair?
   specaudit ab "a-dp0.log,a-dp1.log" b.log --output-format json -o ab.json
   specaudit ab "traces/run_id=chain-*" "traces/run_id=tree-*" --vary algo
@@ -53,6 +53,8 @@ import argparse
 import json
 import sys
 
+from specaudit.ab_verdict import SAME_WITHIN
+
 HELP = ("A/B from evidence (`ab A B`: two engines' logs, scrapes or traces, matched by stratum) or by rerunning "
         "(`ab --a ARGS --b ARGS`: two runtime configurations on the same prompts)")
 ORDER = 45
@@ -75,8 +77,9 @@ def add_arguments(p) -> None:
                    help="the metric of the overall verdict (runtime default tokens_per_s: accepted_depth, commit_len, "
                         "tokens_per_s; evidence default accept_len: accept_len, accept_rate, tokens_per_s, "
                         "commit_len_tput)")
-    p.add_argument("--same-within", type=float, default=0.02, metavar="FRAC",
-                   help="'same' when the 95%% interval of B - A lies within this fraction of A (default 0.02)")
+    p.add_argument("--same-within", type=float, default=SAME_WITHIN, metavar="FRAC",
+                   help="'same' when the 95%% interval of B - A lies within this fraction of A "
+                        f"(default {SAME_WITHIN:g})")
     p.add_argument("--bootstrap", type=int, default=2000, metavar="N", help="bootstrap resamples (default 2000)")
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)   # old spelling of --output-format json
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
@@ -103,8 +106,9 @@ def add_arguments(p) -> None:
 
 def main_evidence(args) -> int:
     """`specaudit ab A B`: the library call and its output; exit 0 (bad input raises: exit 2)."""
-    from specaudit.audit.ab import parse_vary
-    from specaudit.audit.ab_evidence import compare_sides, format_text, to_json
+    from specaudit.audit.ab_evidence import compare_sides
+    from specaudit.audit.ab_evidence.text import format_text, to_json
+    from specaudit.runtime.ab_arms import parse_vary
     if len(args.sides) != 2:
         raise ValueError(f"give two sides, A and B (got {len(args.sides)}); several files on one side go "
                          "comma-separated or as a quoted glob")
@@ -117,7 +121,7 @@ def main_evidence(args) -> int:
                         min_windows=args.min_windows, baseline_tps=args.baseline_tps, cost_factor=args.cost_factor)
     text = to_json(res) if (args.output_format == "json" or args.json) else format_text(res) + "\n"
     if args.output:
-        from specaudit.audit.ab_evidence import expand_side
+        from specaudit.audit.ab_evidence.sides import expand_side
         from specaudit.outfile import write_output
         inputs = [str(p) for side in args.sides for p in expand_side(side)]  # each file of each side
         write_output(args.output, text, inputs=inputs)   # never over a file it read
@@ -134,7 +138,7 @@ def main(args) -> int:
                          "or both --a and --b (runtime arms)")
     if args.out is None:
         raise ValueError("runtime mode (--a/--b) needs --out DIR")
-    from specaudit.audit.ab import format_text, run_arms, stderr_log
+    from specaudit.runtime.ab_arms import format_text, run_arms, stderr_log
     res = run_arms(args.a, args.b, out=args.out, prompts_file=args.prompts, num_prompts=args.num_prompts,
                    repeats=args.repeats, vary=args.vary, same_within=args.same_within, n_boot=args.bootstrap,
                    primary=args.primary, log=None if args.no_progress else stderr_log)

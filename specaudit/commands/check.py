@@ -98,8 +98,8 @@ def add_arguments(p) -> None:
 
 
 def run_check(args):
-    """The check as the CLI runs it -> (CheckResult, rendered report): specaudit.audit.run_check."""
-    from specaudit.audit.run_check import parse_codes, run_check
+    """The check as the CLI runs it -> (CheckResult, rendered report): specaudit.audit.check_inputs."""
+    from specaudit.audit.check_inputs import parse_codes, run_check
     from specaudit.config import resolve
     cfg = resolve(args.config, args.isolated)   # flags override the file's select / ignore / format
     fmt = args.output_format if getattr(args, "output_format_given", False) else cfg.output_format or args.output_format

@@ -97,8 +97,8 @@ def run_checker(paths):
 # -------------------------------------------------------------------------- main
 
 def main(args) -> int:
-    from specaudit.postmortem.run_query import run_query
+    from specaudit.postmortem.query_dataset import run_query
     fmt = "table" if args.output_format == "text" else args.output_format
     return run_query(args.args, sql_file=args.file, params=args.param, output_format=fmt,
                      output=args.output, max_rows=args.max_rows, threads=args.threads,
-                     checker=None if args.no_check else run_checker, list_canned=args.list, show=args.show)
+                     checker=None if args.no_check else run_checker, list_canned=args.list, show_canned=args.show)

@@ -56,7 +56,7 @@ def _checker(paths):
 
 
 def main(args) -> int:
-    from specaudit.postmortem.run_report import run_report
+    from specaudit.postmortem.report_inputs import run_report
     path, summary, rc = run_report(args.paths, args.out, checker=None if args.no_check else _checker,
                                    title=args.title, threads=args.threads)
     note = "" if summary is None else f" (checker: {summary.get('violations', 0)} violation(s))"

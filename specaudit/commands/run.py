@@ -61,7 +61,7 @@ def main(args) -> int:
     import signal
 
     from specaudit.interrupts import terminate_as_interrupt
-    old = terminate_as_interrupt()   # SIGTERM: the final flush runs (specaudit.run), then exit 143
+    old = terminate_as_interrupt()   # SIGTERM: the final flush runs (specaudit.traced_run), then exit 143
     try:
         res = _run(args)
     finally:
@@ -76,7 +76,7 @@ def main(args) -> int:
 
 
 def _run(args):
-    from specaudit.run import run_traced
+    from specaudit.traced_run import run_traced
     return run_traced(threads=args.threads, algo=args.algo, budget=args.budget, topk=resolve_topk(args),
                      concurrency=args.concurrency, num_prompts=args.num_prompts,
                      max_new_tokens=args.max_new_tokens, prompts_file=args.prompts, oracle=args.oracle,

@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from specaudit.numfmt import cell
-from specaudit.postmortem.report import CSS, _e, _empty, _legend, _png, _subplots, _table
+from specaudit.postmortem.report import CSS, _empty, _escape, _legend, _png, _subplots, _table
 from specaudit.trace.schema import atomic_write_bytes
 
 SUMMARY_KEYS = ("file", "engine", "version", "concurrency")
@@ -109,9 +109,9 @@ def build_engine_report(windows: pa.Table, findings, out_dir, *, title: str | No
     for stem, png in pngs.items():
         atomic_write_bytes(out / f"{stem}.png", png)
     head = title or "specaudit post-mortem report"
-    page = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{_e(head)}</title>'
-            f"<style>{CSS}</style></head><body><h1>{_e(head)}</h1>"
-            f'<p class="meta">{_e(sources)} · {windows.num_rows:,} windows · generated '
+    page = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{_escape(head)}</title>'
+            f"<style>{CSS}</style></head><body><h1>{_escape(head)}</h1>"
+            f'<p class="meta">{_escape(sources)} · {windows.num_rows:,} windows · generated '
             f'{time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}</p>{html}</body></html>\n')
     path = out / "report.html"
     atomic_write_bytes(path, page.encode("utf-8"))

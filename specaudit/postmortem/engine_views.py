@@ -70,7 +70,7 @@ def split_paths(paths) -> tuple[list[str], list[str]]:
     return traces, engines
 
 
-def _lst(v):
+def _float_list(v):
     if v is None:
         return None
     try:
@@ -86,7 +86,7 @@ def _json(d) -> str | None:
 def windows_table(paths, source: str | None = None) -> pa.Table:
     """Every window of every engine-output path as one Arrow table (WINDOW_SCHEMA).
     InputError (one line) for a file that is no engine's output, or mixes two engines.
-    Streams: one chunk of windows (specaudit.audit.sources.CHUNK_WINDOWS) is held as
+    Streams: one chunk of windows (specaudit.audit.sources.stream.CHUNK_WINDOWS) is held as
     Python objects at a time; what is kept is Arrow."""
     from specaudit.audit.sources import iter_readings
     parts = [_chunk_table(r, str(path)) for path in paths for r in iter_readings(path, source)]
@@ -125,9 +125,9 @@ def _chunk_table(r, path: str) -> pa.Table:
         "kind": [w.kind for w in ws], "accept_len": num("accept_len"), "accept_rate": num("accept_rate"),
         "verify_steps": num("drafts"), "drafted": num("draft_tokens"), "accepted": num("accepted_tokens"),
         "gen_tps": num("gen_tps"), "printed_rate_pct": num("printed_rate_pct"),
-        "per_pos": [_lst(w.per_pos) for w in ws], "per_pos_counts": [_lst(w.per_pos_counts) for w in ws],
-        "per_pos_kind": [w.per_pos_kind for w in ws], "per_pos_drafted": [_lst(w.per_pos_drafted) for w in ws],
-        "histogram": [_lst(w.histogram) for w in ws], "step_rate": [w.step_rate for w in ws],
+        "per_pos": [_float_list(w.per_pos) for w in ws], "per_pos_counts": [_float_list(w.per_pos_counts) for w in ws],
+        "per_pos_kind": [w.per_pos_kind for w in ws], "per_pos_drafted": [_float_list(w.per_pos_drafted) for w in ws],
+        "histogram": [_float_list(w.histogram) for w in ws], "step_rate": [w.step_rate for w in ws],
         "conventions": [js({**r.conventions, **w.conventions}) for w in ws], "extra": [js(w.extra) for w in ws],
         "text": [w.text or None for w in ws],
     }

@@ -22,7 +22,7 @@ def _isatty(f) -> bool:
         return False
 
 
-def _cell(v) -> str:
+def _cell_text(v) -> str:
     if v is None:
         return "NULL"
     if isinstance(v, float):
@@ -62,7 +62,7 @@ def write_table(schema, batches, out, max_rows: int, max_width: int = 60) -> Non
             if max_rows and len(rows) >= max_rows:
                 more += 1
                 continue
-            rows.append([printable(_cell(r[n])) for n in names])   # ESC, OSC, bidi: shown, never obeyed
+            rows.append([printable(_cell_text(r[n])) for n in names])   # ESC, OSC, bidi: shown, never obeyed
     cut = [[c if len(c) <= max_width else c[: max_width - 1] + "…" for c in r] for r in rows]
     num = [pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_decimal(f.type)
            for f in schema]

@@ -247,20 +247,20 @@ code{background:#f5f5f5;padding:0 3px}
 """
 
 
-def _e(x) -> str:
+def _escape(x) -> str:
     return html.escape("" if x is None else str(x))
 
 
 def _table(headers, rows, numeric=()) -> str:
-    h = "".join(f"<th>{_e(x)}</th>" for x in headers)
+    h = "".join(f"<th>{_escape(x)}</th>" for x in headers)
     body = []
     for r in rows:
         cells = []
         for i, v in enumerate(r):
             if isinstance(v, tuple):           # (text, css class)
-                cells.append(f'<td class="n {v[1]}">{_e(v[0])}</td>')
+                cells.append(f'<td class="n {v[1]}">{_escape(v[0])}</td>')
             else:
-                cells.append(f'<td class="n">{_e(v)}</td>' if i in numeric else f"<td>{_e(v)}</td>")
+                cells.append(f'<td class="n">{_escape(v)}</td>' if i in numeric else f"<td>{_escape(v)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     return f"<table><tr>{h}</tr>{''.join(body)}</table>"
 
@@ -302,7 +302,7 @@ def _runs_section(runs: list[dict], figures: list[dict] | None = None) -> str:
     problems = [f"{r['run_id']}: {r['problems']}" for r in runs if r.get("problems")]
     if problems:
         t += ('<p class="bad">Left out of this report (the checker reports them as SA000):</p><ul>'
-              + "".join(f"<li>{_e(p)}</li>" for p in problems) + "</ul>")
+              + "".join(f"<li>{_escape(p)}</li>" for p in problems) + "</ul>")
     return (t + '<p class="meta">derived = re-derived from the raw tensors (len(committed_tokens), '
             'len(accepted_path) - 1, the requests\' output tokens over the run\'s clock); reported = the '
             'engine\'s own figure from run.json, the thing under audit. A pair in <span class="bad">red</span> '
@@ -353,7 +353,10 @@ def build_report(paths, out_dir, findings=None, summary=None, *, threads: int | 
     rollups=False: every figure from the raw rows (the files' rollups ignored).
     extra: (HTML, {stem: png}) of a section to add (engine outputs: engine_report).
     """
-    from specaudit.postmortem import views as Q
+    from specaudit.postmortem.canned import canned
+    from specaudit.postmortem.dataset import find_dataset
+    from specaudit.postmortem.sql_guard import fetch_arrow
+    from specaudit.postmortem.views import connect
 
     t0 = time.time()
     out = Path(out_dir)
@@ -363,10 +366,10 @@ def build_report(paths, out_dir, findings=None, summary=None, *, threads: int | 
     # thread imports matplotlib (about half a second of Python) and draws each plot as soon
     # as its query is done, so queries and drawing overlap on two cores. Files are written
     # only once every query has succeeded (bad input leaves nothing behind).
-    ds = Q.find_dataset(paths, rollups=rollups)
-    con = Q.connect(paths, findings, threads=threads, dataset=ds)
+    ds = find_dataset(paths, rollups=rollups)
+    con = connect(paths, findings, threads=threads, dataset=ds)
     names = list(dict.fromkeys(p[2] for p in PLOTS)) + ["_runs", "_figures"]
-    sqls = {q: Q.canned(q).sql for q in names[:-2]} | {"_runs": RUNS_SQL, "_figures": FIGURES_SQL}
+    sqls = {q: canned(q).sql for q in names[:-2]} | {"_runs": RUNS_SQL, "_figures": FIGURES_SQL}
     data: dict = {}
     ready = {q: threading.Event() for q in names}
     failed: list = []
@@ -374,7 +377,7 @@ def build_report(paths, out_dir, findings=None, summary=None, *, threads: int | 
     def fetch():
         try:
             for q in names:
-                data[q] = Q.fetch_arrow(con, sqls[q]).to_pylist()
+                data[q] = fetch_arrow(con, sqls[q]).to_pylist()
                 ready[q].set()
         except BaseException as e:   # re-raised below, in the caller's thread
             failed.append(e)
@@ -417,10 +420,10 @@ def build_report(paths, out_dir, findings=None, summary=None, *, threads: int | 
         b64 = base64.b64encode(png).decode("ascii")
         w, h = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")  # IHDR
         figures.append(
-            f'<h2 id="h-{stem}">{_e(heading)}</h2><figure>'
-            f'<img id="{stem}" class="plot" alt="{_e(heading)}" width="{w}" height="{h}" '
+            f'<h2 id="h-{stem}">{_escape(heading)}</h2><figure>'
+            f'<img id="{stem}" class="plot" alt="{_escape(heading)}" width="{w}" height="{h}" '
             f'src="data:image/png;base64,{b64}">'
-            f"<figcaption>{_e(caption)} Data: <code>specaudit query PATH {_e(_query)}</code>; "
+            f"<figcaption>{_escape(caption)} Data: <code>specaudit query PATH {_escape(_query)}</code>; "
             f"image: <code>{stem}.png</code>.</figcaption></figure>")
     n_steps = sum(r["steps"] or 0 for r in runs)
     head = title or "specaudit post-mortem report"
@@ -428,9 +431,9 @@ def build_report(paths, out_dir, findings=None, summary=None, *, threads: int | 
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{_e(head)}</title><style>{CSS}</style></head><body>
-<h1>{_e(head)}</h1>
-<p class="meta">{_e(src)} · {len(runs)} run(s), {n_steps:,} steps ·
+<title>{_escape(head)}</title><style>{CSS}</style></head><body>
+<h1>{_escape(head)}</h1>
+<p class="meta">{_escape(src)} · {len(runs)} run(s), {n_steps:,} steps ·
 generated {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())} in {{build_s}} s</p>
 <h2>Runs</h2>{_runs_section(runs, figure_rows)}
 <h2>Checker</h2>{_checker_section(data['violations_by_code'], summary, checked)}
@@ -504,11 +507,11 @@ def ab_section(res: dict, out: Path) -> str:
     atomic_write_bytes(Path(out) / "ab.png", png)
     b64 = base64.b64encode(png).decode("ascii")
     notes = [p["message"] for p in res.get("paradox") or []] + list(res.get("warnings") or [])
-    items = "".join(f'<li class="bad">{_e(w)}</li>' for w in notes)
+    items = "".join(f'<li class="bad">{_escape(w)}</li>' for w in notes)
     concl = res.get("conclusion") or f"verdict ({res.get('primary', '')}): {res.get('verdict', '')}"
     one = res.get("one_sided") or []
     sided = ("<p>On one side only (never compared): " + "; ".join(
-        f"{_e(o['label'])} ({o['side']}, {o['windows']} windows)" for o in one) + "</p>") if one else ""
+        f"{_escape(o['label'])} ({o['side']}, {o['windows']} windows)" for o in one) + "</p>") if one else ""
     metrics, labels, data = _ab_groups(res)
 
     def cell(v, sign=False):
@@ -526,7 +529,7 @@ def ab_section(res: dict, out: Path) -> str:
                         [[c["key"], dist(c["a"]), dist(c["b"]),
                           f"{c['explains']:.0%}" if c.get("explains") is not None else c.get("note", "")]
                          for c in conf])
-    return (f'<h2 id="h-ab">A/B</h2>{"<ul>" + items + "</ul>" if items else ""}<p><b>{_e(concl)}</b></p>{sided}'
+    return (f'<h2 id="h-ab">A/B</h2>{"<ul>" + items + "</ul>" if items else ""}<p><b>{_escape(concl)}</b></p>{sided}'
             f'<figure><img id="ab" class="plot" alt="A/B" src="data:image/png;base64,{b64}">'
             "<figcaption>A (blue) and B (orange) with bootstrap 95% intervals per compared stratum, then the "
             "matched strata pooled and every window pooled (strata ignored); the verdict above each pair. "
@@ -543,8 +546,8 @@ def build_ab_report(res: dict, out_dir, *, title: str | None = None) -> Path:
     except OSError as e:
         raise ValueError(f"--out {out}: cannot create the folder: {e.strerror or e}") from None
     head = title or "specaudit A/B report"
-    page = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{_e(head)}</title>'
-            f"<style>{CSS}</style></head><body><h1>{_e(head)}</h1>"
+    page = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{_escape(head)}</title>'
+            f"<style>{CSS}</style></head><body><h1>{_escape(head)}</h1>"
             f'<p class="meta">generated {time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}</p>'
             f"{ab_section(res, out)}</body></html>\n")
     path = out / "report.html"

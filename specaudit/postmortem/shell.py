@@ -1,11 +1,35 @@
-"""The interactive `specaudit query PATH`: the duckdb CLI over the same views, in safe mode."""
+"""The interactive `specaudit query PATH`: the duckdb CLI over the same views, in safe mode.
+
+The CLI cannot call Python nor take Arrow tables from us, so shell_setup_sql gives it the
+same views and settings as views.connect() in SQL alone: the small tables as VALUES, node
+depths and the agreement rule as SQL (view_sql.py).
+"""
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pyarrow as pa
+
+from specaudit.postmortem.dataset import Dataset, find_dataset
+from specaudit.postmortem.sql_guard import HARDEN, sql_str
+from specaudit.postmortem.tables import findings_table, runs_table
+from specaudit.postmortem.view_sql import (
+    AGREES_MACRO_SQL,
+    CHAIN_TEST,
+    DEPTHS_REDUCE,
+    FIGURES_VIEW_SQL,
+    doubling_source,
+    duck_type,
+    nodes_view_sql,
+    parquet_view,
+    rollup_views_sql,
+)
+from specaudit.trace.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
 
 
 def find_cli() -> str:
@@ -21,8 +45,7 @@ def find_cli() -> str:
 def open_shell(cli: str, paths, findings, ds) -> int:
     """The duckdb CLI with the same views and settings, then its safe mode (which switches
     external access off and locks the configuration)."""
-    from specaudit.postmortem import views as Q
-    setup = Q.shell_setup_sql(paths, findings, dataset=ds, lock=False, duckdb_major=_cli_major(cli))
+    setup = shell_setup_sql(paths, findings, dataset=ds, lock=False, duckdb_major=_cli_major(cli))
     banner = ("specaudit query: views steps, requests, runs, nodes, violations; read-only, offline "
               "(safe mode). .quit to leave.")
     try:
@@ -68,3 +91,61 @@ def _probe_safe_mode(cli: str) -> None:
     if r.stdout.strip().lower().replace(" ", "") != "false,true":
         raise ValueError(f"the duckdb CLI at {cli} cannot lock itself (.safe_mode); "
                          "upgrade it (pip install -U duckdb-cli) or pass SQL instead")
+
+
+def _values_sql(name: str, table: pa.Table) -> str:
+    """CREATE TABLE name AS VALUES ... for the duckdb CLI (it cannot take Arrow from us)."""
+    cols = ", ".join(f"{f.name} {duck_type(f.type)}" for f in table.schema)
+    out = [f"CREATE TABLE {name} ({cols});"]
+    rows = table.to_pylist()
+    for i in range(0, len(rows), 500):
+        vals = []
+        for r in rows[i:i + 500]:
+            vals.append("(" + ", ".join(_literal(r[f.name]) for f in table.schema) + ")")
+        out.append(f"INSERT INTO {name} VALUES {', '.join(vals)};")
+    return "\n".join(out)
+
+
+def _literal(v) -> str:
+    if v is None:
+        return "NULL"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else "NULL"
+    return sql_str(v)
+
+
+def shell_setup_sql(paths, findings=None, dataset: Dataset | None = None, lock: bool = True,
+                    duckdb_major: int = 2) -> str:
+    """The SQL that gives the duckdb CLI the same views and settings as connect().
+
+    lock=False leaves out the final `enable_external_access = false` and
+    `lock_configuration = true`: the CLI's `.safe_mode`, run right after, does both (and
+    a SET after it would fail as locked). allowed_paths is set before any view exists.
+    """
+    ds = dataset or find_dataset(paths)
+    parts = [f"SET {k} = {v};" for k, v in HARDEN if k not in ("allow_extension_repositories",
+                                                                "python_enable_replacements")]
+    allowed = ", ".join(sql_str(f) for f in ds.files)
+    parts.append(f"SET allowed_paths = [{allowed}];")
+    if lock:
+        parts.append("SET enable_external_access = false;")
+    parts.append(parquet_view("steps", ds.step_files, STEPS_SCHEMA) + ";")
+    parts.append(parquet_view("requests", ds.request_files, REQUESTS_SCHEMA) + ";")
+    parts += [sql + ";" for sql in rollup_views_sql(ds, bins=0)]   # the shell may SET any bins
+    parts.append(_values_sql("runs", runs_table(ds.runs, ds.rollup_notes)))
+    parts.append(_values_sql("violations", findings_table(findings)))
+    if duckdb_major >= 2:
+        view = nodes_view_sql(DEPTHS_REDUCE)
+    else:
+        view = nodes_view_sql(f"CASE WHEN {CHAIN_TEST} THEN range(len(parents))::INTEGER[] ELSE _dep END",
+                              source=doubling_source())
+    parts.append(view.strip() + ";")
+    parts.append(AGREES_MACRO_SQL.strip() + ";")
+    parts.append(FIGURES_VIEW_SQL.strip() + ";")
+    if lock:
+        parts.append("SET lock_configuration = true;")
+    return "\n".join(parts)

@@ -34,7 +34,7 @@ class LiveEstimator:
         self.n_nodes = n_nodes
         self.baseline_tps, self.profile = baseline_tps, profile
         if profile is None and cost_factor is not None:
-            from specaudit.audit.estimate import CostProfile
+            from specaudit.audit.cost_profile import CostProfile
             self.profile = CostProfile.manual(cost_factor, cost_factor_std)
         self.enabled = self.profile is not None and (baseline_tps is not None or self._profile_has_t_ar())
         self.window_s, self.every_s = window_s, every_s
@@ -60,7 +60,7 @@ class LiveEstimator:
         as `specaudit estimate` reads it (profile_t_ar), c clamped into the profile's grid."""
         if self.baseline_tps is not None:
             return self.baseline_tps
-        from specaudit.audit.estimate import profile_t_ar
+        from specaudit.audit.cost_profile import profile_t_ar
         cs = [e.concurrency for e in self.profile.entries if e.t_ar_s and e.concurrency is not None]
         return 1.0 / profile_t_ar(self.profile, min(max(c, min(cs)), max(cs)))
 

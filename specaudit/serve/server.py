@@ -60,7 +60,7 @@ class SpecServer:
     otel: an OtelSink, or True to build one from the OTEL_* variables, or None.
     spec_metrics: none | summary | detailed: the per-request block (spec.py).
     estimator options: baseline_tps, cost_factor[, cost_factor_std] or a calibration
-    profile path (specaudit.estimate.CostProfile); without them the estimate gauge is 0.
+    profile path (specaudit.audit.cost_profile.CostProfile); without them the estimate gauge is 0.
     """
 
     def __init__(self, *, trace_dir, algo="chain", budget=7, topk=1, concurrency=8, max_new_tokens=256,
@@ -73,15 +73,16 @@ class SpecServer:
         from prometheus_client import CollectorRegistry, Counter, Histogram
 
         from specaudit.model import EOS_ID, default_models
-        from specaudit.run import check_device, new_run_id, reference_manifest
         from specaudit.runtime.engine import SpecConfig, SpecEngine
         from specaudit.runtime.faults import get_fault
         from specaudit.serve.errors import STATUSES
         from specaudit.serve.loop import EngineLoop
         from specaudit.serve.spec import SpecTap
         from specaudit.trace.parquet import ParquetSink, prepare_run_dir
-        from specaudit.trace.prom_sink import FastExposition, PromSink
+        from specaudit.trace.prom_exposition import FastExposition
+        from specaudit.trace.prom_sink import PromSink
         from specaudit.trace.tracer import Tracer
+        from specaudit.traced_run import check_device, new_run_id, reference_manifest
 
         check_device(device, dtype)
         if not 0 <= port <= 65535:
@@ -93,7 +94,7 @@ class SpecServer:
         get_fault(inject)
         profile = None
         if calibration is not None:
-            from specaudit.audit.estimate import CostProfile
+            from specaudit.audit.cost_profile import CostProfile
             profile = CostProfile.load(calibration)
         if baseline_tps is not None and not (baseline_tps > 0 and math.isfinite(baseline_tps)):
             raise ValueError(f"--baseline-tps must be a positive number (got {baseline_tps})")

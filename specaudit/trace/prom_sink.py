@@ -1,4 +1,4 @@
-"""Prometheus sink: live counters, histograms and inline invariant checks.
+"""Prometheus sink: live counters, histograms and the inline rules' counts.
 
     registry = CollectorRegistry()
     sink = PromSink(registry, max_depth=8)             # one registry per server
@@ -13,7 +13,7 @@ in lists and dicts), so every series is exported as 0 from the first scrape.
 
 Naming (Prometheus conventions): `specaudit_` prefix, base units (seconds), `_total`
 on counters, no per-request labels; the only labels are `depth` (1..max_depth, bounded:
-deeper values count in the last one), `code` (the inline rules below),
+deeper values count in the last one), `code` (the inline rules),
 `finish_reason` (eos, length, abort) and `sink` (SINK_NAMES, on
 specaudit_sink_errors_total: failed writes of the Parquet or OTel sink).
 
@@ -23,239 +23,28 @@ accepted_depth: the numbers under audit); the `specaudit_derived_*` twins count 
 same thing from the recorded tokens and path (len(committed_tokens), len(path) - 1).
 They agree on an honest engine; a gap is a metrics bug, live.
 
-Inline rules: the cheap per-step rules of the invariant catalog, evaluated on every
-row of every step with numpy over the Arrow buffers (no Python loop over rows). Their
-codes and names are the checker's (specaudit.invariants), so a live violation and
-`specaudit check` on the same trace name the same rule. The expensive rules (mask hash,
-continuity across steps, losslessness, aggregates) stay in the offline checker.
+Inline rules: the cheap per-step rules of the invariant catalog, evaluated on every row of
+every step (trace/inline_rules.py) and counted as specaudit_invariant_violations_total{code};
+the fast /metrics text for this registry is trace/prom_exposition.py.
 """
 from __future__ import annotations
 
 import threading
-import weakref
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from specaudit.trace.inline_rules import INLINE_CODES, column_np, inline_violations, list_parts, pad_rows
+from specaudit.trace.prom_exposition import watch
 from specaudit.trace.schema import tree_depths
 
 # `sink` label values of specaudit_sink_errors_total (bounded)
 SINK_NAMES = ("parquet", "otel", "prometheus", "tracer", "other")
 
-# --------------------------------------------------------------------- inline rules
-
-# (code, name, what it catches): the step-scope rules of specaudit.invariants that need
-# nothing but the row itself, under the checker's own codes and names. Rows whose
-# structure is unsound (any SA1xx but SA105/SA106) are skipped by the SA2xx/SA3xx rules,
-# as the checker does. Left to the offline checker: SA107 (nulls), SA108 (partition),
-# SA311 and SA4xx (need the request's earlier steps), SA5xx (run aggregates).
-
-# The catalog (specaudit.invariants) is the home of these rules: each is marked
-# live = ("prom", ...) there. The sink may not import the catalog (the trace layer never
-# imports readers), so the codes and names are spelled here once more and
-# tests/test_one_verdict.py fails when they drift from the catalog's live rules.
-INLINE_RULES = (
-    ("SA101", "node-list-lengths", "a per-node list does not have N = len(node_tokens) entries"),
-    ("SA102", "node-count", "N outside 1..budget + 1"),
-    ("SA103", "root-parent", "parents[0] != -1"),
-    ("SA104", "parent-precedes", "a parent outside 0..i-1"),
-    ("SA105", "topk-children", "a node with more than topk children"),
-    ("SA106", "chain-shape", "a chain (or topk 1) whose parents are not i - 1"),
-    ("SA201", "positions", "positions[i] != seq_len + depth(i)"),
-    ("SA202", "mask-hash", "mask_hash is not the ancestor-or-self mask of the parents"),
-    ("SA301", "commit-len-vs-depth", "unfinished commit_len != accepted_depth + 1, or finished above it"),
-    ("SA302", "depth-vs-path", "accepted_depth != len(accepted_path) - 1"),
-    ("SA303", "path-walk", "accepted_path is not a root-to-node walk of the tree"),
-    ("SA304", "path-matches-argmax", "an accepted token differs from the target's argmax at its parent"),
-    ("SA305", "path-maximal", "a child of the path's last node carries the bonus token"),
-    ("SA306", "commit-len-vs-tokens", "commit_len != len(committed_tokens)"),
-    ("SA307", "committed-tokens", "committed_tokens are not the accepted drafts then the bonus"),
-    ("SA308", "commit-ends-at-eos", "the commit goes on after an EOS"),
-    ("SA309", "eos-finishes", "a commit holding EOS on an unfinished step"),
-    ("SA310", "counters-sign", "accepted_depth < 0 or commit_len < 1"),
-)
-INLINE_CODES = tuple(r[0] for r in INLINE_RULES)
-_CHAIN_HASH: dict[int, int] = {}
-
-
-def _lists(arr) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A list column -> (flat values int64 [sum L], lengths int64 [B] (-1 when null), starts [B]).
-
-    Works on sliced arrays (flatten honours the slice; null lists hold no values).
-    """
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    lens = pc.list_value_length(arr)
-    null = lens.is_null().to_numpy(zero_copy_only=False)
-    lens = pc.fill_null(lens, 0).to_numpy(zero_copy_only=False).astype(np.int64)
-    flat = arr.flatten().to_numpy(zero_copy_only=False)
-    flat = np.asarray(flat, dtype=np.int64) if flat.dtype.kind in "iu" else np.asarray(flat)
-    starts = np.zeros(len(lens), dtype=np.int64)
-    if len(lens) > 1:
-        np.cumsum(lens[:-1], out=starts[1:])
-    return flat, np.where(null, -1, lens), starts
-
-
-def _col(batch, name) -> np.ndarray:
-    return batch.column(batch.schema.get_field_index(name)).to_numpy(zero_copy_only=False)
-
-
-def _padded(flat, lens, starts, n_max: int, fill: int = -1) -> np.ndarray:
-    """Ragged rows -> [B, n_max] int64 padded with `fill` (longer rows are cut)."""
-    B = len(lens)
-    out = np.full((B, max(n_max, 1)), fill, dtype=np.int64)
-    j = np.arange(out.shape[1])[None, :]
-    keep = j < np.minimum(np.maximum(lens, 0), out.shape[1])[:, None]
-    out[keep] = flat[(starts[:, None] + j)[keep]]
-    return out
-
-
-def _mask_hashes(P: np.ndarray, n: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """Contract hash of the ancestor-or-self mask of each listed row's tree, uint64 [B].
-
-    Chains (the common case) hit a per-N cache; trees are hashed per distinct N. Both
-    loop over distinct N, never over rows."""
-    from specaudit.trace.schema import ancestor_mask, mask_hash, mask_hash_from_parents
-    out = np.zeros(len(n), dtype=np.uint64)
-    N = P.shape[1]
-    is_chain = (P == np.where(np.arange(N)[None, :] < n[:, None], np.arange(N)[None, :] - 1, -1)).all(axis=1)
-    chain = rows[is_chain[rows]]
-    for k in np.unique(n[chain]):
-        k = int(k)
-        if k not in _CHAIN_HASH:
-            _CHAIN_HASH[k] = mask_hash_from_parents(np.arange(-1, k - 1))
-        out[chain[n[chain] == k]] = _CHAIN_HASH[k]
-    tree = rows[~is_chain[rows]]
-    for k in np.unique(n[tree]):
-        sel = tree[n[tree] == k]
-        out[sel] = mask_hash(ancestor_mask(P[sel, :k]))
-    return out
-
-
-def inline_violations(batch: pa.RecordBatch, budget: int | None = None,
-                      eos_id: int | None = None) -> dict[str, np.ndarray]:
-    """Evaluate the cheap per-step rules on one RecordBatch of STEPS_SCHEMA rows.
-
-    Returns {code: bool [B]} (True = the row breaks the rule), every code of
-    INLINE_CODES present. `budget` defaults to the batch's own budget column; the EOS
-    rules (SA308, SA309) run only when `eos_id` is known (the manifest's config.eos_id).
-    Vectorised: rows are padded to [B, Nmax] (Nmax <= budget + 1) and every rule is a
-    few array expressions; the loops run over node index, never over rows.
-    """
-    B = batch.num_rows
-    def col(name):
-        return batch.column(batch.schema.get_field_index(name))
-    tok, n, tok_s = _lists(col("node_tokens"))
-    par, n_par, par_s = _lists(col("parents"))
-    pos, n_pos, pos_s = _lists(col("positions"))
-    am, n_am, am_s = _lists(col("target_argmax"))
-    path, n_path, path_s = _lists(col("accepted_path"))
-    com, n_com, com_s = _lists(col("committed_tokens"))
-    n = np.maximum(n, 0)
-    n_path, n_com = np.maximum(n_path, 0), np.maximum(n_com, 0)
-    depth = _col(batch, "accepted_depth").astype(np.int64)
-    commit = _col(batch, "commit_len").astype(np.int64)
-    fin = _col(batch, "finished").astype(bool)
-    seq = _col(batch, "seq_len").astype(np.int64)
-    topk = _col(batch, "topk").astype(np.int64)
-    chain_algo = pc.equal(col("algo"), "chain").to_numpy(zero_copy_only=False).astype(bool)
-    bud = (np.full(B, budget, dtype=np.int64) if budget is not None
-           else _col(batch, "budget").astype(np.int64))
-    out: dict[str, np.ndarray] = {}
-    rows = np.arange(B)
-    R = rows[:, None]
-
-    # ---- SA1xx: shapes and tree structure
-    lens_bad = (n_par != n) | (n_pos != n) | (n_am != n)
-    for name in ("draft_logprob", "target_margin"):
-        _, nl, _ = _lists(col(name))
-        lens_bad |= (nl != -1) & (nl != n)
-    out["SA101"] = lens_bad
-    out["SA102"] = (n < 1) | (n > bud + 1)
-    shapes_ok = ~lens_bad & (n >= 1) & (n_path >= 1)
-    n_max = max(int(n.max()) if B else 1, 1)
-    P = _padded(par, n_par, par_s, n_max)
-    T = _padded(tok, n, tok_s, n_max)
-    A = _padded(am, n_am, am_s, n_max)
-    j = np.arange(n_max)[None, :]
-    real = (j < n[:, None]) & shapes_ok[:, None]             # [B, N] nodes of sound rows
-    out["SA103"] = (n < 1) | (shapes_ok & (P[:, 0] != -1))
-    out["SA104"] = shapes_ok & ((real & (j > 0) & ((P < 0) | (P >= j))).any(axis=1))
-    ok = shapes_ok & ~out["SA103"] & ~out["SA104"]            # the checker's `ok`
-    okn = real & ok[:, None]
-    kids = np.zeros((B, n_max + 1), dtype=np.int64)           # children per node (col n_max: sink)
-    np.add.at(kids, (R.repeat(n_max, 1), np.where(okn & (j > 0), P, n_max)), 1)
-    out["SA105"] = ok & (kids[:, :n_max].max(axis=1) > topk)
-    need_chain = chain_algo | (topk == 1)
-    out["SA106"] = ok & need_chain & (okn & (j > 0) & (P != j - 1)).any(axis=1)
-
-    # ---- SA2xx: positions and mask
-    D = tree_depths(P, n)
-    Pos = _padded(pos, n_pos, pos_s, n_max)
-    out["SA201"] = ok & (okn & (Pos != seq[:, None] + D)).any(axis=1)
-    mh = _col(batch, "mask_hash").astype(np.uint64)
-    want = _mask_hashes(P, n, rows[ok]) if ok.any() else np.zeros(B, dtype=np.uint64)
-    out["SA202"] = ok & (mh != want)
-
-    # ---- SA3xx: counters
-    out["SA301"] = ok & np.where(fin, commit > depth + 1, commit != depth + 1)
-    out["SA302"] = ok & (n_path >= 1) & (depth != n_path - 1)
-    out["SA306"] = ok & (commit != n_com)
-    out["SA310"] = ok & ((depth < 0) | (commit < 1) | (n_com < 1))
-
-    # ---- SA3xx: the path: [B, Pmax] node indices, -1 padded
-    p_max = max(int(n_path.max()) if B else 1, 1)
-    Q = _padded(path, n_path, path_s, p_max)
-    kq = np.arange(p_max)[None, :]
-    inpath = kq < n_path[:, None]
-    in_range = (Q >= 0) & (Q < n[:, None])
-    Qc = np.clip(Q, 0, n_max - 1)
-    walk_bad = (inpath & ~in_range).any(axis=1) | (Q[:, 0] != 0) | (n_path < 1)
-    if p_max > 1:
-        link = inpath[:, 1:] & (P[R, Qc[:, 1:]] != Q[:, :-1])
-        walk_bad |= link.any(axis=1)
-    out["SA303"] = ok & walk_bad
-    path_ok = ok & ~walk_bad
-    if p_max > 1:
-        mism = inpath[:, 1:] & (A[R, Qc[:, :-1]] != T[R, Qc[:, 1:]])
-        out["SA304"] = path_ok & mism.any(axis=1)
-    else:
-        out["SA304"] = np.zeros(B, dtype=bool)
-    last = Qc[rows, np.clip(n_path - 1, 0, p_max - 1)]       # path's last node
-    bonus = A[rows, last]
-    out["SA305"] = path_ok & (okn & (j > 0) & (P == last[:, None]) & (T == bonus[:, None])).any(axis=1)
-
-    # expected commit: token of path[k+1] for k < len-1, then the bonus
-    c_max = max(int(n_com.max()) if B else 1, 1)
-    C = _padded(com, n_com, com_s, c_max)
-    kc = np.arange(c_max)[None, :]
-    nxt = Qc[R, np.clip(kc + 1, 0, p_max - 1)]
-    exp = np.where(kc < (n_path - 1)[:, None], T[R, nxt], bonus[:, None])
-    in_c = kc < n_com[:, None]
-    differs = in_c & ((C != exp) | (kc >= n_path[:, None]))
-    out["SA307"] = path_ok & (differs.any(axis=1) | (~fin & (n_com < n_path)))
-
-    # ---- SA308, SA309: EOS
-    if eos_id is not None:
-        is_eos = in_c & (C == eos_id)
-        first = np.where(is_eos.any(axis=1), is_eos.argmax(axis=1), -1)
-        out["SA308"] = ok & (first >= 0) & (first < n_com - 1)
-        out["SA309"] = ok & (first >= 0) & ~fin
-    else:
-        out["SA308"] = np.zeros(B, dtype=bool)
-        out["SA309"] = np.zeros(B, dtype=bool)
-    if "accept_u" in batch.schema.names:
-        # speculative sampling (contract v2): acceptance is not argmax matching and the
-        # commit ends with the drawn token; `specaudit check` (SA8xx) audits these rows
-        sampled = col("accept_u").is_valid().to_numpy(zero_copy_only=False)
-        for c in ("SA304", "SA305", "SA307"):
-            out[c] = out[c] & ~sampled
-    return {c: out[c] for c in INLINE_CODES}
-
-
-# ------------------------------------------------------------------------ the sink
+# PromSink attributes of the gauges the server sets every step (generation group 1)
+_GAUGE_FAMILIES = ("running", "queued", "reported_cl", "estimated_cl", "estimated_lo", "estimated_hi")
 
 DURATION_BUCKETS = tuple(0.00025 * 2 ** i for i in range(15))  # 0.25 ms .. 4.1 s
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0)
@@ -302,8 +91,7 @@ class PromSink:
         self._gen = [0, 0]               # bumped after every change: [trace writes, server gauges]
         self._families: list = []
         self._load = None
-        # FastExposition reuses our lines between changes (weak: the registry outlives no sink)
-        _SOURCES.setdefault(self.registry, []).append(weakref.ref(self))
+        watch(self.registry, self)   # FastExposition reuses our lines between changes
         if max_depth is not None:
             self._build(max_depth)
 
@@ -407,8 +195,8 @@ class PromSink:
         B = batch.num_rows
         if B == 0:
             return
-        depth = _col(batch, "accepted_depth").astype(np.int64)
-        commit = _col(batch, "commit_len").astype(np.int64)
+        depth = column_np(batch, "accepted_depth").astype(np.int64)
+        commit = column_np(batch, "commit_len").astype(np.int64)
         n = pc.list_value_length(batch.column(batch.schema.get_field_index("node_tokens")))
         n = pc.fill_null(n, 0).to_numpy(zero_copy_only=False).astype(np.int64)
         n_path = pc.fill_null(pc.list_value_length(batch.column(batch.schema.get_field_index("accepted_path"))), 0)
@@ -421,8 +209,8 @@ class PromSink:
         if pc.all(pc.equal(algo, "chain")).as_py():
             reach = np.maximum(n - 1, 0)
         else:
-            par, n_par, par_s = _lists(batch.column(batch.schema.get_field_index("parents")))
-            P = _padded(par, n_par, par_s, max(int(n.max()), 1))
+            par, n_par, par_s = list_parts(batch.column(batch.schema.get_field_index("parents")))
+            P = pad_rows(par, n_par, par_s, max(int(n.max()), 1))
             reach = np.maximum(tree_depths(P, n).max(axis=1), 0)
         # at-least-d counts for d = 1..D from one bincount each (deeper values land in D)
         reach_ge = np.cumsum(np.bincount(np.clip(reach, 0, D), minlength=D + 1)[::-1])[::-1]
@@ -430,10 +218,10 @@ class PromSink:
         viol = inline_violations(batch, eos_id=self.eos_id) if self.rules else {}
         # The tracer hands over many forwards at once; a forward's rows are consecutive
         # and share t_start and its timings: observe each forward once, at its first row.
-        ts = _col(batch, "t_start")
+        ts = column_np(batch, "t_start")
         first = np.flatnonzero(np.concatenate(([True], ts[1:] != ts[:-1])))
-        t = {name: _col(batch, name)[first].astype(float) for name in ("draft_s", "verify_s", "step_s")}
-        bs = _col(batch, "batch_size")[first].astype(float)
+        t = {name: column_np(batch, name)[first].astype(float) for name in ("draft_s", "verify_s", "step_s")}
+        bs = column_np(batch, "batch_size")[first].astype(float)
         with self._lock:
             self.verify_steps.inc(B)
             self.verify_forwards.inc(len(first))
@@ -506,179 +294,3 @@ class PromSink:
             self.estimated_lo.set(estimate.low)
             self.estimated_hi.set(estimate.high)
         self._gen[1] += 1
-
-
-# ------------------------------------------------------------------- fast /metrics
-
-def _go_float(v: float) -> str:
-    """A sample value as Prometheus text: repr, with Go's spellings of inf and nan."""
-    if v != v:
-        return "NaN"
-    if v in (float("inf"), float("-inf")):
-        return "+Inf" if v > 0 else "-Inf"
-    return repr(float(v))
-
-
-class FastExposition:
-    """Prometheus text for a registry of plain Counters, Gauges and Histograms, ~10x
-    cheaper than prometheus_client.generate_latest, and cheaper again between updates.
-
-    A 10 Hz scrape must not slow the decode loop (it shares the GIL): the label and
-    name part of every line is formatted once into a plan, and a render reads the raw
-    values (one attribute read each, no lock: a float read is atomic under the GIL and
-    the tracer's inc() is never made to wait) and reuses a series' formatted line (a
-    histogram's whole block) while its values are the very objects it was formatted
-    from, so an idle series costs a read and an identity test. The plan is rebuilt
-    when a family gains a labelled child. Families this class does not know (another
-    collector type, or a prometheus_client without the private fields used here)
-    make it fall back to generate_latest, so the output is always complete. Same
-    samples, same values, same HELP/TYPE lines as generate_latest (tested).
-    """
-
-    def __init__(self, registry: CollectorRegistry):
-        self.registry = registry
-        self._plan = None
-        self._key = None
-        self._sources: list = []   # PromSinks on this registry: their series are re-read only after a change
-        self._gens: list = []
-        self._segments: list = []
-
-    @staticmethod
-    def _labels(names, values, extra=()) -> str:
-        pairs = sorted([(n, v) for n, v in zip(names, values)] + list(extra))   # as generate_latest
-        if not pairs:
-            return ""
-        esc = lambda v: str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-        return "{" + ",".join(f'{n}="{esc(v)}"' for n, v in pairs) + "}"
-
-    def _wrappers(self):
-        return list(getattr(self.registry, "_collector_to_names", {}).keys())
-
-    def _children(self, w):
-        if w._labelnames:
-            with w._lock:
-                return list(w._metrics.items())
-        return [((), w)]
-
-    @staticmethod
-    def _plain(v) -> bool:
-        """A value object whose float sits in `_value` (prometheus_client's MutexValue):
-        read directly. Anything else (multiprocess values) is read with get()."""
-        try:
-            from prometheus_client.values import MutexValue
-        except ImportError:
-            return False
-        return type(v) is MutexValue and hasattr(v, "_value")
-
-    def _build(self, wrappers):
-        # parts: [_STATIC, text, owner] | [_VALUE, prefix, value, plain, last, line, owner]
-        #        | [_HIST, bucket prefixes, count prefix, sum prefix, values, plain, last, block, owner]
-        # owner: index into self._sources of the sink whose generation() covers the series
-        sinks = [s for s in (r() for r in _SOURCES.get(self.registry, ())) if s is not None]
-        fams = [(src, c, g) for src in sinks for c, g in src.families()]
-        self._sources = sorted({(id(src), g): (src, g) for src, _, g in fams}.values(), key=lambda e: (id(e[0]), e[1]))
-        index = {(id(src), g): k for k, (src, g) in enumerate(self._sources)}
-        owners = {id(c): index[(id(src), g)] for src, c, g in fams}
-        self._gens = [None] * len(self._sources)
-        parts = []
-        for w in wrappers:
-            owner = owners.get(id(w))
-            typ = getattr(w, "_type", None)
-            if typ not in ("counter", "gauge", "histogram") or not hasattr(w, "_name"):
-                return None
-            name = w._name
-            doc = w._documentation.replace("\\", "\\\\").replace("\n", "\\n")
-            fam = name + ("_total" if typ == "counter" else "")   # text format 0.0.4 names counters so
-            parts.append([_STATIC, f"# HELP {fam} {doc}\n# TYPE {fam} {typ}\n", owner])
-            for lv, child in self._children(w):
-                lab = self._labels(w._labelnames, lv)
-                if typ in ("counter", "gauge"):
-                    if not hasattr(child, "_value"):
-                        return None
-                    if typ == "gauge" and getattr(child, "_multiprocess_mode", "all") not in (
-                            "all", "liveall", "max", "min", "sum", "mostrecent", "livesum", "livemax", "livemin",
-                            "livemostrecent"):
-                        return None
-                    v = child._value
-                    prefix = f"{name}_total{lab} " if typ == "counter" else f"{name}{lab} "
-                    parts.append([_VALUE, prefix, v, self._plain(v), _UNSET, "", owner])
-                else:
-                    if not (hasattr(child, "_buckets") and hasattr(child, "_sum") and hasattr(child, "_upper_bounds")):
-                        return None
-                    les = [self._labels(w._labelnames, lv, [("le", _go_float(b))]) for b in child._upper_bounds]
-                    vals = list(child._buckets) + [child._sum]
-                    parts.append([_HIST, [f"{name}_bucket{le} " for le in les], f"{name}_count{lab} ",
-                                  f"{name}_sum{lab} ", vals, all(self._plain(v) for v in vals), None, "",
-                                  owner])
-        return parts
-
-    def render(self) -> bytes:
-        from prometheus_client import generate_latest
-        wrappers = self._wrappers()
-        key = tuple((id(w), len(w._metrics) if getattr(w, "_labelnames", None) else 0) for w in wrappers) \
-            if all(hasattr(w, "_labelnames") for w in wrappers) else None
-        if key is None:
-            return generate_latest(self.registry)
-        if key != self._key:
-            self._plan, self._key = self._build(wrappers), key
-            self._segments = _segments(self._plan) if self._plan is not None else []
-        if self._plan is None:
-            return generate_latest(self.registry)
-        gens = [src.generation(g) for src, g in self._sources]   # read before any value
-        same = [g == old for g, old in zip(gens, self._gens)]
-        self._gens = gens
-        out = []
-        for seg in self._segments:     # [owner, parts, text]: a run of one sink's families
-            owner = seg[0]
-            if owner is not None and same[owner] and seg[2] is not None:
-                out.append(seg[2])     # its sink has not written since the last render
-                continue
-            text = "".join(self._lines(seg[1]))
-            if owner is not None:
-                seg[2] = text
-            out.append(text)
-        return "".join(out).encode()
-
-    @staticmethod
-    def _lines(plan) -> list:
-        out = []
-        for p in plan:
-            kind = p[0]
-            if kind is _STATIC:
-                out.append(p[1])
-            elif kind is _VALUE:
-                v = p[2]._value if p[3] else p[2].get()
-                if v is not p[4]:            # a new float object: the series moved (or a reread)
-                    p[4], p[5] = v, p[1] + _go_float(v) + "\n"
-                out.append(p[5])
-            else:
-                cur = [b._value for b in p[4]] if p[5] else [b.get() for b in p[4]]
-                if cur != p[6]:              # list compare: identity first, so an idle block is reused
-                    _, bucket_prefixes, count_prefix, sum_prefix = p[:4]
-                    lines, acc = [], 0.0
-                    for prefix, b in zip(bucket_prefixes, cur):
-                        acc += b
-                        lines.append(prefix + _go_float(acc) + "\n")
-                    lines.append(count_prefix + _go_float(acc) + "\n")
-                    lines.append(sum_prefix + _go_float(cur[-1]) + "\n")
-                    p[6], p[7] = cur, "".join(lines)
-                out.append(p[7])
-        return out
-
-
-def _segments(plan) -> list:
-    """The plan cut into runs of parts with one owner: [owner, parts, cached text]."""
-    out = []
-    for p in plan:
-        if out and out[-1][0] == p[-1]:
-            out[-1][1].append(p)
-        else:
-            out.append([p[-1], [p], None])
-    return out
-
-
-_STATIC, _VALUE, _HIST = "static", "value", "hist"
-# PromSink attributes of the gauges the server sets every step (generation group 1)
-_GAUGE_FAMILIES = ("running", "queued", "reported_cl", "estimated_cl", "estimated_lo", "estimated_hi")
-_SOURCES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # registry -> weak refs to its PromSinks
-_UNSET = object()   # no value read yet: the first render formats every line

@@ -41,7 +41,8 @@ SEED_DEPTH = ("no depth counter in this output: an accept-depth figure (e.g. the
               "--reported-accept-depth (specaudit estimate) or a trace")
 
 
-def _g(x) -> str:
+def _shown(x) -> str:
+    """A number as the account shows it: an integer as one, else 4 significant digits; ? when missing."""
     if x is None:
         return "?"
     if float(x).is_integer() and abs(x) < 1e15:
@@ -52,7 +53,7 @@ def _g(x) -> str:
 _INF = float("inf")
 
 
-def _ok(*xs) -> bool:
+def _all_finite(*xs) -> bool:
     """Every x a finite number (the hot path of the account: no generator, no isfinite call)."""
     for x in xs:
         if x is None or x.__class__ not in (float, int) or x != x or x == _INF or x == -_INF:
@@ -63,27 +64,27 @@ def _ok(*xs) -> bool:
 def _numbers(ident: str, w, cfg: dict) -> str | None:
     """The arithmetic of one identity on one window, or None when it does not apply."""
     a, d, s, L, r = w.accepted_tokens, w.draft_tokens, w.drafts, w.accept_len, w.accept_rate
-    if ident == "rate" and _ok(a, d, r) and d > 0:
-        return f"{_g(a)} / {_g(d)} = {a / d:.4f} vs printed {r:.4g}"
-    if ident == "bounds" and (_ok(a, d) or _ok(r)):
+    if ident == "rate" and _all_finite(a, d, r) and d > 0:
+        return f"{_shown(a)} / {_shown(d)} = {a / d:.4f} vs printed {r:.4g}"
+    if ident == "bounds" and (_all_finite(a, d) or _all_finite(r)):
         parts = []
-        if _ok(a, d):
-            parts.append(f"accepted {_g(a)} <= drafted {_g(d)}")
-        if _ok(r):
+        if _all_finite(a, d):
+            parts.append(f"accepted {_shown(a)} <= drafted {_shown(d)}")
+        if _all_finite(r):
             parts.append(f"rate {r:.4g} <= 1")
         return ", ".join(parts)
-    if ident == "len" and _ok(a, s, L) and s > 0 and not w.extra.get("drafts_derived") \
+    if ident == "len" and _all_finite(a, s, L) and s > 0 and not w.extra.get("drafts_derived") \
             and not w.extra.get("accepted_not_prefix"):
-        return f"1 + {_g(a)} / {_g(s)} = {1 + a / s:.3f} vs printed {L:.3g}"
-    if ident == "len_pos" and _ok(L) and w.per_pos and w.per_pos_kind == "verify_steps":
+        return f"1 + {_shown(a)} / {_shown(s)} = {1 + a / s:.3f} vs printed {L:.3g}"
+    if ident == "len_pos" and _all_finite(L) and w.per_pos and w.per_pos_kind == "verify_steps":
         return f"1 + sum({', '.join(f'{p:.3g}' for p in w.per_pos[:8])}) = {1 + sum(w.per_pos):.3f} vs printed {L:.3g}"
     if ident == "pos" and w.per_pos and len(w.per_pos) > 1 and w.per_pos_kind == "verify_steps":
         return " >= ".join(f"{p:.3g}" for p in w.per_pos[:8])
     if ident == "k":
         k = w.k or cfg.get("num_spec_tokens")
-        if _ok(d, s, k) and s > 0:
-            return f"{_g(d)} <= {_g(k)} x {_g(s)} = {_g(k * s)}"
-    if ident == "sglang_rate" and w.engine == "sglang" and _ok(L, r) and not w.extra.get("request"):
+        if _all_finite(d, s, k) and s > 0:
+            return f"{_shown(d)} <= {_shown(k)} x {_shown(s)} = {_shown(k * s)}"
+    if ident == "sglang_rate" and w.engine == "sglang" and _all_finite(L, r) and not w.extra.get("request"):
         D = cfg.get("num_draft_tokens")
         if D:
             return f"accept len {L:.2f}, D = {D}: {L / D:.3f} or {(L - 1) / max(D - 1, 1):.3f} vs printed {r:.2f}"
@@ -92,32 +93,33 @@ def _numbers(ident: str, w, cfg: dict) -> str | None:
         f = w.extra["rate_formula"]
         return (f"accept len {L:.2f}, accept rate {r:.2f}, D unknown (no server_args line): "
                 f"{'fits ' + f if f else 'no whole D fits either formula'}")
-    if ident == "ts_rate" and w.engine == "tokenspeed" and _ok(L, r):
+    if ident == "ts_rate" and w.engine == "tokenspeed" and _all_finite(L, r):
         if w.k:
             return f"({L:.2f} - 1) / {w.k} = {(L - 1) / w.k:.3f} vs printed {r:.2f}"
         return f"avg_accept_len {L:.2f}, accept_rate {r:.2f}: no whole k fits every line"
     if ident == "hist" and w.histogram:
         h = w.histogram
-        return f"sum(h) = {_g(sum(h))} vs steps {_g(s)}, sum(i*h_i) = {_g(sum(i * x for i, x in enumerate(h)))} " \
-               f"vs accepted {_g(a)}"
-    if ident == "monotone" and w.kind == "cumulative" and (_ok(a) or _ok(d)):
-        return f"accepted {_g(a)}, drafted {_g(d)} (since start-up)"
-    if ident == "emitted" and w.extra.get("emitted") is not None and _ok(a, s):
+        return f"sum(h) = {_shown(sum(h))} vs steps {_shown(s)}, " \
+               f"sum(i*h_i) = {_shown(sum(i * x for i, x in enumerate(h)))} vs accepted {_shown(a)}"
+    if ident == "monotone" and w.kind == "cumulative" and (_all_finite(a) or _all_finite(d)):
+        return f"accepted {_shown(a)}, drafted {_shown(d)} (since start-up)"
+    if ident == "emitted" and w.extra.get("emitted") is not None and _all_finite(a, s):
         e = w.extra["emitted"]
-        return f"accepted {_g(a)} vs emitted {_g(e)} - verify steps {_g(s)} = {_g(e - s)}"
-    if ident == "output" and w.extra.get("output_tokens") is not None and _ok(a, s) \
+        return f"accepted {_shown(a)} vs emitted {_shown(e)} - verify steps {_shown(s)} = {_shown(e - s)}"
+    if ident == "output" and w.extra.get("output_tokens") is not None and _all_finite(a, s) \
             and not w.extra.get("drafts_derived"):
-        return f"output {_g(w.extra['output_tokens'])} vs steps {_g(s)} + accepted {_g(a)} = {_g(s + a)}"
-    if ident == "window" and w.extra.get("acc_tps") and w.extra.get("dr_tps") and _ok(a, d):
-        return (f"{_g(a)} / {w.extra['acc_tps']:.2f} = {a / w.extra['acc_tps']:.1f} s, "
-                f"{_g(d)} / {w.extra['dr_tps']:.2f} = {d / w.extra['dr_tps']:.1f} s")
+        return (f"output {_shown(w.extra['output_tokens'])} vs steps {_shown(s)} + accepted {_shown(a)} "
+                f"= {_shown(s + a)}")
+    if ident == "window" and w.extra.get("acc_tps") and w.extra.get("dr_tps") and _all_finite(a, d):
+        return (f"{_shown(a)} / {w.extra['acc_tps']:.2f} = {a / w.extra['acc_tps']:.1f} s, "
+                f"{_shown(d)} / {w.extra['dr_tps']:.2f} = {d / w.extra['dr_tps']:.1f} s")
     if ident == "throughput" and w.step_rate is not None:
-        return (f"{_g(w.gen_tps)} tokens/s / ({_g(w.concurrency)} requests x {L:.2f}) = {w.step_rate:.3g} "
+        return (f"{_shown(w.gen_tps)} tokens/s / ({_shown(w.concurrency)} requests x {L:.2f}) = {w.step_rate:.3g} "
                 "verify steps/s per request")
-    if ident == "collapse" and _ok(a, d) and d > 0:
-        return f"{_g(a)} of {_g(d)} drafted accepted ({a / d:.1%})"
-    if ident == "ranks" and w.rank and _ok(L):
-        return f"rank {w.rank}: accept length {_g(L)}"
+    if ident == "collapse" and _all_finite(a, d) and d > 0:
+        return f"{_shown(a)} of {_shown(d)} drafted accepted ({a / d:.1%})"
+    if ident == "ranks" and w.rank and _all_finite(L):
+        return f"rank {w.rank}: accept length {_shown(L)}"
     return None
 
 
@@ -127,7 +129,7 @@ def _applicable(w, cfg: dict) -> list:
     path: every window after an identity's first only counts)."""
     a, d, s, L, r = w.accepted_tokens, w.draft_tokens, w.drafts, w.accept_len, w.accept_rate
     x = w.extra
-    ok_a, ok_d, ok_s, ok_L, ok_r = _ok(a), _ok(d), _ok(s), _ok(L), _ok(r)
+    ok_a, ok_d, ok_s, ok_L, ok_r = _all_finite(a), _all_finite(d), _all_finite(s), _all_finite(L), _all_finite(r)
     out = []
     if ok_a and ok_d:
         if ok_r and d > 0:
@@ -148,7 +150,7 @@ def _applicable(w, cfg: dict) -> list:
             out.append("len_pos")
         if len(pp) > 1:
             out.append("pos")
-    if ok_d and ok_s and s > 0 and _ok(w.k or cfg.get("num_spec_tokens")):
+    if ok_d and ok_s and s > 0 and _all_finite(w.k or cfg.get("num_spec_tokens")):
         out.append("k")
     if ok_L and ok_r:
         if w.engine == "sglang" and not (x and x.get("request")):
@@ -234,7 +236,7 @@ class Account:
                     f[2] = x
             if w.extra.get("drafts_derived"):
                 self.derived_steps += 1
-            elif _ok(w.drafts, w.draft_tokens) and (w.kind == "interval" or self.windows == 1):
+            elif _all_finite(w.drafts, w.draft_tokens) and (w.kind == "interval" or self.windows == 1):
                 self.pooled["drafts"] = self.pooled.get("drafts", 0) + w.drafts
                 self.pooled["draft_tokens"] = self.pooled.get("draft_tokens", 0) + w.draft_tokens
                 self.pooled_n += 1
@@ -386,7 +388,7 @@ def render(doc: dict) -> list[str]:
         figs = []
         for name, f in doc["figures"].items():
             if "min" in f:
-                rng = _g(f["min"]) if f["min"] == f["max"] else f"{_g(f['min'])}..{_g(f['max'])}"
+                rng = _shown(f["min"]) if f["min"] == f["max"] else f"{_shown(f['min'])}..{_shown(f['max'])}"
                 figs.append(f"{name} {rng} ({f['windows']})")
             else:
                 figs.append(f"{name} ({f['windows']})")

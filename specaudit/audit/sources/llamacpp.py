@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 
-from specaudit.audit.sources import LineParser, Reading, Window
+from specaudit.audit.sources.reading import LineParser, Reading, Window
 
 NUM = r"(-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|-?inf)"
 SLOT_RE = re.compile(r"draft acceptance(?P<old> rate)? = " + NUM + r" \(\s*" + NUM + r" accepted /\s*" + NUM
@@ -63,7 +63,7 @@ def looks_like(text: str) -> bool:
     return any(looks_like_line(ln) for ln in text.splitlines())
 
 
-def _f(s):
+def _finite_float(s):
     x = float(s)
     if x != x or x in (float("inf"), float("-inf")):
         raise ValueError(s)
@@ -75,7 +75,7 @@ def _list(s: str):
     for tok in s.split(","):
         tok = tok.strip()
         if tok:
-            out.append(_f(tok))
+            out.append(_finite_float(tok))
     return out
 
 
@@ -117,7 +117,7 @@ class Parser(LineParser):
                 self._close_block()
                 self.block_line = i
             try:
-                self.block[key] = _f(sm.group("val"))
+                self.block[key] = _finite_float(sm.group("val"))
             except ValueError:
                 self.skip(i, f"llama.cpp summary value {sm.group('val')[:40]!r} is not a finite number", raw)
             return
@@ -141,8 +141,8 @@ class Parser(LineParser):
         m = SLOT_RE.search(raw)
         if m:
             w = Window(line=i, engine="llamacpp", text=raw.strip()[:300], kind="interval")
-            w.accept_rate = _f(m.group(2))
-            w.accepted_tokens, w.draft_tokens = _f(m.group(3)), _f(m.group(4))
+            w.accept_rate = _finite_float(m.group(2))
+            w.accepted_tokens, w.draft_tokens = _finite_float(m.group(3)), _finite_float(m.group(4))
             w.extra["printed_rate"] = (w.accept_rate, 0.0000051)  # five decimals
             sid = SLOT_ID_RE.search(raw)
             if sid:
@@ -168,7 +168,7 @@ class Parser(LineParser):
             else:
                 w.version = "PR 23279 ('draft acceptance =')"
             if mm:
-                w.accept_len = _f(mm.group(1))
+                w.accept_len = _finite_float(mm.group(1))
                 w.conventions["accept_len"] = LEN_CONV
                 if w.accept_len > 1.005 and w.accepted_tokens > 0:
                     w.drafts = round(w.accepted_tokens / (w.accept_len - 1))
@@ -182,7 +182,7 @@ class Parser(LineParser):
             return
         m = STATS_RE.search(raw)
         if m:
-            drafts, acc_drafts, gen_tok, acc_tok = (_f(m.group(k)) for k in (3, 4, 5, 6))
+            drafts, acc_drafts, gen_tok, acc_tok = (_finite_float(m.group(k)) for k in (3, 4, 5, 6))
             if drafts == 0 and gen_tok == 0 and acc_tok == 0:
                 return  # a drafter that never drafted: nothing to audit
             w = Window(line=i, engine="llamacpp", kind="cumulative", rank=m.group("name"), text=raw.strip()[:300],
@@ -196,7 +196,7 @@ class Parser(LineParser):
             w.version = "statistics with mean and per-position (PR 24536)" if mm else "statistics"
             w.conventions = {"accept_rate": RATE_CONV}
             if mm:
-                w.accept_len = _f(mm.group(1))
+                w.accept_len = _finite_float(mm.group(1))
                 w.conventions["accept_len"] = LEN_CONV
             if pm:
                 # the statistics list is as long as the longest run accepted so far (common/

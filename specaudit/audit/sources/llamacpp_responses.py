@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import math
 
-from specaudit.audit.sources import Reading, Window
+from specaudit.audit.sources.reading import Reading, Window
 from specaudit.trace.schema import InputError, parse_json_bounded
 
 MAX_BYTES = 256 << 20     # a response export of a few hundred thousand requests

@@ -44,7 +44,8 @@ import time
 import urllib.parse
 from datetime import datetime, timezone
 
-from specaudit.audit.sources import Reading, Window, audit_reading, note
+from specaudit.audit.sources.reading import Reading, Window, note
+from specaudit.audit.sources.rules import audit_reading
 from specaudit.numfmt import printable
 from specaudit.trace.schema import InputError, parse_json_bounded
 

@@ -33,7 +33,7 @@ import re
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from specaudit.audit.sources import Reading, Window
+from specaudit.audit.sources.reading import Reading, Window
 from specaudit.trace.schema import InputError
 
 SCRAPED_AT_RE = re.compile(r"^#\s*scraped_at:\s*(?P<t>[0-9.]+)")
@@ -136,7 +136,7 @@ class Parser:
         self.reading = Reading(source="prom-text", engine="", path=path)  # chunking never applies
 
     def feed(self, i: int, raw: str) -> None:
-        from specaudit.audit.sources import MAX_NOTES, note
+        from specaudit.audit.sources.reading import MAX_NOTES, note
         s = raw.strip()
         if not s:
             return
@@ -235,7 +235,7 @@ def build(scrapes, notes, path, types=None, info=None) -> Reading:
     if engine is None:
         seen = next((v for pre, v in ENGINE_OF.items() if any(n.startswith(pre) for n in names)), None)
         if seen:   # the engine's own series, none of them speculative: judged on what it holds
-            from specaudit.audit.sources import NoFigures
+            from specaudit.audit.sources.reading import NoFigures
             raise NoFigures(path, f"a {seen} scrape with no spec-decoding series (speculative decoding off, or "
                                   "not exported by this version)", recognised=f"{seen} Prometheus scrape", notes=notes)
         raise InputError(path, "no spec-decoding series (vllm:spec_decode_*, sglang:spec_accept_*, trtllm_spec_decode_*"

@@ -29,7 +29,9 @@ from __future__ import annotations
 import json
 import math
 
-from specaudit.audit.sources import MAX_BYTES, LineParser, Reading, Window
+from specaudit.audit.sources.reading import LineParser, Reading, Window
+
+MAX_BYTES = 512 * 1024 * 1024  # a JSON document (not JSONL) is parsed whole: refuse absurd ones
 
 TOKENSPEED_KEYS = ("spec_accepted_tokens", "spec_draft_tokens")   # TokenSpeed PR 1443 (Sep 2026)
 SGLANG_KEYS = (  # (accepted, proposed, version) by release
@@ -392,7 +394,7 @@ class Parser(LineParser):
         self.doc_line = 1
         self.too_big = False
 
-    recognised = None   # an engine's record shape seen without figures (sources.NoFigures)
+    recognised = None   # an engine's record shape seen without figures (sources.reading.NoFigures)
 
     def _record(self, obj, line):
         if self.recognised is None:

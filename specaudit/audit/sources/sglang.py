@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 
-from specaudit.audit.sources import LineParser, Reading, Window
+from specaudit.audit.sources.reading import LineParser, Reading, Window
 
 DECODE_RE = re.compile(r"Decode batch(?: \[\d+\])?[.,]\s*(?P<body>.*)$")
 PREFIX_RE = re.compile(r"\[(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)(?P<rank>(?: [A-Z]{2,4}\d+)*)\]")

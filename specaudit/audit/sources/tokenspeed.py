@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from specaudit.audit.sources import LineParser, Reading, Window
+from specaudit.audit.sources.reading import LineParser, Reading, Window
 
 HEAD_RE = re.compile(r"Decode batch\.\s*(?P<body>.*)$")
 TS_RE = re.compile(r"(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)")

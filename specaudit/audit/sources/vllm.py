@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import re
 
-from specaudit.audit.sources import LineParser, Reading, Window
+from specaudit.audit.sources.reading import LineParser, Reading, Window
 from specaudit.audit.sources.vllm_startup import startup
 
 NUM = r"(-?(?:\d+(?:\.\d*)?|\.\d+)|nan|inf)"

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import re
 
-from specaudit.audit.sources import LineParser, Reading, Window
+from specaudit.audit.sources.reading import LineParser, Reading, Window
 
 NUM = r"(-?(?:\d+(?:\.\d*)?|\.\d+)|N/A|nan|inf)"
 BENCH_HEAD = re.compile(r"^-{3,}\s*Speculative Decoding\s*-{3,}\s*$")
@@ -73,7 +73,7 @@ def looks_like_line(line: str) -> bool:
     return bool(BENCH_HEAD.match(s)) or s.startswith("num_accepted_tokens:") or s.startswith("total_num_output_tokens:")
 
 
-def _val(s: str):
+def _number_or_na(s: str):
     """A number, None for N/A; ValueError for nan / inf."""
     if s == "N/A":
         return None
@@ -173,7 +173,7 @@ class Parser(LineParser):
                     if cut and not _whole(key, m.group(1)):
                         self.skip(i, "truncated vLLM benchmark summary line (the file ends inside it)", raw)
                         return
-                    b["v"][key] = _val(m.group(1))
+                    b["v"][key] = _number_or_na(m.group(1))
                     return
             m = (BENCH_POS if b["kind"] == "bench" else EX_POS).match(raw if b["kind"] == "bench" else s)
             if m:
@@ -181,7 +181,7 @@ class Parser(LineParser):
                     self.skip(i, "truncated vLLM benchmark summary line (the file ends inside it)", raw)
                     b["pos_cut"] = True
                     return
-                b["pos"][int(m.group(1))] = _val(m.group(2))
+                b["pos"][int(m.group(1))] = _number_or_na(m.group(2))
                 return
             if b["kind"] == "bench" and BENCH_POS_HEAD.match(s):
                 return

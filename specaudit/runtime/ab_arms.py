@@ -16,9 +16,13 @@ draws for both arms, so the difference B - A is paired):
     commit length    sum of len(committed_tokens) / steps
     tokens/s         output tokens / engine seconds, where a request's engine seconds are its
                      prefill plus, for each step, step_s / batch_size (its share of the batch)
-The verdict for a metric (higher is better for all three): `same` when the 95% interval of
-B - A lies within +-same_within of A, `B better` / `A better` when it excludes 0, else
-`undecided` (more repeats or prompts would decide).
+The verdict for a metric (higher is better for all three) is specaudit.ab_verdict's, the
+one A/B decision: `same` when the 95% interval of B - A lies within +-same_within of A
+(default SAME_WITHIN), `B better` / `A better` when it excludes 0, else `undecided` (more
+repeats or prompts would decide).
+
+It runs the runtime (specaudit.run.run_traced) and so lives beside it; A/B from evidence,
+which reruns nothing, is specaudit.audit.ab_evidence.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specaudit.ab_verdict import SAME_WITHIN, check_same_within, verdict
 from specaudit.numfmt import fixed
 from specaudit.stats import percentile_ci as _ci
 from specaudit.trace.schema import InputError, atomic_write_bytes
@@ -45,7 +50,6 @@ CONFOUNDERS = ("concurrency", "batch", "device", "dtype", "max_new_tokens", "eos
 METRICS = ("accepted_depth", "commit_len", "tokens_per_s")
 METRIC_LABEL = {"accepted_depth": "mean accepted depth", "commit_len": "mean commit length",
                 "tokens_per_s": "tokens/s"}
-VERDICTS = ("same", "A better", "B better", "undecided")
 
 
 # ---------------------------------------------------------------------- arm args
@@ -160,21 +164,6 @@ def _ratio_boot(num: np.ndarray, den: np.ndarray, Wr: np.ndarray, Wp: np.ndarray
     return float(point), reps
 
 
-def verdict(diff_ci: list[float], base: float, same_within: float) -> str:
-    """Verdict from the 95% interval of B - A (higher is better)."""
-    lo, hi = diff_ci
-    if not (np.isfinite(lo) and np.isfinite(hi)):
-        return "undecided"
-    band = abs(base) * same_within
-    if -band <= lo and hi <= band:
-        return "same"
-    if lo > 0:
-        return "B better"
-    if hi < 0:
-        return "A better"
-    return "undecided"
-
-
 def summarize(cells: dict[str, np.ndarray], same_within: float, n_boot: int, seed: int = 0) -> dict:
     """Per-arm means with bootstrap 95% intervals, the paired difference and a verdict per metric.
 
@@ -259,10 +248,10 @@ def _run_args(arm: dict, prompts: list[str], load) -> dict:
 
 
 def run_ab(a: dict, b: dict, *, prompts: list[str], repeats: int = 2, out, vary: list[str] | None = None,
-           same_within: float = 0.02, n_boot: int = 2000, primary: str = "tokens_per_s",
+           same_within: float = SAME_WITHIN, n_boot: int = 2000, primary: str = "tokens_per_s",
            load_models=None, log=None, warmup: bool = True) -> dict:
     """Run arms A and B `repeats` times each, interleaved, traced; return (and write) the result."""
-    from specaudit.run import run_traced
+    from specaudit.traced_run import run_traced
 
     if repeats < 1:
         raise ValueError(f"--repeats must be at least 1 (got {repeats})")
@@ -377,11 +366,11 @@ def parse_vary(text: str | None) -> list[str] | None:
 
 
 def run_arms(a: str, b: str, *, out, prompts_file=None, num_prompts: int = 8, repeats: int = 2,
-             vary: str | None = None, same_within: float = 0.02, n_boot: int = 2000, primary: str | None = None,
-             log=None) -> dict:
+             vary: str | None = None, same_within: float = SAME_WITHIN, n_boot: int = 2000,
+             primary: str | None = None, log=None) -> dict:
     """`specaudit ab --a "..." --b "..."`: the arms as typed (run's flags), the prompts (a file,
     or the embedded held-out ones, cycled to num_prompts), checked, then run_ab."""
-    from specaudit.run import default_prompts, load_prompts
+    from specaudit.traced_run import default_prompts, load_prompts
     primary = primary or "tokens_per_s"
     if primary not in ("accepted_depth", "commit_len", "tokens_per_s"):
         raise ValueError(f"--primary {primary} is an evidence metric; runtime arms have accepted_depth, "
@@ -390,8 +379,7 @@ def run_arms(a: str, b: str, *, out, prompts_file=None, num_prompts: int = 8, re
         raise ValueError(f"--num-prompts must be at least 1 (got {num_prompts})")
     if n_boot < 100:
         raise ValueError(f"--bootstrap must be at least 100 (got {n_boot})")
-    if not 0 <= same_within < 1:
-        raise ValueError(f"--same-within must be a fraction in [0, 1) (got {same_within})")
+    check_same_within(same_within)
     arm_a, arm_b = parse_arm(a, "a"), parse_arm(b, "b")
     texts = load_prompts(prompts_file) if prompts_file else default_prompts()
     texts = (texts * (num_prompts // len(texts) + 1))[:num_prompts]

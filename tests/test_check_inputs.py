@@ -1,4 +1,4 @@
-"""specaudit/audit/run_check: `specaudit check` as a library call (the command only parses)."""
+"""specaudit/audit/check_inputs: `specaudit check` as a library call (the command only parses)."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from specaudit.invariants.fixtures import FixtureRun
 
-from specaudit.audit.run_check import parse_codes, run_check, split_inputs
+from specaudit.audit.check_inputs import parse_codes, run_check, split_inputs
 
 ENGINES = Path(__file__).parent / "fixtures" / "engines"
 

@@ -1,4 +1,4 @@
-"""specaudit/postmortem/run_query: `specaudit query` as a library call (the command only parses)."""
+"""specaudit/postmortem/query_dataset: `specaudit query` as a library call (the command only parses)."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import pytest
 from specaudit.invariants.fixtures import FixtureRun
 
 from specaudit.audit.findings import Finding
-from specaudit.postmortem.run_query import parse_params, run_query, split_args
+from specaudit.postmortem.query_dataset import parse_params, run_query, split_args
 
 
 def test_arguments_split_into_paths_sql_and_name(tmp_path):

@@ -74,24 +74,27 @@ def needs_violations(sql: str) -> bool:
 
 def run_query(args: list[str], *, sql_file: str | None = None, params=(), output_format: str = "table",
               output: str | None = None, max_rows: int = 1000, threads=None, checker=None, list_canned=False,
-              show: str | None = None) -> int:
+              show_canned: str | None = None) -> int:
     """args: PATH... [SQL|NAME] as typed; params: KEY=VALUE strings; checker: paths ->
     (findings, summary) for the violations view (None: no checker, the view is empty).
     Returns the exit code (errors raise ValueError / InputError: exit 2)."""
-    from specaudit.postmortem import views as Q
+    from specaudit.postmortem.canned import canned, describe_canned
+    from specaudit.postmortem.dataset import find_dataset
     from specaudit.postmortem.output import emit
     from specaudit.postmortem.shell import find_cli, open_shell
+    from specaudit.postmortem.sql_guard import fetch_batches
+    from specaudit.postmortem.views import connect, connect_tables
 
     if list_canned:
-        print(Q.describe_canned())
+        print(describe_canned())
         return 0
-    if show:
-        print(Q.canned(show.replace("-", "_")).sql.rstrip())
+    if show_canned:
+        print(canned(show_canned.replace("-", "_")).sql.rstrip())
         return 0
     paths, sql, name = split_args(args, sql_file)
     params = parse_params(params)
     if name:
-        q = Q.canned(name)
+        q = canned(name)
         unknown = sorted(set(params) - set(q.params))
         if unknown:
             known = ", ".join(q.params) or "none"
@@ -114,7 +117,7 @@ def run_query(args: list[str], *, sql_file: str | None = None, params=(), output
                                     f"{err.reason}") from None
         raise ValueError("the interactive shell opens trace datasets only; give SQL or a canned query to ask "
                          f"{engines[0]} (views windows, findings)")
-    ds = Q.find_dataset(traces) if traces or not engines else None
+    ds = find_dataset(traces) if traces or not engines else None
     for e in (ds.skipped if ds else ()):
         print(f"specaudit query: warning: left out of the views: {e}", file=sys.stderr)
     cli = find_cli() if sql is None else None
@@ -128,11 +131,11 @@ def run_query(args: list[str], *, sql_file: str | None = None, params=(), output
     # the readers' rules run only when the SQL asks for findings (as the checker for violations)
     tables = engine_tables(engines, findings, with_findings=checker is not None and needs_findings(sql))
     if ds is None:
-        con = Q.connect_tables(tables, threads=threads, variables=params)
+        con = connect_tables(tables, threads=threads, variables=params)
     else:
-        con = Q.connect(traces, findings, threads=threads, variables=params, dataset=ds, extra_tables=tables)
+        con = connect(traces, findings, threads=threads, variables=params, dataset=ds, extra_tables=tables)
     try:
-        schema, batches = Q.fetch_batches(con, sql)
+        schema, batches = fetch_batches(con, sql)
         emit(schema, batches, output_format, output, max_rows, ds, inputs=engines)
     finally:
         con.close()
@@ -148,7 +151,7 @@ def engine_tables(engines: list, trace_findings=None, with_findings: bool = True
     of the engine outputs, and their SA7xx findings with the trace checker's (when it ran;
     with_findings=False: --no-check, empty). Empty tables when there are no engine outputs."""
     from specaudit.postmortem import engine_views as E
-    from specaudit.postmortem.views import findings_table
+    from specaudit.postmortem.tables import findings_table
     windows = E.windows_table(engines)
     for p in engines:     # the account of each reading: what it was read as, how many windows
         rows = [r for r in windows.select(["file", "engine", "version"]).to_pylist() if r["file"] == str(p)]

@@ -1,4 +1,4 @@
-"""specaudit/postmortem/run_report: `specaudit report` as a library call (the command only parses)."""
+"""specaudit/postmortem/report_inputs: `specaudit report` as a library call (the command only parses)."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 from specaudit.invariants.fixtures import FixtureRun
 
-from specaudit.postmortem.run_report import load_ab_result, run_report
+from specaudit.postmortem.report_inputs import load_ab_result, run_report
 
 
 def test_ab_results_are_told_from_traces(tmp_path):
