@@ -620,6 +620,8 @@ class StepFrame:
     @cached_property
     def path_in_range(self) -> np.ndarray:
         """Per path entry: 0 <= node < N of its row."""
+        if self.uniform_n:                               # one N: no gather of it per entry
+            return (self.path >= 0) & (self.path < self.T // self.R)
         return (self.path >= 0) & (self.path < self.n[self.path_row])
 
     @cached_property
@@ -635,6 +637,8 @@ class StepFrame:
             link = np.zeros(len(self.path), dtype=bool)
             link[1:] = (k[1:] > 0) & (self.pglob_at(self.path_glob[1:]) != self.path_glob[:-1])
             bad |= link
+        if not bad.any():                                # the usual batch: no scatter
+            return self.path_len < 1
         return (np.bincount(self.path_row[bad], minlength=self.R) > 0) | (self.path_len < 1)
 
     @cached_property
