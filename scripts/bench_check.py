@@ -51,14 +51,15 @@ rss = peak_rss_mb()
 # same batches, same columns, same thread policy), in this process, after the check
 from pathlib import Path
 import pyarrow.parquet as pq
-from specaudit.audit.check import BATCH_ROWS, STEP_READ_COLUMNS, _big, _proven_diagnostics
+from specaudit.audit.check.core import BATCH_ROWS
+from specaudit.audit.check.stream import STEP_READ_COLUMNS, is_big_file, proven_diagnostics
 t3, c3, n = time.perf_counter(), os.times(), 0
 for f in sorted(Path(sys.argv[1]).glob("steps-*.parquet")):
     pf = pq.ParquetFile(f, read_dictionary=["run_id", "request_id", "algo"])
-    skip = _proven_diagnostics(pf.metadata)
+    skip = proven_diagnostics(pf.metadata)
     lists = [c for c in STEP_READ_COLUMNS if c in pf.schema_arrow.names and c not in skip
              and str(pf.schema_arrow.field(c).type).startswith("list")]
-    for b in pf.iter_batches(batch_size=BATCH_ROWS, columns=lists, use_threads=_big(f)):
+    for b in pf.iter_batches(batch_size=BATCH_ROWS, columns=lists, use_threads=is_big_file(f)):
         n += b.num_rows
 dd, c4 = time.perf_counter() - t3, os.times()
 print(json.dumps({"steps": r.steps, "requests": r.requests, "seconds": dt, "findings": sum(r.counts.values()),

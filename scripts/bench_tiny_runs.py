@@ -44,18 +44,18 @@ def make(out: Path, n: int) -> None:
 
 
 def timed(paths, mode: str) -> dict:
-    from specaudit.audit import check as C
-    old, old_polars = C.POOL_RUN_BYTES, C.POOL_POLARS
+    from specaudit.audit.check import check_paths, pool
+    old, old_polars = pool.POOL_RUN_BYTES, pool.POOL_POLARS
     if mode == "alone":
-        C.POOL_RUN_BYTES = 0
-    C.POOL_POLARS = mode != "pooled_arrow"
+        pool.POOL_RUN_BYTES = 0
+    pool.POOL_POLARS = mode != "pooled_arrow"
     try:
         t0, c0 = time.perf_counter(), time.process_time()
-        res = C.check_paths(paths, workers=1 if mode == "pooled_1" else None)
+        res = check_paths(paths, workers=1 if mode == "pooled_1" else None)
         assert res.exit_code == 0 and not res.findings, res.summary()   # clean runs: nothing to report
         return {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "runs": len(res.runs)}
     finally:
-        C.POOL_RUN_BYTES, C.POOL_POLARS = old, old_polars
+        pool.POOL_RUN_BYTES, pool.POOL_POLARS = old, old_polars
 
 
 MODES = ("pooled", "pooled_arrow", "pooled_1", "alone")
@@ -67,7 +67,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     add_json_out(ap, "tiny_runs")
     args = ap.parse_args()
-    from specaudit.audit.check import check_workers
+    from specaudit.audit.check.pool import check_workers
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "ds"
         make(out, args.runs)

@@ -18,6 +18,7 @@ from specaudit.invariants import all_rules
 from specaudit.invariants.fixtures import FixtureRun
 
 from specaudit.audit import check as C
+from specaudit.audit.check import core, pool, pool_read
 from specaudit.trace.synth import synth_run_rows
 
 TRACE_RULES = [r for r in all_rules() if r.scope != "source"]
@@ -43,11 +44,11 @@ def _report(res: C.CheckResult) -> dict:
 def _three_ways(monkeypatch, paths, **kw) -> tuple[dict, dict, dict]:
     """(alone, pooled in this process, pooled in two workers with small pools)."""
     with monkeypatch.context() as m:
-        m.setattr(C, "POOL_RUN_BYTES", 0)                 # nothing pools: every run alone
+        m.setattr(pool, "POOL_RUN_BYTES", 0)                 # nothing pools: every run alone
         alone = _report(C.check_paths(paths, **kw))
     pooled = _report(C.check_paths(paths, workers=1, **kw))
     with monkeypatch.context() as m:
-        m.setattr(C, "POOL_RUNS", 5)                      # many tasks: the executor starts
+        m.setattr(pool, "POOL_RUNS", 5)                      # many tasks: the executor starts
         workers = _report(C.check_paths(paths, workers=2, **kw))
     return alone, pooled, workers
 
@@ -95,11 +96,11 @@ def test_pool_confirms_clean_runs_without_checking_them_alone(tmp_path, monkeypa
     pq.write_table(t.set_column(t.schema.get_field_index("commit_len"), "commit_len",
                                 pa.array(cl, pa.int32())), bad)
     with monkeypatch.context() as m:
-        m.setattr(C, "POOL_RUN_BYTES", 0)
+        m.setattr(pool, "POOL_RUN_BYTES", 0)
         alone = C.check_paths([tmp_path / "ds"])
     alone_runs = []
-    real = C.check_run
-    monkeypatch.setattr(C, "check_run", lambda rf, *a, **k: (alone_runs.append(rf.run_id), real(rf, *a, **k)))
+    real = pool.check_run
+    monkeypatch.setattr(pool, "check_run", lambda rf, *a, **k: (alone_runs.append(rf.run_id), real(rf, *a, **k)))
     res = C.check_paths([tmp_path / "ds"], workers=1)
     assert alone_runs == ["t7"]
     assert len(res.runs) == 30 and res.runs == alone.runs
@@ -112,7 +113,7 @@ def test_run_rules_see_the_same_aggregates_pooled(tmp_path, monkeypatch):
     for i in range(20):
         _tiny(tmp_path / "ds", i)
     seen: dict = {"alone": {}, "pooled": {}}
-    real = C.check_run_rules
+    real = core.check_run_rules
 
     def spy(mode):
         def f(partial, *, run_id, **kw):
@@ -120,11 +121,13 @@ def test_run_rules_see_the_same_aggregates_pooled(tmp_path, monkeypatch):
             return real(partial, run_id=run_id, **kw)
         return f
     with monkeypatch.context() as m:
-        m.setattr(C, "POOL_RUN_BYTES", 0)
-        m.setattr(C, "check_run_rules", spy("alone"))
+        m.setattr(pool, "POOL_RUN_BYTES", 0)
+        m.setattr(core, "check_run_rules", spy("alone"))   # a run checked alone (stream.check_run)
+        m.setattr(pool, "check_run_rules", spy("alone"))
         C.check_paths([tmp_path / "ds"])
     with monkeypatch.context() as m:
-        m.setattr(C, "check_run_rules", spy("pooled"))
+        m.setattr(core, "check_run_rules", spy("pooled"))
+        m.setattr(pool, "check_run_rules", spy("pooled"))  # a pooled run's own aggregates
         C.check_paths([tmp_path / "ds"], workers=1)
     assert len(seen["alone"]) == 20
     assert seen["pooled"] == seen["alone"]
@@ -151,21 +154,21 @@ def test_a_worker_that_dies_has_its_pool_redone(tmp_path, monkeypatch):
         _tiny(tmp_path / "ds", i)
     alone = _report(C.check_paths([tmp_path / "ds"], workers=1))
     parent = os.getpid()
-    real = C._pool_task
+    real = pool._pool_task
 
     def dying(members):
         if os.getpid() != parent and members[0].run_id == "t1":
             os._exit(9)
         return real(members)
-    monkeypatch.setattr(C, "_pool_task", dying)
-    monkeypatch.setattr(C, "POOL_RUNS", 3)
+    monkeypatch.setattr(pool, "_pool_task", dying)
+    monkeypatch.setattr(pool, "POOL_RUNS", 3)
     assert _report(C.check_paths([tmp_path / "ds"], workers=2)) == alone
 
 
 def test_check_workers_bounds():
-    assert C.check_workers(1) == 1
-    assert C.check_workers(0) == 1
-    assert 1 <= C.check_workers() <= 8
+    assert pool.check_workers(1) == 1
+    assert pool.check_workers(0) == 1
+    assert 1 <= pool.check_workers() <= 8
 
 
 USER_RULE = """
@@ -211,8 +214,8 @@ def test_a_user_rule_sees_each_run_as_its_own(tmp_path):
 
 # ------------------------------------------------ reading a task with polars (workers)
 #
-# Worker processes read a task's files with one polars scan per table (_read_batch);
-# the parent and a single-process check read file by file with Arrow (_pool_read).
+# Worker processes read a task's files with one polars scan per table (pool_read.read_with_polars);
+# the parent and a single-process check read file by file with Arrow (pool_read.read_with_arrow).
 # These run the batch reader in a forked child, as a worker does: a test process that
 # imported polars would make every later worker fall back to Arrow.
 
@@ -224,7 +227,7 @@ def _in_fork(fn, *args):
 
 
 def _batch_and_files(members):
-    return C._read_batch(members), [C._pool_read(rf) for rf in members]
+    return pool_read.read_with_polars(members), [pool_read.read_with_arrow(rf) for rf in members]
 
 
 def _members(ds):
@@ -250,7 +253,7 @@ def test_batch_read_gives_the_tables_arrow_reads(tmp_path):
 
 
 def _plain_batch(members):
-    return C._plain_rows(members, *C._read_batch(members))
+    return pool_read.plain_rows(members, *pool_read.read_with_polars(members))
 
 
 def test_a_run_holding_another_runs_rows_is_left_out_of_the_pool(tmp_path):
@@ -265,7 +268,7 @@ def test_a_run_holding_another_runs_rows_is_left_out_of_the_pool(tmp_path):
     ids[-1] = "t9"
     pq.write_table(t.set_column(t.schema.get_field_index("run_id"), "run_id", pa.array(ids)), f)
     members = _members(ds)
-    (arrow,) = [C._plain_rows(members, *read) for read in C._read_task(members)]   # this process: Arrow
+    (arrow,) = [pool_read.plain_rows(members, *read) for read in pool_read.read_task(members, False)]   # Arrow
     batch = _in_fork(_plain_batch, members)
     for idx, steps, st_n, _, _ in (batch, arrow):
         assert idx == [0, 1, 3, 4, 5]
@@ -297,8 +300,8 @@ def test_the_parent_never_loads_polars(tmp_path):
     ds = tmp_path / "ds"
     for i in range(8):
         _tiny(ds, i)
-    code = ("import sys; from specaudit.audit import check as C; C.POOL_RUNS = 3; "
-            f"r = C.check_paths([{str(ds)!r}], workers=2); "
+    code = ("import sys; from specaudit.audit.check import check_paths, pool; pool.POOL_RUNS = 3; "
+            f"r = check_paths([{str(ds)!r}], workers=2); "
             "assert r.exit_code == 0 and len(r.runs) == 8, r.summary(); "
             "print('polars' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -307,14 +310,14 @@ def test_the_parent_never_loads_polars(tmp_path):
 
 
 def _worker_flag():
-    return C._WORKER.get("polars")
+    return pool._WORKER.get("polars")
 
 
 def test_workers_read_with_polars_unless_the_parent_has_it(monkeypatch):
     import sys
 
     def flag():
-        ex = C._start_workers(1, [], 0, 10)
+        ex = pool._start_workers(1, [], 0, 10)
         try:
             return ex.submit(_worker_flag).result()
         finally:
@@ -324,6 +327,6 @@ def test_workers_read_with_polars_unless_the_parent_has_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "polars", object())   # as if this process had loaded it
     assert flag() is False
     monkeypatch.delitem(sys.modules, "polars")
-    monkeypatch.setattr(C, "POOL_POLARS", False)
+    monkeypatch.setattr(pool, "POOL_POLARS", False)
     assert flag() is False
-    assert C._WORKER.get("polars") is None                 # this process never reads with it
+    assert pool._WORKER.get("polars") is None                 # this process never reads with it

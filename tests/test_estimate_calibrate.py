@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -192,7 +193,9 @@ def test_reference_run_as_estimator_input(make_run, models, capsys):
         if (honest["estimate"]["value"] == pytest.approx(truth, rel=0.35) and rc == 1
                 and judged["verdict"] == "inconsistent"):
             break
-        print(f"attempt {attempt + 1}: estimate {honest['estimate']['value']} vs {truth}, bug rc {rc}")
+        # to stderr: stdout is the next attempt's JSON (capsys keeps the two apart)
+        print(f"attempt {attempt + 1}: estimate {honest['estimate']['value']} vs {truth}, bug rc {rc}",
+              file=sys.stderr)
     dataset = res.run_dir.parent
     (o,) = observations_from_traces(dataset)
     assert o.extra["tokens"] == res.summary["tokens"] - 6  # decode tokens: first tokens are prefill's

@@ -210,12 +210,12 @@ def test_pool_workers_without_polars_give_the_same_report(tmp_path):
                     if name.split(".")[0] == "polars":
                         raise ModuleNotFoundError("No module named 'polars'", name="polars")
             sys.meta_path.insert(0, Block())
-        from specaudit.audit import check as C
-        C.POOL_RUNS = 3                                    # several tasks: worker processes start
-        r = C.check_paths([{str(ds)!r}], workers=2)
-        ex = C._start_workers(1, [], 0, 10)
+        from specaudit.audit.check import check_paths, pool
+        pool.POOL_RUNS = 3                                 # several tasks: worker processes start
+        r = check_paths([{str(ds)!r}], workers=2)
+        ex = pool._start_workers(1, [], 0, 10)
         def worker_flag():
-            return C._WORKER.get("polars")
+            return pool._WORKER.get("polars")
         flag = ex.submit(worker_flag).result()
         ex.shutdown()
         print(json.dumps([flag, [f.to_dict() for f in r.findings], dict(r.counts), r.exit_code, len(r.runs)]))

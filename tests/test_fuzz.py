@@ -93,7 +93,7 @@ def test_fuzz_run_json(tmp_path_factory, ops, key, sub, value):
     except InputError:
         return
     # what was accepted is safe for every reader's use of it
-    from specaudit.audit.check import run_config
+    from specaudit.audit.check.core import run_config
     run_config(got)
 
 

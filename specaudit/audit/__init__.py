@@ -1,6 +1,6 @@
 """Reading traces and engine output: every module here answers "is this figure true?".
 
-    check.py       the invariant checker engine (the catalog lives in invariants/)
+    check/         the invariant checker engine (the catalog lives in invariants/)
     formats.py     findings as text, json, junit, github, sarif
     findings.py    the Finding every reader reports
     reference.py   a per-row Python oracle of the step rules (tests, benchmarks)

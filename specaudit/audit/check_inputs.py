@@ -9,7 +9,7 @@ kind; an AIPerf export given beside a trace is compared with it (client_vs_trace
 SA590/SA591), llama-server responses a client saved with the server's log and scrapes
 (llamacpp_client, SA592-SA596). `prometheus` adds the series of a live Prometheus server. Every reader
 adds into one CheckResult, so the formats and exit codes are the same for all. The
-engine internals live in audit/check.py; this module only routes and renders.
+engine internals live in audit/check/; this module only routes and renders.
 """
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def split_inputs(paths, source: str | None = None) -> tuple[list[Path], list[Pat
 
 def audit_sources(files, source, select, ignore, result) -> None:
     """Engine logs / metrics text through specaudit.audit.sources, into the same result."""
-    from specaudit.audit.check import result_bad
+    from specaudit.audit.check.result import result_bad
     try:
         from specaudit.audit.sources import audit_file_account
     except ImportError as e:
@@ -106,7 +106,7 @@ def audit_sources(files, source, select, ignore, result) -> None:
 def audit_live(url, select, ignore, result, *, range="6h", step="30s", timeout="30s", match=(), headers=(),
                insecure=False, ca_file=None) -> None:
     """A Prometheus server's spec-decoding series through specaudit.audit.sources.prom_http."""
-    from specaudit.audit.check import result_bad
+    from specaudit.audit.check.result import result_bad
     from specaudit.audit.sources.prom_http import audit_prometheus, parse_duration
     from specaudit.trace.schema import InputError
     try:

@@ -5,7 +5,7 @@
     res = check_spark(SparkSession.builder.getOrCreate(), ["s3a://bucket/traces/"], out="findings/")
     res.exit_code, res.counts            # a CheckResult, as the local checker returns
 
-One implementation, two drivers. The local checker (check.py) and this driver call
+One implementation, two drivers. The local checker (specaudit.audit.check) and this driver call
 the same three functions of the core: `check_group` (step and request rules over a
 group of whole requests, from Arrow record batches), `combine_partials` and
 `check_run_rules` (run rules over sums and counts). Here:
@@ -37,17 +37,13 @@ from pathlib import Path, PurePosixPath
 
 import pyarrow as pa
 
-from specaudit.audit.check import (
-    BATCH_ROWS,
+from specaudit.audit.check import iter_runs
+from specaudit.audit.check.core import BATCH_ROWS, check_group, check_run_rules, combine_partials
+from specaudit.audit.check.result import CheckResult, result_bad
+from specaudit.audit.check.stream import (
     STEP_READ_COLUMNS,
-    CheckResult,
-    _iter_step_batches,
-    _open_requests,
-    check_group,
-    check_run_rules,
-    combine_partials,
-    iter_runs,
-    result_bad,
+    iter_step_batches,
+    open_requests,
     run_counts,
     run_start,
 )
@@ -215,7 +211,7 @@ def read_file_rows(run_key: int, kind: str, file_idx: int, path, buckets: int, b
     fname = str(path)
     if kind == "steps":
         holder = RunFiles(run_dir=None, run_id="", step_files=[path])
-        for item in _iter_step_batches(holder, batch_rows, STEP_READ_COLUMNS):
+        for item in iter_step_batches(holder, batch_rows, STEP_READ_COLUMNS):
             if isinstance(item, str):
                 yield _status(run_key, file_idx, kind, fname, ok=True)
             elif hasattr(item, "reason"):
@@ -227,7 +223,7 @@ def read_file_rows(run_key: int, kind: str, file_idx: int, path, buckets: int, b
         return
     scratch = CheckResult()
     holder = RunFiles(run_dir=None, run_id="", requests_file=path)
-    gen, state = _open_requests(holder, scratch, batch_rows)
+    gen, state = open_requests(holder, scratch, batch_rows)
     if gen is not None:
         for batch in gen:
             yield from _split(run_key, "r", file_idx, seq, "", fname, batch, buckets)
