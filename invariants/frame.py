@@ -1,13 +1,15 @@
-"""What rules see: StepFrame (a batch of step rows), RequestFrame, RunFrame.
+"""What step rules see: StepFrame, one record batch of one run's steps, re-derived.
 
-Everything is re-derived here, vectorised over Arrow buffers with numpy: no Python
-loop per step (loops over node index up to N, over distinct tree shapes, and over
-the request ids of a batch are fine). Rows are sorted by (request, step) inside a
-batch; per-node arrays are flat over the batch with `start` offsets.
+(Request rules see RequestFrame, invariants/request_frame.py; run rules RunFrame,
+invariants/run_frame.py.) Everything is re-derived here, vectorised over Arrow
+buffers with numpy: no Python loop per step (loops over node index up to N, over
+distinct tree shapes, and over the request ids of a batch are fine). Rows are
+sorted by (request, step) inside a batch; per-node arrays are flat over the batch
+with `start` offsets.
 
-Continuity across batches uses a per-request carry (`Carry`): the last step of
-each request seen so far (its step index, seq_len + commit, last token, finished,
-output length and an order-sensitive hash of its commits). A request's steps must
+Continuity across batches uses a per-request carry (`Carry`, invariants/carry.py):
+the last step of each request seen so far (its step index, seq_len + commit, last
+token, finished, output length and an order-sensitive hash of its commits). A request's steps must
 come in step order across files and row groups, as every writer appending steps
 in verify order does; a step that comes late is reported by SA401.
 """
@@ -16,15 +18,11 @@ from __future__ import annotations
 from functools import cached_property
 
 import numpy as np
-import pyarrow as pa
 
 from specaudit.trace.schema import (
     MAX_NODES,
     NODE_LIST_COLUMNS,
     NULLABLE_NODE_LIST_COLUMNS,
-    ancestor_mask,
-    mask_hash,
-    tree_depths_flat,
 )
 
 # the Arrow decoding (invariants/arrow.py) is re-exported: the checker imports it from here
@@ -38,88 +36,15 @@ from .arrow import (  # noqa: F401  (re-exported)
     to_np,
     valid_mask,
 )
+from .carry import Carry, token_mix
+from .frame_diagnostics import DIAGNOSTIC_RANGES, diagnostic_bad
 from .frame_sampling import SAMPLING_SUM_KEYS
-from .request_ids import RequestIds
+from .frame_shapes import TreeShapes
 
 I64 = np.int64
-_MIX1 = np.uint64(0x9E3779B97F4A7C15)
-_MIX2 = np.uint64(0xC2B2AE3D27D4EB4F)
-_MIX3 = np.uint64(0xBF58476D1CE4E5B9)
 
 
-_MIX_CHUNK = 16384   # elements per pass: a chunk's five passes stay in cache (~2-3x on millions)
-
-
-def token_mix(tokens: np.ndarray, pos: np.ndarray) -> np.ndarray:
-    """uint64 contribution of token t at output position p; summed (mod 2^64) over a
-    request's tokens it is an order-sensitive fingerprint of the whole sequence."""
-    n = len(tokens)
-    if n > 2 * _MIX_CHUNK:
-        out = np.empty(n, dtype=np.uint64)
-        for i in range(0, n, _MIX_CHUNK):
-            out[i: i + _MIX_CHUNK] = _token_mix(tokens[i: i + _MIX_CHUNK], pos[i: i + _MIX_CHUNK])
-        return out
-    return _token_mix(tokens, pos)
-
-
-def _token_mix(tokens: np.ndarray, pos: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        x = (tokens.astype(np.uint64) + np.uint64(1)) * _MIX1
-        x ^= pos.astype(np.uint64) * _MIX2
-        x ^= x >> np.uint64(31)
-        x *= _MIX3
-        x ^= x >> np.uint64(29)
-    return x
-
-
-# ---------------------------------------------------------------------- carry
-
-
-class Carry:
-    """Per-request state carried across batches of one run (arrays indexed by request)."""
-
-    # int32 where the trace column is int32; sums int64. About 60 bytes per request.
-    FIELDS = {
-        "last_step": (np.int32, -1), "seq_end": (I64, -1), "last_tok": (np.int32, -1),
-        "finished": (bool, False), "out_len": (I64, 1), "n_steps": (np.int32, 0),
-        "sum_commit_len": (I64, 0), "sum_commit_n": (I64, 0), "sum_depth": (I64, 0),
-        "sum_true_depth": (I64, 0), "first_seq_len": (np.int32, -1), "first_root": (np.int32, -1),
-        "hash": (np.uint64, 0), "contiguous": (bool, True), "last_finished": (bool, False),
-        "seen": (bool, False), "first_ok": (bool, True),
-    }
-
-    def __init__(self):
-        self.names = RequestIds()   # request id <-> slot (sliceable: names[:n] is a list of str)
-        self.n = 0
-        cap = 1024
-        for k, (dt, v) in self.FIELDS.items():
-            setattr(self, k, np.full(cap, v, dtype=dt))
-
-    def index(self, names: list[str]) -> np.ndarray:
-        """Request ids -> dense indices (new ids get new slots, in order of first appearance)."""
-        got = self.names.index(names)
-        self._grow(len(self.names))
-        return got
-
-    def _grow(self, n: int) -> None:
-        cap = len(self.last_step)
-        if n > cap:
-            new = max(n, cap + cap // 4)
-            for k, (dt, v) in self.FIELDS.items():
-                a = getattr(self, k)
-                b = np.full(new, v, dtype=dt)
-                b[:cap] = a
-                setattr(self, k, b)
-        self.n = n
-
-    def view(self, k: str) -> np.ndarray:
-        return getattr(self, k)[: self.n]
-
-
-# -------------------------------------------------------------------- StepFrame
-
-
-class StepFrame:
+class StepFrame(TreeShapes):
     """One record batch of one run's steps, re-derived. See the package docstring.
 
     Built in stages, each a method below: the rows' order (request, step) and the
@@ -218,7 +143,7 @@ class StepFrame:
             raw[name] = (off, v, lens)
             self.lens[name] = lens[order]
         # diagnostic values (SA109), when the column was decoded: column -> (bad [R], value [R])
-        self.diag_bad = {c: _diag_bad(col[c], *DIAGNOSTIC_RANGES[c], R, inv)
+        self.diag_bad = {c: diagnostic_bad(col[c], *DIAGNOSTIC_RANGES[c], R, inv)
                          for c in DIAGNOSTIC_RANGES if c in col}
         n0 = np.maximum(raw["node_tokens"][2], 0)          # N per batch row
         self.n_raw = self.lens["node_tokens"]
@@ -458,160 +383,6 @@ class StepFrame:
         """Rows whose parents are i - 1 for every node (a chain)."""
         return ~self.row_any((self.node_i > 0) & (self.parents != self.node_i - 1))
 
-    @cached_property
-    def depth(self) -> np.ndarray:
-        """Depth of every node (flat), by pointer jumping over the safe parents."""
-        if self.T == 0:
-            return np.zeros(0, dtype=I64)
-        if self.chain_shaped.all():
-            if self.uniform_n and "node_i" not in self.__dict__:   # node_i's values, own array
-                return np.tile(np.arange(self.T // self.R, dtype=I64), self.R)
-            return self.node_i.copy()
-        if self._shapes is not None:   # once per distinct shape, gathered per row
-            ids, P = self._shapes
-            U, N0 = P.shape
-            g = np.where(P >= 0, P + np.arange(0, U * N0, N0, dtype=I64)[:, None], -1)
-            return tree_depths_flat(g.reshape(-1), N0).reshape(U, N0)[ids].reshape(-1)
-        return tree_depths_flat(self.pglob, int(self.n.max()))
-
-    @cached_property
-    def children_max(self) -> np.ndarray:
-        """Most children of any node, per row."""
-        if self.T == 0:
-            return np.zeros(self.R, dtype=I64)
-        if self.chain_shaped.all():
-            return (self.n > 1).astype(I64)
-        if self._shapes is not None:   # once per distinct shape, gathered per row
-            ids, P = self._shapes
-            U, N0 = P.shape
-            par = (P + np.arange(0, U * N0, N0, dtype=I64)[:, None])[P >= 0]
-            kids = np.bincount(par, minlength=U * N0).reshape(U, N0).max(axis=1)
-            return kids[ids][self.order].astype(I64)
-        kids = np.bincount(self.pglob[self.pglob >= 0], minlength=self.T)
-        out = np.zeros(self.R, dtype=I64)
-        np.maximum.at(out, self.node_row, kids)
-        return out
-
-    @cached_property
-    def _shapes(self):
-        """Rows of a uniform-N batch grouped by their safe parents (trees of one shape
-        repeat): (shape id per batch row [R], safe parents per shape [U, N0]); None
-        when N varies. Grouped by a fingerprint, then verified row by row: a row that
-        differs from its group's first row gets a shape of its own."""
-        if not self.uniform_n:
-            return None
-        R = self.R
-        P = self.psafe.reshape(R, -1)                    # [R, N0], batch order
-        N0 = P.shape[1]
-        if N0 > MAX_NODES:
-            return None
-        P64 = P if P.dtype == I64 and P.flags.c_contiguous else np.ascontiguousarray(P, dtype=I64)
-        with np.errstate(over="ignore"):   # sum over i of (parent + 2) * w_i, mod 2^64
-            fp = (P64.view(np.uint64) + np.uint64(2)) @ _POSW[:N0]
-        _, first, ids = np.unique(fp, return_index=True, return_inverse=True)
-        ids = ids.reshape(-1)
-        rep = P[first[ids]]
-        mism = np.zeros(0, dtype=I64) if np.array_equal(P, rep) else np.flatnonzero((P != rep).any(axis=1))
-        if mism.size:                                    # fingerprint collision: own shapes
-            ids = ids.copy()
-            ids[mism] = len(first) + np.arange(mism.size)
-            first = np.concatenate((first, mism))
-        return ids, np.ascontiguousarray(P[first])
-
-    def _hash_of(self, r: int) -> int:
-        ps = self.psafe[self.start[r]: self.start[r] + self.n[r]]
-        return int(mask_hash(ancestor_mask(ps)))
-
-    @cached_property
-    def derived_mask_hash(self) -> np.ndarray:
-        """Contract hash of the ancestor-or-self mask of each row's parents (uint64 [R]).
-
-        Computed once per distinct shape: chains by N, trees by a fingerprint of
-        their parents, verified node by node against a representative row."""
-        out = np.zeros(self.R, dtype=np.uint64)
-        fits = self.n <= MAX_NODES                       # refused rows: no N x N work (hash 0)
-        chain = self.chain_shaped & fits
-        if chain.any():
-            out[chain] = self._chain_hash(self.n[chain])
-        tree = ~self.chain_shaped & fits & (self.n > 0)
-        rows = np.flatnonzero(tree)
-        if rows.size and self._shapes is not None:     # one hash per distinct shape
-            ids, P = self._shapes
-            hashes = np.zeros(len(P), dtype=np.uint64)
-            for u in np.flatnonzero(np.bincount(ids[self.order[rows]], minlength=len(P))):
-                ps = P[u]
-                key = ("tree", ps.astype(I64).tobytes())
-                h = _HASH_CACHE.get(key)
-                if h is None:
-                    h = _HASH_CACHE[key] = int(mask_hash(ancestor_mask(ps)))
-                hashes[u] = h
-            out[rows] = hashes[ids[self.order[rows]]]
-            if len(_HASH_CACHE) > 100_000:
-                _HASH_CACHE.clear()
-        elif rows.size:
-            sel = tree[self.node_row]
-            with np.errstate(over="ignore"):
-                w = _POSW[np.minimum(self.node_i[sel], len(_POSW) - 1)]
-                contrib = (self.psafe[sel] + 2).astype(np.uint64) * w
-            fp_all = np.zeros(self.R, dtype=np.uint64)
-            if self.uniform_n:   # whole rows of N0 nodes: a row sum (mod 2^64, as add.at)
-                N0 = int(self.n[0])
-                fp_all[self.node_row[sel][::N0]] = contrib.reshape(-1, N0).sum(axis=1, dtype=np.uint64)
-            else:
-                np.add.at(fp_all, self.node_row[sel], contrib)
-            with np.errstate(over="ignore"):
-                fp_all ^= self.n.astype(np.uint64) * _MIX1
-            fp = fp_all[rows]
-            uniq, first, inv = np.unique(fp, return_index=True, return_inverse=True)
-            rep = rows[first][inv]                           # representative row of each row
-            # verify: every node's parent equals the representative's at that index
-            nsel = np.flatnonzero(sel)
-            r_of = self.node_row[nsel]
-            rep_of = np.empty(self.R, dtype=I64)
-            rep_of[rows] = rep
-            rr = rep_of[r_of]
-            i = self.node_i[nsel]
-            same = (self.n[rr] == self.n[r_of])
-            j = np.where(same, self.start[rr] + np.minimum(i, self.n[rr] - 1), 0)
-            diff = ~same | (self.psafe[j] != self.psafe[nsel])
-            mism = np.zeros(self.R, dtype=bool)
-            mism[r_of[diff]] = True
-            hashes = np.zeros(len(uniq), dtype=np.uint64)
-            for u, r0 in enumerate(rows[first]):
-                ps = self.psafe[self.start[r0]: self.start[r0] + self.n[r0]]
-                key = ("tree", ps.tobytes())
-                h = _HASH_CACHE.get(key)
-                if h is None:
-                    h = _HASH_CACHE[key] = int(mask_hash(ancestor_mask(ps)))
-                hashes[u] = h
-            out[rows] = hashes[inv]
-            for r in np.flatnonzero(mism):
-                out[r] = self._hash_of(r)
-            if len(_HASH_CACHE) > 100_000:
-                _HASH_CACHE.clear()
-        return out
-
-    @staticmethod
-    def _chain_hash(n: np.ndarray) -> np.ndarray:
-        """Hash of the causal (chain) mask of each N; 0 for N above MAX_NODES (refused
-        rows: the N x N mask is never built for them)."""
-        out = np.zeros(len(n), dtype=np.uint64)
-        one = len(n) > 0 and n.min() == n.max()          # one N (the usual batch): no sort
-        for nn in (n[:1][n[:1] <= MAX_NODES] if one else np.unique(n[n <= MAX_NODES])):
-            key = ("chain", int(nn))
-            if key not in _HASH_CACHE:
-                _HASH_CACHE[key] = int(mask_hash(ancestor_mask(np.arange(-1, nn - 1, dtype=I64))))
-            if one:
-                out[:] = _HASH_CACHE[key]
-            else:
-                out[n == nn] = _HASH_CACHE[key]
-        return out
-
-    @cached_property
-    def causal_mask_hash(self) -> np.ndarray:
-        """Hash of a plain causal mask of each row's N (what a tree gets by mistake)."""
-        return self._chain_hash(self.n)
-
     # path entries: k (index in the path), global node index, validity
     @cached_property
     def path_k(self) -> np.ndarray:
@@ -786,37 +557,6 @@ class StepFrame:
         c.last_tok[cr] = self.commit_last[last]
 
 
-# per-node diagnostic lists and the values they can hold: target_margin is top-1 minus
-# top-2 logit (finite, >= 0), draft_logprob a log-probability (finite, <= 0)
-DIAGNOSTIC_RANGES = {"target_margin": (0.0, np.inf), "draft_logprob": (-np.inf, 1e-6)}
-
-
-def _diag_bad(arr, lo: float, hi: float, R: int, inv: np.ndarray):
-    """(bad [R] over sorted rows, first offending value [R]) of a diagnostic list column:
-    a value that is null inside a list, NaN, infinite, or outside [lo, hi]."""
-    import pyarrow.compute as pc
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    bad = np.zeros(R, dtype=bool)
-    val = np.full(R, np.nan)
-    flat = arr.flatten()                                  # values of the non-null lists
-    if len(flat) == 0:
-        return bad, val
-    v = to_np(flat, 0).astype(np.float64)
-    valid = valid_mask(flat)
-    if valid is not None:
-        v[~valid] = np.nan                                # null -> NaN
-    with np.errstate(invalid="ignore"):
-        b = ~np.isfinite(v) | (v < lo) | (v > hi)
-    if not b.any():
-        return bad, val
-    rows = inv[to_np(pc.list_parent_indices(arr))]
-    idx = np.flatnonzero(b)[::-1]                         # reversed: the first wins
-    bad[rows[idx]] = True
-    val[rows[idx]] = v[idx]
-    return bad, val
-
-
 def _request_step_order(rcodes: np.ndarray, gidx: np.ndarray, step: np.ndarray) -> np.ndarray:
     """np.lexsort((step, gidx[rcodes])): rows by (request, step), ties in batch order.
 
@@ -845,104 +585,3 @@ def _shifted(a: np.ndarray, dtype) -> np.ndarray:
 
 def _local_index(row: np.ndarray, start: np.ndarray, size: int) -> np.ndarray:
     return np.arange(size, dtype=I64) - start[row] if size else np.zeros(0, dtype=I64)
-
-
-_HASH_CACHE: dict = {}
-_POSW = np.random.default_rng(20261130).integers(1, 2**63 - 1, size=MAX_NODES + 1,
-                                                   dtype=np.int64).astype(np.uint64) | np.uint64(1)
-
-
-# ----------------------------------------------------------------- requests
-
-
-class RequestFrame:
-    """Every request of a run: the requests table joined with its steps' carry.
-
-    Arrays [Q] over the carry's request indices (`request_id`): has_row (a requests
-    row exists), prompt_len, first_token, output_len, output_hash (fingerprint of
-    output_tokens[1:] at positions 1..), output_last, eos_inside (EOS before the
-    last output token), finish_reason, reference_equal (-1 no reference, 0 differs,
-    1 equal), reference_first_diff; from the steps: has_steps, n_steps, first_step
-    facts (first_seq_len, first_root, first_ok: not refused by SA1xx), commits_hash, commits_len (= 1 + sum of
-    len(committed_tokens)), sum_commit_len, last_finished, contiguous; plus `extra`
-    (optional client-side columns of the requests table, by name), run_id,
-    eos_id, max_new_tokens, complete (the run ended normally).
-    """
-
-    def __init__(self, carry: Carry, table_facts: dict | None, *, run_id: str, eos_id: int,
-                 max_new_tokens: int | None, complete: bool, manifest: dict):
-        Q = carry.n
-        self.run_id, self.eos_id, self.max_new_tokens = run_id, eos_id, max_new_tokens
-        self.complete, self.manifest = complete, manifest
-        self.R = Q
-        self._names = carry.names
-        self.has_steps = carry.view("seen")
-        self.n_steps = carry.view("n_steps")
-        self.first_seq_len = carry.view("first_seq_len")
-        self.first_root = carry.view("first_root")
-        self.first_ok = carry.view("first_ok")      # the first step was not refused (SA1xx)
-        self.commits_hash = carry.view("hash")
-        self.commits_len = carry.view("out_len")
-        self.sum_commit_len = carry.view("sum_commit_len")
-        self.sum_commit_n = carry.view("sum_commit_n")
-        self.sum_depth = carry.view("sum_depth")
-        self.sum_true_depth = carry.view("sum_true_depth")
-        self.last_finished = carry.view("last_finished")
-        self.contiguous = carry.view("contiguous")
-        t = table_facts or {}
-        def arr(k, fill, dt):
-            a = np.full(Q, fill, dtype=dt)
-            if k in t:
-                a[t["idx"]] = t[k]   # a duplicated request keeps its last row
-            return a
-        self.has_row = np.zeros(Q, dtype=bool)
-        self.row_count = np.zeros(Q, dtype=I64)   # rows in the requests table
-        if "idx" in t:
-            self.has_row[t["idx"]] = True
-            np.add.at(self.row_count, t["idx"], 1)
-        self.prompt_len = arr("prompt_len", -1, np.int32)
-        self.first_token = arr("first_token", -1, np.int32)
-        self.output_len = arr("output_len", -1, np.int32)
-        self.output_hash = arr("output_hash", 0, np.uint64)
-        self.output_last = arr("output_last", -1, np.int32)
-        self.output_first = arr("output_first", -1, np.int32)
-        self.eos_inside = arr("eos_inside", -1, np.int32)
-        self.reference_equal = arr("reference_equal", -1, np.int32)
-        self.reference_first_diff = arr("reference_first_diff", -1, np.int32)
-        self.reference_len = arr("reference_len", -1, np.int32)
-        self.finish_reason = arr("finish_reason", None, object)
-        self.extra = {k[6:]: arr(k, np.nan, float) for k in t if k.startswith("extra:")}
-        self.null_slot = np.zeros(Q, dtype=bool)      # the slot of rows without a request id
-        null = carry.names.slot_of("\0null")
-        if 0 <= null < Q:
-            self.null_slot[null] = True
-
-    @cached_property
-    def request_id(self) -> np.ndarray:
-        """The request id of each slot (object [Q]): built when a finding names one."""
-        return np.asarray(self._names[: self.R], dtype=object)
-
-
-class RunFrame:
-    """One run: manifest, reported, conventions, and the aggregates re-derived.
-
-    derived: steps, drafted (sum of N - 1), accepted (sum of len(path) - 1),
-    accepted_counter (sum of accepted_depth), committed (sum of len(committed_tokens)),
-    commit_len_sum, generated (sum of len(output_tokens), complete runs), requests,
-    per_request_mean_depth / per_request_mean_commit (mean of per-request means),
-    width_sum (steps x budget), depth_hist (steps by true depth), wall_s (from
-    t_start/step_s), partitions: {name: same counters for that file or rank}.
-    R = 1 (one row), so step-style rules work unchanged.
-    """
-
-    def __init__(self, run_id: str, manifest: dict | None, derived: dict, complete: bool,
-                 conventions: dict, incomplete_reason: str | None = None):
-        self.run_id = run_id
-        self.manifest = manifest or {}
-        self.reported = (manifest or {}).get("reported") or {}
-        self.derived = derived
-        self.complete = complete
-        self.conventions = conventions
-        self.incomplete_reason = incomplete_reason
-        self.config = (manifest or {}).get("config") or {}
-        self.R = 1

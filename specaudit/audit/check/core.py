@@ -22,17 +22,10 @@ from specaudit.audit.check.exact_sum import exact_sum_partials
 from specaudit.audit.check.result import CheckResult
 from specaudit.audit.findings import Finding
 from specaudit.invariants import Hits
-from specaudit.invariants.frame import (
-    Carry,
-    RequestFrame,
-    RunFrame,
-    StepFrame,
-    list_lengths,
-    list_parts,
-    list_values,
-    to_np,
-    token_mix,
-)
+from specaudit.invariants.carry import Carry, token_mix
+from specaudit.invariants.frame import StepFrame, list_lengths, list_parts, list_values, to_np
+from specaudit.invariants.request_frame import RequestFrame
+from specaudit.invariants.run_frame import RunFrame
 from specaudit.trace.schema import manifest_conventions
 
 BATCH_ROWS = 65536          # step rows per batch: ~200 MB of numpy work at N = 8

@@ -42,7 +42,9 @@ from specaudit.audit.check.core import (
 from specaudit.audit.check.pool_read import int32_array, plain_rows, read_task, string_array, unique_request_ids
 from specaudit.audit.check.result import CheckResult, merge_result
 from specaudit.audit.check.stream import check_run, file_size
-from specaudit.invariants.frame import Carry, RequestFrame, StepFrame
+from specaudit.invariants.carry import Carry
+from specaudit.invariants.frame import StepFrame
+from specaudit.invariants.request_frame import RequestFrame
 from specaudit.trace.schema import RunFiles
 
 POOL_RUN_BYTES = 256 << 10   # a run whose step + requests files are below this may be pooled
