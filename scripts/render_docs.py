@@ -27,6 +27,10 @@ BENCH_DIR = DOCS / "benchmarks"
 FIXTURES = ROOT / "tests" / "fixtures" / "engines"
 
 # ------------------------------------------------------------------ benchmarks
+# the checker's figures, chain (check) and tree (check_tree) alike
+CHECK_KEYS = [("steps", "steps"), ("steps_per_s", "steps/s (wall)"), ("steps_per_cpu_s", "steps per CPU second"),
+              ("decode_steps_per_s", "decode limit, steps/s"), ("of_decode_limit", "share of the decode limit (wall)"),
+              ("of_decode_limit_cpu", "share of the decode limit (CPU)"), ("peak_rss_mb", "peak RSS, MB")]
 # (name of docs/benchmarks/<name>.json, title, script, what it measures, [(figure key, label)]).
 # Every key listed is required in the JSON's "figures"; null means withheld (busy machine).
 BENCHMARKS = [
@@ -44,15 +48,10 @@ BENCHMARKS = [
     ("check", "Checker: steps/s against the decode limit", "scripts/bench_check.py",
      "A synthetic dataset checked with the whole catalog, the same files' list columns decoded alone "
      "(the limit), and a plain per-row Python implementation of the same rules (the baseline).",
-     [("steps", "steps"), ("steps_per_s", "steps/s (wall)"), ("steps_per_cpu_s", "steps per CPU second"),
-      ("decode_steps_per_s", "decode limit, steps/s"), ("of_decode_limit", "share of the decode limit (wall)"),
-      ("of_decode_limit_cpu", "share of the decode limit (CPU)"), ("peak_rss_mb", "peak RSS, MB"),
-      ("baseline_steps_per_s", "per-row baseline, steps/s"), ("speedup", "speedup over the baseline")]),
+     [*CHECK_KEYS, ("baseline_steps_per_s", "per-row baseline, steps/s"), ("speedup", "speedup over the baseline")]),
     ("check_tree", "Checker: steps/s against the decode limit, tree N=32", "scripts/bench_check.py",
      "As above on trees of 32 nodes (`--algo tree --n-nodes 32 --json-out docs/benchmarks/check_tree.json`).",
-     [("steps", "steps"), ("steps_per_s", "steps/s (wall)"), ("steps_per_cpu_s", "steps per CPU second"),
-      ("decode_steps_per_s", "decode limit, steps/s"), ("of_decode_limit", "share of the decode limit (wall)"),
-      ("of_decode_limit_cpu", "share of the decode limit (CPU)"), ("peak_rss_mb", "peak RSS, MB")]),
+     CHECK_KEYS),
     ("check_rss", "Checker: memory against the number of requests", "scripts/bench_check.py",
      "Peak RSS of the check at 2M and at 20M steps (`--rss-large 20000000 --json-out "
      "docs/benchmarks/check_rss.json`), each in a fresh process; 1.0 = memory flat in the number of requests.",
