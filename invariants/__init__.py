@@ -82,8 +82,8 @@ What each scope receives (all arrays are numpy; [R] = one entry per row):
            Config: run_id, eos_id, max_new_tokens (None when unknown), manifest,
            conventions. Helpers: f.row_any(flat_bool) and f.row_sum(flat_values).
   request  RequestFrame: every request of a run, joined with what its steps added
-           up to (see invariants/frame.py for the fields).
-  run      RunFrame: one run: manifest, reported, conventions, complete, and
+           up to (see invariants/request_frame.py for the fields).
+  run      RunFrame (invariants/run_frame.py): one run: manifest, reported, conventions, complete, and
            `derived` (the aggregates re-derived from the rows, per partition too).
   source   whatever the engine-log/metrics reader passes (specaudit.audit.sources);
            such rules usually return Findings built with self.finding(file=...,

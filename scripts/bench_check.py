@@ -3,7 +3,8 @@ per-row Python implementation of the same rules (specaudit.check_reference), sam
 
     python3 scripts/bench_check.py                      # 2M steps at N=8 (a few minutes)
     python3 scripts/bench_check.py --steps 20000000     # the 20M-step RSS figure
-    python3 scripts/bench_check.py --algo tree --n-nodes 16 --steps 500000
+    python3 scripts/bench_check.py --algo tree --n-nodes 32 --steps 500000 --json-out docs/benchmarks/check_tree.json
+    python3 scripts/bench_check.py --rss-large 20000000  # also peak RSS at 20M steps, and its ratio to --steps
 
 1. writes a contract-valid synthetic dataset (specaudit.synth) of --steps steps;
 2. checks it with the full catalog in a fresh process (`check_paths`), reporting
@@ -17,6 +18,12 @@ columns alone (same batches, columns and threads): the limit the checker approac
 (of_decode_limit = steps_per_s / decode_steps_per_s; *_cpu: the same in CPU seconds).
 The machine's load is printed beside the figures (scripts/benchutil.py); the ratios are
 withheld when it was busy.
+
+--rss-large STEPS: memory against the number of requests: a second dataset of STEPS
+steps (same shape) is checked in its own fresh process after the first; the summary
+adds peak_rss_mb_large, requests_large and rss_large_over_small (peak RSS at STEPS over
+peak RSS at --steps: 1.0 = memory flat in the number of requests). RSS does not depend
+on the load, so this ratio is never withheld.
 """
 from __future__ import annotations
 
@@ -124,6 +131,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2, help="Arrow/numpy threads in the children (default 2)")
     ap.add_argument("--dir", help="dataset folder to reuse or keep (default: a temporary one, removed)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rss-large", type=int, default=None, metavar="STEPS",
+                    help="also check a dataset of STEPS steps for its peak RSS (e.g. 20000000: minutes)")
     add_json_out(ap, "check")
     args = ap.parse_args(argv)
 
@@ -132,16 +141,20 @@ def main(argv=None) -> int:
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench-check-"))
     if not args.dir:
         tmp = base
-    run_id = f"bench-{args.algo}-n{args.n_nodes}-{args.steps}" + ("-ragged" if args.ragged else "")
-    run_dir = base / f"run_id={run_id}"
-    try:
+    def dataset(steps: int) -> Path:
+        run_id = f"bench-{args.algo}-n{args.n_nodes}-{steps}" + ("-ragged" if args.ragged else "")
+        run_dir = base / f"run_id={run_id}"
         if not run_dir.exists():
             t = time.perf_counter()
-            write_synthetic_dataset(base, args.steps, n_nodes=args.n_nodes, algo=args.algo, seed=args.seed,
+            write_synthetic_dataset(base, steps, n_nodes=args.n_nodes, algo=args.algo, seed=args.seed,
                                     ragged=args.ragged, run_id=run_id)
             size = sum(f.stat().st_size for f in run_dir.iterdir())
-            print(json.dumps({"phase": "generate", "steps": args.steps, "seconds": round(time.perf_counter() - t, 2),
+            print(json.dumps({"phase": "generate", "steps": steps, "seconds": round(time.perf_counter() - t, 2),
                               "bytes": size}), flush=True)
+        return run_dir
+
+    try:
+        run_dir = dataset(args.steps)
         quiet_machine()
         chk = child(CHILD_CHECK, run_dir, threads=args.threads)
         load = load_fields()   # read right after the measured phase
@@ -177,6 +190,13 @@ def main(argv=None) -> int:
                                     else None),
             **load,
         }
+        if args.rss_large:
+            big = child(CHILD_CHECK, dataset(args.rss_large), threads=args.threads)
+            print(json.dumps({"phase": "check-large", **big}), flush=True)
+            assert big["findings"] == 0, f"the catalog flagged a valid synthetic dataset: {big['counts']}"
+            out.update(steps_large=big["steps"], requests_large=big["requests"],
+                       peak_rss_mb_large=round(big["peak_rss_mb"], 1),
+                       rss_large_over_small=round(big["peak_rss_mb"] / chk["peak_rss_mb"], 3))
         print(json.dumps(guard_ratios(out, ["speedup", "of_decode_limit"])))
         record("check", out, args.json_out)
     finally:

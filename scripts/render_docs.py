@@ -28,6 +28,10 @@ BENCH_DIR = DOCS / "benchmarks"
 FIXTURES = ROOT / "tests" / "fixtures" / "engines"
 
 # ------------------------------------------------------------------ benchmarks
+# the checker's figures, chain (check) and tree (check_tree) alike
+CHECK_KEYS = [("steps", "steps"), ("steps_per_s", "steps/s (wall)"), ("steps_per_cpu_s", "steps per CPU second"),
+              ("decode_steps_per_s", "decode limit, steps/s"), ("of_decode_limit", "share of the decode limit (wall)"),
+              ("of_decode_limit_cpu", "share of the decode limit (CPU)"), ("peak_rss_mb", "peak RSS, MB")]
 # (name of docs/benchmarks/<name>.json, title, script, what it measures, [(figure key, label)]).
 # Every key listed is required in the JSON's "figures"; null means withheld (busy machine).
 BENCHMARKS = [
@@ -45,10 +49,30 @@ BENCHMARKS = [
     ("check", "Checker: steps/s against the decode limit", "scripts/bench_check.py",
      "A synthetic dataset checked with the whole catalog, the same files' list columns decoded alone "
      "(the limit), and a plain per-row Python implementation of the same rules (the baseline).",
-     [("steps", "steps"), ("steps_per_s", "steps/s (wall)"), ("steps_per_cpu_s", "steps per CPU second"),
-      ("decode_steps_per_s", "decode limit, steps/s"), ("of_decode_limit", "share of the decode limit (wall)"),
-      ("of_decode_limit_cpu", "share of the decode limit (CPU)"), ("peak_rss_mb", "peak RSS, MB"),
-      ("baseline_steps_per_s", "per-row baseline, steps/s"), ("speedup", "speedup over the baseline")]),
+     [*CHECK_KEYS, ("baseline_steps_per_s", "per-row baseline, steps/s"), ("speedup", "speedup over the baseline")]),
+    ("check_tree", "Checker: steps/s against the decode limit, tree N=32", "scripts/bench_check.py",
+     "As above on trees of 32 nodes (`--algo tree --n-nodes 32 --json-out docs/benchmarks/check_tree.json`).",
+     CHECK_KEYS),
+    ("check_rss", "Checker: memory against the number of requests", "scripts/bench_check.py",
+     "Peak RSS of the check at 2M and at 20M steps (`--rss-large 20000000 --json-out "
+     "docs/benchmarks/check_rss.json`), each in a fresh process; 1.0 = memory flat in the number of requests.",
+     [("steps", "steps"), ("requests", "requests"), ("peak_rss_mb", "peak RSS, MB"),
+      ("steps_large", "steps (large)"), ("requests_large", "requests (large)"),
+      ("peak_rss_mb_large", "peak RSS (large), MB"), ("rss_large_over_small", "large over small")]),
+    ("layout", "Step files: the Parquet layout and the decode limit", "scripts/bench_layout.py",
+     "The same synthetic steps (chain N=8, tree N=32) written in each layout and read back one thread per "
+     "reader, on the list columns the checker decodes; best of the repeats. Writer options keep the contract; "
+     "`fixed_binary` is a study of a layout change (not the contract). Findings must be identical across the "
+     "contract layouts. The ratios are per CPU second against the writer's current options "
+     "(`specaudit.trace.parquet.STEP_WRITE_OPTIONS`); see docs/trace-layout.md.",
+     [("chain_steps", "steps, chain N=8"), ("tree_steps", "steps, tree N=32"),
+      ("best_contract_layout_chain", "fastest contract layout, chain"),
+      ("best_contract_over_current_chain_N8", "fastest contract layout over current, chain"),
+      ("fixed_binary_over_current_chain_N8", "fixed-width study over current, chain"),
+      ("best_contract_layout_tree", "fastest contract layout, tree"),
+      ("best_contract_over_current_tree_N32", "fastest contract layout over current, tree"),
+      ("fixed_binary_over_current_tree_N32", "fixed-width study over current, tree"),
+      ("findings_identical", "findings identical across layouts"), ("layouts", "per layout")]),
     ("tiny_runs", "Checker: many tiny runs", "scripts/bench_tiny_runs.py",
      "Runs of one request and a few steps, written as the sink writes them, checked four ways side by side.",
      [("runs", "runs"), ("workers", "workers"), ("pooled_wall_s", "pooled, workers with polars: wall s"),

@@ -12,9 +12,10 @@ import sys
 import numpy as np
 import pyarrow as pa
 import pytest
-import specaudit.invariants.frame as frame
+import specaudit.invariants.frame_shapes as frame_shapes
 from specaudit.invariants.arrow import to_np, valid_mask
-from specaudit.invariants.frame import Carry, StepFrame
+from specaudit.invariants.carry import Carry
+from specaudit.invariants.frame import StepFrame
 
 from specaudit.trace.synth import synth_run_rows, write_run
 
@@ -103,7 +104,7 @@ def _by_batch_row(f, name):
 @pytest.mark.parametrize("collide", [False, True])
 def test_uniform_blocks_match_the_general_path(algo, n_nodes, broken, collide, monkeypatch):
     if collide:   # every shape fingerprint collides: each row is verified against its group
-        monkeypatch.setattr(frame, "_POSW", np.ones_like(frame._POSW))
+        monkeypatch.setattr(frame_shapes, "_POSW", np.ones_like(frame_shapes._POSW))
     b = _batch(algo, n_nodes, seed=n_nodes, broken=broken)
     fast = StepFrame(b, run_id="synth", carry=Carry())
     slow = StepFrame(_with_extra_row(b), run_id="synth", carry=Carry())

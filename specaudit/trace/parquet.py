@@ -56,10 +56,16 @@ def prepare_run_dir(dataset: Path, run_id: str) -> Path:
     return run_dir
 
 
+# How the sink and synth write a data file: writer options only, so the contract (schema,
+# types, statistics) is unchanged and every reader (DuckDB views, Spark, older releases)
+# reads it as before. Chosen by scripts/bench_layout.py (docs/benchmarks.md, #layout).
+STEP_WRITE_OPTIONS = {"compression": "zstd", "use_dictionary": True}
+
+
 def write_parquet_atomic(path: Path, table: pa.Table, row_group_size: int = 65536) -> int:
     """Write table to path atomically; returns the file's size in bytes."""
     buf = io.BytesIO()
-    pq.write_table(table, buf, compression="zstd", row_group_size=row_group_size)
+    pq.write_table(table, buf, row_group_size=row_group_size, **STEP_WRITE_OPTIONS)
     data = buf.getvalue()
     atomic_write_bytes(path, data)
     return len(data)

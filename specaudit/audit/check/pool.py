@@ -45,7 +45,9 @@ from specaudit.audit.check.fallback import fell_back
 from specaudit.audit.check.pool_read import int32_array, plain_rows, read_task, string_array, unique_request_ids
 from specaudit.audit.check.result import CheckResult, merge_result
 from specaudit.audit.check.stream import check_run, file_size
-from specaudit.invariants.frame import Carry, RequestFrame, StepFrame
+from specaudit.invariants.carry import Carry
+from specaudit.invariants.frame import StepFrame
+from specaudit.invariants.request_frame import RequestFrame
 from specaudit.trace.schema import RunFiles
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from specaudit.audit.check.core import BATCH_ROWS, CLIENT_COLUMNS, REQUEST_BATCH_ROWS, check_batches
 from specaudit.audit.check.result import CheckResult, result_bad
-from specaudit.invariants.frame import DIAGNOSTIC_RANGES
+from specaudit.invariants.frame_diagnostics import DIAGNOSTIC_RANGES
 from specaudit.trace.schema import (
     REQUESTS_SCHEMA,
     SAMPLING_COLUMNS,

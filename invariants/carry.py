@@ -1,0 +1,85 @@
+"""Carry: the per-request state carried across the step batches of one run.
+
+For each request seen so far, in arrays indexed by its slot (request ids -> slots:
+invariants/request_ids.py): the last step (its index, seq_len + commit, last token,
+finished), the output length, the sums the run rules average per request, the first
+step's facts, and an order-sensitive fingerprint of its commits (`token_mix`, summed
+mod 2^64). StepFrame reads it for continuity and folds each batch back into it
+(StepFrame.finish_carry); RequestFrame joins it with the requests table.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .request_ids import RequestIds
+
+I64 = np.int64
+_MIX1 = np.uint64(0x9E3779B97F4A7C15)
+_MIX2 = np.uint64(0xC2B2AE3D27D4EB4F)
+_MIX3 = np.uint64(0xBF58476D1CE4E5B9)
+
+
+_MIX_CHUNK = 16384   # elements per pass: a chunk's five passes stay in cache (~2-3x on millions)
+
+
+def token_mix(tokens: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """uint64 contribution of token t at output position p; summed (mod 2^64) over a
+    request's tokens it is an order-sensitive fingerprint of the whole sequence."""
+    n = len(tokens)
+    if n > 2 * _MIX_CHUNK:
+        out = np.empty(n, dtype=np.uint64)
+        for i in range(0, n, _MIX_CHUNK):
+            out[i: i + _MIX_CHUNK] = _token_mix(tokens[i: i + _MIX_CHUNK], pos[i: i + _MIX_CHUNK])
+        return out
+    return _token_mix(tokens, pos)
+
+
+def _token_mix(tokens: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        x = (tokens.astype(np.uint64) + np.uint64(1)) * _MIX1
+        x ^= pos.astype(np.uint64) * _MIX2
+        x ^= x >> np.uint64(31)
+        x *= _MIX3
+        x ^= x >> np.uint64(29)
+    return x
+
+
+class Carry:
+    """Per-request state carried across batches of one run (arrays indexed by request)."""
+
+    # int32 where the trace column is int32; sums int64. About 60 bytes per request.
+    FIELDS = {
+        "last_step": (np.int32, -1), "seq_end": (I64, -1), "last_tok": (np.int32, -1),
+        "finished": (bool, False), "out_len": (I64, 1), "n_steps": (np.int32, 0),
+        "sum_commit_len": (I64, 0), "sum_commit_n": (I64, 0), "sum_depth": (I64, 0),
+        "sum_true_depth": (I64, 0), "first_seq_len": (np.int32, -1), "first_root": (np.int32, -1),
+        "hash": (np.uint64, 0), "contiguous": (bool, True), "last_finished": (bool, False),
+        "seen": (bool, False), "first_ok": (bool, True),
+    }
+
+    def __init__(self):
+        self.names = RequestIds()   # request id <-> slot (sliceable: names[:n] is a list of str)
+        self.n = 0
+        cap = 1024
+        for k, (dt, v) in self.FIELDS.items():
+            setattr(self, k, np.full(cap, v, dtype=dt))
+
+    def index(self, names: list[str]) -> np.ndarray:
+        """Request ids -> dense indices (new ids get new slots, in order of first appearance)."""
+        got = self.names.index(names)
+        self._grow(len(self.names))
+        return got
+
+    def _grow(self, n: int) -> None:
+        cap = len(self.last_step)
+        if n > cap:
+            new = max(n, cap + cap // 4)
+            for k, (dt, v) in self.FIELDS.items():
+                a = getattr(self, k)
+                b = np.full(new, v, dtype=dt)
+                b[:cap] = a
+                setattr(self, k, b)
+        self.n = n
+
+    def view(self, k: str) -> np.ndarray:
+        return getattr(self, k)[: self.n]

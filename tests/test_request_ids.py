@@ -1,0 +1,57 @@
+"""RequestIds (invariants/request_ids.py): the carry's compact request id -> slot map
+must give exactly the slots a dict in order of first appearance gives, collisions or not."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import specaudit.invariants.request_ids as request_ids
+from specaudit.invariants.request_ids import RequestIds
+
+POOL = [f"r{i}" for i in range(3000)] + ["é-ü", "\0null", "", "x" * 50, "日本", "\udcff"]
+
+
+def dict_index(d: dict, names: list[str]) -> np.ndarray:
+    """The reference: a dict, new ids numbered in order of first appearance."""
+    for n in names:
+        d.setdefault(n, len(d))
+    return np.array([d[n] for n in names], dtype=np.int64)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_slots_match_a_dict_in_order_of_first_appearance(seed):
+    rng = random.Random(seed)
+    ids, d = RequestIds(), {}
+    for _ in range(25):
+        names = [rng.choice(POOL) for _ in range(rng.randint(0, 400))]
+        assert ids.index(names).tolist() == dict_index(d, names).tolist()
+    assert len(ids) == len(d)
+    assert ids[:] == list(d)
+    assert ids[-1] == list(d)[-1]
+    assert all(ids.slot_of(n) == q for n, q in list(d.items())[:100])
+    assert ids.slot_of("never seen") == -1
+
+
+def test_colliding_hashes_never_share_a_slot(monkeypatch):
+    # seven hash values for ~50 ids: most lookups collide; every id keeps its own slot
+    monkeypatch.setattr(request_ids, "hash", lambda s: hash(s) % 7, raising=False)
+    rng = random.Random(1)
+    ids, seen = RequestIds(), {}
+    for _ in range(30):
+        names = [rng.choice(POOL[:40] + POOL[-6:]) for _ in range(rng.randint(0, 80))]
+        got = ids.index(names).tolist()
+        for n, q in zip(names, got, strict=True):
+            assert seen.setdefault(n, q) == q      # an id's slot never changes
+            assert ids[q] == n                     # and the slot holds that id
+    assert len(ids) == len(seen) == len(set(seen.values()))
+    assert all(ids.slot_of(n) == q for n, q in seen.items())
+
+
+def test_empty_and_repeated():
+    ids = RequestIds()
+    assert ids.index([]).tolist() == []
+    assert ids.index(["a", "a", "b", "a"]).tolist() == [0, 0, 1, 0]
+    assert ids.index(["b", "c"]).tolist() == [1, 2]
+    with pytest.raises(IndexError):
+        ids[3]
