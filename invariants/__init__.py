@@ -69,7 +69,7 @@ What each scope receives (all arrays are numpy; [R] = one entry per row):
            Per node, flat over the batch (T = n.sum(); row r's nodes are
            start[r] .. start[r]+n[r]-1; node_row maps a flat node to its row):
            node_i (index in its row), tokens, parents, positions, argmax, depth,
-           pglob (parent as a flat index, -1 at roots). Path: path (flat),
+           parent_flat (parent as a flat index, -1 at roots). Path: path (flat),
            path_start [R], path_len, path_row, path_k, path_glob, path_ok (rows
            whose path is a valid root->child walk). Commit: commit (flat),
            commit_start [R], commit_n, commit_row, commit_k, commit_last. Derived:

@@ -206,30 +206,30 @@ class StepFrame(TreeShapes):
         self.ok = tree_ok & ~null_any
 
     def _set_safe_parents(self) -> None:
-        """psafe: the parents where a row is ok, a chain where it is not (derivations
-        stay in range); pglob: the parent as a flat index (-1 at roots), built here
-        or on first use (a uniform-N tree batch, see the `pglob` property)."""
+        """parent_in_row: the parents where a row is ok, a chain where it is not (derivations
+        stay in range); parent_flat: the parent as a flat index (-1 at roots), built here
+        or on first use (a uniform-N tree batch, see the `parent_flat` property)."""
         p, T = self.parents, self.T
         if self.ok.all() and self._all_chains:            # all chains: parent = previous node
-            self.psafe = p
-            self.pglob = np.arange(-1, T - 1, dtype=I64)
+            self.parent_in_row = p
+            self.parent_flat = np.arange(-1, T - 1, dtype=I64)
             if self.uniform_n:
-                self.pglob[:: T // self.R] = -1
+                self.parent_flat[:: T // self.R] = -1
             else:
-                self.pglob[self.node_i == 0] = -1
+                self.parent_flat[self.node_i == 0] = -1
             self.__dict__["chain_shaped"] = np.ones(self.R, dtype=bool)
         elif self.uniform_n:                              # the same on [R, N0] blocks, no gathers
             N0 = T // self.R
             ok_b = self.ok[self.inv]                      # per batch row
             ps = p.reshape(self.R, N0).astype(I64)        # an ok row's root parent is -1
             ps[~ok_b] = np.arange(-1, N0 - 1, dtype=I64)
-            self.psafe = ps.reshape(-1)
+            self.parent_in_row = ps.reshape(-1)
             self.__dict__["chain_shaped"] = self._chain_rows[self.order]
         else:
             is_root = self.node_i == 0
             okn = self.ok[self.node_row]
-            self.psafe = np.where(okn & ~is_root, p, self.node_i - 1)
-            self.pglob = np.where(self.psafe >= 0, self.start[self.node_row] + self.psafe, -1)
+            self.parent_in_row = np.where(okn & ~is_root, p, self.node_i - 1)
+            self.parent_flat = np.where(self.parent_in_row >= 0, self.start[self.node_row] + self.parent_in_row, -1)
 
     def _link_previous(self, carry: Carry) -> None:
         """Continuity from each request's previous step (carried from earlier batches,
@@ -270,21 +270,21 @@ class StepFrame(TreeShapes):
         self._gstart, self._cr = gstart, cr
 
     @cached_property
-    def pglob(self) -> np.ndarray:
+    def parent_flat(self) -> np.ndarray:
         """A uniform-N tree batch's parent as a flat index (other batches set it in
         __init__): every safe parent is >= 0 but the roots' (column 0)."""
         R = self.R
         N0 = self.T // R
-        g = self.psafe.reshape(R, N0) + np.arange(0, self.T, N0, dtype=I64)[:, None]
+        g = self.parent_in_row.reshape(R, N0) + np.arange(0, self.T, N0, dtype=I64)[:, None]
         g[:, 0] = -1
         return g.reshape(-1)
 
     def pglob_at(self, idx: np.ndarray) -> np.ndarray:
-        """pglob[idx], without building pglob for a uniform-N batch."""
-        if "pglob" in self.__dict__ or not self.uniform_n:
-            return self.pglob[idx]
+        """parent_flat[idx], without building parent_flat for a uniform-N batch."""
+        if "parent_flat" in self.__dict__ or not self.uniform_n:
+            return self.parent_flat[idx]
         N0 = self.T // self.R
-        ps = self.psafe[idx]
+        ps = self.parent_in_row[idx]
         return np.where(ps >= 0, idx - idx % N0 + ps, -1)
 
     # a uniform-N batch's flat node index and row, built only when a rule asks (most

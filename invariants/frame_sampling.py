@@ -145,7 +145,7 @@ class SamplingView:
                 nxt[g[ok & last]] = -1
                 sel = np.flatnonzero(ok & ~last)
                 nxt[g[sel]] = g[sel + 1]
-            par = f.pglob
+            par = f.parent_flat
             pn = np.where(par >= 0, nxt[np.maximum(par, 0)], -2)
             idx = np.arange(f.T, dtype=I64)
             known = ~self.token_unknown[f.node_row]
@@ -184,7 +184,7 @@ class SamplingView:
         """Rows whose last accepted node has tested children."""
         f = self.f
         last = f.last_node[f.node_row]
-        return f.row_any(self.tested & (f.pglob == last)) & self.usable
+        return f.row_any(self.tested & (f.parent_flat == last)) & self.usable
 
     # ----------------------------------------------------------------- run sums
     def sums(self) -> dict:

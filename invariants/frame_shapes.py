@@ -6,7 +6,7 @@ so the work is done once per distinct shape: rows of a uniform-N batch are group
 by a fingerprint of their safe parents (`_shapes`) and verified row by row against
 their group's first row, and the N x N masks are hashed once per shape (cached
 across batches in `_HASH_CACHE`). Reads from the frame: R, T, n, start, order,
-uniform_n, psafe, pglob, node_i, node_row, parents, chain_shaped, row_any.
+uniform_n, parent_in_row, parent_flat, node_i, node_row, parents, chain_shaped, row_any.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ class TreeShapes:
             U, N0 = P.shape
             g = np.where(P >= 0, P + np.arange(0, U * N0, N0, dtype=I64)[:, None], -1)
             return tree_depths_flat(g.reshape(-1), N0).reshape(U, N0)[ids].reshape(-1)
-        return tree_depths_flat(self.pglob, int(self.n.max()))
+        return tree_depths_flat(self.parent_flat, int(self.n.max()))
 
     @cached_property
     def children_max(self) -> np.ndarray:
@@ -54,7 +54,7 @@ class TreeShapes:
             par = (P + np.arange(0, U * N0, N0, dtype=I64)[:, None])[P >= 0]
             kids = np.bincount(par, minlength=U * N0).reshape(U, N0).max(axis=1)
             return kids[ids][self.order].astype(I64)
-        kids = np.bincount(self.pglob[self.pglob >= 0], minlength=self.T)
+        kids = np.bincount(self.parent_flat[self.parent_flat >= 0], minlength=self.T)
         out = np.zeros(self.R, dtype=I64)
         np.maximum.at(out, self.node_row, kids)
         return out
@@ -68,7 +68,7 @@ class TreeShapes:
         if not self.uniform_n:
             return None
         R = self.R
-        P = self.psafe.reshape(R, -1)                    # [R, N0], batch order
+        P = self.parent_in_row.reshape(R, -1)                    # [R, N0], batch order
         N0 = P.shape[1]
         if N0 > MAX_NODES:
             return None
@@ -86,7 +86,7 @@ class TreeShapes:
         return ids, np.ascontiguousarray(P[first])
 
     def _hash_of(self, r: int) -> int:
-        ps = self.psafe[self.start[r]: self.start[r] + self.n[r]]
+        ps = self.parent_in_row[self.start[r]: self.start[r] + self.n[r]]
         return int(mask_hash(ancestor_mask(ps)))
 
     @cached_property
@@ -119,7 +119,7 @@ class TreeShapes:
             sel = tree[self.node_row]
             with np.errstate(over="ignore"):
                 w = _POSW[np.minimum(self.node_i[sel], len(_POSW) - 1)]
-                contrib = (self.psafe[sel] + 2).astype(np.uint64) * w
+                contrib = (self.parent_in_row[sel] + 2).astype(np.uint64) * w
             fp_all = np.zeros(self.R, dtype=np.uint64)
             if self.uniform_n:   # whole rows of N0 nodes: a row sum (mod 2^64, as add.at)
                 N0 = int(self.n[0])
@@ -140,12 +140,12 @@ class TreeShapes:
             i = self.node_i[nsel]
             same = (self.n[rr] == self.n[r_of])
             j = np.where(same, self.start[rr] + np.minimum(i, self.n[rr] - 1), 0)
-            diff = ~same | (self.psafe[j] != self.psafe[nsel])
+            diff = ~same | (self.parent_in_row[j] != self.parent_in_row[nsel])
             mism = np.zeros(self.R, dtype=bool)
             mism[r_of[diff]] = True
             hashes = np.zeros(len(uniq), dtype=np.uint64)
             for u, r0 in enumerate(rows[first]):
-                ps = self.psafe[self.start[r0]: self.start[r0] + self.n[r0]]
+                ps = self.parent_in_row[self.start[r0]: self.start[r0] + self.n[r0]]
                 key = ("tree", ps.tobytes())
                 h = _HASH_CACHE.get(key)
                 if h is None:

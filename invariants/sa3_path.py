@@ -196,13 +196,13 @@ class PathMaximal(Rule):
         if f.uniform_n:
             # [R, N0] blocks in batch order: a child of the last node carrying the bonus
             R, inv = f.R, f.inv
-            ps = f.psafe.reshape(R, -1)
+            ps = f.parent_in_row.reshape(R, -1)
             lastl = (last - f.start)[inv]
             lastl = np.where(lastl >= 0, lastl, -2)[:, None]   # (-1 is a root's parent)
             m = (ps == lastl) & (f.tokens.reshape(R, -1) == f.bonus[inv][:, None]) & ok[inv][:, None]
             child = np.where(m.any(axis=1), m.argmax(axis=1), -1)[f.order]
         else:
-            isc = (f.pglob >= 0) & (f.pglob == last[f.node_row]) & (f.tokens == f.bonus[f.node_row])
+            isc = (f.parent_flat >= 0) & (f.parent_flat == last[f.node_row]) & (f.tokens == f.bonus[f.node_row])
             isc &= ok[f.node_row]
             child = f.first_node(isc)
         hit = child >= 0

@@ -63,7 +63,7 @@ def test_check_does_not_import_pandas(tmp_path):
 
 PER_ROW = ("ok", "shapes_ok", "root_parent_bad", "parent_order_bad", "chain_shaped", "children_max",
            "derived_mask_hash", "causal_mask_hash", "path_struct_bad", "commit_mismatch_at", "bonus")
-FLAT = ("psafe", "pglob", "depth", "node_i", "expected_commit")
+FLAT = ("parent_in_row", "parent_flat", "depth", "node_i", "expected_commit")
 
 
 def _batch(algo: str, n_nodes: int, seed: int, broken: bool):

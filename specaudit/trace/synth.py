@@ -206,10 +206,10 @@ def _gen(rng, R: int, *, tm: _Templates, max_new_tokens: int, eos_frac: float, v
     prow = np.repeat(np.arange(S), plen)
     pk = np.arange(int(pstart[-1])) - pstart[prow]
     path = tm.anc[t_s[prow], last_s[prow], pk]
-    pglob = nstart[prow] + path
+    parent_flat = nstart[prow] + path
     # along the path the target's argmax names the next path node
     nxt = np.flatnonzero(pk < d_s[prow])                      # path entries with a successor
-    argmax[pglob[nxt]] = tokens[pglob[nxt + 1]]
+    argmax[parent_flat[nxt]] = tokens[parent_flat[nxt + 1]]
     # bonus: differs from every child of the last node (maximal path)
     lastg = nstart[:-1] + last_s
     u = rng.integers(0, max(D - topk_eff, 1), size=S)
@@ -220,14 +220,14 @@ def _gen(rng, R: int, *, tm: _Templates, max_new_tokens: int, eos_frac: float, v
     mid = has_eos & (eos_at < d_s)
     # commit index j is path node j+1; its parent path node j sees argmax = EOS
     tok_node = pstart[:-1] + eos_at + 1                       # index into path of node j+1
-    tokens[pglob[tok_node[mid]]] = eos_id
-    argmax[pglob[tok_node[mid] - 1]] = eos_id
+    tokens[parent_flat[tok_node[mid]]] = eos_id
+    argmax[parent_flat[tok_node[mid] - 1]] = eos_id
     end = has_eos & (eos_at == d_s)
     argmax[lastg[end]] = eos_id
     bonus = argmax[lastg]
     # commit: path tokens after the root, then the bonus, cut to commit_len
     exp_tok = np.empty(int(pstart[-1]), dtype=np.int64)      # commit index k = path entry k+1
-    exp_tok[nxt] = tokens[pglob[nxt + 1]]
+    exp_tok[nxt] = tokens[parent_flat[nxt + 1]]
     tail = pk == d_s[prow]
     exp_tok[tail] = bonus[prow[tail]]
     keep = pk < commit_len[prow]
