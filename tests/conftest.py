@@ -88,3 +88,33 @@ def fault_run(tmp_path_factory, make_run):
             cache[key] = (out, make_run(out=out, oracle=True, inject=name, **kw))
         return cache[key]
     return _get
+
+
+# ------------------------------------------------------------------ pytest-xdist (scripts/test.sh: -n 2)
+# Workers share nothing but the machine: each has its own session fixtures (models, datasets under
+# its own tmp_path_factory base), its servers bind free ports, its files live under tmp_path.
+# Two rules keep the expensive set-ups built once and the two cores busy to the end:
+#   - a module whose tests share a module-, class- or session-scoped fixture defined in that module
+#     (a vLLM or llama-server fleet, a Spark session, a corpus) runs on one worker
+#     (xdist_group, honoured by --dist loadgroup): split across two, each worker would build it;
+#   - tests marked slow (whole modules or one test) go first, then the grouped ones, then single tests in file order
+#     (with --no-loadscope-reorder): the long units start at once and the short tests fill in
+#     whichever worker frees first, instead of one long unit starting last on its own.
+
+def _shares_a_module_fixture(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    module = item.nodeid.split("::", 1)[0]
+    for defs in (info.name2fixturedefs.values() if info else ()):
+        for d in defs:
+            if d.scope != "function" and d.baseid == module:
+                return True
+    return False
+
+
+@pytest.hookimpl(tryfirst=True)    # before xdist reads the xdist_group marks (its own hook)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _shares_a_module_fixture(item) and not any(item.iter_markers("xdist_group")):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+    # stable: file order within a rank; a group is dispatched where its first test sits
+    items.sort(key=lambda it: 0 if it.get_closest_marker("slow") else 1 if it.get_closest_marker("xdist_group") else 2)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -191,7 +192,9 @@ def test_reference_run_as_estimator_input(make_run, models, capsys):
         if (honest["estimate"]["value"] == pytest.approx(truth, rel=0.35) and rc == 1
                 and judged["verdict"] == "inconsistent"):
             break
-        print(f"attempt {attempt + 1}: estimate {honest['estimate']['value']} vs {truth}, bug rc {rc}")
+        # on stderr: the next attempt parses captured stdout as the estimate's JSON
+        print(f"attempt {attempt + 1}: estimate {honest['estimate']['value']} vs {truth}, bug rc {rc}",
+              file=sys.stderr)
     dataset = res.run_dir.parent
     (o,) = observations_from_traces(dataset)
     assert o.extra["tokens"] == res.summary["tokens"] - 6  # decode tokens: first tokens are prefill's
