@@ -265,6 +265,7 @@ def costed(tmp_path_factory, llama_bin, gguf_pair) -> dict:
             "again": lambda i: measure_cost(llama_bin, gguf_pair, tmp / f"again-{i}", with_script=False)}
 
 
+@pytest.mark.alone   # costed's timings: under xdist the other worker waits (tests/conftest.py)
 def test_the_cost_profile_script_measures_r_on_the_servers(costed):
     from specaudit.audit.estimate import CostProfile
     out = costed["script"]
@@ -277,6 +278,7 @@ def test_the_cost_profile_script_measures_r_on_the_servers(costed):
     print(json.dumps({"script_r": e.r, "script_r_std": e.r_std, "date": out["date"], "load_1m": out.get("load_1m")}))
 
 
+@pytest.mark.alone
 def test_estimate_from_throughput_is_within_10pct_of_the_proven_commit_length(costed):
     """The estimate rests on wall-clock timings: the measurement interleaves the profile's
     requests with the run's so a drifting load slows both alike, but a burst on the other
