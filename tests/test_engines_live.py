@@ -35,8 +35,9 @@ from test_prometheus_live import Proc, free_port  # noqa: E402  (after the sys.p
 from dashboards import engines as E  # noqa: E402  (after the sys.path / importorskip set-up above)
 
 PROMETHEUS = shutil.which("prometheus")
-pytestmark = pytest.mark.skipif(PROMETHEUS is None and not os.environ.get("CI"),
-                                reason="prometheus not installed (scripts/test.sh installs Debian's package)")
+pytestmark = [pytest.mark.slow,   # a minute of replayed frames under a real Prometheus
+              pytest.mark.skipif(PROMETHEUS is None and not os.environ.get("CI"),
+                                 reason="prometheus not installed (scripts/test.sh installs Debian's package)")]
 DT = 1.5          # seconds per replayed frame
 SCALE = 0.3       # phases 30% as long as in the promtool tests
 END = 34          # frames replayed before the alerts are judged (every phase and the reset seen)

@@ -174,6 +174,7 @@ def _timed_runs_and_profile(make_run, models):
     return res, bug, p
 
 
+@pytest.mark.alone   # wall-clock timings: under xdist the other worker waits (tests/conftest.py)
 def test_reference_run_as_estimator_input(make_run, models, capsys):
     """Real traced runs of the reference runtime: an honest one and the commit-counter bug
     (the seed case), judged from their own timestamps and a profile measured here.

@@ -37,6 +37,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 import llama_gguf as G  # noqa: E402
 import llama_server_build as B  # noqa: E402
 
+pytestmark = pytest.mark.slow   # live servers for minutes
 N_PREDICT = 64
 K = 6
 
@@ -196,35 +197,37 @@ def test_greedy_outputs_identical_with_speculation_on_and_off(recorded, tmp_path
 
 
 # ---------------------------------------------------------------- the throughput estimate
-# (before the fleet: its servers stay loaded until the module ends, and would share the CPUs)
+# (marked alone: tests/conftest.py runs these last, after the fleet, whose servers stay loaded
+# until its tests end, and under xdist while the other worker waits: nothing shares the CPUs)
 
 COST_ROUNDS = 6   # passes over PROMPTS (a busy machine's noise averages out over them)
 COST_N = 300      # tokens per request: long enough that a scheduling hiccup is a small part of it
 
 
-@pytest.fixture(scope="module")
-def costed(tmp_path_factory, llama_bin, gguf_pair) -> dict:
+def measure_cost(llama_bin, gguf_pair, tmp: Path, with_script: bool = True) -> dict:
     """Speculation on (k=6) and off, alive at once. scripts/llama_cost_profile.py runs on them
     as a user would (its profile is checked); then, per prompt and round, the calibration
     requests it makes (stream on the spec server to count forwards by the server's clock,
     the same prompt unstreamed on both to time them) interleaved with the measured run's
     requests (unstreamed, both servers), so that a machine whose load drifts slows the
-    profile and the run alike. The run's requests sit between two scrapes of the spec server."""
+    profile and the run alike. The run's requests sit between two scrapes of the spec server.
+    with_script False: the measurement alone (a fresh one, when the first was taken under a load
+    that moved between its parts)."""
     import llama_cost_profile as LCP
 
     from specaudit.audit.llamacpp_cost import profile_from_runs
-    tmp = tmp_path_factory.mktemp("llama-cost")
+    tmp.mkdir(parents=True, exist_ok=True)
     spec = off = None
     try:
         spec = LlamaServer(llama_bin, server_args(gguf_pair, K), tmp / "spec.log")
         off = LlamaServer(llama_bin, server_args(gguf_pair, None), tmp / "off.log")
         prompts = tmp / "prompts.txt"
         prompts.write_text("".join(p.replace("\n", "\\n") + "\n" for p in PROMPTS))
-        script = subprocess.run([sys.executable, str(REPO / "scripts" / "llama_cost_profile.py"), "--spec",
-                                 spec.url, "--plain", off.url, "--k", str(K), "--prompts", prompts, "--n-predict",
-                                 "200", "--rounds", "1", "--out", tmp / "script_cost.json"],
-                                capture_output=True, text=True, timeout=300)
-        assert script.returncode == 0, script.stdout + script.stderr
+        script = with_script and subprocess.run(
+            [sys.executable, str(REPO / "scripts" / "llama_cost_profile.py"), "--spec", spec.url, "--plain", off.url,
+             "--k", str(K), "--prompts", prompts, "--n-predict", "200", "--rounds", "1", "--out",
+             tmp / "script_cost.json"], capture_output=True, text=True, timeout=300)
+        assert script is False or script.returncode == 0, script.stdout + script.stderr
         cal_spec, cal_off, on_r, off_r = [], [], [], []
         before = counters(spec.metrics())
         for _ in range(COST_ROUNDS):
@@ -251,11 +254,19 @@ def costed(tmp_path_factory, llama_bin, gguf_pair) -> dict:
     d = {k: after[k] - before.get(k, 0.0) for k in after}
     acc, steps = d["llamacpp:spec_decode_num_accepted_tokens_total"], d["llamacpp:spec_decode_num_drafts_total"]
     e = prof.entries[0]
-    return {"profile": tmp / "cost.json", "script": json.loads(script.stdout),
+    return {"profile": tmp / "cost.json", "script": script and json.loads(script.stdout),
             "measured": {"r": e.r, "r_std": e.r_std, **prof.meta}, "observed_tps": tps(on_r),
             "baseline_tps": tps(off_r), "proven": 1 + acc / steps}
 
 
+@pytest.fixture(scope="module")
+def costed(tmp_path_factory, llama_bin, gguf_pair) -> dict:
+    tmp = tmp_path_factory.mktemp("llama-cost")
+    return {**measure_cost(llama_bin, gguf_pair, tmp),
+            "again": lambda i: measure_cost(llama_bin, gguf_pair, tmp / f"again-{i}", with_script=False)}
+
+
+@pytest.mark.alone   # costed's timings: under xdist the other worker waits (tests/conftest.py)
 def test_the_cost_profile_script_measures_r_on_the_servers(costed):
     from specaudit.audit.cost_profile import CostProfile
     out = costed["script"]
@@ -269,20 +280,34 @@ def test_the_cost_profile_script_measures_r_on_the_servers(costed):
                       "load_avg_1m": out.get("load_avg_1m")}))
 
 
+@pytest.mark.alone
 def test_estimate_from_throughput_is_within_10pct_of_the_proven_commit_length(costed):
+    """The estimate rests on wall-clock timings: the measurement interleaves the profile's
+    requests with the run's so a drifting load slows both alike, but a burst on the other
+    core (xdist's other worker, another job) can still land on one part. Up to three fresh
+    measurements; the assertions hold for the last one, so an estimator that is always
+    wrong still fails."""
+    c = costed
+
     def est(reported):
-        return cli("estimate", "--observed-tps", f"{costed['observed_tps']:.3f}", "--baseline-tps",
-                   f"{costed['baseline_tps']:.3f}", "--profile", costed["profile"], "--n-nodes", K + 1,
+        return cli("estimate", "--observed-tps", f"{c['observed_tps']:.3f}", "--baseline-tps",
+                   f"{c['baseline_tps']:.3f}", "--profile", c["profile"], "--n-nodes", K + 1,
                    "--concurrency", 1, "--reported-commit-len", f"{reported:.4f}", "--output-format", "json")
-    res = est(costed["proven"])
-    assert res.returncode == 0, res.stdout + res.stderr
-    e = json.loads(res.stdout)["results"][0]["estimate"]["value"]
-    m = costed["measured"]
-    print(json.dumps({"estimate": e, "proven_commit_length": costed["proven"], "rel_error": e / costed["proven"] - 1,
-                      "r": m["r"], "r_std": m["r_std"], "t_step_ms": m["t_step_ms"], "t_plain_ms": m["t_plain_ms"],
-                      "observed_tps": costed["observed_tps"], "baseline_tps": costed["baseline_tps"],
-                      "date": m["date"], "load_avg_1m": m.get("load_avg_1m")}))
-    assert abs(e / costed["proven"] - 1) <= 0.10, (e, costed["proven"])
+    for attempt in range(3):
+        if attempt:
+            c = costed["again"](attempt)
+        res = est(c["proven"])
+        assert res.returncode == 0, res.stdout + res.stderr
+        e = json.loads(res.stdout)["results"][0]["estimate"]["value"]
+        m = c["measured"]
+        print(json.dumps({"attempt": attempt + 1, "estimate": e, "proven_commit_length": c["proven"],
+                          "rel_error": e / c["proven"] - 1, "r": m["r"], "r_std": m["r_std"],
+                          "t_step_ms": m["t_step_ms"], "t_plain_ms": m["t_plain_ms"],
+                          "observed_tps": c["observed_tps"], "baseline_tps": c["baseline_tps"],
+                          "date": m["date"], "load_avg_1m": m.get("load_avg_1m")}))
+        if abs(e / c["proven"] - 1) <= 0.10:
+            break
+    assert abs(e / c["proven"] - 1) <= 0.10, (e, c["proven"])
     # and the estimate can refuse a counter: every drafted token counted as accepted reads k + 1
     # (the bonus counted as accepted, +1, sits inside the band when this machine is noisy)
     res = est(K + 1)
@@ -291,6 +316,9 @@ def test_estimate_from_throughput_is_within_10pct_of_the_proven_commit_length(co
 
 
 # ---------------------------------------------------------------- a fleet under Prometheus
+
+LOAD_S = 300   # the fleet's steady load lasts at most this long (s)
+
 
 class Fleet:
     def __init__(self, binary, pair, tmp: Path):
@@ -338,7 +366,7 @@ class Fleet:
             time.sleep(0.2)
         raise AssertionError("prometheus not ready in 30 s:\n" + "".join(self.prom.lines[-20:]))
 
-    def start_load(self, seconds: float = 300, max_requests: int = 2000):
+    def start_load(self, seconds: float = LOAD_S, max_requests: int = 2000):
         """One client thread per server, one request at a time (each server always has one
         running: matched concurrency 1), all at once so the machine's load lands on all of
         them alike; runs until stop_load() (the tests read a steady state, never the edge
@@ -451,14 +479,25 @@ def test_llamacpp_dashboard_panels_have_data_and_alerts_stay_quiet(fleet):
 
 
 def test_ab_two_draft_lengths_gives_a_decided_verdict(fleet, tmp_path):
-    a = f'{fleet.url}?match={{job="k2"}}&range=2m&step=2s'
-    b = f'{fleet.url}?match={{job="k6"}}&range=2m&step=2s'
+    """k2 against k6 from the scrapes (2 s windows). llama-server counts a request when it ends,
+    so a loaded machine (xdist's other worker, other jobs) leaves fewer judged windows in a
+    fixed range and the verdict may stay undecided: the range covers the whole steady load so
+    far, and while neither acceptance figure is decided the test asks again 10 s later (the
+    load runs on), up to the load's end. A verdict the wrong way round fails at once."""
     out = tmp_path / "ab.json"
-    res = cli("ab", a, b, "--output-format", "json", "-o", out)
-    assert res.returncode == 0, res.stdout + res.stderr
-    ab = json.loads(out.read_text())
-    verdicts = {m: v["verdict"] for m, v in ab["matched"].items()}
-    print(json.dumps({"ab_verdicts_k2_vs_k6": verdicts, "conclusion": ab["conclusion"]}))
+    while True:
+        since = time.monotonic() - fleet.load_t0
+        rng = f"range={max(120, int(since) - 5)}s&step=2s"
+        res = cli("ab", f'{fleet.url}?match={{job="k2"}}&{rng}', f'{fleet.url}?match={{job="k6"}}&{rng}',
+                  "--output-format", "json", "-o", out)
+        assert res.returncode == 0, res.stdout + res.stderr
+        ab = json.loads(out.read_text())
+        verdicts = {m: v["verdict"] for m, v in ab["matched"].items()}
+        print(json.dumps({"ab_verdicts_k2_vs_k6": verdicts, "range": rng, "conclusion": ab["conclusion"]}))
+        undecided = verdicts["accept_len"] == "undecided" and verdicts["accept_rate"] == "undecided"
+        if not undecided or time.monotonic() - fleet.load_t0 > LOAD_S - 20:
+            break
+        time.sleep(10)
     # a decided verdict on the acceptance figures, the right way round: longer drafts give
     # longer accept lengths, shorter ones keep a higher share of their tokens (tokens/s is
     # printed; at this load it is often undecided)

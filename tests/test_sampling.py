@@ -152,11 +152,13 @@ def test_check_catches_sampling_fault(make_run, tmp_path, fault, code):
     ("temperature-one-side", dict(temperature=0.3)),
     ("bonus-from-q", dict(temperature=0.5, budget=1)),
 ])
+@pytest.mark.slow   # tens of seconds each: started first under xdist (tests/conftest.py)
 def test_lossless_catches_sampling_fault(models, fault, kw):
     res = run_reference(samples=150, num_prompts=1, positions=4, inject=fault, models=models, **kw)
     assert res.differ and res.exit_code == 1, res.text()
 
 
+@pytest.mark.slow
 def test_lossless_clean_chain_and_tree(models):
     for kw in (dict(), dict(algo="tree", budget=4, topk=2)):
         res = run_reference(temperature=0.5, budget=kw.pop("budget", 1), samples=150, num_prompts=1,

@@ -29,7 +29,9 @@ from specaudit.audit.findings import Finding
 from specaudit.runtime.faults import FAULTS
 
 # PySpark 4.x warns about pandas 3 on Arrow functions, which use no pandas
-pytestmark = pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning")
+# slow: a Spark session and a corpus of real runs (tests/conftest.py starts slow modules first under xdist)
+pytestmark = [pytest.mark.slow,
+              pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning")]
 
 BATCH_ROWS = 37          # small batches: requests cross batch and file boundaries
 CHECK_FAULTS = [(n, a) for n, f in FAULTS.items() if f.revealed_by == "check" for a in f.algos]

@@ -34,8 +34,9 @@ REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("SPECAUDIT_CACHE") or Path.home() / ".cache" / "specaudit")
 VENV_PY = CACHE / "venv-vllm-0.32.0" / "bin" / "python"
 HAVE = (CACHE / "venv-vllm-0.32.0" / ".ready").is_file() and VENV_PY.is_file()
-pytestmark = pytest.mark.skipif(not HAVE and not os.environ.get("CI"),
-                                reason="vLLM venv missing (bash scripts/vllm_env.sh builds it)")
+pytestmark = [pytest.mark.slow,   # live vLLM servers
+              pytest.mark.skipif(not HAVE and not os.environ.get("CI"),
+                                 reason="vLLM venv missing (bash scripts/vllm_env.sh builds it)")]
 
 sys.path.insert(0, str(REPO / "scripts"))
 
