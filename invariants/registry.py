@@ -17,7 +17,7 @@ import pkgutil
 import sys
 from pathlib import Path
 
-from specaudit.trace.schema import InputError
+from specaudit.trace.safe_io import InputError
 
 from .base import DEFINED, Rule, RuleError
 

@@ -49,7 +49,7 @@ def _render():
 def verdict(case, path) -> tuple[bool, bool, list]:
     """(caught, false_alarm, codes) of one rendered case."""
     from specaudit.audit.sources import audit_file
-    from specaudit.trace.schema import InputError
+    from specaudit.trace.safe_io import InputError
     exp = case["expect"]
     try:
         fs = audit_file(path)

@@ -78,7 +78,7 @@ def _entry(mod):
 def _input_error():
     """InputError, imported when an exception is being handled: the contract module
     (numpy, pyarrow) stays out of `specaudit check --help`."""
-    from specaudit.trace.schema import InputError
+    from specaudit.trace.safe_io import InputError
     return InputError
 
 
@@ -171,7 +171,7 @@ def internal_error(command: str, e: BaseException) -> int:
     SPECAUDIT_DEBUG=1 prints the traceback as well (for the bug report). A missing optional
     dependency is not a bug: one line names the extra that installs it, exit 2."""
     from specaudit.commands._extras import missing_module
-    from specaudit.trace.schema import last_input
+    from specaudit.trace.safe_io import last_input
     why = missing_module(e)   # an extra's module reached on a path the command-level check misses
     if why:
         print(f"specaudit {command}: error: {why}", file=sys.stderr)

@@ -23,7 +23,7 @@ import errno
 import os
 import stat
 
-from specaudit.trace.schema import InputError
+from specaudit.trace.safe_io import InputError
 
 
 def kind_of(mode: int) -> str:

@@ -22,7 +22,8 @@ import os
 import re
 from pathlib import Path
 
-from specaudit.trace.schema import InputError, atomic_write_bytes, discover, target_problem
+from specaudit.trace.safe_io import InputError, atomic_write_bytes, target_problem
+from specaudit.trace.schema import discover
 
 TRACE_FILE_RE = r"^(run\.json|(steps|requests)(-.*)?\.parquet)$"
 

@@ -10,7 +10,7 @@ import os
 from importlib import resources
 from pathlib import Path
 
-from specaudit.trace.schema import InputError
+from specaudit.trace.safe_io import InputError
 
 MAX_PROMPTS_BYTES = 64 << 20   # a prompts file; more is not a prompt set
 

@@ -15,7 +15,8 @@ from specaudit import __version__
 from specaudit.runtime.host import check_device, host_info, set_torch_threads
 from specaudit.tokenizer import default_prompts, encode, load_prompts
 from specaudit.trace.derived import means, run_means
-from specaudit.trace.schema import SAMPLING_SCHEMA_VERSION, SCHEMA_VERSION, InputError, manifest_conventions
+from specaudit.trace.safe_io import InputError
+from specaudit.trace.schema import SAMPLING_SCHEMA_VERSION, SCHEMA_VERSION, manifest_conventions
 
 MIN_FREE_BYTES = 16 << 20
 

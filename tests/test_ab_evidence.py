@@ -19,7 +19,7 @@ from specaudit.audit.ab_evidence.sides import windows_from_traces
 from specaudit.audit.ab_evidence.text import format_text
 from specaudit.audit.ab_evidence.window import EvWindow, concurrency_bin
 from specaudit.cli import main
-from specaudit.trace.schema import InputError
+from specaudit.trace.safe_io import InputError
 from specaudit.trace.synth import synth_run_rows, write_run
 
 ENGINES = Path(__file__).parent / "fixtures" / "engines"

@@ -18,8 +18,10 @@ GROUND = ("specaudit", "specaudit.model", "specaudit.tokenizer", "specaudit.outf
           "specaudit.stats", "specaudit.machine_load")
 # What readers share: the contract, the finding type, the one comparison, the output
 # formats and the rule catalog. Importing these is not "a reader importing a reader".
+# trace.safe_io: the one bad-input error and the bounded reads and atomic writes.
 # trace.rollup: the one definition of a rollup's rows, run by the writers and by the views.
-SHARED = ("specaudit.trace.schema", "specaudit.trace.rollup", "specaudit.audit.findings", "specaudit.audit.compare",
+SHARED = ("specaudit.trace.schema", "specaudit.trace.safe_io", "specaudit.trace.rollup", "specaudit.audit.findings",
+          "specaudit.audit.compare",
           "specaudit.audit.formats", "specaudit.invariants")
 # Each reader, by module prefix. A reader may import its own modules, SHARED and GROUND.
 READERS = {

@@ -10,12 +10,8 @@ import pytest
 
 from specaudit.audit.diff import CLASSES, EXPLAIN, diff_runs
 from specaudit.cli import main
-from specaudit.trace.schema import (
-    REQUESTS_SCHEMA,
-    STEPS_SCHEMA,
-    InputError,
-    mask_hash_from_parents,
-)
+from specaudit.trace.safe_io import InputError
+from specaudit.trace.schema import REQUESTS_SCHEMA, STEPS_SCHEMA, mask_hash_from_parents
 
 EOS = 0
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from specaudit.audit.sources import audit_file, detect
-from specaudit.trace.schema import InputError
+from specaudit.trace.safe_io import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "fixtures" / "engines" / "corpus"

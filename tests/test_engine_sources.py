@@ -12,7 +12,7 @@ import pytest
 from specaudit.audit import sources
 from specaudit.audit.sources import Window, audit_file, detect, detection, iter_readings, parallel, read_source
 from specaudit.audit.sources import lines as line_reader
-from specaudit.trace.schema import InputError
+from specaudit.trace.safe_io import InputError
 
 CORPUS = Path(__file__).parent / "fixtures" / "engines" / "corpus" / "rendered"
 VLLM = CORPUS / "vllm-ascend-13640-dspark-k7.log"

@@ -13,7 +13,7 @@ from specaudit import cli
 from specaudit.audit.cost_profile import CostEntry, CostProfile
 from specaudit.audit.estimate_model import CONSISTENT, INCONSISTENT, NOT_ENOUGH_DATA, estimate_commit_length, verdict
 from specaudit.audit.observed_throughput import observation_from_load_json
-from specaudit.trace.schema import InputError
+from specaudit.trace.safe_io import InputError
 
 FIX = __import__("pathlib").Path(__file__).parent / "fixtures" / "engines"
 

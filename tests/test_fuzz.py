@@ -30,7 +30,8 @@ from hypothesis import strategies as st
 from specaudit.audit.check import check_paths, check_tables
 from specaudit.audit.findings import Finding
 from specaudit.audit.formats import FORMATS, format_findings
-from specaudit.trace.schema import STEPS_SCHEMA, InputError, read_manifest
+from specaudit.trace.safe_io import InputError
+from specaudit.trace.schema import STEPS_SCHEMA, read_manifest
 from specaudit.trace.synth import synth_run_rows, write_run
 
 FUZZ_EXAMPLES = int(os.environ.get("SPECAUDIT_FUZZ_EXAMPLES", "40"))

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from specaudit.cli import main
-from specaudit.trace.schema import InputError
+from specaudit.trace.safe_io import InputError
 from specaudit.trace.synth import synth_run_rows, write_run
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -180,7 +180,7 @@ def test_writers_refuse_a_special_target_and_leave_it(tmp_path, clean, target, a
 
 
 def test_atomic_write_refuses_a_fifo_and_still_replaces_a_regular_file(tmp_path):
-    from specaudit.trace.schema import atomic_write_bytes
+    from specaudit.trace.safe_io import atomic_write_bytes
     f = tmp_path / "f"
     os.mkfifo(f)
     with pytest.raises(InputError, match="FIFO"):

@@ -16,7 +16,7 @@ torch = import_or_fail("torch")
 
 from specaudit.audit.check import check_paths  # noqa: E402  (after the sys.path / importorskip set-up above)
 from specaudit.cli import main as cli_main  # noqa: E402  (after the sys.path / importorskip set-up above)
-from specaudit.trace.schema import InputError  # noqa: E402  (after the sys.path / importorskip set-up above)
+from specaudit.trace.safe_io import InputError  # noqa: E402  (after the sys.path / importorskip set-up above)
 from specaudit.traced_run import run_traced  # noqa: E402  (after the sys.path / importorskip set-up above)
 
 EOS = 256

@@ -9,7 +9,7 @@ from specaudit.invariants import DEFINED, Rule, RuleError, all_rules, get_rule, 
 from specaudit.invariants.fixtures import FixtureRun
 
 from specaudit.audit.check import check_paths
-from specaudit.trace.schema import InputError
+from specaudit.trace.safe_io import InputError
 
 TRACE_RULES = [r for r in all_rules() if r.scope != "source"]
 

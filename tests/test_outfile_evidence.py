@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from specaudit.outfile import evidence, guard_output, guard_output_dir, write_output
-from specaudit.trace.schema import InputError
+from specaudit.trace.safe_io import InputError
 
 LINE = ("INFO 05-01 14:24:50 [metrics.py:101] SpecDecoding metrics: Mean acceptance length: 2.37, Accepted: 89 "
         "tokens, Drafted: 975 tokens, Avg Draft acceptance rate: 9.1%\n")

@@ -23,7 +23,7 @@ import pytest
 from ci import need
 
 from specaudit.audit.sources.prom_http import audit_prometheus, parse_duration, read_prometheus
-from specaudit.trace.schema import InputError
+from specaudit.trace.safe_io import InputError
 
 T0 = 1_764_500_000.0
 VLLM = {"job": "vllm", "instance": "gpu0:8000", "model_name": "Qwen/Qwen3-32B", "engine": "0"}

@@ -15,7 +15,8 @@ import pytest
 
 from specaudit.audit.check import check_paths
 from specaudit.cli import main as cli_main
-from specaudit.trace.schema import InputError, discover, read_manifest
+from specaudit.trace.safe_io import InputError
+from specaudit.trace.schema import discover, read_manifest
 from specaudit.trace.synth import synth_run_rows, write_run
 
 
@@ -509,7 +510,7 @@ def test_atomic_write_leaves_no_temporary_on_a_real_write_error(tmp_path):
 import resource, signal
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
-from specaudit.trace.schema import atomic_write_bytes
+from specaudit.trace.safe_io import atomic_write_bytes
 try:
     atomic_write_bytes({str(tmp_path / 'f.bin')!r}, b"x" * 100000)
 except OSError as e:

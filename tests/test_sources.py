@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from specaudit.invariants import all_rules
 
 from specaudit.audit.sources import audit_file, detect, read_source
-from specaudit.trace.schema import InputError
+from specaudit.trace.safe_io import InputError
 
 FIX = Path(__file__).parent / "fixtures" / "engines"
 

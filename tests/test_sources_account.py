@@ -129,7 +129,7 @@ def test_applicable_matches_numbers_on_every_fixture_window():
     with _numbers(): both must agree on which identities apply, on every real and fixture window."""
     from specaudit.audit.sources import read_source
     from specaudit.audit.sources.account import IDENTITIES, _applicable, _numbers
-    from specaudit.trace.schema import InputError
+    from specaudit.trace.safe_io import InputError
     n = 0
     for f in sorted([*CORPUS.iterdir(), *FIX.glob("*.log"), *FIX.glob("*.prom")]):
         try:

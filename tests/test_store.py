@@ -18,11 +18,11 @@ from conftest import mask_hash_vectors
 
 from specaudit.model import sha256_file, weights_dir
 from specaudit.trace.parquet import ParquetSink
+from specaudit.trace.safe_io import InputError
 from specaudit.trace.schema import (
     REPORTED_KEYS,
     REQUESTS_SCHEMA,
     STEPS_SCHEMA,
-    InputError,
     discover,
     mask_hash,
     mask_hash_from_parents,

@@ -29,7 +29,7 @@ from specaudit.audit.cost_profile import CostEntry, CostProfile
 from specaudit.audit.defaults import DEFAULT_C, DEFAULT_N
 from specaudit.audit.observed_throughput import STALL_FACTOR
 from specaudit.stats import mean_se
-from specaudit.trace.schema import InputError
+from specaudit.trace.safe_io import InputError
 
 
 class _StepClock:

@@ -83,7 +83,7 @@ def audit_sources(files, source, select, ignore, result) -> None:
             result_bad(result, f, f"not a trace file, and the engine-log readers (specaudit.sources) "
                                   f"are not available: {e}")
         return
-    from specaudit.trace.schema import InputError
+    from specaudit.trace.safe_io import InputError
     for f in files:
         try:
             found, account = audit_file_account(f, source=source, select=select, ignore=ignore)
@@ -108,7 +108,7 @@ def audit_live(url, select, ignore, result, *, range="6h", step="30s", timeout="
     """A Prometheus server's spec-decoding series through specaudit.audit.sources.prom_http."""
     from specaudit.audit.check.result import result_bad
     from specaudit.audit.sources.prom_http import audit_prometheus, parse_duration
-    from specaudit.trace.schema import InputError
+    from specaudit.trace.safe_io import InputError
     try:
         kw = dict(range_s=parse_duration(range, "--range"), step_s=parse_duration(step, "--step"),
                   timeout=parse_duration(timeout, "--timeout"))

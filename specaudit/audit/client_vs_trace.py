@@ -35,7 +35,7 @@ from pathlib import Path
 from specaudit.audit.findings import Finding, rule_findings
 from specaudit.invariants import get_rule
 from specaudit.invariants.sa59_client import ClientComparison, Figures
-from specaudit.trace.schema import InputError
+from specaudit.trace.safe_io import InputError
 
 MAX_EXPORT_BYTES = 1 << 30   # an AIPerf profile_export.jsonl (read whole)
 

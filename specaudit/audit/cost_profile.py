@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from specaudit.audit.estimate_model import finite_nonneg, finite_positive
-from specaudit.trace.schema import InputError
+from specaudit.trace.safe_io import InputError
 
 # A cost factor typed by hand is one number for every context length and batch shape;
 # measured profiles of the reference runtime spread by about this much over a run's
@@ -62,14 +62,14 @@ class CostProfile:
                 "entries": [{k: v for k, v in asdict(e).items() if v is not None} for e in self.entries]}
 
     def save(self, path) -> None:
-        from specaudit.trace.schema import atomic_write_bytes
+        from specaudit.trace.safe_io import atomic_write_bytes
         self.meta.setdefault("created_at", time.time())
         atomic_write_bytes(Path(path), (json.dumps(self.to_dict(), indent=1) + "\n").encode())
 
     @classmethod
     def load(cls, path) -> CostProfile:
         from specaudit.inputs import read_input_bytes
-        from specaudit.trace.schema import parse_json_bounded
+        from specaudit.trace.safe_io import parse_json_bounded
         p = Path(path)
         if not os.path.lexists(p):
             raise InputError(p, "cost profile not found (make one with `specaudit calibrate`)")

@@ -23,11 +23,11 @@ import pyarrow.parquet as pq
 
 from specaudit.tokenizer import decode
 from specaudit.trace.derived import step_commit, step_depth
+from specaudit.trace.safe_io import InputError
 from specaudit.trace.schema import (
     CONVENTIONS,
     REQUESTS_SCHEMA,
     STEPS_SCHEMA,
-    InputError,
     RunFiles,
     check_table_schema,
     declared_size_problem,
@@ -79,7 +79,8 @@ def natural_key(rid: str):
 def _raw_version(run: RunFiles):
     """schema_version as written, even when read_manifest refused it (None if unreadable)."""
     try:
-        from specaudit.trace.schema import MAX_MANIFEST_BYTES, read_limited
+        from specaudit.trace.safe_io import read_limited
+        from specaudit.trace.schema import MAX_MANIFEST_BYTES
         # read_limited: a FIFO or a device named run.json is refused, never waited on
         return json.loads(read_limited(run.run_dir / "run.json", MAX_MANIFEST_BYTES)).get("schema_version")
     except (OSError, ValueError, AttributeError, RecursionError, InputError):

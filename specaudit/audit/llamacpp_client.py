@@ -23,7 +23,7 @@ from pathlib import Path
 from specaudit.audit.findings import Finding, rule_findings
 from specaudit.invariants import get_rule
 from specaudit.invariants.sa59_llamacpp import ServerEvidence
-from specaudit.trace.schema import InputError
+from specaudit.trace.safe_io import InputError
 
 CODES = ("SA592", "SA593", "SA594", "SA595", "SA596")
 COUNTERS = {"drafts": "llamacpp:spec_decode_num_drafts_total",

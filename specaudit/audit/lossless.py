@@ -209,7 +209,8 @@ def samples_from_dataset(path) -> tuple[dict, dict]:
     """
     import pyarrow.parquet as pq
 
-    from specaudit.trace.schema import InputError, discover
+    from specaudit.trace.safe_io import InputError
+    from specaudit.trace.schema import discover
     out: dict = defaultdict(list)
     params = None
     for rf in discover([path]):
@@ -238,7 +239,7 @@ def samples_from_dataset(path) -> tuple[dict, dict]:
 
 def compare_datasets(a_path, b_path, positions: int, **kw) -> LosslessResult:
     """Two trace datasets with sampled output (same sampling parameters) -> the test."""
-    from specaudit.trace.schema import InputError
+    from specaudit.trace.safe_io import InputError
     a, pa_ = samples_from_dataset(a_path)
     b, pb_ = samples_from_dataset(b_path)
     if pa_ != pb_:

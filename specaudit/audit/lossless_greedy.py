@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specaudit.trace.schema import InputError
+from specaudit.trace.safe_io import InputError
 
 
 @dataclass

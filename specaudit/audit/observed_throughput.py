@@ -14,7 +14,7 @@ from pathlib import Path
 
 from specaudit.audit.cost_profile import MAX_PROFILE_BYTES
 from specaudit.stats import mean_se
-from specaudit.trace.schema import InputError
+from specaudit.trace.safe_io import InputError
 
 STALL_FACTOR = 4.0        # trace forwards slower than this x the median are stalls, set apart
 

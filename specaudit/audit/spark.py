@@ -61,7 +61,7 @@ from specaudit.audit.spark_tasks import (
     _whole_task,
     combine_rows,
 )
-from specaudit.trace.schema import InputError
+from specaudit.trace.safe_io import InputError
 
 # PySpark 4.x warns about pandas 3 on every Arrow function; the Arrow path uses no pandas
 warnings.filterwarnings("ignore", message=r".*pandas >= 3\.0\.0.*", category=FutureWarning)

@@ -18,7 +18,8 @@ from pathlib import Path, PurePosixPath
 from specaudit.audit.check import iter_runs
 from specaudit.audit.check.result import CheckResult
 from specaudit.audit.spark_session import one_line
-from specaudit.trace.schema import InputError, RunFiles, discover
+from specaudit.trace.safe_io import InputError
+from specaudit.trace.schema import RunFiles, discover
 
 # step bytes per request bucket at most: a group's steps are materialised in one task
 BUCKET_BYTES = 64 << 20

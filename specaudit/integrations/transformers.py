@@ -69,7 +69,7 @@ import time
 
 import numpy as np
 
-from specaudit.trace.schema import InputError
+from specaudit.trace.safe_io import InputError
 
 BUGS = ("commit-counter", "depth-plus-one")
 

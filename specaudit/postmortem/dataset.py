@@ -16,14 +16,8 @@ import pyarrow as pa
 from specaudit.postmortem.sql_guard import one_line
 from specaudit.trace.rollup import RUN_ROLLUP, rollup_problem, run_rollup_covers
 from specaudit.trace.rollup import rollup_path as _rollup_path
-from specaudit.trace.schema import (
-    REQUESTS_SCHEMA,
-    STEPS_SCHEMA,
-    InputError,
-    check_table_schema,
-    declared_size_problem,
-    discover,
-)
+from specaudit.trace.safe_io import InputError
+from specaudit.trace.schema import REQUESTS_SCHEMA, STEPS_SCHEMA, check_table_schema, declared_size_problem, discover
 
 
 @dataclass

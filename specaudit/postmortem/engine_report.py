@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from specaudit.numfmt import cell
 from specaudit.postmortem.report import CSS, _empty, _escape, _legend, _png, _subplots, _table
-from specaudit.trace.schema import atomic_write_bytes
+from specaudit.trace.safe_io import atomic_write_bytes
 
 SUMMARY_KEYS = ("file", "engine", "version", "concurrency")
 

@@ -37,7 +37,7 @@ def split_args(args: list[str], sql_file: str | None):
     if NAME_RE.match(last):
         return paths, None, last.replace("-", "_")
     if not _looks_like_sql(last) and ("/" in last or last.endswith((".parquet", ".json"))):
-        from specaudit.trace.schema import InputError
+        from specaudit.trace.safe_io import InputError
         raise InputError(last, "no such file or folder")
     return paths, last, None
 
@@ -108,7 +108,7 @@ def run_query(args: list[str], *, sql_file: str | None = None, params=(), output
     traces, engines = split_paths(paths)
     if engines and sql is None:
         from specaudit.audit.sources import detect
-        from specaudit.trace.schema import InputError
+        from specaudit.trace.safe_io import InputError
         for e in engines:   # a file no engine wrote is named as such before the shell's own limit
             try:
                 detect(e)

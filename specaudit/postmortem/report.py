@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from specaudit.numfmt import cell
-from specaudit.trace.schema import atomic_write_bytes
+from specaudit.trace.safe_io import atomic_write_bytes
 
 PLOTS = [
     # (file stem, title, canned query, what the reader should look for)

@@ -18,7 +18,7 @@ def load_ab_result(path) -> dict | None:
     if p.suffix != ".json" or p.name == "run.json" or not p.is_file():
         return None
     from specaudit.inputs import read_input_bytes
-    from specaudit.trace.schema import InputError, parse_json_bounded
+    from specaudit.trace.safe_io import InputError, parse_json_bounded
     try:
         d = parse_json_bounded(read_input_bytes(p, 256 << 20), p)
     except InputError as e:

@@ -21,7 +21,7 @@ import re
 
 import pyarrow as pa
 
-from specaudit.trace.schema import InputError
+from specaudit.trace.safe_io import InputError
 
 
 class QueryRefused(ValueError):

@@ -52,7 +52,8 @@ from specaudit.postmortem.sql_guard import check_threads, guarded_connection, lo
 from specaudit.postmortem.tables import config_label, findings_table, runs_table
 from specaudit.postmortem.udfs import register_agrees, register_depths
 from specaudit.postmortem.view_sql import FIGURES_VIEW_SQL, nodes_view_sql, parquet_view, rollup_views_sql
-from specaudit.trace.schema import REQUESTS_SCHEMA, STEPS_SCHEMA, InputError
+from specaudit.trace.safe_io import InputError
+from specaudit.trace.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
 
 VIEWS = ("steps", "requests", "runs", "nodes", "violations", "figures", "rollup_request", "rollup_hist",
          "rollup_time", "rollup_calib", "rollup_outputs")

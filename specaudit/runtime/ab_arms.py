@@ -40,7 +40,7 @@ from specaudit.ab_verdict import SAME_WITHIN, check_same_within, verdict
 from specaudit.numfmt import fixed
 from specaudit.stats import percentile_ci as _ci
 from specaudit.trace.derived import step_commit, step_depth
-from specaudit.trace.schema import InputError, atomic_write_bytes
+from specaudit.trace.safe_io import InputError, atomic_write_bytes
 
 # The settings of one arm (the `specaudit run` runtime options, topk resolved).
 SETTINGS = ("algo", "budget", "topk", "concurrency", "max_new_tokens", "inject", "seed", "device",

@@ -36,7 +36,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from specaudit.trace.schema import InputError
+from specaudit.trace.safe_io import InputError
 
 DEFAULT_DRAFT_DEPTH = 8  # K for a causal drafter under a tree (a chain uses its budget)
 

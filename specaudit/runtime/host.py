@@ -10,7 +10,7 @@ import platform
 import socket
 import sys
 
-from specaudit.trace.schema import InputError
+from specaudit.trace.safe_io import InputError
 
 
 def set_torch_threads(threads: int) -> None:

@@ -30,7 +30,8 @@ import pyarrow.parquet as pq
 
 from specaudit.trace.rollup import rollup_path
 from specaudit.trace.rollup_writer import RollupAccumulator, rollup_bytes
-from specaudit.trace.schema import REQUESTS_SCHEMA, InputError, atomic_write_bytes
+from specaudit.trace.safe_io import InputError, atomic_write_bytes
+from specaudit.trace.schema import REQUESTS_SCHEMA
 
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 REQUESTS_SCHEMA_EXT = REQUESTS_SCHEMA.append(pa.field("t_arrive", pa.float64()))

@@ -36,7 +36,7 @@ from specaudit.trace.rollup import (
     rollup_problem,
     run_rollup_covers,
 )
-from specaudit.trace.schema import atomic_write_bytes
+from specaudit.trace.safe_io import atomic_write_bytes
 
 
 def _lens(col) -> pa.Array:

@@ -33,7 +33,7 @@ from specaudit.audit.ab_evidence.window import (
 from specaudit.audit.defaults import MIN_WINDOWS
 from specaudit.numfmt import signed as _num
 from specaudit.stats import percentile_ci as _ci
-from specaudit.trace.schema import InputError
+from specaudit.trace.safe_io import InputError
 
 KIND = "specaudit-ab-evidence"
 VERSION = 1

@@ -21,7 +21,7 @@ import numpy as np
 
 from specaudit.audit.ab_evidence.window import EvWindow, concurrency_bin
 from specaudit.audit.defaults import WINDOW_FORWARDS
-from specaudit.trace.schema import InputError
+from specaudit.trace.safe_io import InputError
 
 TRACE_SUFFIXES = (".parquet",)
 

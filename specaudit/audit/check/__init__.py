@@ -35,7 +35,8 @@ from specaudit.audit.check.pool import check_runs
 from specaudit.audit.check.result import CheckResult, result_bad
 from specaudit.audit.check.stream import STEP_READ_COLUMNS
 from specaudit.invariants import load_rules
-from specaudit.trace.schema import InputError, RunFiles, discover
+from specaudit.trace.safe_io import InputError
+from specaudit.trace.schema import RunFiles, discover
 
 __all__ = ["CheckResult", "check_paths", "check_runs", "check_tables", "iter_runs"]
 

@@ -18,16 +18,15 @@ import pyarrow.parquet as pq
 from specaudit.audit.check.core import BATCH_ROWS, CLIENT_COLUMNS, REQUEST_BATCH_ROWS, check_batches
 from specaudit.audit.check.result import CheckResult, result_bad
 from specaudit.invariants.frame_diagnostics import DIAGNOSTIC_RANGES
+from specaudit.trace.safe_io import InputError, note_input
 from specaudit.trace.schema import (
     REQUESTS_SCHEMA,
     SAMPLING_COLUMNS,
     SAMPLING_FIELDS,
     STEPS_SCHEMA,
-    InputError,
     RunFiles,
     check_table_schema,
     declared_size_problem,
-    note_input,
 )
 
 STEP_READ_COLUMNS = [c for c in STEPS_SCHEMA.names if c not in ("t_start", "draft_s", "verify_s", "step_s")]

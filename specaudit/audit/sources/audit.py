@@ -11,7 +11,7 @@ from specaudit.audit.sources.parallel import audit_parallel, parallel_workers
 from specaudit.audit.sources.reading import NoFigures, Reading
 from specaudit.audit.sources.rules import audit_reading, rule_findings_of_notes
 from specaudit.audit.sources.stream import read_chunks
-from specaudit.trace.schema import InputError
+from specaudit.trace.safe_io import InputError
 
 
 def audit_file_account(path, source: str | None = None, select=(), ignore=()) -> tuple[list[Finding], dict]:
@@ -59,7 +59,7 @@ def audit_file(path, source: str | None = None, select=(), ignore=()) -> list[Fi
     """Read an engine log, a metrics scrape or JSON records and audit them, streaming.
 
     Returns the findings (errors fail a check, warnings do not). Raises
-    specaudit.trace.schema.InputError for a file that is none of these, empty, or mixed.
+    specaudit.trace.safe_io.InputError for a file that is none of these, empty, or mixed.
     """
     p, src = resolve(path, source)
     n = parallel_workers(p, src)

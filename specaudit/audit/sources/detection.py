@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specaudit.audit.sources.lines import Lines, check_path
-from specaudit.trace.schema import InputError
+from specaudit.trace.safe_io import InputError
 
 # --source name -> (module, kind, one-line description, example). Kept in one place so
 # `specaudit check --list-sources` and detection agree.

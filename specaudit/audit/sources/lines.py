@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from specaudit.audit.sources.reading import note
-from specaudit.trace.schema import InputError
+from specaudit.trace.safe_io import InputError
 
 MAX_LINE = 1024 * 1024          # a longer line is not a log line: skipped with a note
 READ_CHUNK = 4 * 1024 * 1024    # Lines reads the file in blocks of this size

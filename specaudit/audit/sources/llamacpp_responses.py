@@ -28,7 +28,7 @@ import json
 import math
 
 from specaudit.audit.sources.reading import Reading, Window
-from specaudit.trace.schema import InputError, parse_json_bounded
+from specaudit.trace.safe_io import InputError, parse_json_bounded
 
 MAX_BYTES = 256 << 20     # a response export of a few hundred thousand requests
 SOURCE = "llamacpp-responses"

@@ -47,7 +47,7 @@ from datetime import datetime, timezone
 from specaudit.audit.sources.reading import Reading, Window, note
 from specaudit.audit.sources.rules import audit_reading
 from specaudit.numfmt import printable
-from specaudit.trace.schema import InputError, parse_json_bounded
+from specaudit.trace.safe_io import InputError, parse_json_bounded
 
 MAX_ANSWER_BYTES = 64 << 20   # one API answer; a 6 h range at 30 s is ~20 KB per series
 MAX_CA_FILE_BYTES = 4 << 20   # a PEM bundle is a few hundred KB

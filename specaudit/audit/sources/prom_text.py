@@ -34,7 +34,7 @@ import re
 from prometheus_client.parser import text_string_to_metric_families
 
 from specaudit.audit.sources.reading import Reading, Window
-from specaudit.trace.schema import InputError
+from specaudit.trace.safe_io import InputError
 
 SCRAPED_AT_RE = re.compile(r"^#\s*scraped_at:\s*(?P<t>[0-9.]+)")
 KNOWN_RE = re.compile(r"^(vllm:spec_decode_|sglang:spec_accept_|sglang:gen_throughput|trtllm_spec_decode_|"

@@ -45,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specaudit.stats import mean_se
-from specaudit.trace.schema import InputError
+from specaudit.trace.safe_io import InputError
 
 MAX_NOTES = 1000                # notes kept per file (the rest are counted)
 

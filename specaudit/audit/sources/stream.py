@@ -15,7 +15,7 @@ from pathlib import Path
 from specaudit.audit.sources.detection import SOURCES, log_markers, reader_modules, resolve
 from specaudit.audit.sources.lines import Lines
 from specaudit.audit.sources.reading import MAX_NOTES, NoFigures, Reading
-from specaudit.trace.schema import InputError
+from specaudit.trace.safe_io import InputError
 
 CHUNK_WINDOWS = 10_000          # audit_file runs the rules per chunk of windows (bounded memory)
 

@@ -233,7 +233,7 @@ def _IdleFlushedSink(*a, **kw):
 
 def _rewrite_incomplete(path: Path, m: dict) -> None:
     """The manifest without finished_at: the checker then reports the run incomplete."""
-    from specaudit.trace.schema import atomic_write_bytes
+    from specaudit.trace.safe_io import atomic_write_bytes
     m = {k: v for k, v in m.items() if k != "finished_at"}
     try:
         atomic_write_bytes(path, (json.dumps(m, indent=1, sort_keys=True, default=str) + "\n").encode())
