@@ -3,7 +3,7 @@
     from specaudit.ab_verdict import SAME_WITHIN, verdict
     verdict([lo, hi], base=a_mean, same_within=SAME_WITHIN)   # "same" | "A better" | "B better" | "undecided"
 
-The runtime arms (specaudit.runtime.ab_arms) and A/B from evidence
+The runtime arms (specaudit.traced_ab) and A/B from evidence
 (specaudit.audit.ab_evidence) both decide with `verdict` from the 95% interval of B - A,
 higher being better: `same` when the interval lies within +-same_within of A, `B better` /
 `A better` when it excludes 0, else `undecided`. SAME_WITHIN is the band's default

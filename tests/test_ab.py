@@ -9,7 +9,9 @@ import pytest
 from specaudit.ab_verdict import verdict
 from specaudit.audit.diff import diff_runs
 from specaudit.cli import main
-from specaudit.runtime.ab_arms import (
+from specaudit.tokenizer import default_prompts
+from specaudit.trace.schema import discover
+from specaudit.traced_ab import (
     confounding_warnings,
     format_text,
     parse_arm,
@@ -17,8 +19,6 @@ from specaudit.runtime.ab_arms import (
     settings_differ,
     summarize,
 )
-from specaudit.tokenizer import default_prompts
-from specaudit.trace.schema import discover
 
 
 def test_parse_arm_uses_run_options():
@@ -216,7 +216,7 @@ def test_stale_draft_is_worse_and_confounders_warned(tmp_path, models):
 
 def test_cli_ab_end_to_end(capsys, tmp_path, monkeypatch, models):
     """The CLI wiring, with the session's models instead of a second load."""
-    from specaudit.runtime import ab_arms
+    from specaudit import traced_ab as ab_arms
     monkeypatch.setattr(ab_arms, "_default_loader", lambda: (lambda device, dtype: models))
     code, out, err = cli(capsys, "--a=--max-new-tokens 12", "--b=--max-new-tokens 12 --algo tree --topk 1",
                          "--num-prompts", "2", "--repeats", "1", "--bootstrap", "200", "--out", tmp_path / "ab",

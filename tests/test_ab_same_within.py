@@ -118,7 +118,7 @@ def test_evidence_default_is_the_one_constant(capsys):
 def test_runtime_mode_honours_same_within(capsys, tmp_path, monkeypatch, models):
     """Arms that differ in budget (7 vs 1 drafted token per step): at the default band B is
     worse in accepted depth; a band of 95% of A calls every metric whose interval fits 'same'."""
-    from specaudit.runtime import ab_arms
+    from specaudit import traced_ab as ab_arms
     monkeypatch.setattr(ab_arms, "_default_loader", lambda: (lambda device, dtype: models))
     band = 0.95
     res = _ab_json(capsys, "--a=--max-new-tokens 12", "--b=--max-new-tokens 12 --budget 1", "--num-prompts", "2",
@@ -141,7 +141,7 @@ def test_the_band_and_the_verdict_have_one_home():
     import ast
     import re
     repo = Path(__file__).resolve().parents[1]
-    for rel in ("specaudit/runtime/ab_arms.py", "specaudit/audit/ab_evidence/comparison.py"):
+    for rel in ("specaudit/traced_ab.py", "specaudit/audit/ab_evidence/comparison.py"):
         tree = ast.parse((repo / rel).read_text(encoding="utf-8"))
         top = {a.name for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "specaudit.ab_verdict"
                for a in n.names}

@@ -44,7 +44,7 @@ ALLOWED_READER_EDGES = {
     ("postmortem", "sources"): "query and report read engine outputs into the windows and findings views "
                                "through the sources' public API (iter_readings, audit_file)",
 }
-RUNTIME = ("specaudit.runtime", "specaudit.traced_run", "specaudit.integrations")
+RUNTIME = ("specaudit.runtime", "specaudit.traced_run", "specaudit.traced_ab", "specaudit.integrations")
 TRACE_SINKS = ("specaudit.trace",)
 COMMAND_LAYER = ("specaudit.cli", "specaudit.commands", "specaudit.__main__")
 

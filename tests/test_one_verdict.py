@@ -390,7 +390,7 @@ def test_the_rule_guide_names_every_place_and_each_holds_the_catalog():
 
 def test_one_threads_default_for_every_command_that_runs_a_model():
     from specaudit.cli import build_parser
-    from specaudit.runtime.ab_arms import parse_arm
+    from specaudit.traced_ab import parse_arm
     ap = build_parser()
     defaults = {}
     for name in ("run", "serve", "calibrate", "demo"):

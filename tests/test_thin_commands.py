@@ -24,7 +24,7 @@ def test_every_command_function_is_short():
 
 
 def test_ab_runtime_arms_are_checked_before_anything_runs(tmp_path):
-    from specaudit.runtime.ab_arms import parse_vary, run_arms
+    from specaudit.traced_ab import parse_vary, run_arms
     assert parse_vary(" algo, budget ,") == ["algo", "budget"] and parse_vary(None) is None
     for kw, word in ((dict(primary="accept_len"), "evidence metric"), (dict(num_prompts=0), "--num-prompts"),
                      (dict(n_boot=10), "--bootstrap"), (dict(same_within=1.0), "--same-within")):

@@ -109,7 +109,7 @@ def main_evidence(args) -> int:
     """`specaudit ab A B`: the library call and its output; exit 0 (bad input raises: exit 2)."""
     from specaudit.audit.ab_evidence import compare_sides
     from specaudit.audit.ab_evidence.text import format_text, to_json
-    from specaudit.runtime.ab_arms import parse_vary
+    from specaudit.traced_ab import parse_vary
     if len(args.sides) != 2:
         raise ValueError(f"give two sides, A and B (got {len(args.sides)}); several files on one side go "
                          "comma-separated or as a quoted glob")
@@ -139,7 +139,7 @@ def main(args) -> int:
                          "or both --a and --b (runtime arms)")
     if args.out is None:
         raise ValueError("runtime mode (--a/--b) needs --out DIR")
-    from specaudit.runtime.ab_arms import format_text, run_arms, stderr_log
+    from specaudit.traced_ab import format_text, run_arms, stderr_log
     res = run_arms(args.a, args.b, out=args.out, prompts_file=args.prompts, num_prompts=args.num_prompts,
                    repeats=args.repeats, vary=args.vary, same_within=args.same_within, n_boot=args.bootstrap,
                    primary=args.primary, log=None if args.no_progress else stderr_log)

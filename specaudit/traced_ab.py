@@ -22,8 +22,8 @@ one A/B decision: `same` when the 95% interval of B - A lies within +-same_withi
 (default SAME_WITHIN), `B better` / `A better` when it excludes 0, else `undecided` (more
 repeats or prompts would decide).
 
-It runs the runtime (specaudit.run.run_traced) and so lives beside it; A/B from evidence,
-which reruns nothing, is specaudit.audit.ab_evidence.
+It runs traced runs (specaudit.traced_run.run_traced) and so lives beside that wiring, above
+the runtime it drives; A/B from evidence, which reruns nothing, is specaudit.audit.ab_evidence.
 """
 from __future__ import annotations
 
