@@ -14,7 +14,8 @@ integer grids of calibrate):
   * floats must be finite (nan, inf, 1e400 are refused);
   * a value must lie in BOUNDS[(command, dest)], else BOUNDS[dest], else the defaults
     (integers within int32; floats within +-1e12), inclusive;
-  * `open_low` bounds exclude their low end (a flush interval of 0 s is no interval).
+  * `open_low` bounds exclude their low end (a flush interval of 0 s is no interval),
+    `open_high` ones their high end (a "same" band of 100% of A is no band).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ INT32 = 2**31 - 1
 DEFAULT_INT = (-INT32, INT32)
 DEFAULT_FLOAT = (-1e12, 1e12)
 
-# dest -> (low, high[, "open_low"]); one row per flag name, shared by the commands that have it
+# dest -> (low, high[, "open_low" | "open_high"]); one row per flag name, shared by the commands that have it
 BOUNDS: dict = {
     "concurrency": (1, 1024),          # requests in one batched forward / running at once
     "n_nodes": (1, 1024),              # verify nodes per step (draft budget + 1)
@@ -66,7 +67,7 @@ BOUNDS: dict = {
     "tolerance": (0.0, 1e3),
     "alpha": (0.0, 1.0, "open_low"),
     "distortion": (0.0, 1.0),
-    "same_within": (0.0, 1e3),
+    "same_within": (0.0, 1.0, "open_high"),   # a fraction of A: ab_verdict.check_same_within's [0, 1)
     "margin_tol": (0.0, 1e6),
     "temperature": (0.0, 100.0),
     "top_p": (0.0, 1.0),
@@ -85,18 +86,20 @@ def bound_of(command: str | None, dest: str, kind: type):
     return (b[0], b[1], b[2] if len(b) > 2 else "")
 
 
-def check_value(flag: str, v, lo, hi, open_low: str = "") -> None:
+def check_value(flag: str, v, lo, hi, mode: str = "") -> None:
     """ValueError (one line: the flag, the bound it broke, the other bound, the value) when v
-    is not finite or out of bounds."""
+    is not finite or out of bounds. `mode`: "" (both ends in), "open_low" or "open_high"."""
+    open_low, open_high = mode == "open_low", mode == "open_high"
     finite = not (isinstance(v, float) and not math.isfinite(v))
     low = f"above {typed(lo)}" if open_low else f"at least {typed(lo)}"
+    high = f"below {typed(hi)}" if open_high else f"at most {typed(hi)}"
     pos = "positive, " if lo > 0 or (open_low and lo == 0) else ""
     if not finite:
-        raise ValueError(f"{flag} must be a finite number {low} and at most {typed(hi)} (got {typed(v)})")
+        raise ValueError(f"{flag} must be a finite number {low} and {high} (got {typed(v)})")
     if not (v > lo if open_low else v >= lo):
-        raise ValueError(f"{flag} must be {low} ({pos}at most {typed(hi)}; got {typed(v)})")
-    if v > hi:
-        raise ValueError(f"{flag} must be at most {typed(hi)} ({low}; got {typed(v)})")
+        raise ValueError(f"{flag} must be {low} ({pos}{high}; got {typed(v)})")
+    if not (v < hi if open_high else v <= hi):
+        raise ValueError(f"{flag} must be {high} ({low}; got {typed(v)})")
 
 
 def _flag(action) -> str:

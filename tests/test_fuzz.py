@@ -412,8 +412,9 @@ def test_fuzz_absurd_number_for_every_numeric_flag(i, value):
         if value != value or value in (float("inf"), float("-inf")):
             return   # argparse's int() refuses these itself (exit 2)
         v = int(value)
-    lo, hi, open_low = bound_of(cmd, a.dest, a.type)
-    inside = (v > lo if open_low else v >= lo) and v <= hi and v == v and abs(v) != float("inf")
+    lo, hi, mode = bound_of(cmd, a.dest, a.type)
+    inside = ((v > lo if mode == "open_low" else v >= lo) and (v < hi if mode == "open_high" else v <= hi)
+              and v == v and abs(v) != float("inf"))
     # defaults as argparse leaves them (a hidden alias's SUPPRESS default sets nothing)
     ns = argparse.Namespace(**{x.dest: x.default for x in sp._actions
                                if x.dest != "help" and x.default is not argparse.SUPPRESS})

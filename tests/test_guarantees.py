@@ -719,9 +719,10 @@ def test_guarantees_page_matches_the_bounds():
 
     from specaudit.bounds import BOUNDS
     text = (ROOT / "docs" / "guarantees.md").read_text()
-    rows = re.findall(r"^\| `--([a-z-]+)` \| (above )?(\S+) \| (\S+) \|$", text, re.M)
-    got = {name.replace("-", "_"): (float(lo), float(hi), bool(above)) for name, above, lo, hi in rows}
-    want = {k: (float(v[0]), float(v[1]), len(v) > 2) for k, v in BOUNDS.items()}
+    rows = re.findall(r"^\| `--([a-z-]+)` \| (above )?(\S+) \| (below )?(\S+) \|$", text, re.M)
+    got = {name.replace("-", "_"): (float(lo), float(hi), "open_low" if above else "open_high" if below else "")
+           for name, above, lo, below, hi in rows}
+    want = {k: (float(v[0]), float(v[1]), v[2] if len(v) > 2 else "") for k, v in BOUNDS.items()}
     assert got == want
 
 

@@ -78,7 +78,7 @@ def connect_tables(tables: dict, *, threads: int | None = None, variables: dict 
 
 def connect(paths, findings=None, *, threads: int | None = None, variables: dict | None = None,
             dataset: Dataset | None = None, rollups: bool = True, extra_tables: dict | None = None):
-    """A locked, in-memory DuckDB connection with the five views over the trace at paths.
+    """A locked, in-memory DuckDB connection with the views (VIEWS) over the trace at paths.
 
     findings: the checker's findings (Finding objects, dicts or an Arrow table) for the
     `violations` view; None leaves it empty. variables: {name: value} for getvariable()
