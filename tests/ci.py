@@ -2,7 +2,8 @@
 its test; with `CI` set (CI runs `bash scripts/test.sh`, which installs every one of them) the
 same absence fails, so a broken install step can never pass as a skip.
 
-    from ci import need, import_or_fail
+    from ci import need, import_or_fail, module_needs
+    module_needs(tool.exists(), f"AIPerf not installed at {tool}")  # module level
     transformers = import_or_fail("transformers")                  # module level
     @need(shutil.which("openssl") is not None, "openssl not installed")
     def test_tls(...): ...
@@ -40,6 +41,16 @@ def missing(reason: str) -> None:
     if on_ci():
         pytest.fail(f"{reason}, and CI is set: scripts/test.sh should have installed it", pytrace=False)
     pytest.skip(f"{reason} (bash scripts/test.sh installs it; under CI this fails)")
+
+
+def module_needs(ok: bool, reason: str) -> None:
+    """At module level: nothing when `ok`; else the whole module is skipped, or its collection
+    fails under CI."""
+    if ok:
+        return
+    if on_ci():
+        pytest.fail(f"{reason}, and CI is set: scripts/test.sh should have installed it", pytrace=False)
+    pytest.skip(f"{reason} (bash scripts/test.sh installs it; under CI this fails)", allow_module_level=True)
 
 
 def import_or_fail(name: str):

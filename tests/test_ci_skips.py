@@ -32,3 +32,13 @@ def test_need_marks_skip_or_wraps_a_failing_test(monkeypatch):
     assert list(inspect.signature(failing).parameters) == ["tmp_path", "capsys"]    # the same fixtures
     with pytest.raises(pytest.fail.Exception, match="tool missing"):
         failing(None, None)
+
+
+def test_module_needs_skips_the_module_without_ci_and_fails_with_it(monkeypatch):
+    assert ci.module_needs(True, "AIPerf not installed at /x") is None
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="AIPerf not installed at /x"):
+        ci.module_needs(False, "AIPerf not installed at /x")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="AIPerf not installed at /x, and CI is set"):
+        ci.module_needs(False, "AIPerf not installed at /x")

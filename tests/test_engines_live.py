@@ -30,7 +30,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 import prom_replay  # noqa: E402  (tests/ put on sys.path first)
-from test_prometheus_live import Proc, free_port  # noqa: E402  (after the sys.path / importorskip set-up above)
+from live_procs import start_prometheus  # noqa: E402  (after the sys.path / importorskip set-up above)
 
 from dashboards import engines as E  # noqa: E402  (after the sys.path / importorskip set-up above)
 
@@ -58,7 +58,6 @@ class Live:
         self.cases = {n: prom_replay.scaled(c, SCALE) for n, c in prom_replay.CASES.items()}
         self.exporter = prom_replay.Exporter(self.cases, dt=DT).start()
         E.render(tmp / "rules", TIMING)
-        port = free_port()
         cfg = tmp / "prometheus.yml"
         cfg.write_text(json.dumps({
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
@@ -66,20 +65,11 @@ class Live:
             "scrape_configs": [{"job_name": n, "metrics_path": f"/metrics/{n}",
                                 "static_configs": [{"targets": [f"127.0.0.1:{self.exporter.port}"]}]}
                                for n in self.cases]}))
-        self.prom = Proc([PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-                          f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1h"])
-        self.url = f"http://127.0.0.1:{port}"
-        end = time.time() + 30
-        while time.time() < end:
-            try:
-                if httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        else:
-            self.close()
-            raise AssertionError("prometheus not ready in 30 s:\n" + "".join(self.prom.lines[-20:]))
+        try:
+            self.prom, self.url = start_prometheus(PROMETHEUS, cfg, tmp / "tsdb")
+        except BaseException:   # (start_prometheus stopped its own process)
+            self.exporter.stop()
+            raise
         self.fired: dict = {}     # (job, alertname) -> labels, for every alert seen firing
         self.stop = threading.Event()
         self.poller = threading.Thread(target=self._poll, daemon=True)

@@ -31,7 +31,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
-from llama_live import PROMPTS, LlamaServer, counters, free_port, write_jsonl  # noqa: E402
+from llama_live import PROMPTS, LlamaServer, counters, write_jsonl  # noqa: E402
 
 sys.path.insert(0, str(REPO / "scripts"))
 import llama_gguf as G  # noqa: E402
@@ -338,14 +338,13 @@ class Fleet:
     def start_prometheus(self):
         import shutil
 
-        from test_prometheus_live import Proc
+        from live_procs import start_prometheus
 
         from dashboards import engines as E
         prom = shutil.which("prometheus")
         assert prom, "prometheus not installed (scripts/test.sh installs Debian's package)"
         timing = E.Timing(window="8s", baseline="15s", for_impossible="2s", for_warning="3s", for_gauge="3s")
         E.render(self.tmp / "rules", timing)
-        port = free_port()
         cfg = self.tmp / "prometheus.yml"
         cfg.write_text(json.dumps({
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
@@ -353,18 +352,7 @@ class Fleet:
                            str(self.tmp / "rules" / "engines_alerts.yml")],
             "scrape_configs": [{"job_name": n, "static_configs": [{"targets": [s.url.split("//")[1]]}]}
                                for n, s in self.servers.items()]}))
-        self.prom = Proc([prom, f"--config.file={cfg}", f"--storage.tsdb.path={self.tmp / 'tsdb'}",
-                          f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1h"])
-        self.url = f"http://127.0.0.1:{port}"
-        end = time.time() + 30
-        while time.time() < end:
-            try:
-                if httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError("prometheus not ready in 30 s:\n" + "".join(self.prom.lines[-20:]))
+        self.prom, self.url = start_prometheus(prom, cfg, self.tmp / "tsdb")
 
     def start_load(self, seconds: float = LOAD_S, max_requests: int = 2000):
         """One client thread per server, one request at a time (each server always has one

@@ -15,16 +15,16 @@ import math
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from live_procs import Proc, start_prometheus  # noqa: E402  (tests/ on the path first)
 
 REPO = Path(__file__).resolve().parents[1]
 DASH = REPO / "dashboards"
@@ -33,51 +33,6 @@ PROMTOOL = shutil.which("promtool")
 need_prometheus = pytest.mark.skipif(
     PROMETHEUS is None and not os.environ.get("CI"),
     reason="prometheus not installed (scripts/test.sh installs Debian's package)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Proc:
-    """A child process whose stderr is drained into a list (never blocks on a full pipe)."""
-
-    def __init__(self, cmd, cwd=None):
-        self.cmd = cmd
-        self.p = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self.lines: list[str] = []
-        self.t = threading.Thread(target=self._drain, daemon=True)
-        self.t.start()
-
-    def _drain(self):
-        for line in self.p.stderr:
-            self.lines.append(line)
-
-    def wait_for(self, pattern: str, timeout: float) -> re.Match:
-        rx = re.compile(pattern)
-        end = time.time() + timeout
-        while time.time() < end:
-            for ln in list(self.lines):
-                m = rx.search(ln)
-                if m:
-                    return m
-            if self.p.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise AssertionError(f"{self.cmd[:4]}: no {pattern!r} within {timeout}s; stderr:\n" + "".join(self.lines[-30:]))
-
-    def stop(self, timeout: float = 30.0) -> int:
-        if self.p.poll() is None:
-            self.p.send_signal(signal.SIGTERM)
-            try:
-                self.p.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait(10)
-        self.t.join(5)
-        return self.p.returncode
 
 
 def start_server(trace_dir: Path, *extra) -> tuple[Proc, str]:
@@ -158,27 +113,14 @@ def test_every_panel_has_data_and_the_violation_alert_fires(tmp_path):
         procs.append(clean)
         fault, fault_addr = start_server(tmp_path / "traces", "--inject", "commit-counter")
         procs.append(fault)
-        port = free_port()
         cfg = tmp_path / "prometheus.yml"
         cfg.write_text(json.dumps({      # JSON is YAML
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
             "rule_files": [str(DASH / "alerts.yml")],   # the real rules, unmodified
             "scrape_configs": [{"job_name": "specaudit",
                                 "static_configs": [{"targets": [clean_addr, fault_addr]}]}]}))
-        prom = Proc([PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                     f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1h"])
+        prom, url = start_prometheus(PROMETHEUS, cfg, tmp_path / "tsdb")
         procs.append(prom)
-        url = f"http://127.0.0.1:{port}"
-        end = time.time() + 30
-        while time.time() < end:
-            try:
-                if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        else:
-            raise AssertionError("prometheus not ready in 30 s:\n" + "".join(prom.lines[-20:]))
 
         # Prometheus sends its first targets ~5 s after start: wait until both are scraped,
         # so the counters' rise is on record (every series is exported as 0 from the start)

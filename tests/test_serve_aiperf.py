@@ -19,15 +19,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from ci import module_needs
 
 REPO = Path(__file__).resolve().parents[1]
 AIPERF = Path(os.environ.get("SPECAUDIT_AIPERF") or REPO / ".venv-aiperf" / "bin" / "aiperf")
 
 pytestmark = pytest.mark.slow
-if not AIPERF.exists():
-    if os.environ.get("CI"):
-        raise RuntimeError(f"AIPerf is not installed at {AIPERF}: scripts/test.sh installs it")
-    pytest.skip(f"AIPerf not installed at {AIPERF} (bash scripts/test.sh installs it)", allow_module_level=True)
+module_needs(AIPERF.exists(), f"AIPerf not installed at {AIPERF}")
 
 N_REQUESTS = 6
 

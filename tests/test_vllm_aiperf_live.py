@@ -23,15 +23,13 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ci import module_needs  # noqa: E402
 from vllm_server import REPO, VllmServer, tiny_pair, vllm_python  # noqa: E402
 
 AIPERF = Path(os.environ.get("SPECAUDIT_AIPERF") or REPO / ".venv-aiperf" / "bin" / "aiperf")
 
 pytestmark = pytest.mark.slow
-if not AIPERF.exists():
-    if os.environ.get("CI"):
-        raise RuntimeError(f"AIPerf is not installed at {AIPERF}: scripts/test.sh installs it")
-    pytest.skip(f"AIPerf not installed at {AIPERF} (bash scripts/test.sh installs it)", allow_module_level=True)
+module_needs(AIPERF.exists(), f"AIPerf not installed at {AIPERF}")
 
 # code-like prompts: the ngram proposer finds matches in them (drafts accepted and rejected)
 PROMPTS = [

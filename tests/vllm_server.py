@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+from live_procs import free_port  # (tests/ is on the path: this module is imported from there)
 
 REPO = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 300.0
@@ -44,12 +44,6 @@ def tiny_pair() -> dict:
     finally:
         sys.path.remove(str(REPO / "scripts"))
     return {k: str(v) for k, v in ensure_pair(log=lambda m: None).items()}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class VllmServer:
@@ -151,7 +145,7 @@ class Prometheus:
         import threading
 
         sys.path.insert(0, str(REPO / "tests"))
-        from test_prometheus_live import Proc
+        from live_procs import start_prometheus
 
         from dashboards import engines as E
         exe = shutil.which("prometheus")
@@ -160,27 +154,13 @@ class Prometheus:
         # a 5-minute rate window covers a whole test run: the recorded ratios are the run's
         E.render(tmp / "rules", E.Timing(window="5m", baseline="10m", for_impossible="2s", for_warning="3s",
                                          for_gauge="3s"))
-        port = free_port()
         cfg = tmp / "prometheus.yml"
         cfg.write_text(json.dumps({
             # a loaded machine may take over a second to answer /metrics: 2 s to scrape
             "global": {"scrape_interval": "2s", "evaluation_interval": "1s", "scrape_timeout": "2s"},
             "rule_files": [str(tmp / "rules" / "engines_rules.yml"), str(tmp / "rules" / "engines_alerts.yml")],
             "scrape_configs": [{"job_name": "vllm", "static_configs": [{"targets": [f"127.0.0.1:{target_port}"]}]}]}))
-        self.proc = Proc([exe, f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-                          f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1h"])
-        self.url = f"http://127.0.0.1:{port}"
-        end = time.monotonic() + 60
-        while time.monotonic() < end:
-            try:
-                if httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        else:
-            self.close()
-            raise RuntimeError("prometheus not ready in 60 s:\n" + "".join(self.proc.lines[-20:]))
+        self.proc, self.url = start_prometheus(exe, cfg, tmp / "tsdb", ready_s=60)
         self.fired: dict = {}
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._poll, daemon=True)

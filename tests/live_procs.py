@@ -1,0 +1,82 @@
+"""Child processes the live tests start, in one place: a free loopback port, a child whose
+stderr is drained (never blocks on a full pipe), and a real Prometheus started and waited for.
+
+    from live_procs import Proc, free_port, start_prometheus
+    prom, url = start_prometheus(exe, tmp / "prometheus.yml", tmp / "tsdb")   # ready, or stopped + raised
+"""
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Proc:
+    """A child process whose stderr is drained into a list (never blocks on a full pipe)."""
+
+    def __init__(self, cmd, cwd=None):
+        self.cmd = cmd
+        self.p = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        self.t = threading.Thread(target=self._drain, daemon=True)
+        self.t.start()
+
+    def _drain(self):
+        for line in self.p.stderr:
+            self.lines.append(line)
+
+    def wait_for(self, pattern: str, timeout: float) -> re.Match:
+        rx = re.compile(pattern)
+        end = time.time() + timeout
+        while time.time() < end:
+            for ln in list(self.lines):
+                m = rx.search(ln)
+                if m:
+                    return m
+            if self.p.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"{self.cmd[:4]}: no {pattern!r} within {timeout}s; stderr:\n" + "".join(self.lines[-30:]))
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait(10)
+        self.t.join(5)
+        return self.p.returncode
+
+
+def start_prometheus(exe: str, config: Path, tsdb: Path, ready_s: float = 30.0) -> tuple[Proc, str]:
+    """Prometheus on a free loopback port with `config`, data in `tsdb` (retention 1 h), once
+    /-/ready answers 200 -> (its Proc, its URL). Not ready within `ready_s` s: stopped, then an
+    AssertionError with the tail of its stderr."""
+    port = free_port()
+    proc = Proc([exe, f"--config.file={config}", f"--storage.tsdb.path={tsdb}",
+                 f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1h"])
+    url = f"http://127.0.0.1:{port}"
+    end = time.monotonic() + ready_s
+    while time.monotonic() < end:
+        try:
+            if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.stop()
+    raise AssertionError(f"prometheus not ready in {ready_s:.0f} s:\n" + "".join(proc.lines[-20:]))
