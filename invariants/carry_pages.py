@@ -10,7 +10,7 @@ the pages in memory, each in one block of P rows:
 
 A page neither in memory nor on disk has no slot with a step yet: every value is
 the field's default. Pages are read back on demand, so any access pattern gets the
-same state (only slower when it jumps between many old pages).
+same state; each read-back keeps one more page in memory from then on (see _load).
 """
 from __future__ import annotations
 
@@ -102,6 +102,12 @@ class _Pages:
         c, P = self.c, self.P
         r = self._block()
         got = self._read(p) if self.disk[p] else None
+        if got is not None:
+            # a page read back: the steps do not come in slot order here. One more page
+            # kept per read-back, so a run whose in-flight requests spread over many
+            # pages ends up holding them (memory as if dense) instead of rereading them
+            # batch after batch; a stray late step costs one page.
+            self.keep += 1
         for k, (_, v) in c.FIELDS.items():
             getattr(c, k)[r * P: (r + 1) * P] = got[k] if got is not None else v
         self.res[p] = r

@@ -151,3 +151,25 @@ def test_paged_carry_holds_what_dense_arrays_hold(seed, monkeypatch):
     finally:
         c.close()
     assert c.spill.path is None
+
+
+def test_steps_out_of_slot_order_stop_rereading_pages(monkeypatch):
+    """Requests in flight spread over many pages: each page is read back once or twice,
+    then kept (not reread batch after batch)."""
+    monkeypatch.setattr(carry_mod, "PAGE_SLOTS", 3)
+    monkeypatch.setattr(carry_mod, "SPILL_SLOTS", 6)
+    c = Carry()
+    c.index([f"r{i}" for i in range(60)])
+    spread = np.arange(0, 60, 3)                         # one slot in each of the 20 pages
+    reads = []
+    real = type(c._pages)._read
+    monkeypatch.setattr(type(c._pages), "_read", lambda self, p: reads.append(p) or real(self, p))
+    try:
+        for _ in range(30):
+            rows = c.rows(spread)                        # (may grow the arrays: first)
+            c.seen[rows] = True
+            c.trim()
+        assert len(reads) <= 2 * len(spread)
+        assert c.fields(0, 60)["seen"][spread].all()
+    finally:
+        c.close()

@@ -173,6 +173,9 @@ def check_group(batches, *, run_id: str, manifest: dict | None, rules, result: C
 
     The partial (see group_partial) is sums and counts only: partials of disjoint
     groups combine (combine_partials) into the run's aggregates, exactly.
+
+    Past carry.SPILL_SLOTS requests the carry pages out and the facts go to files
+    (invariants/carry.py, facts.py), in a folder removed before this returns or raises.
     """
     eos_id, max_new, conv = run_config(manifest)
     by_scope = {s: [r for r in rules if r.scope == s] for s in ("step", "request", "run")}
