@@ -14,6 +14,8 @@ same state; each read-back keeps one more page in memory from then on (see _load
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 I64 = np.int64
@@ -23,7 +25,9 @@ class _Pages:
     def __init__(self, carry, page: int, keep: int):
         """Page the dense arrays of `carry` (its first carry.n slots), keeping at most
         `keep` pages in memory after each trim()."""
-        self.c, self.P, self.keep = carry, page, keep
+        # a proxy, not a reference: no cycle, so a carry dropped unclosed is freed (and
+        # its spill folder removed, invariants/spill.py) at once
+        self.c, self.P, self.keep = weakref.proxy(carry), page, keep
         P = page
         have = -(-carry.n // P)                          # pages holding the dense slots
         dense = {k: getattr(carry, k)[: carry.n] for k in carry.FIELDS}

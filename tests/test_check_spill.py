@@ -173,3 +173,18 @@ def test_steps_out_of_slot_order_stop_rereading_pages(monkeypatch):
         assert c.fields(0, 60)["seen"][spread].all()
     finally:
         c.close()
+
+
+def test_a_carry_dropped_unclosed_removes_its_folder(monkeypatch):
+    """(The tiny-run pool drops its carry without close().)"""
+    monkeypatch.setattr(carry_mod, "PAGE_SLOTS", 2)
+    monkeypatch.setattr(carry_mod, "SPILL_SLOTS", 2)
+    c = Carry()
+    c.index([f"r{i}" for i in range(8)])
+    rows = c.rows(np.arange(8))
+    c.seen[rows] = True
+    c.trim()
+    path = c.spill.path
+    assert path and os.listdir(path)
+    del c, rows
+    assert not os.path.exists(path)
