@@ -1,4 +1,5 @@
-"""RequestFrame: what request rules see, every request of a run joined with its steps' carry."""
+"""RequestFrame: what request rules see, requests of a run joined with their steps' carry
+(every request, or a range of slots of a run with many: specaudit/audit/check/core.py)."""
 from __future__ import annotations
 
 from functools import cached_property
@@ -11,7 +12,7 @@ I64 = np.int64
 
 
 class RequestFrame:
-    """Every request of a run: the requests table joined with its steps' carry.
+    """Requests of a run (its carry slots [lo, hi)): the requests table joined with the steps' carry.
 
     Arrays [Q] over the carry's request indices (`request_id`): has_row (a requests
     row exists), prompt_len, first_token, output_len, output_hash (fingerprint of
