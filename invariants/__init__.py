@@ -81,8 +81,10 @@ What each scope receives (all arrays are numpy; [R] = one entry per row):
            out_before (output tokens before this step, first token included).
            Config: run_id, eos_id, max_new_tokens (None when unknown), manifest,
            conventions. Helpers: f.row_any(flat_bool) and f.row_sum(flat_values).
-  request  RequestFrame: every request of a run, joined with what its steps added
-           up to (see invariants/request_frame.py for the fields).
+  request  RequestFrame: requests of a run, joined with what their steps added
+           up to (see invariants/request_frame.py for the fields): all of them, or
+           a range of slots at a time for a run with many (check_group), or one
+           bucket of request ids on Spark, so a rule judges each request on its own.
   run      RunFrame (invariants/run_frame.py): one run: manifest, reported, conventions, complete, and
            `derived` (the aggregates re-derived from the rows, per partition too).
   source   whatever the engine-log/metrics reader passes (specaudit.audit.sources);

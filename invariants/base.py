@@ -79,7 +79,7 @@ class Rule:
     name      kebab-case name, e.g. "commit-len-vs-depth"
     severity  "error" (fails the check), "warning" or "info"
     scope     what check() receives: "step" (a StepFrame: a batch of step rows),
-              "request" (a RequestFrame: every request of a run), "run" (a RunFrame),
+              "request" (a RequestFrame: requests of a run, each judged on its own), "run" (a RunFrame),
               "source" (whatever a log/metrics reader passes; see the package docs)
     message   str.format template over the values check() returns, e.g.
               "{algo} committed {commit_len} tokens but accepted depth is {depth}"

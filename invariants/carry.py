@@ -6,17 +6,34 @@ finished), the output length, the sums the run rules average per request, the fi
 step's facts, and an order-sensitive fingerprint of its commits (`token_mix`, summed
 mod 2^64). StepFrame reads it for continuity and folds each batch back into it
 (StepFrame.finish_carry); RequestFrame joins it with the requests table.
+
+Up to SPILL_SLOTS requests the arrays are dense, indexed by slot. Past that the carry
+is paged: slots in pages of PAGE_SLOTS, at most SPILL_SLOTS // PAGE_SLOTS pages in
+memory (least recently used out first, to a file of the run's SpillDir, or dropped when
+no slot of the page has a step yet), the others read back when a step of theirs comes
+(rows() maps slots to rows of the pages in memory). Requests arrive and finish roughly
+in slot order, so the pages in memory are the in-flight requests' and the carry's
+memory stays flat in the number of requests; a step of an old request (SA401, or a
+request id used twice) reads its page back: the same state, the same findings.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from .carry_pages import _Pages
 from .request_ids import RequestIds
+from .spill import SpillDir
 
 I64 = np.int64
 _MIX1 = np.uint64(0x9E3779B97F4A7C15)
 _MIX2 = np.uint64(0xC2B2AE3D27D4EB4F)
 _MIX3 = np.uint64(0xBF58476D1CE4E5B9)
+
+PAGE_SLOTS = 65536   # slots per page: ~4 MB of carry, one file write or read per page
+# requests kept in dense arrays, and in memory once paged (~60 B each: ~8 MB). Below it a
+# run pays nothing for paging; 131072 requests of state are small beside one step batch's
+# working memory (~200 MB), so spilling sooner would buy no peak RSS
+SPILL_SLOTS = 2 * PAGE_SLOTS
 
 
 _MIX_CHUNK = 16384   # elements per pass: a chunk's five passes stay in cache (~2-3x on millions)
@@ -45,7 +62,8 @@ def _token_mix(tokens: np.ndarray, pos: np.ndarray) -> np.ndarray:
 
 
 class Carry:
-    """Per-request state carried across batches of one run (arrays indexed by request)."""
+    """Per-request state carried across batches of one run (arrays indexed by request,
+    or by rows(slots) once paged: see the module docstring)."""
 
     # int32 where the trace column is int32; sums int64. About 60 bytes per request.
     FIELDS = {
@@ -60,15 +78,51 @@ class Carry:
     def __init__(self):
         self.names = RequestIds()   # request id <-> slot (sliceable: names[:n] is a list of str)
         self.n = 0
-        cap = 1024
-        for k, (dt, v) in self.FIELDS.items():
-            setattr(self, k, np.full(cap, v, dtype=dt))
+        self.spill = SpillDir()     # the run's temporary folder (made only if it spills)
+        self.paged = False
+        self._alloc(1024)
 
     def index(self, names: list[str]) -> np.ndarray:
         """Request ids -> dense indices (new ids get new slots, in order of first appearance)."""
         got = self.names.index(names)
-        self._grow(len(self.names))
+        n = len(self.names)
+        if self.paged:
+            self._pages.grow(n)
+            self.n = n
+        elif n > SPILL_SLOTS:
+            self._pages = _Pages(self, PAGE_SLOTS, max(SPILL_SLOTS // PAGE_SLOTS, 1))
+            self.paged = True
+            self._pages.grow(n)
+            self.n = n
+        else:
+            self._grow(n)
         return got
+
+    def rows(self, slots: np.ndarray) -> np.ndarray:
+        """The array rows of `slots` (the slots themselves until paged); valid until trim()."""
+        return self._pages.rows(slots) if self.paged else slots
+
+    def trim(self) -> None:
+        """Spill the least recently used pages past the limit (after a batch is folded in)."""
+        if self.paged:
+            self._pages.trim()
+
+    def fields(self, lo: int, hi: int) -> dict:
+        """Every field over slots [lo, hi) (views until paged, copies after)."""
+        if not self.paged:
+            return {k: getattr(self, k)[lo:hi] for k in self.FIELDS}
+        return self._pages.fields(lo, hi)
+
+    def view(self, k: str) -> np.ndarray:
+        return self.fields(0, self.n)[k] if self.paged else getattr(self, k)[: self.n]
+
+    def close(self) -> None:
+        """Remove the spilled pages (the carry is not used after)."""
+        self.spill.close()
+
+    def _alloc(self, cap: int) -> None:
+        for k, (dt, v) in self.FIELDS.items():
+            setattr(self, k, np.full(cap, v, dtype=dt))
 
     def _grow(self, n: int) -> None:
         cap = len(self.last_step)
@@ -80,6 +134,3 @@ class Carry:
                 b[:cap] = a
                 setattr(self, k, b)
         self.n = n
-
-    def view(self, k: str) -> np.ndarray:
-        return getattr(self, k)[: self.n]

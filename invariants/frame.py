@@ -242,7 +242,7 @@ class StepFrame(TreeShapes):
         self.group_first = first
         gstart = np.flatnonzero(first)
         sizes = np.diff(gstart, append=R)                # rows per group
-        cr = self.req[gstart]                            # carry index of each group
+        cr = carry.rows(self.req[gstart])                # carry row of each group (its slot until paged)
         # a row's previous step is the sorted row before it, but at a group's first row,
         # where it is the carried one: a shift, then one write per group
         self.has_prev = np.ones(R, dtype=bool)
@@ -555,6 +555,7 @@ class StepFrame(TreeShapes):
         c.last_step[cr] = self.step[last]
         c.seq_end[cr] = self.seq_len[last] + self.commit_n[last]
         c.last_tok[cr] = self.commit_last[last]
+        c.trim()                                           # a paged carry: old pages out
 
 
 def _request_step_order(rcodes: np.ndarray, gidx: np.ndarray, step: np.ndarray) -> np.ndarray:

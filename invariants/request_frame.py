@@ -1,4 +1,5 @@
-"""RequestFrame: what request rules see, every request of a run joined with its steps' carry."""
+"""RequestFrame: what request rules see, requests of a run joined with their steps' carry
+(every request, or a range of slots of a run with many: specaudit/audit/check/core.py)."""
 from __future__ import annotations
 
 from functools import cached_property
@@ -11,7 +12,7 @@ I64 = np.int64
 
 
 class RequestFrame:
-    """Every request of a run: the requests table joined with its steps' carry.
+    """Requests of a run (its carry slots [lo, hi)): the requests table joined with the steps' carry.
 
     Arrays [Q] over the carry's request indices (`request_id`): has_row (a requests
     row exists), prompt_len, first_token, output_len, output_hash (fingerprint of
@@ -25,36 +26,42 @@ class RequestFrame:
     """
 
     def __init__(self, carry: Carry, table_facts: dict | None, *, run_id: str, eos_id: int,
-                 max_new_tokens: int | None, complete: bool, manifest: dict):
-        Q = carry.n
+                 max_new_tokens: int | None, complete: bool, manifest: dict, lo: int = 0, hi: int | None = None):
+        """Over the carry's slots [lo, hi) (all of them by default; a large run is
+        joined a range at a time): table_facts holds the requests rows of those slots
+        only, their carry index in `idx`."""
+        hi = carry.n if hi is None else hi
+        Q = hi - lo
         self.run_id, self.eos_id, self.max_new_tokens = run_id, eos_id, max_new_tokens
         self.complete, self.manifest = complete, manifest
         self.R = Q
-        self._names = carry.names
-        self.has_steps = carry.view("seen")
-        self.n_steps = carry.view("n_steps")
-        self.first_seq_len = carry.view("first_seq_len")
-        self.first_root = carry.view("first_root")
-        self.first_ok = carry.view("first_ok")      # the first step was not refused (SA1xx)
-        self.commits_hash = carry.view("hash")
-        self.commits_len = carry.view("out_len")
-        self.sum_commit_len = carry.view("sum_commit_len")
-        self.sum_commit_n = carry.view("sum_commit_n")
-        self.sum_depth = carry.view("sum_depth")
-        self.sum_true_depth = carry.view("sum_true_depth")
-        self.last_finished = carry.view("last_finished")
-        self.contiguous = carry.view("contiguous")
+        self._names, self._lo = carry.names, lo
+        c = carry.fields(lo, hi)
+        self.has_steps = c["seen"]
+        self.n_steps = c["n_steps"]
+        self.first_seq_len = c["first_seq_len"]
+        self.first_root = c["first_root"]
+        self.first_ok = c["first_ok"]      # the first step was not refused (SA1xx)
+        self.commits_hash = c["hash"]
+        self.commits_len = c["out_len"]
+        self.sum_commit_len = c["sum_commit_len"]
+        self.sum_commit_n = c["sum_commit_n"]
+        self.sum_depth = c["sum_depth"]
+        self.sum_true_depth = c["sum_true_depth"]
+        self.last_finished = c["last_finished"]
+        self.contiguous = c["contiguous"]
         t = table_facts or {}
+        idx = t["idx"] - lo if "idx" in t else None
         def arr(k, fill, dt):
             a = np.full(Q, fill, dtype=dt)
             if k in t:
-                a[t["idx"]] = t[k]   # a duplicated request keeps its last row
+                a[idx] = t[k]   # a duplicated request keeps its last row
             return a
         self.has_row = np.zeros(Q, dtype=bool)
         self.row_count = np.zeros(Q, dtype=I64)   # rows in the requests table
-        if "idx" in t:
-            self.has_row[t["idx"]] = True
-            np.add.at(self.row_count, t["idx"], 1)
+        if idx is not None:
+            self.has_row[idx] = True
+            np.add.at(self.row_count, idx, 1)
         self.prompt_len = arr("prompt_len", -1, np.int32)
         self.first_token = arr("first_token", -1, np.int32)
         self.output_len = arr("output_len", -1, np.int32)
@@ -68,11 +75,11 @@ class RequestFrame:
         self.finish_reason = arr("finish_reason", None, object)
         self.extra = {k[6:]: arr(k, np.nan, float) for k in t if k.startswith("extra:")}
         self.null_slot = np.zeros(Q, dtype=bool)      # the slot of rows without a request id
-        null = carry.names.slot_of("\0null")
+        null = carry.names.slot_of("\0null") - lo
         if 0 <= null < Q:
             self.null_slot[null] = True
 
     @cached_property
     def request_id(self) -> np.ndarray:
         """The request id of each slot (object [Q]): built when a finding names one."""
-        return np.asarray(self._names[: self.R], dtype=object)
+        return np.asarray(self._names[self._lo: self._lo + self.R], dtype=object)

@@ -7,9 +7,10 @@
 The core, `check_batches`, is a function over Arrow record batches of one run, read
 in file order (a request's steps in step order across batches), plus the run's
 requests table and manifest: it keeps a per-request carry (a few integers per
-request), never the rows, so memory stays bounded however large the run. Step rules
-see one batch at a time (vectorised), request rules see every request of the run,
-run rules see the re-derived aggregates. Files are streamed by row group.
+request, paged out to a temporary folder past a limit), never the rows, so memory
+stays bounded however large the run. Step rules see one batch at a time (vectorised),
+request rules see every request of the run (a range of slots at a time for a run
+with many), run rules see the re-derived aggregates. Files are streamed by row group.
 
 Bad input never raises past check_paths: an unreadable or malformed file becomes a
 finding SA000 (error, named file and reason) and the other files are still checked;
@@ -19,7 +20,9 @@ path does not exist or holds nothing that looks like a trace.
 
 This module is the entry (check_paths, check_tables, check_runs, iter_runs); the parts,
 one idea each: result.py (CheckResult), core.py (check_batches, check_group, the
-partials and the run rules), exact_sum.py (exact float sums for the means), stream.py
+partials and the run rules), facts.py (the requests table's per-request facts, spilled
+to files by slot range for a run with many requests), exact_sum.py (exact float sums
+for the means), stream.py
 (one run's files streamed: check_run), pool.py (many tiny runs checked as one, and the
 worker processes), pool_read.py (reading a pool's files).
 """

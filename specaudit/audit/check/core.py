@@ -19,21 +19,24 @@ import numpy as np
 import pyarrow as pa
 
 from specaudit.audit.check.exact_sum import exact_sum_partials
-from specaudit.audit.check.result import CheckResult
+from specaudit.audit.check.facts import (  # noqa: F401  (re-exported: the readers and the pool import them from here)
+    CLIENT_COLUMNS,
+    REQUEST_BATCH_ROWS,
+    FactStore,
+    request_facts,
+)
+from specaudit.audit.check.result import CheckResult, merge_result
 from specaudit.audit.findings import Finding
 from specaudit.invariants import Hits
-from specaudit.invariants.carry import Carry, token_mix
-from specaudit.invariants.frame import StepFrame, list_lengths, list_parts, list_values, to_np
+from specaudit.invariants import carry as carry_mod
+from specaudit.invariants.carry import Carry
+from specaudit.invariants.frame import StepFrame
 from specaudit.invariants.request_frame import RequestFrame
 from specaudit.invariants.run_frame import RunFrame
 from specaudit.trace.derived import per_request_means
 from specaudit.trace.schema import manifest_conventions
 
 BATCH_ROWS = 65536          # step rows per batch: ~200 MB of numpy work at N = 8
-REQUEST_BATCH_ROWS = 8192   # request rows per batch: each holds whole outputs
-# Optional client-side per-request columns a requests table may carry; SA410 compares
-# them with what the request's steps add up to.
-CLIENT_COLUMNS = ("completion_tokens", "verify_steps", "accept_length")
 
 
 # ------------------------------------------------------------------ run config
@@ -47,143 +50,6 @@ def run_config(manifest: dict | None) -> tuple[int, int | None, dict]:
     mnt = cfg.get("max_new_tokens")
     return eos, (int(mnt) if isinstance(mnt, (int, float)) and mnt is not None else None), \
         manifest_conventions(manifest or {})
-
-
-# ------------------------------------------------------------- request table
-
-
-def request_facts(batches, carry: Carry, eos_id: int) -> dict:
-    """Per-request facts from the requests table, streamed by batch.
-
-    Returns arrays keyed like RequestFrame's (idx = carry index of each row)."""
-    out: dict[str, _Column] = {}
-
-    def put(k, v):
-        # int32 is enough for every per-request fact (lengths, tokens, indices)
-        if isinstance(v, np.ndarray) and v.dtype == np.int64 and k not in ("idx",):
-            v = v.astype(np.int32)
-        if k not in out:
-            out[k] = _Column(v.dtype)
-        out[k].append(v)
-
-    for b in batches:
-        names = b.schema.names
-        col = {n: b.column(i) for i, n in enumerate(names)}
-        idx = carry.index(_request_id_strings(col["request_id"]))
-        put("idx", idx)
-        R = b.num_rows
-        plen = list_lengths(col["prompt_tokens"])
-        put("prompt_len", plen)
-        ft = to_np(col["first_token"], -1).astype(np.int64)
-        put("first_token", ft)
-        off, vals, olen = list_parts(col["output_tokens"])
-        put("output_len", olen)
-        # fingerprint of output_tokens[1:] at positions 1.., as the commits' fingerprint
-        ln = np.maximum(olen, 0)
-        start = np.cumsum(ln) - ln
-        # the row of flat entries j (only the few that are looked up: no per-token row array)
-        row_of = lambda j, ends=start + ln: np.searchsorted(ends, j, side="right")
-        k = np.arange(int(ln.sum())) - np.repeat(start, ln)
-        flat = list_values(off, vals, olen)
-        h = np.zeros(R, dtype=np.uint64)
-        has = ln > 0
-        if len(flat):
-            mix = token_mix(flat, k)
-            mix[k == 0] = 0                       # the first token is compared on its own
-            h[has] = np.add.reduceat(mix, start[has])
-        put("output_hash", h)
-        last = np.full(R, -1, dtype=np.int64)
-        if len(flat):
-            last[has] = flat[start[has] + ln[has] - 1]
-        put("output_last", last)
-        fst = np.full(R, -1, dtype=np.int64)
-        if len(flat):
-            fst[has] = flat[start[has]]
-        put("output_first", fst)
-        eos_in = np.full(R, -1, dtype=np.int64)
-        if len(flat):
-            e = np.flatnonzero(flat == eos_id)           # few: the row test on those only
-            e = e[k[e] < ln[row_of(e)] - 1][::-1]
-            eos_in[row_of(e)] = k[e]
-        put("eos_inside", eos_in)
-        # lossless: reference_tokens, when present
-        req_eq = np.full(R, -1, dtype=np.int64)
-        first_diff = np.full(R, -1, dtype=np.int64)
-        rlen = np.full(R, -1, dtype=np.int64)
-        if "reference_tokens" in col:
-            roff, rvals, rl = list_parts(col["reference_tokens"])
-            rlen = rl
-            present = rl >= 0
-            if present.any():
-                rln = np.maximum(rl, 0)
-                rflat = list_values(roff, rvals, rl)
-                rstart = np.cumsum(rln) - rln
-                m = np.minimum(ln, rln)
-                if np.array_equal(ln, rln):   # same lengths: the flat values line up as they are
-                    d = np.flatnonzero(flat != rflat)[::-1]
-                    first_diff[row_of(d)] = k[d]
-                else:
-                    mrows = np.repeat(np.arange(R), m)
-                    mk = np.arange(int(m.sum())) - np.repeat(np.cumsum(m) - m, m)
-                    a = flat[start[mrows] + mk] if len(flat) else np.zeros(0, np.int64)
-                    bb = rflat[rstart[mrows] + mk] if len(rflat) else np.zeros(0, np.int64)
-                    d = np.flatnonzero(a != bb)[::-1]
-                    first_diff[mrows[d]] = mk[d]
-                lendiff = (first_diff < 0) & (ln != rln)
-                first_diff[lendiff] = m[lendiff]
-                req_eq = np.where(present, (first_diff < 0).astype(np.int64), -1)
-                first_diff = np.where(present, first_diff, -1)
-        put("reference_equal", req_eq)
-        put("reference_first_diff", first_diff)
-        put("reference_len", rlen)
-        fr = col["finish_reason"]
-        fr = fr if pa.types.is_dictionary(fr.type) else fr.dictionary_encode()
-        reasons = np.asarray(fr.dictionary.to_pylist() + [None], dtype=object)
-        put("finish_reason", reasons[to_np(fr.indices, -1)])
-        for c in CLIENT_COLUMNS:
-            if c in col:
-                try:
-                    put("extra:" + c, to_np(col[c].cast(pa.float64()), np.nan))
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                    pass
-    return {k: v.array() for k, v in out.items()}
-
-
-class _Column:
-    """One request fact, appended batch by batch into one growing array. (A list of
-    per-batch arrays concatenated at the end would hold the facts twice at the end, and
-    its many small long-lived blocks, interleaved with each batch's temporaries, keep
-    the heap from shrinking: with a million requests that is hundreds of MB of RSS.)"""
-
-    def __init__(self, dtype):
-        self.a = np.empty(REQUEST_BATCH_ROWS, dtype=dtype)
-        self.n = 0
-
-    def append(self, v: np.ndarray) -> None:
-        need = self.n + len(v)
-        if need > len(self.a):
-            b = np.empty(max(need, len(self.a) * 3 // 2), dtype=self.a.dtype)
-            b[: self.n] = self.a[: self.n]
-            self.a = b
-        self.a[self.n: need] = v
-        self.n = need
-
-    def array(self) -> np.ndarray:
-        """The values (a copy when over a quarter of the buffer is spare: it is kept all run)."""
-        return self.a[: self.n].copy() if self.n < len(self.a) * 3 // 4 else self.a[: self.n]
-
-
-def _request_id_strings(arr) -> list:
-    """Request ids as Python strings (a null id as "None", as str() of it gives)."""
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    t = arr.type.value_type if pa.types.is_dictionary(arr.type) else arr.type
-    if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
-        return [str(x) for x in arr.to_pylist()]
-    out = arr.to_pylist()
-    if arr.null_count:
-        out = ["None" if x is None else x for x in out]
-    return out
 
 
 # ------------------------------------------------------------------- the core
@@ -307,47 +173,77 @@ def check_group(batches, *, run_id: str, manifest: dict | None, rules, result: C
 
     The partial (see group_partial) is sums and counts only: partials of disjoint
     groups combine (combine_partials) into the run's aggregates, exactly.
+
+    Past carry.SPILL_SLOTS requests the carry pages out and the facts go to files
+    (invariants/carry.py, facts.py), in a folder removed before this returns or raises.
     """
     eos_id, max_new, conv = run_config(manifest)
     by_scope = {s: [r for r in rules if r.scope == s] for s in ("step", "request", "run")}
     carry = Carry()
-    facts = None
-    n_requests = 0
-    if requests is not None:
-        facts = request_facts(requests, carry, eos_id)
-        n_requests = len(facts.get("idx", ()))
-        result.requests += n_requests
-        if n_requests > REQUEST_BATCH_ROWS:
-            _release_memory()  # the table's decode buffers: give them back before the steps
-    derived = RunSums()
-    rows_seen = 0
-    for item in batches:
-        if isinstance(item, tuple):
-            batch, file, part = item
-        else:
-            batch, file, part = item, None, "all"
-        if batch.num_rows == 0:
-            continue
-        f = StepFrame(batch, run_id=run_id, carry=carry, eos_id=eos_id, max_new_tokens=max_new,
-                      manifest=manifest, conventions=conv, file=file, row_offset=rows_seen)
-        rows_seen += batch.num_rows
-        for rule in by_scope["step"]:
-            emit_hits(rule, rule.check(f), f, result, kind="step", file=file)
-        derived.add(f, part if part is not None else "all")
-        f.finish_carry()
-    result.steps += rows_seen
-    if callable(complete):
-        complete = complete()
-    targets = request_results if request_results is not None else {bool(complete): result}
-    rq = None
-    for assume, res in targets.items():
-        rq = RequestFrame(carry, facts, run_id=run_id, eos_id=eos_id, max_new_tokens=max_new,
-                          complete=assume and facts is not None, manifest=manifest or {})
-        for rule in by_scope["request"]:
-            emit_hits(rule, rule.check(rq), rq, res, kind="request")
-    out = group_partial(derived, rq, have_facts=facts is not None)
+    try:   # a run with many requests spills to carry.spill: removed however this ends
+        page = carry_mod.PAGE_SLOTS   # slots per page of the carry, per range of the join
+        facts = None
+        n_requests = 0
+        if requests is not None:
+            facts = request_facts(requests, carry, eos_id, FactStore(carry.spill, page))
+            n_requests = facts.n
+            result.requests += n_requests
+            if n_requests > REQUEST_BATCH_ROWS:
+                _release_memory()  # the table's decode buffers: give them back before the steps
+        derived = RunSums()
+        rows_seen = 0
+        for item in batches:
+            if isinstance(item, tuple):
+                batch, file, part = item
+            else:
+                batch, file, part = item, None, "all"
+            if batch.num_rows == 0:
+                continue
+            f = StepFrame(batch, run_id=run_id, carry=carry, eos_id=eos_id, max_new_tokens=max_new,
+                          manifest=manifest, conventions=conv, file=file, row_offset=rows_seen)
+            rows_seen += batch.num_rows
+            for rule in by_scope["step"]:
+                emit_hits(rule, rule.check(f), f, result, kind="step", file=file)
+            derived.add(f, part if part is not None else "all")
+            f.finish_carry()
+        result.steps += rows_seen
+        if callable(complete):
+            complete = complete()
+        targets = request_results if request_results is not None else {bool(complete): result}
+        sums = _request_rules(carry, facts, page, targets, by_scope["request"], run_id=run_id, eos_id=eos_id,
+                              max_new_tokens=max_new, manifest=manifest or {})
+    finally:
+        carry.close()
+    out = group_partial(derived, None, have_facts=facts is not None, sums=sums)
     out.update(steps_read=rows_seen, requests_read=n_requests, complete=bool(complete))
     return out
+
+
+def _request_rules(carry: Carry, facts: FactStore | None, page: int, targets: dict, rules, *,
+                   run_id: str, eos_id: int, max_new_tokens, manifest: dict) -> dict:
+    """Request rules over the carry joined with the facts, `page` slots at a time (one
+    RequestFrame of every request when they fit in one): findings into targets[assume]
+    (complete run or not) in the order one frame of every request would give them
+    (per rule, in slot order: each range's are held per rule, then merged); returns the
+    requests' sums for the partial (request_sums, added over the ranges)."""
+    Q = carry.n
+    spans = [(lo, min(lo + page, Q)) for lo in range(0, Q, page)] or [(0, 0)]
+    staged = {(a, i): CheckResult(max_per_code=res.max_per_code) for a, res in targets.items()
+              for i in range(len(rules))} if len(spans) > 1 else None
+    sums = None
+    for lo, hi in spans:
+        table = facts.chunk(lo, hi) if facts is not None else None
+        for assume, res in targets.items():
+            rq = RequestFrame(carry, table, run_id=run_id, eos_id=eos_id, max_new_tokens=max_new_tokens,
+                              complete=assume and facts is not None, manifest=manifest, lo=lo, hi=hi)
+            for i, rule in enumerate(rules):
+                emit_hits(rule, rule.check(rq), rq, staged[assume, i] if staged else res, kind="request")
+        sums = request_sums(rq, have_facts=facts is not None, into=sums)
+    if staged:
+        for assume, res in targets.items():
+            for i in range(len(rules)):
+                merge_result(res, staged[assume, i])
+    return sums
 
 
 # --------------------------------------------------------- partial aggregates
@@ -367,22 +263,37 @@ def _python_number(v):
     return int(v) if isinstance(v, (int, np.integer)) else float(v)
 
 
-def group_partial(derived: RunSums, rq: RequestFrame | None, *, have_facts: bool) -> dict:
-    """One group's sums and counts (plain Python types: JSON-serialisable)."""
+def group_partial(derived: RunSums, rq: RequestFrame | None, *, have_facts: bool, sums: dict | None = None) -> dict:
+    """One group's sums and counts (plain Python types: JSON-serialisable); the
+    requests' part from `rq`, or `sums` (request_sums of its ranges) when given."""
     out = {"total": {k: _python_number(v) for k, v in derived.total.items()},
            "partitions": {p: {k: _python_number(v) for k, v in d.items()} for p, d in derived.parts.items()},
            "depth_hist": [int(x) for x in derived.depth_hist.tolist()]}
-    if rq is None:
-        out.update(requests=0, generated=0, first_tokens=0, n_real=0, means={k: [] for k, _ in MEANS})
-        return out
+    if sums is None and rq is not None:
+        sums = request_sums(rq, have_facts=have_facts)
+    if sums is None:
+        sums = dict(requests=0, generated=0, first_tokens=0, n_real=0, means={k: [] for k, _ in MEANS})
+    out.update(sums)
+    return out
+
+
+def request_sums(rq, *, have_facts: bool, into: dict | None = None) -> dict:
+    """The requests' part of a partial over rq's requests, added to `into` (the same
+    sums of other requests of the group) when given: counts add, the means' exact
+    partials merge (exact_sum_partials: the combined sum is exact)."""
     real = ~rq.null_slot & rq.has_steps
     ns = np.maximum(rq.n_steps[real], 1)
-    out["requests"] = int((rq.has_row | rq.has_steps).sum() - (rq.null_slot & rq.has_steps).sum())
-    out["generated"] = int(np.maximum(rq.output_len[rq.has_row], 0).sum()) if have_facts else 0
-    out["first_tokens"] = int(rq.has_row.sum()) if have_facts else 0
-    out["n_real"] = int(real.sum())
+    out = {"requests": int((rq.has_row | rq.has_steps).sum() - (rq.null_slot & rq.has_steps).sum()),
+           "generated": int(np.maximum(rq.output_len[rq.has_row], 0).sum()) if have_facts else 0,
+           "first_tokens": int(rq.has_row.sum()) if have_facts else 0,
+           "n_real": int(real.sum())}
     # the per_request convention's terms (trace/derived.py), summed exactly
-    out["means"] = {key: exact_sum_partials(per_request_means(ns, getattr(rq, col)[real])) for key, col in MEANS}
+    prev = into["means"] if into is not None else {}
+    out["means"] = {key: exact_sum_partials(per_request_means(ns, getattr(rq, col)[real]), prev.get(key, ()))
+                    for key, col in MEANS}
+    if into is not None:
+        for k in ("requests", "generated", "first_tokens", "n_real"):
+            out[k] += into[k]
     return out
 
 
