@@ -435,14 +435,27 @@ class AcceptanceByDepth(Rule):
         run.reported["acceptance_by_depth"] = [a / 2 for a in run.reported["acceptance_by_depth"]]
 
 
+def declared_absent(manifest: dict) -> dict:
+    """run.json `not_reported`: {contract key: why the engine has no such counter}, the
+    keys a producer declares it cannot report (a vLLM trace: vLLM counts drafts per step
+    with drafts, not verify steps). Anything but a dict of str -> str declares nothing."""
+    d = (manifest or {}).get("not_reported")
+    if not isinstance(d, dict):
+        return {}
+    return {k: v for k, v in d.items() if isinstance(k, str) and isinstance(v, str) and v.strip()}
+
+
 class ReportedPresent(Rule):
     """What: a complete run's run.json has `reported` with every contract key:
     verify_steps, drafted_tokens, accepted_tokens, committed_tokens,
     generated_tokens, mean_accepted_depth, mean_commit_len, gen_throughput_tps,
-    wall_s.
+    wall_s, or declares the key in `not_reported` with the reason (SA514 then says
+    what was not checked).
 
     Why: the engine's own figures are what is under audit; a missing one cannot be
-    audited (a warning, not a failure).
+    audited (a warning, not a failure). A key the engine has no counter for is not a
+    fault of the engine: declared with its reason, it is reported as not checked,
+    never warned about.
 
     Example: run.json without `reported`.
     """
@@ -457,11 +470,52 @@ class ReportedPresent(Rule):
         from specaudit.trace.schema import REPORTED_KEYS
         if not run.complete:
             return None
-        miss = [k for k in REPORTED_KEYS if k not in run.reported]
+        absent = declared_absent(run.manifest)
+        miss = [k for k in REPORTED_KEYS if k not in run.reported and k not in absent]
         return [dict(missing=", ".join(miss))] if miss else None
+
+    def passing(self, run):   # the keys an engine has no counter for, declared with the reason
+        for k in ("verify_steps", "committed_tokens"):
+            run.manifest["reported"].pop(k)
+        run.manifest["not_reported"] = {"verify_steps": "no such counter", "committed_tokens": "no such counter"}
 
     def fail(self, run):
         run.manifest.pop("reported", None)
+
+
+class ReportedDeclaredAbsent(Rule):
+    """What: the contract keys a run.json declares in `not_reported` (the engine has no
+    counter of that meaning), each with the producer's reason: they were not checked.
+
+    Why: never a bare "no violations" where a figure was not there to audit: the
+    output says which reported figures could not be checked and why, in the
+    producer's words, as information (the engine is not at fault).
+
+    Example: a vLLM trace: `reported verify_steps, committed_tokens, ... not checked:
+    vLLM has no counter of this meaning (its num_drafts counts steps with drafts)`.
+    """
+
+    code = "SA514"
+    name = "reported-declared-absent"
+    severity = "info"
+    scope = "run"
+    message = "reported {keys} not checked: {why}"
+
+    def check(self, run):
+        from specaudit.trace.schema import REPORTED_KEYS
+        absent = declared_absent(run.manifest)
+        by_why: dict[str, list] = {}
+        for k in REPORTED_KEYS:   # contract order; a key both reported and declared is audited
+            if k in absent and k not in run.reported:
+                by_why.setdefault(absent[k].strip(), []).append(k)
+        return [dict(keys=", ".join(ks), why=why) for why, ks in by_why.items()] or None
+
+    def passing(self, run):   # a key declared absent but reported after all is audited, not skipped
+        run.manifest["not_reported"] = {"verify_steps": "no such counter"}
+
+    def fail(self, run):
+        run.manifest["reported"].pop("verify_steps")
+        run.manifest["not_reported"] = {"verify_steps": "this engine has no verify-step counter"}
 
 
 class ReportedSign(Rule):

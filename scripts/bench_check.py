@@ -9,6 +9,10 @@ per-row Python implementation of the same rules (specaudit.check_reference), sam
 1. writes a contract-valid synthetic dataset (specaudit.synth) of --steps steps;
 2. checks it with the full catalog in a fresh process (`check_paths`), reporting
    steps/s and that process's peak RSS (the dataset generator's memory is not counted);
+2b. checks it again in a third fresh process with each stage timed (`stages`: the main
+   thread's exclusive seconds per stage: request ids and sort, the scalar and list columns,
+   structure, paths and commits, the per-request carry, step rules, the requests table,
+   waiting on the read thread): where the time goes, without touching the figure of 2;
 3. checks the first --baseline-steps rows with the per-row Python oracle in another
    fresh process (reading included, as the engine's time includes reading).
 Both must find nothing on a valid dataset (asserted). Each phase prints one JSON line;
@@ -67,6 +71,55 @@ print(json.dumps({"steps": r.steps, "requests": r.requests, "seconds": dt, "find
                   "counts": dict(r.counts),
                   "peak_rss_mb": rss, "decode_steps": n, "decode_seconds": dd,
                   "decode_cpu_seconds": (c4.user - c3.user) + (c4.system - c3.system)}))
+"""
+
+# Where the check's time goes (a fresh process of its own, so the measured check above
+# runs untouched): the main thread's exclusive seconds per stage, each stage timed by a
+# wrapper around the function that does it (a nested stage's time counts once, in the
+# innermost); "waiting for decoded batches" is the main thread blocked on the read thread.
+CHILD_STAGES = r"""
+import json, sys, time
+from specaudit.audit.check import check_paths
+import specaudit.audit.check.core as core
+import specaudit.audit.check.stream as stream
+import specaudit.invariants.frame as fr
+from specaudit.invariants import load_rules
+from specaudit.invariants.base import DEFINED
+acc, stack = {}, []
+def timed(owner, name, label):
+    f = getattr(owner, name)
+    def g(*a, **k):
+        stack.append(0.0)
+        t = time.perf_counter()
+        try:
+            return f(*a, **k)
+        finally:
+            total = time.perf_counter() - t
+            inner = stack.pop()
+            acc[label] = acc.get(label, 0.0) + total - inner
+            if stack:
+                stack[-1] += total
+    setattr(owner, name, g)
+SF = fr.StepFrame
+for name, label in (("__init__", "frame: accepted paths, commits, link to the previous step"),
+                    ("_sort_rows", "frame: request ids to slots, rows sorted by (request, step)"),
+                    ("_read_scalars", "frame: scalar columns"), ("_read_lists", "frame: list columns"),
+                    ("_check_structure", "frame: structure"), ("_set_safe_parents", "frame: structure"),
+                    ("finish_carry", "per-request state folded in (carry)")):
+    timed(SF, name, label)
+timed(stream._ReadAhead, "__next__", "waiting for decoded batches (read thread)")
+timed(core, "request_facts", "requests table: facts (read and fingerprinted)")
+load_rules()
+for code, cls in DEFINED.items():
+    if "check" in cls.__dict__:
+        timed(cls, "check", f"{cls.scope} rules")
+t = time.perf_counter()
+r = check_paths([sys.argv[1]], max_per_code=100)
+wall = time.perf_counter() - t
+acc["other (dispatch, findings, run rules' inputs)"] = max(0.0, wall - sum(acc.values()))
+rows = [{"stage": k, "seconds": round(v, 3), "share": round(v / wall, 3)}
+        for k, v in sorted(acc.items(), key=lambda kv: -kv[1])]
+print(json.dumps({"steps": r.steps, "seconds": wall, "stages": rows}))
 """
 
 CHILD_BASELINE = r"""
@@ -160,6 +213,8 @@ def main(argv=None) -> int:
         load = load_fields()   # read right after the measured phase
         print(json.dumps({"phase": "check", **chk}), flush=True)
         assert chk["findings"] == 0, f"the catalog flagged a valid synthetic dataset: {chk['counts']}"
+        stg = child(CHILD_STAGES, run_dir, threads=args.threads)
+        print(json.dumps({"phase": "stages", **stg}), flush=True)
         bl = child(CHILD_BASELINE, run_dir, args.baseline_steps, threads=args.threads)
         print(json.dumps({"phase": "baseline", **bl}), flush=True)
         assert bl["findings"] == 0, "the per-row oracle flagged a valid synthetic dataset"
@@ -180,6 +235,8 @@ def main(argv=None) -> int:
             "decode_steps_per_cpu_s": (round(chk["decode_steps"] / chk["decode_cpu_seconds"])
                                        if chk["decode_cpu_seconds"] else None),
             "peak_rss_mb": round(chk["peak_rss_mb"], 1),
+            # the main thread's seconds by stage, in a second, instrumented check of the same files
+            "stages": stg["stages"],
             "baseline_steps": bl["steps"], "baseline_steps_per_s": round(bsps),
             "speedup": round(sps / bsps, 1),
             # checking / decoding alone (1.0 = the checker runs at the decode limit); the

@@ -104,6 +104,15 @@ def test_recorded_steps_pass_the_catalog_and_carry_vllms_counters(tmp_path):
     assert rc == 0 and rep["summary"]["violations"] == 0 and rep["summary"]["steps"] == 4, rep
     m = json.loads((tmp_path / "run_id=ok" / "run.json").read_text())
     assert m["reported"] == {"drafted_tokens": 9, "accepted_tokens": 2 + 1 + 3}
+    # the keys vLLM has no counter for are declared with the reason: not checked, said as
+    # information (SA514), never a warning on a healthy engine (SA512)
+    from specaudit.trace.schema import REPORTED_KEYS
+    assert set(m["not_reported"]) | set(m["reported"]) == set(REPORTED_KEYS), m["not_reported"]
+    codes = {f["code"] for f in rep["findings"]}
+    assert "SA512" not in codes and "SA514" in codes, rep["findings"]
+    said = " ".join(f["message"] for f in rep["findings"] if f["code"] == "SA514")
+    assert all(k in said for k in m["not_reported"]) and "num_drafts" in said, said
+    assert not [f for f in rep["findings"] if f["severity"] == "warning"], rep["findings"]
     assert m["vllm_counters"]["num_drafts"] == 3 and "finished_at" in m and "incomplete" not in m
     import pyarrow.parquet as pq
     assert pq.read_table(tmp_path / "run_id=ok" / "requests.parquet").to_pylist()[0]["output_tokens"] == \

@@ -158,11 +158,12 @@ class Recorder:
                                         ttft_s=st["t_first"] - st["t_arrive"],
                                         e2e_s=time.time() - st["t_arrive"])
             # vLLM's own counters, as its metrics code saw them (make_spec_decoding_stats).
-            # The other contract keys have no vLLM counter of the same meaning (its
-            # "drafts" are steps with drafts; its mean acceptance length is over those):
-            # left out, so check says so (SA512) instead of auditing a number we made.
+            # The other contract keys have no vLLM counter of the same meaning: declared
+            # in not_reported with the reason, so check says they were not checked
+            # (SA514, info) instead of auditing a number we made.
             reported = {"drafted_tokens": self.drafted, "accepted_tokens": self.accepted}
             extra = {"incomplete": self.failed} if self.failed else {}
+            extra["not_reported"] = dict(NOT_REPORTED)
             extra["vllm_counters"] = {"num_drafts": self.n_drafts, "num_draft_tokens": self.drafted,
                                       "num_accepted_tokens": self.accepted,
                                       "note": "summed from Scheduler.make_spec_decoding_stats calls"}
@@ -180,6 +181,22 @@ class Recorder:
             m = dict(self.tracer.manifest, incomplete=self.failed)
         if self.failed:
             _rewrite_incomplete(Path(self.dataset) / f"run_id={self.tracer.run_id}" / "run.json", m)
+
+
+# The contract's `reported` keys vLLM has no counter for, and why (run.json `not_reported`).
+NOT_REPORTED = {
+    "verify_steps": "vLLM counts num_drafts, the steps that had drafts, not every verify step",
+    "committed_tokens": "not among the counters vLLM's spec-decode stats keep (its generation tokens "
+                        "are a Prometheus series: check --prometheus reads them)",
+    "generated_tokens": "not among the counters vLLM's spec-decode stats keep (its generation tokens "
+                        "are a Prometheus series: check --prometheus reads them)",
+    "mean_accepted_depth": "vLLM's mean acceptance length is over steps with drafts and counts the bonus; "
+                           "no counter of this meaning",
+    "mean_commit_len": "vLLM's mean acceptance length is over steps with drafts and counts the bonus; "
+                       "no counter of this meaning",
+    "gen_throughput_tps": "vLLM logs throughput per 10 s interval only, no figure for the whole run",
+    "wall_s": "vLLM logs throughput per 10 s interval only, no figure for the whole run",
+}
 
 
 def _idle_flusher(sink) -> None:
