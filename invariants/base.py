@@ -184,6 +184,35 @@ class Rule:
         return text or cls.name
 
 
+
+class FileRule(Rule):
+    """Base of the rules over an engine's files (scope "source"): their findings carry
+    file and line, which the formatters print, so a message starts with what is wrong,
+    never with a location."""
+
+    scope = "source"
+
+    def finding(self, *, where: str | None = "", **kw):
+        return super().finding(where=where, **kw)
+
+
+class EvidenceRule(FileRule):
+    """Base of the rules over one kind of gathered evidence (`evidence`: the class of the
+    object check() must receive, e.g. llama.cpp's ServerEvidence): any other input (an
+    engine log's Reading) is not theirs and gets None; evidence goes to findings(), which
+    returns the values of each finding (dicts, with file and request where known)."""
+
+    evidence: type = object
+
+    def check(self, ctx):
+        if not isinstance(ctx, self.evidence):
+            return None
+        return self.findings(ctx)
+
+    def findings(self, ctx) -> list[dict]:
+        raise NotImplementedError
+
+
 def location(run_id=None, request_id=None, step=None, file=None, line=None) -> str:
     """'run r1 request 17 step 4' (the parts that are known), or 'FILE:LINE'."""
     parts = []

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from specaudit.audit.compare import agrees
 
-from .base import Rule
+from .base import EvidenceRule
 
 PREFIXES = ("cmpl-", "chatcmpl-")
 # vLLM's engine request id: the API's id, then "-<prompt index>" (completions only), then
@@ -100,21 +100,8 @@ class ClientComparison:
         return cls(records, derived, "profile_export.jsonl")
 
 
-class _ClientRule(Rule):
-    scope = "source"
-
-    def findings(self, ctx: ClientComparison) -> list[dict]:
-        raise NotImplementedError
-
-    def check(self, ctx):
-        """-> dicts of values (+ request_id, file), or None for an input that is not a ClientComparison."""
-        if not isinstance(ctx, ClientComparison):
-            return None   # an engine log's Reading: not this rule's input
-        return self.findings(ctx)
-
-    def finding(self, *, where: str | None = "", **kw):
-        """The message names the request itself; no location in front of it."""
-        return super().finding(where=where, **kw)
+class _ClientRule(EvidenceRule):
+    evidence = ClientComparison   # an engine log's Reading is not this rule's input
 
 
 class ClientVsTrace(_ClientRule):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .base import Rule
+from .base import EvidenceRule
 
 
 @dataclass
@@ -73,19 +73,8 @@ class ServerEvidence:
         return cls(requests, lines, metrics, 6, "responses.jsonl")
 
 
-class _ServerRule(Rule):
-    scope = "source"
-
-    def findings(self, ctx: ServerEvidence) -> list[dict]:
-        raise NotImplementedError
-
-    def check(self, ctx):
-        if not isinstance(ctx, ServerEvidence):
-            return None
-        return self.findings(ctx)
-
-    def finding(self, *, where: str | None = "", **kw):
-        return super().finding(where=where, **kw)
+class _ServerRule(EvidenceRule):
+    evidence = ServerEvidence
 
 
 class ClientVsServerLog(_ServerRule):

@@ -8,23 +8,17 @@ files they must stay quiet on (`pass_fixture`).
 """
 from __future__ import annotations
 
-from .base import Rule
+from .base import FileRule
 from .sa7xx_common import LEN_TOL, PCT_TOL, RATE_TOL, count, fmt, mean, pos_tol, usable, where
 
 MAX_PER_RULE = 10  # findings listed per rule and file; the rest are summarised in one more
 
 
-class SourceRule(Rule):
+class SourceRule(FileRule):
     """Base of the SA7xx rules: iterate windows, cap the findings per file."""
 
-    scope = "source"
     fail_fixture: str = ""
     pass_fixture: str = ""
-
-    def finding(self, *, where: str | None = "", **kw):
-        """Findings of engine files carry file and line; the formatters print them, so the
-        message itself starts with what is wrong, not with the location."""
-        return super().finding(where=where, **kw)
 
     def emit(self, reading, items):
         """items: iterable of (window, values) -> Findings, at most MAX_PER_RULE, plus a summary."""
