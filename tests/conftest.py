@@ -8,10 +8,6 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 # decode-sized ops on a tiny model gain nothing from more, and oversubscribed OpenMP
 # threads spin and slow every process on a 2-core machine by an order of magnitude.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# vLLM's CPU workers pin their thread to one core by default ("auto": core 0 here, core 1 kept
-# for its scheduler): every vLLM server of both xdist workers would then decode on core 0 while
-# core 1 may idle. The tests' servers are left to the OS scheduler (what they compute is the same).
-os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 import contextlib
 import json
