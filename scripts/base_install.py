@@ -111,7 +111,9 @@ def make_venv(venv: Path, wheel: Path, house: Path) -> Path:
     if venv.exists():
         shutil.rmtree(venv)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    # the machine's pip settings stay out, and this interpreter's PYTHONPATH too: a source checkout
+    # on it (its specaudit.egg-info) reads to the venv's pip as specaudit already installed
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "PYTHON", "VIRTUAL_ENV"))}
     env["PIP_CONFIG_FILE"] = os.devnull        # the machine's pip.conf (extra indexes, constraints) stays out
     _pip(venv_python(venv), "install", "--no-index", "--find-links", str(house), str(wheel), env=env)
     return venv

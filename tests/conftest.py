@@ -98,10 +98,12 @@ def fault_run(tmp_path_factory, make_run):
 #   - a module whose tests share a module-, class- or session-scoped fixture defined in that module
 #     (a vLLM or llama-server fleet, a Spark session, a corpus) runs on one worker
 #     (xdist_group, honoured by --dist loadgroup): split across two, each worker would build it;
-#   - tests marked slow (whole modules or one test) go first, then the grouped ones, then single
+#   - tests marked alone (below) go first, as one group, on one worker, while the other worker
+#     runs the tests marked light (a replay under a real Prometheus: it mostly sleeps), so the
+#     minute the alone tests need the cores to themselves costs the suite no idle core;
+#   - then tests marked slow (whole modules or one test), then the grouped ones, then single
 #     tests in file order (with --no-loadscope-reorder): the long units start at once and the short
-#     tests fill in whichever worker frees first, instead of one long unit starting last on its own;
-#     tests marked alone (below) come last, as one group, when the other worker has little left.
+#     tests fill in whichever worker frees first, instead of one long unit starting last on its own.
 
 def _shares_a_module_fixture(item) -> bool:
     info = getattr(item, "_fixtureinfo", None)
@@ -116,23 +118,29 @@ def _shares_a_module_fixture(item) -> bool:
 @pytest.hookimpl(tryfirst=True)    # before xdist reads the xdist_group marks (its own hook)
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.get_closest_marker("alone"):      # together, last (below): the other worker ends its tests
+        if item.get_closest_marker("alone"):      # together, first (below): the other worker runs the light ones
             item.add_marker(pytest.mark.xdist_group("alone"))
         elif _shares_a_module_fixture(item) and not any(item.iter_markers("xdist_group")):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
 
     def rank(it):
-        if it.get_closest_marker("alone"):
-            return 3
-        return 0 if it.get_closest_marker("slow") else 1 if it.get_closest_marker("xdist_group") else 2
-    items.sort(key=rank)   # stable: file order within a rank; a group is dispatched where its first test sits
+        for r, name in enumerate(("alone", "light", "slow")):
+            if it.get_closest_marker(name):
+                return r
+        return 3 if it.get_closest_marker("xdist_group") else 4
+    # stable: file order within a rank; a group is dispatched where its first test sits. xdist's
+    # first units go one to each worker in this order: the alone group to one, the light module
+    # (a group: it shares its module's fixture) to the other.
+    items.sort(key=rank)
 
 
 # Timing-sensitive tests (marked `alone`: a verdict that rests on wall-clock throughput) run while
 # the other workers wait: every test passes a gate and holds a shared lock on the cores; an `alone`
 # test holds the gate (no other test starts) and then the cores exclusively (the running ones end
-# first). Lock files sit in this run's temporary root, which the workers share; without xdist,
-# nothing is locked.
+# first). Tests marked `light` take neither lock: they wait on a replay's clock (an exporter thread
+# and Prometheus on loopback, a few % of one core), so they run beside an alone test, which uses
+# one core at a time. Lock files sit in this run's temporary root, which the workers share;
+# without xdist, nothing is locked.
 
 @contextlib.contextmanager
 def _cores(root: Path, alone: bool):
@@ -151,7 +159,7 @@ def _cores(root: Path, alone: bool):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    if "PYTEST_XDIST_WORKER" not in os.environ:
+    if "PYTEST_XDIST_WORKER" not in os.environ or item.get_closest_marker("light"):
         return (yield)
     root = item.config._tmp_path_factory.getbasetemp().parent     # pytest-N/, above each popen-gwK/
     with _cores(root, item.get_closest_marker("alone") is not None):

@@ -223,9 +223,10 @@ def test_github_action_steps(source_repo, venv, house, datasets, tmp_path):
     assert sarif["version"] == "2.1.0"
     codes = {r["ruleId"] for run in sarif["runs"] for r in run["results"]}
     assert "SA507" in codes and any(c.startswith("SA7") for c in codes), codes
-    # the install step put this source tree's copy in the venv (not a cached one)
+    # the install step put this source tree's copy in the venv (not a cached one); asked without
+    # this interpreter's PYTHONPATH (a checkout on it would answer instead of the venv)
     r = subprocess.run([str(base_install.venv_python(venv)), "-c", "import specaudit; print(specaudit.__file__)"],
-                       capture_output=True, text=True, cwd=tmp_path)
+                       capture_output=True, text=True, cwd=tmp_path, env=offline_env(house))
     assert str(venv) in r.stdout, r.stdout
     # clean inputs: exit 0, no annotations; a path that does not exist: exit 2; settings and args honoured
     res = run_action(src, venv, house, work, {"paths": f"{clean} {ENGINES / 'vllm_clean.log'}"}, install=False)

@@ -35,7 +35,10 @@ from live_procs import start_prometheus  # noqa: E402  (after the sys.path / imp
 from dashboards import engines as E  # noqa: E402  (after the sys.path / importorskip set-up above)
 
 PROMETHEUS = shutil.which("prometheus")
-pytestmark = [pytest.mark.slow,   # a minute of replayed frames under a real Prometheus
+# slow: a minute of replayed frames under a real Prometheus; light: that minute is spent waiting
+# on the replay's clock (about a tenth of one core: the exporter thread, Prometheus, the poller),
+# so under xdist it runs beside the alone tests (tests/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.light,
               pytest.mark.skipif(PROMETHEUS is None and not os.environ.get("CI"),
                                  reason="prometheus not installed (scripts/test.sh installs Debian's package)")]
 DT = 1.5          # seconds per replayed frame

@@ -197,8 +197,8 @@ def test_greedy_outputs_identical_with_speculation_on_and_off(recorded, tmp_path
 
 
 # ---------------------------------------------------------------- the throughput estimate
-# (marked alone: tests/conftest.py runs these last, after the fleet, whose servers stay loaded
-# until its tests end, and under xdist while the other worker waits: nothing shares the CPUs)
+# (marked alone: tests/conftest.py runs these first, before the fleet's servers exist, and under
+# xdist while the other worker runs only test_engines_live's replay, marked light: it sleeps)
 
 COST_ROUNDS = 6   # passes over PROMPTS (a busy machine's noise averages out over them)
 COST_N = 300      # tokens per request: long enough that a scheduling hiccup is a small part of it

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vllm_server import REPO, Prometheus, VllmServer, tiny_pair, vllm_python  # noqa: E402
+from vllm_server import LOG_INTERVAL_S, REPO, Prometheus, VllmServer, tiny_pair, vllm_python  # noqa: E402
 
 pytestmark = pytest.mark.slow
 PROMPTS = [
@@ -48,11 +48,11 @@ def run_prompts(srv: VllmServer, prompts, **kw) -> list[dict]:
 
 
 def wait_log_settled(srv: VllmServer, timeout: float = 45.0) -> None:
-    """vLLM logs `SpecDecoding metrics:` every 10 s for the interval before (nothing when
-    the interval had no drafts): called after the last request, wait 12 s so the interval
-    holding it has been logged, then until no line has been added for 2 s."""
+    """vLLM logs `SpecDecoding metrics:` every LOG_INTERVAL_S for the interval before (nothing
+    when the interval had no drafts): called after the last request, wait an interval and 2 s
+    so the interval holding it has been logged, then until no line has been added for 2 s."""
     t_end = time.monotonic() + timeout
-    time.sleep(12.0)
+    time.sleep(LOG_INTERVAL_S + 2.0)
     n, since = len(SPEC_LINE.findall(srv.log())), time.monotonic()
     while time.monotonic() < t_end:
         time.sleep(0.5)
@@ -93,8 +93,8 @@ def live(tmp_path_factory):
                                                  'specaudit:accept_rate{engine="vllm"}',
                                                  'specaudit:accept_rate_by_position{engine="vllm"}')}
         out["alerts"] = dict(prom.fired)
-        for s in (plain, draft, spec):
-            s.stop()
+        with ThreadPoolExecutor(3) as ex:   # each drains and shuts its engine down (seconds): at once
+            list(ex.map(VllmServer.stop, (plain, draft, spec)))
         out["log"] = spec.log()
         yield out
     finally:

@@ -20,6 +20,11 @@ from live_procs import free_port  # (tests/ is on the path: this module is impor
 
 REPO = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 300.0
+# vLLM logs its `SpecDecoding metrics:` line every VLLM_LOG_STATS_INTERVAL s (10 by default) for
+# the interval before; the tests' servers log every 2 s, so a test that needs the interval
+# holding its last request logged waits seconds, not the default's 12 (the lines add up to
+# the same totals: every surface is compared as sums over the run)
+LOG_INTERVAL_S = 2.0
 
 
 def vllm_python() -> str:
@@ -65,7 +70,7 @@ class VllmServer:
         args += list(extra or [])
         e = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="INFO", OMP_NUM_THREADS="1",
                  PYTHONPATH=pythonpath or str(REPO), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                 VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+                 VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", VLLM_LOG_STATS_INTERVAL=str(LOG_INTERVAL_S))
         e.pop("SPECAUDIT_VLLM_TRACE", None)
         if trace_dir is not None:
             e["SPECAUDIT_VLLM_TRACE"] = str(trace_dir)
