@@ -40,6 +40,7 @@ from .carry import Carry, token_mix
 from .frame_diagnostics import DIAGNOSTIC_RANGES, diagnostic_bad
 from .frame_sampling import SAMPLING_SUM_KEYS
 from .frame_shapes import TreeShapes
+from .row_groups import group_rows
 
 I64 = np.int64
 
@@ -181,18 +182,16 @@ class StepFrame(TreeShapes):
         shapes_ok &= ~self.too_many_nodes & (self.lens["accepted_path"] >= 1) & (self.lens["committed_tokens"] >= 0)
         self.shapes_ok = shapes_ok
         p = self.parents
-        if self.uniform_n:                                # [R, N0] blocks: node i at column i
+        if self.uniform_n:                                # [R, N0] blocks: once per distinct tree
             N0 = self.T // R
             P = p.reshape(R, N0)
-            Pc, ii = P[:, 1:], np.arange(1, N0, dtype=I64)
-            self.root_parent_bad = (P[:, 0] != -1)[self.order] | (n < 1)
-            self._chain_rows = (Pc == ii - 1).all(axis=1)  # per batch row: parents are i - 1
-            self._all_chains = bool(self._chain_rows.all())
-            if self._all_chains:                          # parents i - 1: all in order
-                self.parent_order_bad = np.zeros(R, dtype=bool)
-            else:
-                bad = (Pc < 0) | (Pc >= ii)
-                self.parent_order_bad = bad.any(axis=1)[self.order] if bad.any() else np.zeros(R, dtype=bool)
+            ids, first = self._raw_shapes = group_rows(P)  # (invariants/row_groups.py)
+            Pu, ii = P[first], np.arange(1, N0, dtype=I64)
+            chain_u = (Pu[:, 1:] == ii - 1).all(axis=1)
+            self._chain_rows = chain_u[ids]                # per batch row: parents are i - 1
+            self._all_chains = bool(chain_u.all())
+            self.root_parent_bad = (Pu[:, 0] != -1)[ids][self.order] | (n < 1)
+            self.parent_order_bad = ((Pu[:, 1:] < 0) | (Pu[:, 1:] >= ii)).any(axis=1)[ids][self.order]
         else:
             is_root = self.node_i == 0
             self.root_parent_bad = self.row_any(is_root & (p != -1)) | (n < 1)
@@ -218,6 +217,11 @@ class StepFrame(TreeShapes):
             else:
                 self.parent_flat[self.node_i == 0] = -1
             self.__dict__["chain_shaped"] = np.ones(self.R, dtype=bool)
+        elif self.uniform_n and self.ok.all():           # a tree batch: its own parents, no copy
+            self.parent_in_row = p
+            ids, first = self._raw_shapes                 # the shapes grouped by _check_structure
+            self.__dict__["_shapes"] = (ids, np.ascontiguousarray(p.reshape(self.R, -1)[first]))
+            self.__dict__["chain_shaped"] = self._chain_rows[self.order]
         elif self.uniform_n:                              # the same on [R, N0] blocks, no gathers
             N0 = T // self.R
             ok_b = self.ok[self.inv]                      # per batch row

@@ -3,8 +3,7 @@
 Depth of every node, most children per row, the contract hash of each row's
 ancestor mask and of a plain causal mask. Trees of one shape repeat within a batch,
 so the work is done once per distinct shape: rows of a uniform-N batch are grouped
-by a fingerprint of their safe parents (`_shapes`) and verified row by row against
-their group's first row, and the N x N masks are hashed once per shape (cached
+by their safe parents (`_shapes`, invariants/row_groups.py), and the N x N masks are hashed once per shape (cached
 across batches in `_HASH_CACHE`). Reads from the frame: R, T, n, start, order,
 uniform_n, parent_in_row, parent_flat, node_i, node_row, parents, chain_shaped, row_any.
 """
@@ -17,6 +16,7 @@ import numpy as np
 from specaudit.trace.schema import MAX_NODES, ancestor_mask, mask_hash, tree_depths_flat
 
 from .carry import _MIX1
+from .row_groups import group_rows
 
 I64 = np.int64
 _HASH_CACHE: dict = {}
@@ -62,27 +62,15 @@ class TreeShapes:
     @cached_property
     def _shapes(self):
         """Rows of a uniform-N batch grouped by their safe parents (trees of one shape
-        repeat): (shape id per batch row [R], safe parents per shape [U, N0]); None
-        when N varies. Grouped by a fingerprint, then verified row by row: a row that
-        differs from its group's first row gets a shape of its own."""
+        repeat; invariants/row_groups.py): (shape id per batch row [R], safe parents per
+        shape [U, N0]); None when N varies. (A batch whose rows are all ok has it set by
+        _set_safe_parents: the grouping _check_structure made of the same parents.)"""
         if not self.uniform_n:
             return None
-        R = self.R
-        P = self.parent_in_row.reshape(R, -1)                    # [R, N0], batch order
-        N0 = P.shape[1]
-        if N0 > MAX_NODES:
+        P = self.parent_in_row.reshape(self.R, -1)              # [R, N0], batch order
+        if P.shape[1] > MAX_NODES:
             return None
-        P64 = P if P.dtype == I64 and P.flags.c_contiguous else np.ascontiguousarray(P, dtype=I64)
-        with np.errstate(over="ignore"):   # sum over i of (parent + 2) * w_i, mod 2^64
-            fp = (P64.view(np.uint64) + np.uint64(2)) @ _POSW[:N0]
-        _, first, ids = np.unique(fp, return_index=True, return_inverse=True)
-        ids = ids.reshape(-1)
-        rep = P[first[ids]]
-        mism = np.zeros(0, dtype=I64) if np.array_equal(P, rep) else np.flatnonzero((P != rep).any(axis=1))
-        if mism.size:                                    # fingerprint collision: own shapes
-            ids = ids.copy()
-            ids[mism] = len(first) + np.arange(mism.size)
-            first = np.concatenate((first, mism))
+        ids, first = group_rows(P)
         return ids, np.ascontiguousarray(P[first])
 
     def _hash_of(self, r: int) -> int:

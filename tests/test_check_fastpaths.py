@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import specaudit.invariants.frame_shapes as frame_shapes
+import specaudit.invariants.row_groups as row_groups
 from specaudit.invariants.arrow import to_np, valid_mask
 from specaudit.invariants.carry import Carry
 from specaudit.invariants.frame import StepFrame
@@ -61,6 +62,29 @@ def test_check_does_not_import_pandas(tmp_path):
 
 # --------------------------------------------------------- [R, N] blocks, shapes
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("width", [1, 4, 7])
+@pytest.mark.parametrize("kinds", [1, 5, 80])   # one group, a few (peeled), more than _PEEL_MAX (sorted)
+@pytest.mark.parametrize("collide", [False, True])
+def test_group_rows_groups_equal_rows(dtype, width, kinds, collide, monkeypatch):
+    if collide:   # every fingerprint equal: the verification must split the groups
+        monkeypatch.setattr(row_groups, "_W", np.zeros_like(row_groups._W))
+    rng = np.random.default_rng(kinds * width)
+    base = rng.integers(-3, 40, size=(kinds, width)).astype(dtype)
+    P = base[rng.integers(0, kinds, size=300)]
+    for block in (P, np.asfortranarray(P), P[:, ::-1]):   # views the words cannot be read from
+        ids, first = row_groups.group_rows(block)
+        assert np.array_equal(block, block[first[ids]])    # every row equals its group's first row
+        _, want = np.unique(block, axis=0, return_inverse=True)
+        want = want.reshape(-1)
+        same = ids[:, None] == ids[None, :]
+        if collide:   # split groups allowed, merged ones never
+            assert not (same & (want[:, None] != want[None, :])).any()
+        else:         # equal rows share an id, exactly
+            assert np.array_equal(same, want[:, None] == want[None, :])
+            assert len(first) == len(np.unique(want))
+
+
 PER_ROW = ("ok", "shapes_ok", "root_parent_bad", "parent_order_bad", "chain_shaped", "children_max",
            "derived_mask_hash", "causal_mask_hash", "path_struct_bad", "commit_mismatch_at", "bonus")
 FLAT = ("parent_in_row", "parent_flat", "depth", "node_i", "expected_commit")
@@ -105,6 +129,7 @@ def _by_batch_row(f, name):
 def test_uniform_blocks_match_the_general_path(algo, n_nodes, broken, collide, monkeypatch):
     if collide:   # every shape fingerprint collides: each row is verified against its group
         monkeypatch.setattr(frame_shapes, "_POSW", np.ones_like(frame_shapes._POSW))
+        monkeypatch.setattr(row_groups, "_W", np.zeros_like(row_groups._W))
     b = _batch(algo, n_nodes, seed=n_nodes, broken=broken)
     fast = StepFrame(b, run_id="synth", carry=Carry())
     slow = StepFrame(_with_extra_row(b), run_id="synth", carry=Carry())
