@@ -211,10 +211,8 @@ class StepFrame(TreeShapes):
         p, T = self.parents, self.T
         if self.ok.all() and self._all_chains:            # all chains: parent = previous node
             self.parent_in_row = p
-            self.parent_flat = np.arange(-1, T - 1, dtype=I64)
-            if self.uniform_n:
-                self.parent_flat[:: T // self.R] = -1
-            else:
+            if not self.uniform_n:                        # (uniform: the property, if a rule asks)
+                self.parent_flat = np.arange(-1, T - 1, dtype=I64)
                 self.parent_flat[self.node_i == 0] = -1
             self.__dict__["chain_shaped"] = np.ones(self.R, dtype=bool)
         elif self.uniform_n and self.ok.all():           # a tree batch: its own parents, no copy
@@ -275,21 +273,13 @@ class StepFrame(TreeShapes):
 
     @cached_property
     def parent_flat(self) -> np.ndarray:
-        """A uniform-N tree batch's parent as a flat index (other batches set it in
+        """A uniform-N batch's parent as a flat index (ragged batches set it in
         __init__): every safe parent is >= 0 but the roots' (column 0)."""
         R = self.R
         N0 = self.T // R
         g = self.parent_in_row.reshape(R, N0) + np.arange(0, self.T, N0, dtype=I64)[:, None]
         g[:, 0] = -1
         return g.reshape(-1)
-
-    def pglob_at(self, idx: np.ndarray) -> np.ndarray:
-        """parent_flat[idx], without building parent_flat for a uniform-N batch."""
-        if "parent_flat" in self.__dict__ or not self.uniform_n:
-            return self.parent_flat[idx]
-        N0 = self.T // self.R
-        ps = self.parent_in_row[idx]
-        return np.where(ps >= 0, idx - idx % N0 + ps, -1)
 
     # a uniform-N batch's flat node index and row, built only when a rule asks (most
     # work on the [R, N0] blocks instead); a ragged batch sets both in __init__
@@ -410,7 +400,9 @@ class StepFrame(TreeShapes):
         bad = ~self.path_in_range | ((k == 0) & (self.path != 0))
         if len(self.path) > 1 and self.T:   # T = 0 (every node list empty): all out of range
             link = np.zeros(len(self.path), dtype=bool)
-            link[1:] = (k[1:] > 0) & (self.pglob_at(self.path_glob[1:]) != self.path_glob[:-1])
+            # entry k's parent is entry k - 1 (one row: local indices suffice; an entry out
+            # of range has made its row bad already, whatever this finds)
+            link[1:] = (k[1:] > 0) & (self.parent_in_row[self.path_glob[1:]] != self.path[:-1])
             bad |= link
         if not bad.any():                                # the usual batch: no scatter
             return self.path_len < 1

@@ -35,11 +35,34 @@ class TreeShapes:
                 return np.tile(np.arange(self.T // self.R, dtype=I64), self.R)
             return self.node_i.copy()
         if self._shapes is not None:   # once per distinct shape, gathered per row
-            ids, P = self._shapes
-            U, N0 = P.shape
-            g = np.where(P >= 0, P + np.arange(0, U * N0, N0, dtype=I64)[:, None], -1)
-            return tree_depths_flat(g.reshape(-1), N0).reshape(U, N0)[ids].reshape(-1)
+            return self.shape_depth[self._shapes[0]].reshape(-1)
         return tree_depths_flat(self.parent_flat, int(self.n.max()))
+
+    @cached_property
+    def shape_depth(self) -> np.ndarray:
+        """Depth of every node of each distinct shape ([U, N0], rows of `_shapes`)."""
+        P = self._shapes[1]
+        U, N0 = P.shape
+        g = np.where(P >= 0, P + np.arange(0, U * N0, N0, dtype=I64)[:, None], -1)
+        return tree_depths_flat(g.reshape(-1), N0).reshape(U, N0)
+
+    @cached_property
+    def shape_children(self) -> np.ndarray:
+        """The children of every node of each distinct shape, ascending, -1 after the
+        last ([U, N0, K], K the most children of any node; rows of `_shapes`)."""
+        P = self._shapes[1]
+        U, N0 = P.shape
+        has = P >= 0
+        key = (P + np.arange(0, U * N0, N0, dtype=I64)[:, None])[has]   # parent, as u * N0 + node
+        child = np.broadcast_to(np.arange(N0, dtype=I64), P.shape)[has]
+        cnt = np.bincount(key, minlength=U * N0)
+        K = max(int(cnt.max(initial=0)), 1)
+        o = np.argsort(key, kind="stable")                 # by parent, children ascending
+        key, child = key[o], child[o]
+        rank = np.arange(len(key), dtype=I64) - (np.cumsum(cnt) - cnt)[key]
+        out = np.full((U * N0, K), -1, dtype=I64)
+        out[key, rank] = child
+        return out.reshape(U, N0, K)
 
     @cached_property
     def children_max(self) -> np.ndarray:

@@ -7,15 +7,18 @@ fingerprint, then every row is verified against its group's first row, and a row
 that differs gets a group of its own (a collision costs time, never a wrong answer).
 
 Cost per batch: one matrix-vector product (the fingerprint, over the block's bytes
-read as uint64 words), a few passes over R fingerprints while few groups exist (the
-usual batch: no sort), np.unique otherwise, and one gather + compare to verify.
+read as uint64 words), a sort of the first rows' fingerprints and a binary search of
+every row's among them (np.unique of the rest when the first rows lack some), and a
+gather + compare to verify, by chunks of rows (a fresh R x N0 temporary costs more in
+page faults than the compare).
 """
 from __future__ import annotations
 
 import numpy as np
 
 I64 = np.int64
-_PEEL_MAX = 32     # distinct fingerprints taken one by one, beyond: np.unique of the rest
+_HEAD_ROWS = 4096   # rows whose distinct fingerprints are found by a sort: the others by a search
+_CHUNK = 4096       # rows verified at a time
 _W = np.random.default_rng(20261202).integers(1, 2**63 - 1, size=8192, dtype=np.int64).astype(np.uint64) \
     | np.uint64(1)
 
@@ -43,28 +46,23 @@ def group_rows(P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             fp += blk @ _W[: blk.shape[1]]
     else:
         fp = V @ _W[: V.shape[1]]                         # uint64 arithmetic wraps: a hash mod 2^64
-    ids = np.empty(R, dtype=I64)
-    left = np.ones(R, dtype=bool)
-    firsts: list[int] = []
-    r0 = 0
-    while len(firsts) < _PEEL_MAX:                        # few groups: one pass over fp each
-        m = fp == fp[r0]
-        ids[m] = len(firsts)
-        firsts.append(r0)
-        left &= ~m
-        r0 = int(np.argmax(left))
-        if not left[r0]:
-            break
-    first = np.asarray(firsts, dtype=I64)
-    if left.any():                                        # many groups: sort the rest
-        rest = np.flatnonzero(left)
+    # the distinct fingerprints of a prefix (a batch's shapes show up early), every row
+    # looked up among them; rows whose fingerprint the prefix lacks: np.unique of those
+    head = fp[: min(R, _HEAD_ROWS)]
+    cands, first = np.unique(head, return_index=True)
+    pos = np.minimum(np.searchsorted(cands, fp), len(cands) - 1)
+    ids = pos.astype(I64, copy=False)
+    rest = np.flatnonzero(cands[pos] != fp)
+    if rest.size:
         _, f2, inv = np.unique(fp[rest], return_index=True, return_inverse=True)
         ids[rest] = len(first) + inv.reshape(-1)
         first = np.concatenate((first, rest[f2]))
-    # verify: every row equals its group's first row (one broadcast compare for one group)
-    rep = V[first[0]] if len(first) == 1 else V[first[ids]]
-    if len(first) == 1 and (V == rep).all() or len(first) > 1 and np.array_equal(V, rep):
-        return ids, first
-    mism = np.flatnonzero((V != rep).any(axis=1))         # fingerprint collision: own groups
-    ids[mism] = len(first) + np.arange(mism.size)
-    return ids, np.concatenate((first, mism))
+    # verify: every row equals its group's first row (by chunks of rows: small temporaries)
+    mism = [c + np.flatnonzero((V[c: c + _CHUNK] != V[first[ids[c: c + _CHUNK]]]).any(axis=1))
+            for c in range(0, R, _CHUNK)
+            if not np.array_equal(V[c: c + _CHUNK], V[first[ids[c: c + _CHUNK]]])]
+    if mism:                                              # fingerprint collision: own groups
+        mism = np.concatenate(mism)
+        ids[mism] = len(first) + np.arange(mism.size)
+        first = np.concatenate((first, mism))
+    return ids, first

@@ -193,7 +193,19 @@ class PathMaximal(Rule):
             hit[has] = f.tokens[nxt[has]] == f.bonus[has]
             child = np.where(hit, nxt - f.start, -1)
             return Hits(hit, last=last - f.start, child=child, token=f.bonus)
-        if f.uniform_n:
+        if f.uniform_n and f._shapes is not None:
+            # the last node's children from its shape's table ([R, K], K the most children
+            # of a node, not [R, N0]); flat node b * N0 + i is node i of batch row b
+            R, inv = f.R, f.inv
+            N0 = f.T // R
+            lastl = (last - f.start)[inv]
+            use = ok[inv] & (lastl >= 0) & (lastl < N0)
+            cand = f.shape_children[f._shapes[0], np.where(use, lastl, 0)]
+            flat = np.maximum(cand, 0) + np.arange(0, f.T, N0, dtype=np.int64)[:, None]
+            m = (cand >= 0) & (f.tokens[flat] == f.bonus[inv][:, None]) & use[:, None]
+            first = m.argmax(axis=1)                      # children ascending: the first match
+            child = np.where(m.any(axis=1), cand[np.arange(R), first], -1)[f.order]
+        elif f.uniform_n:
             # [R, N0] blocks in batch order: a child of the last node carrying the bonus
             R, inv = f.R, f.inv
             ps = f.parent_in_row.reshape(R, -1)

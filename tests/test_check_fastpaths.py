@@ -64,11 +64,15 @@ def test_check_does_not_import_pandas(tmp_path):
 
 @pytest.mark.parametrize("dtype", [np.int32, np.int64])
 @pytest.mark.parametrize("width", [1, 4, 7])
-@pytest.mark.parametrize("kinds", [1, 5, 80])   # one group, a few (peeled), more than _PEEL_MAX (sorted)
+@pytest.mark.parametrize("kinds", [1, 5, 80])
 @pytest.mark.parametrize("collide", [False, True])
-def test_group_rows_groups_equal_rows(dtype, width, kinds, collide, monkeypatch):
+@pytest.mark.parametrize("small", [False, True])   # groups the first rows lack; several chunks
+def test_group_rows_groups_equal_rows(dtype, width, kinds, collide, small, monkeypatch):
     if collide:   # every fingerprint equal: the verification must split the groups
         monkeypatch.setattr(row_groups, "_W", np.zeros_like(row_groups._W))
+    if small:
+        monkeypatch.setattr(row_groups, "_HEAD_ROWS", 7)
+        monkeypatch.setattr(row_groups, "_CHUNK", 64)
     rng = np.random.default_rng(kinds * width)
     base = rng.integers(-3, 40, size=(kinds, width)).astype(dtype)
     P = base[rng.integers(0, kinds, size=300)]
@@ -100,6 +104,14 @@ def _batch(algo: str, n_nodes: int, seed: int, broken: bool):
         rows[2]["parents"][0] = 0
         rows[3]["committed_tokens"][0] += 1
         rows[4]["parents"][-1] = 0
+        rows[5]["positions"] = [p + 1 for p in rows[5]["positions"]]            # SA201
+        long = [r for r in rows[6:] if len(r["accepted_path"]) >= 3]
+        # SA305: a path stops early, its next node not the first child (when a tree has one)
+        later = lambda r: r["accepted_path"][-1] != r["parents"].index(r["accepted_path"][-2])
+        cut = next((r for r in long if later(r)), long[0])
+        cut["accepted_path"] = cut["accepted_path"][:-1]
+        skip = next(r for r in long if r is not cut)
+        skip["accepted_path"] = [0] + skip["accepted_path"][2:]                 # SA303: skips a node
         b = pa.RecordBatch.from_pylist(rows, schema=b.schema)
     return b
 
@@ -149,3 +161,29 @@ def test_uniform_blocks_match_the_general_path(algo, n_nodes, broken, collide, m
         assert a.dtype == s.dtype and np.array_equal(a, s), flat
     if broken:
         assert fast.parent_order_bad.any() and fast.root_parent_bad.any() and (fast.commit_mismatch_at >= 0).any()
+
+
+@pytest.mark.parametrize("algo,n_nodes", [("tree", 6), ("tree", 9), ("chain", 5)])
+@pytest.mark.parametrize("broken", [False, True])
+def test_step_rules_find_the_same_on_both_paths(algo, n_nodes, broken):
+    """Every step rule's hits and message values, per batch row, on [R, N] blocks (shape
+    tables: SA201's depths, SA305's children) and on the general path."""
+    from specaudit.invariants import load_rules
+    from specaudit.invariants.base import DEFINED
+    load_rules()
+    b = _batch(algo, n_nodes, seed=n_nodes + 1, broken=broken)
+    fast = StepFrame(b, run_id="synth", carry=Carry())
+    slow = StepFrame(_with_extra_row(b), run_id="synth", carry=Carry())
+    found = set()
+    for code, cls in DEFINED.items():
+        if cls.scope != "step":
+            continue
+        got = [cls().check(f) for f in (fast, slow)]
+        per_row = []
+        for f, h in zip((fast, slow), got):
+            rows = {} if h is None else {int(f.order[i]): h.at(i) for i in h.rows()}
+            per_row.append({r: v for r, v in rows.items() if r < fast.R})
+        assert per_row[0] == per_row[1], code
+        found |= {code} if per_row[0] else set()
+    if broken and algo == "tree":
+        assert {"SA201", "SA303", "SA305"} <= found, found
