@@ -187,11 +187,12 @@ class StepFrame(TreeShapes):
             P = p.reshape(R, N0)
             ids, first = self._raw_shapes = group_rows(P)  # (invariants/row_groups.py)
             Pu, ii = P[first], np.arange(1, N0, dtype=I64)
+            per_row = (lambda v: np.full(R, v[0])) if len(first) == 1 else (lambda v: v[ids])
             chain_u = (Pu[:, 1:] == ii - 1).all(axis=1)
-            self._chain_rows = chain_u[ids]                # per batch row: parents are i - 1
+            self._chain_rows = per_row(chain_u)            # per batch row: parents are i - 1
             self._all_chains = bool(chain_u.all())
-            self.root_parent_bad = (Pu[:, 0] != -1)[ids][self.order] | (n < 1)
-            self.parent_order_bad = ((Pu[:, 1:] < 0) | (Pu[:, 1:] >= ii)).any(axis=1)[ids][self.order]
+            self.root_parent_bad = per_row(Pu[:, 0] != -1)[self.order] | (n < 1)
+            self.parent_order_bad = per_row(((Pu[:, 1:] < 0) | (Pu[:, 1:] >= ii)).any(axis=1))[self.order]
         else:
             is_root = self.node_i == 0
             self.root_parent_bad = self.row_any(is_root & (p != -1)) | (n < 1)
