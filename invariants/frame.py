@@ -77,8 +77,13 @@ class StepFrame(TreeShapes):
         self._set_safe_parents()
         # accepted path and commit (flat in batch order; *_start per sorted row)
         self.path, self.path_start, self.path_len, self.path_row = self._own(raw["accepted_path"], self.inv, self.order)
-        self.commit, self.commit_start, self.commit_n, self.commit_row = self._own(
-            raw["committed_tokens"], self.inv, self.order)
+        if np.array_equal(raw["committed_tokens"][2], raw["accepted_path"][2]):   # the usual row: one
+            # commit entry per path entry, so the offsets and rows are the path's (shared, read-only)
+            self.commit = list_values(*raw["committed_tokens"])
+            self.commit_start, self.commit_n, self.commit_row = self.path_start, self.path_len, self.path_row
+        else:
+            self.commit, self.commit_start, self.commit_n, self.commit_row = self._own(
+                raw["committed_tokens"], self.inv, self.order)
         self.true_depth = self.path_len - 1
         self._link_previous(carry)
 
@@ -478,6 +483,8 @@ class StepFrame(TreeShapes):
 
     @cached_property
     def commit_k(self) -> np.ndarray:
+        if self.commit_row is self.path_row:              # the path's offsets (see __init__)
+            return self.path_k
         return _local_index(self.commit_row, self.commit_start, len(self.commit))
 
     @cached_property
@@ -539,7 +546,7 @@ class StepFrame(TreeShapes):
             nz = self.commit_n > 0
             # the sorted rows with commits, in batch order (their flat starts increase
             # strictly along the batch): no sort needed
-            rows_nz = self.inv[np.flatnonzero(nz[self.inv])]
+            rows_nz = self.inv if nz.all() else self.inv[np.flatnonzero(nz[self.inv])]
             red = np.add.reduceat(contrib, self.commit_start[rows_nz])
             row_h[rows_nz] = red
             grp_h = np.add.reduceat(row_h, gstart)
