@@ -77,13 +77,8 @@ class StepFrame(TreeShapes):
         self._set_safe_parents()
         # accepted path and commit (flat in batch order; *_start per sorted row)
         self.path, self.path_start, self.path_len, self.path_row = self._own(raw["accepted_path"], self.inv, self.order)
-        if np.array_equal(raw["committed_tokens"][2], raw["accepted_path"][2]):   # the usual row: one
-            # commit entry per path entry, so the offsets and rows are the path's (shared, read-only)
-            self.commit = list_values(*raw["committed_tokens"])
-            self.commit_start, self.commit_n, self.commit_row = self.path_start, self.path_len, self.path_row
-        else:
-            self.commit, self.commit_start, self.commit_n, self.commit_row = self._own(
-                raw["committed_tokens"], self.inv, self.order)
+        self.commit, self.commit_start, self.commit_n, self.commit_row = self._own(
+            raw["committed_tokens"], self.inv, self.order)
         self.true_depth = self.path_len - 1
         self._link_previous(carry)
 
@@ -483,8 +478,6 @@ class StepFrame(TreeShapes):
 
     @cached_property
     def commit_k(self) -> np.ndarray:
-        if self.commit_row is self.path_row:              # the path's offsets (see __init__)
-            return self.path_k
         return _local_index(self.commit_row, self.commit_start, len(self.commit))
 
     @cached_property
