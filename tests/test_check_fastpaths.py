@@ -187,3 +187,15 @@ def test_step_rules_find_the_same_on_both_paths(algo, n_nodes, broken):
         found |= {code} if per_row[0] else set()
     if broken and algo == "tree":
         assert {"SA201", "SA303", "SA305"} <= found, found
+
+
+@pytest.mark.parametrize("hi", [1, 4, 300])
+def test_list_local_index_is_arange_minus_repeated_starts(hi):
+    """The requests table's per-token index (specaudit/audit/check/facts.py) without np.repeat."""
+    from specaudit.invariants.arrow import list_local_index
+    rng = np.random.default_rng(hi)
+    for ln in (rng.integers(0, hi + 1, 500), np.zeros(3, dtype=np.int64), np.array([0, 5, 0, 0, 1, 2, 0])):
+        start = np.cumsum(ln) - ln
+        want = np.arange(int(ln.sum())) - np.repeat(start, ln)
+        got = list_local_index(ln)
+        assert got.dtype == np.int64 and np.array_equal(got, want)
