@@ -114,13 +114,13 @@ class StepFrame(TreeShapes):
         order = self.order
         rc, rd = _strings(col["run_id"])
         self._run_names = np.asarray([str(x) for x in rd] + ["<null>"], dtype=object)
-        self._run_codes = rc[order]
-        self.run_id_ok = (self._run_names == self.run_id)[self._run_codes]
+        self._run_codes, per_row = _codes_in_order(rc, len(rd), order)
+        self.run_id_ok = per_row(self._run_names == self.run_id)
         ac, ad = _strings(col["algo"])
         self._algo_names = np.asarray([str(x) for x in ad] + ["<null>"], dtype=object)
-        self._algo_codes = ac[order]
-        self.is_chain = (self._algo_names == "chain")[self._algo_codes]
-        self.algo_known = np.isin(self._algo_names, ["chain", "tree"])[self._algo_codes]
+        self._algo_codes, per_row = _codes_in_order(ac, len(ad), order)
+        self.is_chain = per_row(self._algo_names == "chain")
+        self.algo_known = per_row(np.isin(self._algo_names, ["chain", "tree"]))
         for name, fill, dtype in (("budget", -1, I64), ("topk", -1, I64), ("batch_size", -1, I64),
                                   ("seq_len", -1, I64), ("accepted_depth", -1, I64), ("commit_len", -1, I64),
                                   ("mask_hash", 0, np.uint64), ("finished", False, bool)):
@@ -572,6 +572,16 @@ def _request_step_order(rcodes: np.ndarray, gidx: np.ndarray, step: np.ndarray) 
         if ((ks[1:] == ks[:-1]) & (ss[1:] < ss[:-1])).any():
             return np.lexsort((step, gidx[rcodes]))
     return order
+
+
+def _codes_in_order(codes: np.ndarray, n_values: int, order: np.ndarray):
+    """A string column's codes in sorted row order, and a function: per-value table ->
+    per-row values. A column of one value and no null (a run's run_id, its algo: the
+    usual batch) needs neither gather: every code is 0."""
+    if n_values == 1 and codes.min(initial=0) >= 0:
+        return codes, lambda table: np.full(len(codes), table[0])
+    codes = codes[order]
+    return codes, lambda table: table[codes]
 
 
 def _shifted(a: np.ndarray, dtype) -> np.ndarray:
