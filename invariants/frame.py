@@ -142,7 +142,8 @@ class StepFrame(TreeShapes):
                 continue
             off, v, lens = list_parts(col[name])
             raw[name] = (off, v, lens)
-            self.lens[name] = lens[order]
+            same = name != "node_tokens" and np.array_equal(lens, raw["node_tokens"][2])
+            self.lens[name] = self.lens["node_tokens"] if same else lens[order]   # (shared: read-only)
         # diagnostic values (SA109), when the column was decoded: column -> (bad [R], value [R])
         self.diag_bad = {c: diagnostic_bad(col[c], *DIAGNOSTIC_RANGES[c], R, inv)
                          for c in DIAGNOSTIC_RANGES if c in col}
