@@ -91,15 +91,13 @@ class StepFrame(TreeShapes):
         if not all(map(str.__instancecheck__, rdict)):   # (a string dictionary: all str already)
             rdict = [str(x) for x in rdict]
         gidx = carry.index(rdict + ["\0null"])  # code -1 -> the null slot
-        req = gidx[rcodes]
         step, step_null = _scalar(col["step"])
-        order = _request_step_order(rcodes, gidx, step)
+        order, self.step = _request_step_order(rcodes, gidx, step)
         self.order = order
         self.row_in_file = order + row_offset
-        self.req = req[order]
-        self.step = step[order]
         self._rid_names = rdict + ["<null>"]
         self._rid_codes = rcodes[order]
+        self.req = gidx[self._rid_codes]
         if step_null is not None:
             self.nulls["step"] = step_null[order]
         if rcodes.min(initial=0) < 0:
@@ -556,8 +554,9 @@ class StepFrame(TreeShapes):
         c.trim()                                           # a paged carry: old pages out
 
 
-def _request_step_order(rcodes: np.ndarray, gidx: np.ndarray, step: np.ndarray) -> np.ndarray:
-    """np.lexsort((step, gidx[rcodes])): rows by (request, step), ties in batch order.
+def _request_step_order(rcodes: np.ndarray, gidx: np.ndarray, step: np.ndarray):
+    """np.lexsort((step, gidx[rcodes])): rows by (request, step), ties in batch order
+    -> (that order, step in it).
 
     A writer appends each request's steps in step order, so a stable sort by request
     alone usually gives the same permutation: the request keys are ranks among the
@@ -568,11 +567,13 @@ def _request_step_order(rcodes: np.ndarray, gidx: np.ndarray, step: np.ndarray) 
     if len(gidx) <= 1 << 16:
         key = key.astype(np.uint16)
     order = np.argsort(key, kind="stable")
+    ss = step[order]
     if len(order) > 1:
-        ks, ss = key[order], step[order]
+        ks = key[order]
         if ((ks[1:] == ks[:-1]) & (ss[1:] < ss[:-1])).any():
-            return np.lexsort((step, gidx[rcodes]))
-    return order
+            order = np.lexsort((step, gidx[rcodes]))
+            ss = step[order]
+    return order, ss
 
 
 def _codes_in_order(codes: np.ndarray, n_values: int, order: np.ndarray):
