@@ -165,11 +165,17 @@ def test_uniform_blocks_match_the_general_path(algo, n_nodes, broken, collide, m
 
 @pytest.mark.parametrize("algo,n_nodes", [("tree", 6), ("tree", 9), ("chain", 5)])
 @pytest.mark.parametrize("broken", [False, True])
-def test_step_rules_find_the_same_on_both_paths(algo, n_nodes, broken):
+@pytest.mark.parametrize("chunk", [None, 5])   # rules that work by chunks of rows: one, or many
+def test_step_rules_find_the_same_on_both_paths(algo, n_nodes, broken, chunk, monkeypatch):
     """Every step rule's hits and message values, per batch row, on [R, N] blocks (shape
     tables: SA201's depths, SA305's children) and on the general path."""
+    import specaudit.invariants.sa2_positions as sa2
+    import specaudit.invariants.sa3_path as sa3
     from specaudit.invariants import load_rules
     from specaudit.invariants.base import DEFINED
+    if chunk:
+        monkeypatch.setattr(sa2, "_CHUNK", chunk)
+        monkeypatch.setattr(sa3, "_CHUNK", chunk)
     load_rules()
     b = _batch(algo, n_nodes, seed=n_nodes + 1, broken=broken)
     fast = StepFrame(b, run_id="synth", carry=Carry())
