@@ -65,12 +65,13 @@ def to_np(arr, fill=None) -> np.ndarray:
 
 
 def list_parts(arr):
-    """A list array -> (offsets int64 [R+1], values numpy, lengths [R] with -1 for null).
+    """A list array -> (offsets [R+1] as Arrow has them: int32, int64 for a large list;
+    values numpy; lengths int64 [R] with -1 for null).
 
     Values keep their Arrow buffer (offsets index into them); nulls inside values -> -1."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
-    off = to_np(arr.offsets).astype(I64)
+    off = to_np(arr.offsets)
     v = to_np(arr.values, -1)               # nulls inside values -> -1
     return off, v, _lengths(arr, off)
 
@@ -79,11 +80,11 @@ def list_lengths(arr) -> np.ndarray:
     """Lengths [R] of a list array's rows, -1 for a null list (values not decoded)."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
-    return _lengths(arr, to_np(arr.offsets).astype(I64))
+    return _lengths(arr, to_np(arr.offsets))
 
 
 def _lengths(arr, off):
-    lens = np.diff(off)
+    lens = np.subtract(off[1:], off[:-1], dtype=I64)   # int64 in one pass from int32 offsets
     valid = valid_mask(arr)
     if valid is not None:
         lens = np.where(valid, lens, -1)
@@ -97,6 +98,22 @@ def list_values(off, v, lens) -> np.ndarray:
     if (lens < 0).any():
         flat = flat[np.repeat(lens >= 0, np.diff(off))]
     return flat
+
+
+def list_local_index(ln: np.ndarray) -> np.ndarray:
+    """Each value's index inside its list, for lists laid out back to back with lengths
+    ln [L] (>= 0) -> int64 [sum(ln)]: arange - repeat(starts, ln) as one cumsum of steps
+    (+1 along a list, back to 0 at the next one), without repeat's slow per-list loop
+    (4x on long lists such as a request's output; short lists gain nothing)."""
+    n = int(ln.sum())
+    k = np.ones(n, dtype=I64)
+    if n == 0:
+        return k
+    nz = np.flatnonzero(ln > 0)
+    starts = np.cumsum(ln) - ln
+    k[starts[nz[1:]]] = 1 - ln[nz[:-1]]               # the step into a list's first value
+    k[0] = 0
+    return np.cumsum(k, out=k)
 
 
 def _scalar(arr, fill=-1, dtype=I64):

@@ -40,6 +40,7 @@ from .carry import Carry, token_mix
 from .frame_diagnostics import DIAGNOSTIC_RANGES, diagnostic_bad
 from .frame_sampling import SAMPLING_SUM_KEYS
 from .frame_shapes import TreeShapes
+from .row_groups import group_rows
 
 I64 = np.int64
 
@@ -90,15 +91,13 @@ class StepFrame(TreeShapes):
         if not all(map(str.__instancecheck__, rdict)):   # (a string dictionary: all str already)
             rdict = [str(x) for x in rdict]
         gidx = carry.index(rdict + ["\0null"])  # code -1 -> the null slot
-        req = gidx[rcodes]
         step, step_null = _scalar(col["step"])
-        order = _request_step_order(rcodes, gidx, step)
+        order, self.step = _request_step_order(rcodes, gidx, step)
         self.order = order
         self.row_in_file = order + row_offset
-        self.req = req[order]
-        self.step = step[order]
         self._rid_names = rdict + ["<null>"]
         self._rid_codes = rcodes[order]
+        self.req = gidx[self._rid_codes]
         if step_null is not None:
             self.nulls["step"] = step_null[order]
         if rcodes.min(initial=0) < 0:
@@ -113,13 +112,13 @@ class StepFrame(TreeShapes):
         order = self.order
         rc, rd = _strings(col["run_id"])
         self._run_names = np.asarray([str(x) for x in rd] + ["<null>"], dtype=object)
-        self._run_codes = rc[order]
-        self.run_id_ok = (self._run_names == self.run_id)[self._run_codes]
+        self._run_codes, per_row = _codes_in_order(rc, len(rd), order)
+        self.run_id_ok = per_row(self._run_names == self.run_id)
         ac, ad = _strings(col["algo"])
         self._algo_names = np.asarray([str(x) for x in ad] + ["<null>"], dtype=object)
-        self._algo_codes = ac[order]
-        self.is_chain = (self._algo_names == "chain")[self._algo_codes]
-        self.algo_known = np.isin(self._algo_names, ["chain", "tree"])[self._algo_codes]
+        self._algo_codes, per_row = _codes_in_order(ac, len(ad), order)
+        self.is_chain = per_row(self._algo_names == "chain")
+        self.algo_known = per_row(np.isin(self._algo_names, ["chain", "tree"]))
         for name, fill, dtype in (("budget", -1, I64), ("topk", -1, I64), ("batch_size", -1, I64),
                                   ("seq_len", -1, I64), ("accepted_depth", -1, I64), ("commit_len", -1, I64),
                                   ("mask_hash", 0, np.uint64), ("finished", False, bool)):
@@ -141,7 +140,8 @@ class StepFrame(TreeShapes):
                 continue
             off, v, lens = list_parts(col[name])
             raw[name] = (off, v, lens)
-            self.lens[name] = lens[order]
+            same = name != "node_tokens" and np.array_equal(lens, raw["node_tokens"][2])
+            self.lens[name] = self.lens["node_tokens"] if same else lens[order]   # (shared: read-only)
         # diagnostic values (SA109), when the column was decoded: column -> (bad [R], value [R])
         self.diag_bad = {c: diagnostic_bad(col[c], *DIAGNOSTIC_RANGES[c], R, inv)
                          for c in DIAGNOSTIC_RANGES if c in col}
@@ -181,18 +181,17 @@ class StepFrame(TreeShapes):
         shapes_ok &= ~self.too_many_nodes & (self.lens["accepted_path"] >= 1) & (self.lens["committed_tokens"] >= 0)
         self.shapes_ok = shapes_ok
         p = self.parents
-        if self.uniform_n:                                # [R, N0] blocks: node i at column i
+        if self.uniform_n:                                # [R, N0] blocks: once per distinct tree
             N0 = self.T // R
             P = p.reshape(R, N0)
-            Pc, ii = P[:, 1:], np.arange(1, N0, dtype=I64)
-            self.root_parent_bad = (P[:, 0] != -1)[self.order] | (n < 1)
-            self._chain_rows = (Pc == ii - 1).all(axis=1)  # per batch row: parents are i - 1
-            self._all_chains = bool(self._chain_rows.all())
-            if self._all_chains:                          # parents i - 1: all in order
-                self.parent_order_bad = np.zeros(R, dtype=bool)
-            else:
-                bad = (Pc < 0) | (Pc >= ii)
-                self.parent_order_bad = bad.any(axis=1)[self.order] if bad.any() else np.zeros(R, dtype=bool)
+            ids, first = self._raw_shapes = group_rows(P)  # (invariants/row_groups.py)
+            Pu, ii = P[first], np.arange(1, N0, dtype=I64)
+            per_row = (lambda v: np.full(R, v[0])) if len(first) == 1 else (lambda v: v[ids])
+            chain_u = (Pu[:, 1:] == ii - 1).all(axis=1)
+            self._chain_rows = per_row(chain_u)            # per batch row: parents are i - 1
+            self._all_chains = bool(chain_u.all())
+            self.root_parent_bad = per_row(Pu[:, 0] != -1)[self.order] | (n < 1)
+            self.parent_order_bad = per_row(((Pu[:, 1:] < 0) | (Pu[:, 1:] >= ii)).any(axis=1))[self.order]
         else:
             is_root = self.node_i == 0
             self.root_parent_bad = self.row_any(is_root & (p != -1)) | (n < 1)
@@ -212,12 +211,15 @@ class StepFrame(TreeShapes):
         p, T = self.parents, self.T
         if self.ok.all() and self._all_chains:            # all chains: parent = previous node
             self.parent_in_row = p
-            self.parent_flat = np.arange(-1, T - 1, dtype=I64)
-            if self.uniform_n:
-                self.parent_flat[:: T // self.R] = -1
-            else:
+            if not self.uniform_n:                        # (uniform: the property, if a rule asks)
+                self.parent_flat = np.arange(-1, T - 1, dtype=I64)
                 self.parent_flat[self.node_i == 0] = -1
             self.__dict__["chain_shaped"] = np.ones(self.R, dtype=bool)
+        elif self.uniform_n and self.ok.all():           # a tree batch: its own parents, no copy
+            self.parent_in_row = p
+            ids, first = self._raw_shapes                 # the shapes grouped by _check_structure
+            self.__dict__["_shapes"] = (ids, np.ascontiguousarray(p.reshape(self.R, -1)[first]))
+            self.__dict__["chain_shaped"] = self._chain_rows[self.order]
         elif self.uniform_n:                              # the same on [R, N0] blocks, no gathers
             N0 = T // self.R
             ok_b = self.ok[self.inv]                      # per batch row
@@ -271,21 +273,13 @@ class StepFrame(TreeShapes):
 
     @cached_property
     def parent_flat(self) -> np.ndarray:
-        """A uniform-N tree batch's parent as a flat index (other batches set it in
+        """A uniform-N batch's parent as a flat index (ragged batches set it in
         __init__): every safe parent is >= 0 but the roots' (column 0)."""
         R = self.R
         N0 = self.T // R
         g = self.parent_in_row.reshape(R, N0) + np.arange(0, self.T, N0, dtype=I64)[:, None]
         g[:, 0] = -1
         return g.reshape(-1)
-
-    def pglob_at(self, idx: np.ndarray) -> np.ndarray:
-        """parent_flat[idx], without building parent_flat for a uniform-N batch."""
-        if "parent_flat" in self.__dict__ or not self.uniform_n:
-            return self.parent_flat[idx]
-        N0 = self.T // self.R
-        ps = self.parent_in_row[idx]
-        return np.where(ps >= 0, idx - idx % N0 + ps, -1)
 
     # a uniform-N batch's flat node index and row, built only when a rule asks (most
     # work on the [R, N0] blocks instead); a ragged batch sets both in __init__
@@ -406,7 +400,9 @@ class StepFrame(TreeShapes):
         bad = ~self.path_in_range | ((k == 0) & (self.path != 0))
         if len(self.path) > 1 and self.T:   # T = 0 (every node list empty): all out of range
             link = np.zeros(len(self.path), dtype=bool)
-            link[1:] = (k[1:] > 0) & (self.pglob_at(self.path_glob[1:]) != self.path_glob[:-1])
+            # entry k's parent is entry k - 1 (one row: local indices suffice; an entry out
+            # of range has made its row bad already, whatever this finds)
+            link[1:] = (k[1:] > 0) & (self.parent_in_row[self.path_glob[1:]] != self.path[:-1])
             bad |= link
         if not bad.any():                                # the usual batch: no scatter
             return self.path_len < 1
@@ -542,7 +538,7 @@ class StepFrame(TreeShapes):
             nz = self.commit_n > 0
             # the sorted rows with commits, in batch order (their flat starts increase
             # strictly along the batch): no sort needed
-            rows_nz = self.inv[np.flatnonzero(nz[self.inv])]
+            rows_nz = self.inv if nz.all() else self.inv[np.flatnonzero(nz[self.inv])]
             red = np.add.reduceat(contrib, self.commit_start[rows_nz])
             row_h[rows_nz] = red
             grp_h = np.add.reduceat(row_h, gstart)
@@ -558,8 +554,9 @@ class StepFrame(TreeShapes):
         c.trim()                                           # a paged carry: old pages out
 
 
-def _request_step_order(rcodes: np.ndarray, gidx: np.ndarray, step: np.ndarray) -> np.ndarray:
-    """np.lexsort((step, gidx[rcodes])): rows by (request, step), ties in batch order.
+def _request_step_order(rcodes: np.ndarray, gidx: np.ndarray, step: np.ndarray):
+    """np.lexsort((step, gidx[rcodes])): rows by (request, step), ties in batch order
+    -> (that order, step in it).
 
     A writer appends each request's steps in step order, so a stable sort by request
     alone usually gives the same permutation: the request keys are ranks among the
@@ -570,11 +567,23 @@ def _request_step_order(rcodes: np.ndarray, gidx: np.ndarray, step: np.ndarray) 
     if len(gidx) <= 1 << 16:
         key = key.astype(np.uint16)
     order = np.argsort(key, kind="stable")
+    ss = step[order]
     if len(order) > 1:
-        ks, ss = key[order], step[order]
+        ks = key[order]
         if ((ks[1:] == ks[:-1]) & (ss[1:] < ss[:-1])).any():
-            return np.lexsort((step, gidx[rcodes]))
-    return order
+            order = np.lexsort((step, gidx[rcodes]))
+            ss = step[order]
+    return order, ss
+
+
+def _codes_in_order(codes: np.ndarray, n_values: int, order: np.ndarray):
+    """A string column's codes in sorted row order, and a function: per-value table ->
+    per-row values. A column of one value and no null (a run's run_id, its algo: the
+    usual batch) needs neither gather: every code is 0."""
+    if n_values == 1 and codes.min(initial=0) >= 0:
+        return codes, lambda table: np.full(len(codes), table[0])
+    codes = codes[order]
+    return codes, lambda table: table[codes]
 
 
 def _shifted(a: np.ndarray, dtype) -> np.ndarray:

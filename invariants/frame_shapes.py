@@ -3,8 +3,7 @@
 Depth of every node, most children per row, the contract hash of each row's
 ancestor mask and of a plain causal mask. Trees of one shape repeat within a batch,
 so the work is done once per distinct shape: rows of a uniform-N batch are grouped
-by a fingerprint of their safe parents (`_shapes`) and verified row by row against
-their group's first row, and the N x N masks are hashed once per shape (cached
+by their safe parents (`_shapes`, invariants/row_groups.py), and the N x N masks are hashed once per shape (cached
 across batches in `_HASH_CACHE`). Reads from the frame: R, T, n, start, order,
 uniform_n, parent_in_row, parent_flat, node_i, node_row, parents, chain_shaped, row_any.
 """
@@ -17,6 +16,7 @@ import numpy as np
 from specaudit.trace.schema import MAX_NODES, ancestor_mask, mask_hash, tree_depths_flat
 
 from .carry import _MIX1
+from .row_groups import group_rows
 
 I64 = np.int64
 _HASH_CACHE: dict = {}
@@ -35,11 +35,34 @@ class TreeShapes:
                 return np.tile(np.arange(self.T // self.R, dtype=I64), self.R)
             return self.node_i.copy()
         if self._shapes is not None:   # once per distinct shape, gathered per row
-            ids, P = self._shapes
-            U, N0 = P.shape
-            g = np.where(P >= 0, P + np.arange(0, U * N0, N0, dtype=I64)[:, None], -1)
-            return tree_depths_flat(g.reshape(-1), N0).reshape(U, N0)[ids].reshape(-1)
+            return self.shape_depth[self._shapes[0]].reshape(-1)
         return tree_depths_flat(self.parent_flat, int(self.n.max()))
+
+    @cached_property
+    def shape_depth(self) -> np.ndarray:
+        """Depth of every node of each distinct shape ([U, N0], rows of `_shapes`)."""
+        P = self._shapes[1]
+        U, N0 = P.shape
+        g = np.where(P >= 0, P + np.arange(0, U * N0, N0, dtype=I64)[:, None], -1)
+        return tree_depths_flat(g.reshape(-1), N0).reshape(U, N0)
+
+    @cached_property
+    def shape_children(self) -> np.ndarray:
+        """The children of every node of each distinct shape, ascending, -1 after the
+        last ([U, N0, K], K the most children of any node; rows of `_shapes`)."""
+        P = self._shapes[1]
+        U, N0 = P.shape
+        has = P >= 0
+        key = (P + np.arange(0, U * N0, N0, dtype=I64)[:, None])[has]   # parent, as u * N0 + node
+        child = np.broadcast_to(np.arange(N0, dtype=I64), P.shape)[has]
+        cnt = np.bincount(key, minlength=U * N0)
+        K = max(int(cnt.max(initial=0)), 1)
+        o = np.argsort(key, kind="stable")                 # by parent, children ascending
+        key, child = key[o], child[o]
+        rank = np.arange(len(key), dtype=I64) - (np.cumsum(cnt) - cnt)[key]
+        out = np.full((U * N0, K), -1, dtype=I64)
+        out[key, rank] = child
+        return out.reshape(U, N0, K)
 
     @cached_property
     def children_max(self) -> np.ndarray:
@@ -62,27 +85,15 @@ class TreeShapes:
     @cached_property
     def _shapes(self):
         """Rows of a uniform-N batch grouped by their safe parents (trees of one shape
-        repeat): (shape id per batch row [R], safe parents per shape [U, N0]); None
-        when N varies. Grouped by a fingerprint, then verified row by row: a row that
-        differs from its group's first row gets a shape of its own."""
+        repeat; invariants/row_groups.py): (shape id per batch row [R], safe parents per
+        shape [U, N0]); None when N varies. (A batch whose rows are all ok has it set by
+        _set_safe_parents: the grouping _check_structure made of the same parents.)"""
         if not self.uniform_n:
             return None
-        R = self.R
-        P = self.parent_in_row.reshape(R, -1)                    # [R, N0], batch order
-        N0 = P.shape[1]
-        if N0 > MAX_NODES:
+        P = self.parent_in_row.reshape(self.R, -1)              # [R, N0], batch order
+        if P.shape[1] > MAX_NODES:
             return None
-        P64 = P if P.dtype == I64 and P.flags.c_contiguous else np.ascontiguousarray(P, dtype=I64)
-        with np.errstate(over="ignore"):   # sum over i of (parent + 2) * w_i, mod 2^64
-            fp = (P64.view(np.uint64) + np.uint64(2)) @ _POSW[:N0]
-        _, first, ids = np.unique(fp, return_index=True, return_inverse=True)
-        ids = ids.reshape(-1)
-        rep = P[first[ids]]
-        mism = np.zeros(0, dtype=I64) if np.array_equal(P, rep) else np.flatnonzero((P != rep).any(axis=1))
-        if mism.size:                                    # fingerprint collision: own shapes
-            ids = ids.copy()
-            ids[mism] = len(first) + np.arange(mism.size)
-            first = np.concatenate((first, mism))
+        ids, first = group_rows(P)
         return ids, np.ascontiguousarray(P[first])
 
     def _hash_of(self, r: int) -> int:

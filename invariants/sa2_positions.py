@@ -3,7 +3,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from specaudit.trace.schema import MAX_NODES
+
 from .base import Hits, Rule
+
+_I32 = np.iinfo(np.int32)
+_CHUNK = 4096   # rows compared at a time
 
 
 class Positions(Rule):
@@ -29,9 +34,25 @@ class Positions(Rule):
         if f.uniform_n:   # [R, N0] blocks in batch order: seq_len broadcast, no gather
             R = f.R
             pos = f.positions.reshape(R, -1)
-            # a chain's depth is the node index: no flat depth array to build
-            dep = np.arange(pos.shape[1], dtype=np.int64) if f.chain_shaped.all() else f.depth.reshape(R, -1)
-            badn = (pos != f.seq_len[f.inv][:, None] + dep).reshape(-1)
+            N0 = pos.shape[1]
+            seq = f.seq_len[f.inv]
+            if N0 <= MAX_NODES and seq.min() >= _I32.min and seq.max() <= _I32.max - N0:
+                seq = seq.astype(np.int32)   # seq_len + depth fits int32: half the bytes
+            # a chain's depth is the node index, a tree's its shape's: no flat depth array
+            if f.chain_shaped.all():
+                dep = lambda sl: np.arange(N0, dtype=seq.dtype)
+            elif f._shapes is not None:
+                D, ids = f.shape_depth.astype(seq.dtype), f._shapes[0]
+                dep = lambda sl: D[ids[sl]]
+            else:
+                D = f.depth.reshape(R, -1)
+                dep = lambda sl: D[sl]
+            # by chunks of rows (small temporaries, reused: a fresh [R, N0] one costs more
+            # in page faults than the compare); the usual batch stops there, all equal
+            bad_at = lambda sl: pos[sl] != seq[sl, None] + dep(sl)
+            if not any(bad_at(slice(c, c + _CHUNK)).any() for c in range(0, R, _CHUNK)):
+                return None
+            badn = bad_at(slice(None)).reshape(-1)
         else:
             badn = f.positions != f.seq_len[f.node_row] + f.depth
         node = f.first_node(badn)

@@ -5,6 +5,8 @@ import numpy as np
 
 from .base import Hits, Rule
 
+_CHUNK = 16384   # rows at a time where a rule works on [rows, K] blocks
+
 
 def _lists(f, rows, flat, start, lens, width=12):
     out = np.full(f.R, "", dtype=object)
@@ -193,7 +195,25 @@ class PathMaximal(Rule):
             hit[has] = f.tokens[nxt[has]] == f.bonus[has]
             child = np.where(hit, nxt - f.start, -1)
             return Hits(hit, last=last - f.start, child=child, token=f.bonus)
-        if f.uniform_n:
+        if f.uniform_n and f._shapes is not None:
+            # the last node's children from its shape's table ([R, K], K the most children
+            # of a node, not [R, N0]); flat node b * N0 + i is node i of batch row b
+            R, inv = f.R, f.inv
+            N0 = f.T // R
+            lastl = (last - f.start)[inv]
+            use = ok[inv] & (lastl >= 0) & (lastl < N0)
+            at = np.where(use, lastl, 0)
+            C, ids, tok, bonus = f.shape_children, f._shapes[0], f.tokens.reshape(R, N0), f.bonus[inv]
+            child = np.empty(R, dtype=np.int64)
+            for c in range(0, R, _CHUNK):                 # by chunks of rows: small temporaries
+                sl = slice(c, c + _CHUNK)
+                cand = C[ids[sl], at[sl]]                 # [rows, K]
+                t = np.take_along_axis(tok[sl], np.maximum(cand, 0), axis=1)
+                m = (cand >= 0) & (t == bonus[sl, None]) & use[sl, None]
+                first = m.argmax(axis=1)                  # children ascending: the first match
+                child[sl] = np.where(m.any(axis=1), cand[np.arange(len(cand)), first], -1)
+            child = child[f.order]
+        elif f.uniform_n:
             # [R, N0] blocks in batch order: a child of the last node carrying the bonus
             R, inv = f.R, f.inv
             ps = f.parent_in_row.reshape(R, -1)

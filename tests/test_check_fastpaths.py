@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import specaudit.invariants.frame_shapes as frame_shapes
+import specaudit.invariants.row_groups as row_groups
 from specaudit.invariants.arrow import to_np, valid_mask
 from specaudit.invariants.carry import Carry
 from specaudit.invariants.frame import StepFrame
@@ -61,6 +62,33 @@ def test_check_does_not_import_pandas(tmp_path):
 
 # --------------------------------------------------------- [R, N] blocks, shapes
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("width", [1, 4, 7])
+@pytest.mark.parametrize("kinds", [1, 5, 80])
+@pytest.mark.parametrize("collide", [False, True])
+@pytest.mark.parametrize("small", [False, True])   # groups the first rows lack; several chunks
+def test_group_rows_groups_equal_rows(dtype, width, kinds, collide, small, monkeypatch):
+    if collide:   # every fingerprint equal: the verification must split the groups
+        monkeypatch.setattr(row_groups, "_W", np.zeros_like(row_groups._W))
+    if small:
+        monkeypatch.setattr(row_groups, "_HEAD_ROWS", 7)
+        monkeypatch.setattr(row_groups, "_CHUNK", 64)
+    rng = np.random.default_rng(kinds * width)
+    base = rng.integers(-3, 40, size=(kinds, width)).astype(dtype)
+    P = base[rng.integers(0, kinds, size=300)]
+    for block in (P, np.asfortranarray(P), P[:, ::-1]):   # views the words cannot be read from
+        ids, first = row_groups.group_rows(block)
+        assert np.array_equal(block, block[first[ids]])    # every row equals its group's first row
+        _, want = np.unique(block, axis=0, return_inverse=True)
+        want = want.reshape(-1)
+        same = ids[:, None] == ids[None, :]
+        if collide:   # split groups allowed, merged ones never
+            assert not (same & (want[:, None] != want[None, :])).any()
+        else:         # equal rows share an id, exactly
+            assert np.array_equal(same, want[:, None] == want[None, :])
+            assert len(first) == len(np.unique(want))
+
+
 PER_ROW = ("ok", "shapes_ok", "root_parent_bad", "parent_order_bad", "chain_shaped", "children_max",
            "derived_mask_hash", "causal_mask_hash", "path_struct_bad", "commit_mismatch_at", "bonus")
 FLAT = ("parent_in_row", "parent_flat", "depth", "node_i", "expected_commit")
@@ -76,6 +104,14 @@ def _batch(algo: str, n_nodes: int, seed: int, broken: bool):
         rows[2]["parents"][0] = 0
         rows[3]["committed_tokens"][0] += 1
         rows[4]["parents"][-1] = 0
+        rows[5]["positions"] = [p + 1 for p in rows[5]["positions"]]            # SA201
+        long = [r for r in rows[6:] if len(r["accepted_path"]) >= 3]
+        # SA305: a path stops early, its next node not the first child (when a tree has one)
+        later = lambda r: r["accepted_path"][-1] != r["parents"].index(r["accepted_path"][-2])
+        cut = next((r for r in long if later(r)), long[0])
+        cut["accepted_path"] = cut["accepted_path"][:-1]
+        skip = next(r for r in long if r is not cut)
+        skip["accepted_path"] = [0] + skip["accepted_path"][2:]                 # SA303: skips a node
         b = pa.RecordBatch.from_pylist(rows, schema=b.schema)
     return b
 
@@ -105,6 +141,7 @@ def _by_batch_row(f, name):
 def test_uniform_blocks_match_the_general_path(algo, n_nodes, broken, collide, monkeypatch):
     if collide:   # every shape fingerprint collides: each row is verified against its group
         monkeypatch.setattr(frame_shapes, "_POSW", np.ones_like(frame_shapes._POSW))
+        monkeypatch.setattr(row_groups, "_W", np.zeros_like(row_groups._W))
     b = _batch(algo, n_nodes, seed=n_nodes, broken=broken)
     fast = StepFrame(b, run_id="synth", carry=Carry())
     slow = StepFrame(_with_extra_row(b), run_id="synth", carry=Carry())
@@ -124,3 +161,47 @@ def test_uniform_blocks_match_the_general_path(algo, n_nodes, broken, collide, m
         assert a.dtype == s.dtype and np.array_equal(a, s), flat
     if broken:
         assert fast.parent_order_bad.any() and fast.root_parent_bad.any() and (fast.commit_mismatch_at >= 0).any()
+
+
+@pytest.mark.parametrize("algo,n_nodes", [("tree", 6), ("tree", 9), ("chain", 5)])
+@pytest.mark.parametrize("broken", [False, True])
+@pytest.mark.parametrize("chunk", [None, 5])   # rules that work by chunks of rows: one, or many
+def test_step_rules_find_the_same_on_both_paths(algo, n_nodes, broken, chunk, monkeypatch):
+    """Every step rule's hits and message values, per batch row, on [R, N] blocks (shape
+    tables: SA201's depths, SA305's children) and on the general path."""
+    import specaudit.invariants.sa2_positions as sa2
+    import specaudit.invariants.sa3_path as sa3
+    from specaudit.invariants import load_rules
+    from specaudit.invariants.base import DEFINED
+    if chunk:
+        monkeypatch.setattr(sa2, "_CHUNK", chunk)
+        monkeypatch.setattr(sa3, "_CHUNK", chunk)
+    load_rules()
+    b = _batch(algo, n_nodes, seed=n_nodes + 1, broken=broken)
+    fast = StepFrame(b, run_id="synth", carry=Carry())
+    slow = StepFrame(_with_extra_row(b), run_id="synth", carry=Carry())
+    found = set()
+    for code, cls in DEFINED.items():
+        if cls.scope != "step":
+            continue
+        got = [cls().check(f) for f in (fast, slow)]
+        per_row = []
+        for f, h in zip((fast, slow), got):
+            rows = {} if h is None else {int(f.order[i]): h.at(i) for i in h.rows()}
+            per_row.append({r: v for r, v in rows.items() if r < fast.R})
+        assert per_row[0] == per_row[1], code
+        found |= {code} if per_row[0] else set()
+    if broken and algo == "tree":
+        assert {"SA201", "SA303", "SA305"} <= found, found
+
+
+@pytest.mark.parametrize("hi", [1, 4, 300])
+def test_list_local_index_is_arange_minus_repeated_starts(hi):
+    """The requests table's per-token index (specaudit/audit/check/facts.py) without np.repeat."""
+    from specaudit.invariants.arrow import list_local_index
+    rng = np.random.default_rng(hi)
+    for ln in (rng.integers(0, hi + 1, 500), np.zeros(3, dtype=np.int64), np.array([0, 5, 0, 0, 1, 2, 0])):
+        start = np.cumsum(ln) - ln
+        want = np.arange(int(ln.sum())) - np.repeat(start, ln)
+        got = list_local_index(ln)
+        assert got.dtype == np.int64 and np.array_equal(got, want)

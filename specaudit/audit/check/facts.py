@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from specaudit.invariants import carry as carry_mod
+from specaudit.invariants.arrow import list_local_index
 from specaudit.invariants.carry import Carry, token_mix
 from specaudit.invariants.frame import list_lengths, list_parts, list_values, to_np
 from specaudit.invariants.spill import SpillDir
@@ -65,7 +66,7 @@ def batch_facts(b, carry: Carry, eos_id: int) -> dict:
     start = np.cumsum(ln) - ln
     # the row of flat entries j (only the few that are looked up: no per-token row array)
     row_of = lambda j, ends=start + ln: np.searchsorted(ends, j, side="right")
-    k = np.arange(int(ln.sum())) - np.repeat(start, ln)
+    k = list_local_index(ln)                   # each token's index in its output
     flat = list_values(off, vals, olen)
     h = np.zeros(R, dtype=np.uint64)
     has = ln > 0
@@ -106,7 +107,7 @@ def batch_facts(b, carry: Carry, eos_id: int) -> dict:
                 first_diff[row_of(d)] = k[d]
             else:
                 mrows = np.repeat(np.arange(R), m)
-                mk = np.arange(int(m.sum())) - np.repeat(np.cumsum(m) - m, m)
+                mk = list_local_index(m)
                 a = flat[start[mrows] + mk] if len(flat) else np.zeros(0, np.int64)
                 bb = rflat[rstart[mrows] + mk] if len(rflat) else np.zeros(0, np.int64)
                 d = np.flatnonzero(a != bb)[::-1]
