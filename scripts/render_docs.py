@@ -31,7 +31,8 @@ FIXTURES = ROOT / "tests" / "fixtures" / "engines"
 # the checker's figures, chain (check) and tree (check_tree) alike
 CHECK_KEYS = [("steps", "steps"), ("steps_per_s", "steps/s (wall)"), ("steps_per_cpu_s", "steps per CPU second"),
               ("decode_steps_per_s", "decode limit, steps/s"), ("of_decode_limit", "share of the decode limit (wall)"),
-              ("of_decode_limit_cpu", "share of the decode limit (CPU)"), ("peak_rss_mb", "peak RSS, MB")]
+              ("of_decode_limit_cpu", "share of the decode limit (CPU)"), ("peak_rss_mb", "peak RSS, MB"),
+              ("stages", "where the check's main thread spends its time (an instrumented second check)")]
 # (name of docs/benchmarks/<name>.json, title, script, what it measures, [(figure key, label)]).
 # Every key listed is required in the JSON's "figures"; null means withheld (busy machine).
 BENCHMARKS = [
