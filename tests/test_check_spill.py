@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -190,3 +191,30 @@ def test_a_carry_dropped_unclosed_removes_its_folder(monkeypatch):
     assert path and os.listdir(path)
     del c, rows
     assert not os.path.exists(path)
+
+
+def test_spilled_facts_come_back_as_written_without_pickle(tmp_path):
+    """A spilled range holds numbers of every fact dtype and a string fact with None in it;
+    chunk() gives back the same values, dtypes and Nones (npz with allow_pickle=False)."""
+    from specaudit.audit.check.facts import FactStore
+    spill = SpillDir()
+    try:
+        store = FactStore(spill, part=4)
+        store.spilled = True   # write from the first batch on (the limit itself is tested above)
+        facts = {"idx": np.array([0, 5, 1, 6], dtype=np.int64),
+                 "output_len": np.array([3, 4, 5, 6], dtype=np.int32),
+                 "output_hash": np.array([2**64 - 1, 1, 2, 3], dtype=np.uint64),
+                 "finish_reason": np.array(["eos", None, "length", "abort"], dtype=object),
+                 "extra:accept_length": np.array([1.5, np.nan, 2.0, 3.0])}
+        store.add(facts)
+        store.add({k: v[:1] for k, v in facts.items()})
+        lo = store.chunk(0, 4)
+        assert lo["idx"].tolist() == [0, 1, 0] and lo["output_hash"].dtype == np.uint64
+        assert lo["finish_reason"].tolist() == ["eos", "length", "eos"] and lo["output_len"].dtype == np.int32
+        hi = store.chunk(4, 8)
+        assert hi["finish_reason"].tolist() == [None, "abort"] and hi["output_hash"].tolist() == [1, 3]
+        assert np.isnan(hi["extra:accept_length"][0]) and store.chunk(8, 12) == {}
+        assert sorted(p.name for p in Path(spill.path).iterdir()) == [
+            "facts-0-0.npz", "facts-0-1.npz", "facts-1-0.npz"]
+    finally:
+        spill.close()

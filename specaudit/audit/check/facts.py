@@ -5,14 +5,14 @@ wait for the join with the steps' carry (RequestFrame).
     store.chunk(lo, hi)     # the facts of carry slots [lo, hi): {"idx": slots, column: values}
 
 A store holds every row in memory (one growing array per fact) up to SPILL_SLOTS rows
-(invariants/carry.py, the same limit as the carry's), then appends them to one file per
-range of `part` slots in the run's SpillDir (facts-<k>.pkl: a pickle per batch and
-range, rows in table order), so a run with millions of requests holds one batch of
-facts, and the join reads back one range at a time: the same rows, in the same order.
+(invariants/carry.py, the same limit as the carry's), then writes them to files by
+range of `part` slots in the run's SpillDir (facts-<k>-<seq>.npz: one uncompressed
+npz per batch and range, rows in table order, loaded with allow_pickle=False: a string
+fact goes as a str array and a None mask, never pickled), so a run with millions
+of requests holds one batch of facts, and the join reads back one range at a time: the
+same rows, in the same order.
 """
 from __future__ import annotations
-
-import pickle
 
 import numpy as np
 import pyarrow as pa
@@ -142,6 +142,7 @@ class FactStore:
         self.n = 0                    # rows added
         self.spilled = False
         self._all: dict | None = None   # arrays(), once asked (the store is read from then on)
+        self.written: dict[int, int] = {}   # range -> files written for it (spilled)
 
     def add(self, facts: dict) -> None:
         self.n += len(facts["idx"])
@@ -177,27 +178,49 @@ class FactStore:
         if lo % self.part or hi - lo > self.part:
             raise ValueError(f"spilled facts are read by range of {self.part} slots, not [{lo}, {hi})")
         parts: dict[str, list] = {}
-        try:
-            fh = open(self.spill.file(f"facts-{lo // self.part}.pkl"), "rb")
-        except FileNotFoundError:     # no requests row in this range
-            return {}
-        with fh:
-            while True:
-                try:
-                    rec = pickle.load(fh)
-                except EOFError:
-                    break
-                for k, v in rec.items():
+        for seq in range(self.written.get(lo // self.part, 0)):   # no file: no requests row in this range
+            with np.load(self.spill.file(f"facts-{lo // self.part}-{seq}.npz"), allow_pickle=False) as z:
+                for k, v in _unpacked(z).items():
                     parts.setdefault(k, []).append(v)
         return {k: np.concatenate(v) for k, v in parts.items()}
 
     def _write(self, facts: dict) -> None:
-        """Append the rows to their ranges' files (a batch's rows: one range or two, usually)."""
+        """Write the rows to their ranges' files (a batch's rows: one range or two, usually)."""
         rng = facts["idx"] // self.part
         for k in np.unique(rng).tolist():
             sel = rng == k
-            with open(self.spill.file(f"facts-{k}.pkl"), "ab") as fh:
-                pickle.dump({c: v[sel] for c, v in facts.items()}, fh, protocol=pickle.HIGHEST_PROTOCOL)
+            seq = self.written.get(k, 0)
+            with open(self.spill.file(f"facts-{k}-{seq}.npz"), "wb") as fh:
+                np.savez(fh, **_packed({c: v[sel] for c, v in facts.items()}))
+            self.written[k] = seq + 1
+
+
+def _packed(facts: dict) -> dict:
+    """Facts as arrays npz stores without pickle: a number column as it is ("a:<name>"),
+    a string column (object: str or None) as str values ("s:<name>") and a None mask
+    ("n:<name>")."""
+    out = {}
+    for c, v in facts.items():
+        if v.dtype == object:
+            out["n:" + c] = np.fromiter((x is None for x in v), dtype=bool, count=len(v))
+            out["s:" + c] = np.asarray(["" if x is None else x for x in v], dtype=str)
+        else:
+            out["a:" + c] = v
+    return out
+
+
+def _unpacked(z) -> dict:
+    """_packed's arrays back as the facts they were written from."""
+    out = {}
+    for name in z.files:
+        kind, c = name[:2], name[2:]
+        if kind == "a:":
+            out[c] = z[name]
+        elif kind == "s:":
+            v = z[name].astype(object)
+            v[z["n:" + c]] = None
+            out[c] = v
+    return out
 
 
 class _Column:
