@@ -15,8 +15,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from live_procs import worker_core
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+# vLLM's CPU worker binds its thread to core 0 unless told otherwise: under xdist each worker's
+# vLLM processes (servers, probes, scripts) take that worker's core, so two workers' engines
+# never share core 0 while core 1 idles
+if worker_core() is not None:
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(worker_core()))
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data"
@@ -159,8 +165,35 @@ def _cores(root: Path, alone: bool):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    if "PYTEST_XDIST_WORKER" not in os.environ or item.get_closest_marker("light"):
-        return (yield)
-    root = item.config._tmp_path_factory.getbasetemp().parent     # pytest-N/, above each popen-gwK/
-    with _cores(root, item.get_closest_marker("alone") is not None):
-        return (yield)
+    with _timeline(item):
+        if "PYTEST_XDIST_WORKER" not in os.environ or item.get_closest_marker("light"):
+            return (yield)
+        root = item.config._tmp_path_factory.getbasetemp().parent     # pytest-N/, above each popen-gwK/
+        with _cores(root, item.get_closest_marker("alone") is not None):
+            return (yield)
+
+
+@contextlib.contextmanager
+def _timeline(item):
+    """SPECAUDIT_TEST_TIMELINE=<file>: each test's worker, wall start/end and the worker's CPU
+    seconds appended as one JSON line (set-up, call and tear-down together, lock waits included):
+    scripts/suite_timeline.py reads it to show where each worker waited and what ran when."""
+    path = os.environ.get("SPECAUDIT_TEST_TIMELINE")
+    if not path:
+        yield
+        return
+    import resource
+    import time
+
+    def kids():   # children reaped so far (a server's CPU lands on the test whose tear-down stops it)
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime
+    t0, c0, k0 = time.time(), time.process_time(), kids()
+    try:
+        yield
+    finally:
+        rec = {"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+               "start": round(t0, 3), "end": round(time.time(), 3),
+               "cpu_s": round(time.process_time() - c0, 3), "children_cpu_s": round(kids() - k0, 3)}
+        with open(path, "a") as f:      # one short append per test: whole lines, even from two workers
+            f.write(json.dumps(rec) + "\n")

@@ -6,6 +6,7 @@ stderr is drained (never blocks on a full pipe), and a real Prometheus started a
 """
 from __future__ import annotations
 
+import os
 import re
 import signal
 import socket
@@ -15,6 +16,19 @@ import time
 from pathlib import Path
 
 import httpx
+
+
+def worker_core() -> int | None:
+    """The core this xdist worker's engines are pinned to (gw0 -> 0, gw1 -> 1, ...), None
+    without xdist. Engines that pin themselves (vLLM's CPU worker binds core 0 by default)
+    would otherwise all land on core 0 when two workers run them at once, leaving the
+    other core idle; a time-bound load (the llama fleet) pinned to one core leaves the
+    other worker's tests a whole core instead of taking whatever the scheduler gives it."""
+    w = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not w.startswith("gw") or not w[2:].isdigit():
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    return cores[int(w[2:]) % len(cores)]
 
 
 def free_port() -> int:

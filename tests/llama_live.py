@@ -47,8 +47,10 @@ class ServerError(Exception):
 
 
 class LlamaServer:
-    def __init__(self, binary, args, log_path: Path, ready_timeout: float = 90.0, env=None):
+    def __init__(self, binary, args, log_path: Path, ready_timeout: float = 90.0, env=None, core: int | None = None):
+        """core: run the server pinned to that one core (all its threads), None for anywhere."""
         self.binary, self.args, self.log_path = str(binary), list(args), Path(log_path)
+        self.core = core
         self.proc = None
         for attempt in range(3):
             self.port = free_port()
@@ -69,8 +71,9 @@ class LlamaServer:
         cmd = [self.binary, *self.args, "--host", "127.0.0.1", "--port", str(self.port)]
         self.log.write(("$ " + " ".join(cmd) + "\n").encode())
         self.log.flush()
+        pin = {} if self.core is None else {"preexec_fn": lambda: os.sched_setaffinity(0, {self.core})}
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True, env={**os.environ, **(env or {})})
+                                     start_new_session=True, env={**os.environ, **(env or {})}, **pin)
 
     def tail(self, n: int = 15) -> str:
         try:

@@ -31,6 +31,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+from live_procs import worker_core  # noqa: E402
 from llama_live import PROMPTS, LlamaServer, counters, write_jsonl  # noqa: E402
 
 sys.path.insert(0, str(REPO / "scripts"))
@@ -326,9 +327,12 @@ class Fleet:
         self.servers: dict = {}
         self.prom = None
         try:
+            # under xdist the three share this worker's core (live_procs.worker_core): a load that runs
+            # for a fixed time takes one core, not whatever share of both the scheduler gives it
+            core = worker_core()
             for name, args in (("k6", server_args(pair, 6)), ("k2", server_args(pair, 2)),
                                ("off", server_args(pair, None))):
-                self.servers[name] = LlamaServer(binary, args, tmp / f"{name}.log")
+                self.servers[name] = LlamaServer(binary, args, tmp / f"{name}.log", core=core)
         except BaseException:
             self.close()
             raise
