@@ -26,7 +26,8 @@ SHARED = ("specaudit.trace.schema", "specaudit.trace.safe_io", "specaudit.trace.
 # Each reader, by module prefix. A reader may import its own modules, SHARED and GROUND.
 READERS = {
     "check": ("specaudit.audit.check", "specaudit.audit.reference", "specaudit.audit.spark",
-              "specaudit.audit.spark_plan", "specaudit.audit.spark_tasks", "specaudit.audit.spark_session"),
+              "specaudit.audit.spark_plan", "specaudit.audit.spark_tasks", "specaudit.audit.spark_session",
+              "specaudit.audit.spark_runs"),
     "estimate": ("specaudit.audit.estimate", "specaudit.audit.estimate_model", "specaudit.audit.estimate_judge",
                  "specaudit.audit.cost_profile", "specaudit.audit.observed_throughput"),
     "diff": ("specaudit.audit.diff", "specaudit.audit.diff_sides"),

@@ -26,6 +26,7 @@ from specaudit.audit import spark_session as sps
 from specaudit.audit import spark_tasks as spt
 from specaudit.audit.check import CheckResult, check_paths
 from specaudit.audit.findings import Finding
+from specaudit.audit.spark_runs import runs_from_json, runs_to_json
 from specaudit.runtime.faults import FAULTS
 
 # PySpark 4.x warns about pandas 3 on Arrow functions, which use no pandas
@@ -127,7 +128,8 @@ def emulate(paths, buckets: int | None, batch_rows: int = BATCH_ROWS, min_groups
     whole, big = spp.split_runs(runs, task_bytes)
     packs = spp.run_tasks(whole, spp.task_target(whole, 2, task_bytes))
     info = {k: {"run_key": k, "run_id": rf.run_id, "manifest": rf.manifest} for k, rf in big}
-    out = [r for p in packs for r in spt.check_whole(p, rules, batch_rows, p[0][0])]
+    # a task's runs as the Spark job sends them: JSON text, rebuilt in the task
+    out = [r for p in packs for r in spt.check_whole(runs_from_json(runs_to_json(p)), rules, batch_rows, p[0][0])]
     groups = defaultdict(list)
     tasks = spp.file_tasks(big, buckets=buckets)
     spp.spread_buckets(tasks, 0 if buckets else min_groups)

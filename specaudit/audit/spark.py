@@ -11,7 +11,8 @@ Spark tasks. Runs are independent, so the job is cut by run:
 1. discovery (driver, spark_plan): run folders, their run.json (read with Spark's
    binaryFile source for URIs, with the local discovery for plain paths) and files;
 2. whole runs (a run of at most `task_bytes`, the usual case): consecutive runs packed
-   into tasks (`mapInArrow`, one partition per task, no shuffle); a task checks its runs
+   into tasks (`mapInArrow`, one partition per task, no shuffle; a task's RunFiles
+   travel as JSON text, spark_runs, never pickled); a task checks its runs
    with the local checker's loop (check_runs) and returns every finding and the runs'
    bookkeeping: the local checker's output by construction, at its cost per step;
 3. request buckets (a run larger than a task, so that it spreads over the cores): one
@@ -29,7 +30,6 @@ written as a Parquet dataset (FINDINGS_COLUMNS).
 from __future__ import annotations
 
 import json
-import pickle
 import warnings
 from functools import reduce
 from pathlib import Path
@@ -50,6 +50,7 @@ from specaudit.audit.spark_plan import (
     spread_buckets,
     task_target,
 )
+from specaudit.audit.spark_runs import runs_to_json
 from specaudit.audit.spark_session import SparkCheckError, one_line
 from specaudit.audit.spark_tasks import (
     FINDINGS_COLUMNS,
@@ -129,8 +130,8 @@ def _whole_frame(spark, packs, spec, batch_rows: int):
     """Whole-run tasks: one partition per task, the largest first (Spark starts partitions
     in order, so the big tasks spread over the cores and the small ones fill in)."""
     order = sorted(packs, key=lambda p: -sum(run_bytes(rf) for _, rf in p))
-    rdd = spark.sparkContext.parallelize([(p[0][0], pickle.dumps(p)) for p in order], len(order))
-    task_df = spark.createDataFrame(rdd, "task_key INT, runs BINARY")
+    rdd = spark.sparkContext.parallelize([(p[0][0], runs_to_json(p)) for p in order], len(order))
+    task_df = spark.createDataFrame(rdd, "task_key INT, runs STRING")
     return task_df.mapInArrow(_whole_task(spec, batch_rows), GROUP_SCHEMA)
 
 

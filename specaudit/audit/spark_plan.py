@@ -31,7 +31,7 @@ RUN_TASK_BYTES = 256 << 20
 # what a run costs a task beyond its bytes (files opened, the run's fixed work), counted
 # as bytes when packing: a task of many empty or tiny runs is not one of "no bytes"
 RUN_FIXED_BYTES = 64 << 10
-# whole runs per task at most (a task's runs travel pickled in its one input row)
+# whole runs per task at most (a task's runs travel as JSON text in its one input row)
 RUNS_PER_TASK = 4096
 # request groups (and whole-run tasks) per executor core at least: enough tasks for every
 # core, and hash collisions of (run, bucket) onto partitions even out (with one group

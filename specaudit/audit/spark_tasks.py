@@ -3,7 +3,7 @@
 Two paths, chosen per run by specaudit.audit.spark_plan:
 
 - whole runs (`mapInArrow` over run tasks, no shuffle): a task gets a few whole runs
-  (their RunFiles, pickled) and checks them with the local checker's own loop
+  (their RunFiles as JSON text: spark_runs) and checks them with the local checker's own loop
   (`check_runs`: check_run per run, tiny runs pooled), so its findings and bookkeeping
   are the local checker's by construction; it returns every finding and one `result`
   row (files, bad files, incomplete runs, runs, steps, requests) that `merge_whole`
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import time
 import zlib
 from pathlib import Path
@@ -38,6 +37,7 @@ from specaudit.audit.check.result import CheckResult, result_bad
 from specaudit.audit.check.stream import STEP_READ_COLUMNS, iter_step_batches, open_requests, run_counts, run_start
 from specaudit.audit.findings import Finding
 from specaudit.audit.spark_plan import UriPath, is_uri
+from specaudit.audit.spark_runs import runs_from_json
 from specaudit.trace.schema import RunFiles
 
 READ_SCHEMA = ("run_key INT, bucket INT, kind STRING, file_idx INT, seq INT, part STRING, file STRING, "
@@ -100,12 +100,13 @@ def merge_whole(book: dict, result: CheckResult) -> None:
 
 
 def _whole_task(spec, batch_rows):
-    """mapInArrow function: task rows (task_key, runs: pickled [(run_key, RunFiles)]) -> GROUP rows."""
+    """mapInArrow function: task rows (task_key, runs: [(run_key, RunFiles)] as
+    spark_runs JSON text) -> GROUP rows."""
     def run(batches):
         for b in batches:
             for t in b.to_pylist():
                 t0 = time.process_time()
-                rows = check_whole(pickle.loads(t["runs"]), _rules(spec), batch_rows, t["task_key"])
+                rows = check_whole(runs_from_json(t["runs"]), _rules(spec), batch_rows, t["task_key"])
                 for i in range(0, len(rows), OUT_ROWS):
                     yield pa.RecordBatch.from_pylist(rows[i:i + OUT_ROWS], schema=_GROUP_ARROW)
                 yield pa.RecordBatch.from_pylist([_cpu_row(t["task_key"], t0)], schema=_GROUP_ARROW)

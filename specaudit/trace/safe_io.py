@@ -25,9 +25,12 @@ class InputError(Exception):
         super().__init__(f"{self.path}: {reason}" if self.path else reason)
 
     def __reduce__(self):
-        # pickled with the run it belongs to (RunFiles.problems) when a Spark task checks
-        # whole runs; Exception's default would call __init__ with the message alone.
-        # A subclass's own attributes travel as its state
+        # an error raised in a process-pool worker (the parallel log audit, the checker's
+        # pools of tiny runs) comes back pickled by concurrent.futures; Exception's default
+        # would call __init__ with the message alone, and the pool would break
+        # (BrokenProcessPool) instead of giving the one-line error. A subclass's own
+        # attributes travel as its state. (Spark tasks get a run's problems as JSON:
+        # specaudit.audit.spark_runs.)
         return (type(self), (self.path, self.reason), dict(self.__dict__))
 
 
