@@ -121,6 +121,13 @@ BENCHMARKS = [
       ("local_steps_per_s", "local, steps/s"), ("spark_steps_per_s_1", "Spark local[1], steps/s"),
       ("spark_steps_per_s_2", "Spark local[2], steps/s"), ("spark_2_over_1", "local[2] over local[1]"),
       ("spark_startup_s_1", "Spark startup, s")]),
+    ("suite", "The test suite: pytest's wall time on this machine", "scripts/bench_suite.py",
+     "The pytest line of `scripts/test.sh` (the README's test command, installs done), run with the "
+     "timeline of tests/conftest.py on; CPU read from /proc/stat once a second. `busy` is the share of "
+     "the cores kept busy; per run, the modules holding the most wall time on their worker (wall, own and "
+     "children's CPU). The load shown is read before the run: while it runs, the suite is the load.",
+     [("pytest_s", "pytest wall time, s"), ("target_s", "target, s"), ("of_target", "of the target"),
+      ("test_sh_workers", "xdist workers (scripts/test.sh)"), ("busy", "cores kept busy"), ("runs", "runs")]),
     ("kernels", "Triton audit kernels (GPU)", "scripts/bench_kernels.py",
      "On CUDA, each kernel against its torch reference (eager and CUDA-graph replay) and a host-sync "
      "implementation; the fused audit at B=256, N=64 against its target.",
@@ -181,8 +188,10 @@ def render_benchmark(name: str, doc: dict, title: str, script: str, what: str, k
             raise BenchmarkError(f"{where}: missing key 'figures.{k}'")
     m = doc["machine"]
     commit = (doc["commit"] or "unknown")[:12] + (" (uncommitted changes)" if doc.get("dirty") else "")
-    quiet = m.get("machine_quiet")
-    load = (f"load average {m['load_avg_1m']} on {m['cores']} cores"
+    # the load read while measuring (the figures' own, which decided what was withheld) over the
+    # one read when the JSON was written, after the work
+    quiet = figs.get("machine_quiet", m.get("machine_quiet"))
+    load = (f"load average {figs.get('load_avg_1m', m['load_avg_1m'])} on {m['cores']} cores"
             + ("" if quiet is None else " (quiet)" if quiet else " (busy: ratios withheld)"))
     lines = [f"## {title} {{#{name.replace('_', '-')}}}", "", what, "",
              f"`{doc['command']}` at commit `{commit}`, {doc['date']}, {m.get('cpu', 'unknown CPU')}, {load}.", "",

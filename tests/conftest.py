@@ -97,7 +97,7 @@ def fault_run(tmp_path_factory, make_run):
     return _get
 
 
-# ------------------------------------------------------------------ pytest-xdist (scripts/test.sh: -n 2)
+# ------------------------------------------------------------------ pytest-xdist (scripts/test.sh: -n 3)
 # Workers share nothing but the machine: each has its own session fixtures (models, datasets under
 # its own tmp_path_factory base), its servers bind free ports, its files live under tmp_path.
 # Two rules keep the expensive set-ups built once and the two cores busy to the end:
@@ -177,7 +177,7 @@ def pytest_runtest_protocol(item, nextitem):
 def _timeline(item):
     """SPECAUDIT_TEST_TIMELINE=<file>: each test's worker, wall start/end and the worker's CPU
     seconds appended as one JSON line (set-up, call and tear-down together, lock waits included):
-    scripts/suite_timeline.py reads it to show where each worker waited and what ran when."""
+    scripts/bench_suite.py reads it to show where each worker's time went."""
     path = os.environ.get("SPECAUDIT_TEST_TIMELINE")
     if not path:
         yield

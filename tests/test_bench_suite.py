@@ -1,0 +1,72 @@
+"""scripts/bench_suite.py: the suite's own figures come from the README's pytest line, a
+per-test timeline (tests/conftest.py, SPECAUDIT_TEST_TIMELINE) and the machine's CPU
+counters; and the benchmarks page shows the load read while measuring."""
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+import bench_suite  # noqa: E402
+import render_docs  # noqa: E402
+
+
+def test_it_runs_the_pytest_line_of_test_sh_with_the_workers_asked():
+    line = next(ln for ln in (REPO / "scripts" / "test.sh").read_text().splitlines() if ln.startswith("exec "))
+    want = [a for a in shlex.split(line)[1:] if a != "$@"]
+    got = bench_suite.pytest_argv(7)
+    assert got[:got.index("-n")] == want[:want.index("-n")] and got[got.index("-n") + 1] == "7"
+    assert got[got.index("-n") + 2:] == want[want.index("-n") + 2:]
+    assert "--dist" in got and "loadgroup" in got
+
+
+def test_pytests_last_line_is_read_with_and_without_failures():
+    text = ("....\n109.30s setup    tests/x.py::y\n"
+            "=========== 3 failed, 2044 passed, 1 skipped in 476.93s (0:07:56) ===========\n")
+    (m,) = bench_suite.SUMMARY.finditer(text)
+    assert (m["counts"], m["secs"]) == ("3 failed, 2044 passed, 1 skipped", "476.93")
+    (m,) = bench_suite.SUMMARY.finditer("...\n2047 passed in 501.37s (0:08:21)\n")
+    assert (m["counts"], m["secs"]) == ("2047 passed", "501.37")
+    assert not list(bench_suite.SUMMARY.finditer("12.0s call tests/a.py::b\n"))
+
+
+def test_summary_gives_each_worker_and_the_modules_holding_the_most_time():
+    def rec(test, worker, start, end, cpu, kids):
+        return {"test": test, "worker": worker, "start": start, "end": end, "cpu_s": cpu, "children_cpu_s": kids}
+    tl = [rec("tests/a.py::x", "gw0", 100.0, 160.0, 1.0, 20.0), rec("tests/a.py::y", "gw0", 160.0, 170.0, 2.0, 0.0),
+          rec("tests/b.py::z", "gw1", 101.0, 131.0, 30.0, 0.0)]
+    s = bench_suite.summarise(tl)
+    assert s["workers"] == {"gw0": {"tests": 2, "busy_from_s": 0.0, "last_end_s": 70.0},
+                            "gw1": {"tests": 1, "busy_from_s": 1.0, "last_end_s": 31.0}}
+    assert s["modules"] == [{"module": "tests/a.py", "wall_s": 70.0, "cpu_s": 23.0, "tests": 2},
+                            {"module": "tests/b.py", "wall_s": 30.0, "cpu_s": 30.0, "tests": 1}]
+
+
+def test_a_real_run_is_timed_from_the_timeline_and_the_cpu_counters(monkeypatch):
+    """One real test through the repository's conftest: its timeline record and the run's figures."""
+    one = "tests/test_bench_suite.py::test_pytests_last_line_is_read_with_and_without_failures"
+    monkeypatch.setattr(bench_suite, "pytest_argv", lambda n: [sys.executable, "-m", "pytest", "-q", "-p",
+                                                              "no:cacheprovider", "-n", str(n), one])
+    r = bench_suite.run_suite(0, sys.stderr)
+    assert r["exit_code"] == 0 and r["result"] == "1 passed" and r["pytest_s"] > 0, r
+    assert r["wall_s"] >= r["pytest_s"] and r["cpu_s"] > 0 and 0 < r["busy"] <= 1.05, r
+    assert r["workers"]["main"]["tests"] == 1
+    (mod,) = r["modules"]
+    assert mod["module"] == "tests/test_bench_suite.py" and mod["tests"] == 1 and mod["wall_s"] >= 0
+
+
+def test_the_page_shows_the_load_read_while_measuring_not_after():
+    name, title, script, what, keys = next(b for b in render_docs.BENCHMARKS if b[0] == "suite")
+    figs = {k: 1 for k, _ in keys}
+    figs.update(load_avg_1m=0.4, machine_quiet=True)
+    doc = {"benchmark": name, "command": "python3 scripts/bench_suite.py", "commit": "0" * 40, "dirty": False,
+           "date": "2026-12-02T00:00:00Z", "machine": {"cores": 2, "load_avg_1m": 3.9, "machine_quiet": False},
+           "figures": figs}
+    text = render_docs.render_benchmark(name, doc, title, script, what, keys)
+    assert "load average 0.4 on 2 cores (quiet)" in text and "3.9" not in text
+    del figs["load_avg_1m"], figs["machine_quiet"]          # a benchmark without its own: the machine's
+    text = render_docs.render_benchmark(name, json.loads(json.dumps(doc)), title, script, what, keys)
+    assert "load average 3.9 on 2 cores (busy: ratios withheld)" in text
