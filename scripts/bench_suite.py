@@ -106,7 +106,10 @@ def summarise(timeline: list[dict], top: int = 12) -> dict:
 def run_suite(workers: int, log) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         tl = Path(tmp) / "timeline.jsonl"
-        env = dict(os.environ, SPECAUDIT_TEST_TIMELINE=str(tl))
+        # a fresh pytest, even when started from inside one (tests/test_bench_suite.py under xdist):
+        # a worker's variables would make its conftest think it is that worker
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT"))}
+        env["SPECAUDIT_TEST_TIMELINE"] = str(tl)
         t0 = time.time()
         with CpuSampler() as cpu, open(Path(tmp) / "pytest.log", "w+") as out:
             p = subprocess.run(pytest_argv(workers), cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
