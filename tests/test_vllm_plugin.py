@@ -262,3 +262,57 @@ def pa_batch(schema):
         else:
             cols.append(pa.array([vals.get(f.name, 1)], f.type))
     return pa.RecordBatch.from_arrays(cols, schema=schema)
+
+
+def test_the_sinks_clock_and_its_idle_flusher_never_write_a_requests_part_twice(tmp_path, monkeypatch):
+    """The tracer's worker (tick) and the idle flusher (flush_if_idle) flush from two threads.
+    Each flush waits at a barrier before it writes, so without one lock over both the two are
+    inside the Parquet sink's flush at once; each request must still be one row of
+    requests.parquet (a tick outside the sink's lock wrote a part twice: SA409 on a live vLLM
+    run under load). With the lock the barrier times out and the flushes take turns."""
+    import threading
+    import time
+
+    import pyarrow.parquet as pq
+
+    from specaudit.integrations.vllm import sink as vsink
+    from specaudit.trace import parquet as tparquet
+    real_flush, real_write = tparquet.ParquetSink.flush, tparquet.write_parquet_atomic
+    both = {"go": None}
+
+    def meeting_flush(self, force=False):
+        try:
+            both["go"].wait(timeout=0.5)     # the other thread's flush, if it can get in
+        except threading.BrokenBarrierError:
+            pass
+        return real_flush(self, force)
+
+    def slow_write(*a, **kw):
+        time.sleep(0.02)
+        return real_write(*a, **kw)
+    monkeypatch.setattr(tparquet.ParquetSink, "flush", meeting_flush)
+    monkeypatch.setattr(tparquet, "write_parquet_atomic", slow_write)
+    raised = []
+
+    def caught(f):   # two writers of one part also collide on its temporary file: an error, not a row
+        try:
+            f()
+        except Exception as e:  # noqa: BLE001
+            raised.append(repr(e))
+    s = vsink._IdleFlushedSink(str(tmp_path), "race", flush_s=3600)    # its own idle thread stays asleep
+    s.open_run({"run_id": "race"})
+    n = 3
+    for i in range(n):
+        s._requests.append({"run_id": "race", "request_id": f"r{i}", "prompt_tokens": [1], "output_tokens": [2],
+                            "finish_reason": "length"})
+        s._last_flush = s._requests_at = time.monotonic() - 7200          # both clocks due
+        both["go"] = threading.Barrier(2)
+        ts = [threading.Thread(target=caught, args=(f,)) for f in (s.tick, s.flush_if_idle)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    both["go"] = threading.Barrier(1)
+    s.close_run({"run_id": "race", "finished_at": "2026-12-02T00:00:00Z"})
+    ids = pq.read_table(tmp_path / "run_id=race" / "requests.parquet").column("request_id").to_pylist()
+    assert raised == [] and sorted(ids) == [f"r{i}" for i in range(n)], (raised, ids)

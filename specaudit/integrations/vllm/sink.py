@@ -214,13 +214,27 @@ def _make_idle_flushed_sink():
     from specaudit.trace.parquet import ParquetSink
 
     class IdleFlushedSink(ParquetSink):
-        """The Parquet sink behind one lock, plus a thread flushing it when idle."""
+        """The Parquet sink behind one lock, plus a thread flushing it when idle.
+
+        Every way in takes the lock: the tracer's worker thread (write_steps, write_request and
+        its clock, tick) and the idle flusher (flush_if_idle). A tick outside it once raced the
+        idle flusher into writing the same requests part twice: every request two rows in
+        requests.parquet (SA409, seen on a live vLLM run under load). Re-entrant: a locked
+        write may flush."""
 
         def __init__(self, *a, **kw):
             super().__init__(*a, **kw)
-            self._lock = threading.Lock()
+            self._lock = threading.RLock()
             self.closed = False
             threading.Thread(target=_idle_flusher, args=(self,), name="specaudit-vllm-flush", daemon=True).start()
+
+        def flush(self, force: bool = False):
+            with self._lock:
+                super().flush(force)
+
+        def tick(self, _=None):
+            with self._lock:
+                super().tick(_)
 
         def write_steps(self, batch):
             with self._lock:
