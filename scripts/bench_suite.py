@@ -12,8 +12,9 @@ worker, wall span and CPU seconds (its own and its children's) to a timeline fil
 
 Words: pytest_s = pytest's wall time, start to summary (what scripts/test.sh prints last);
 cpu_s = CPU seconds the whole machine spent meanwhile; busy = cpu_s / (wall x cores), the
-share of the cores kept busy; idle_core_s = core-seconds left idle; modules = the modules
-holding the most wall time on their worker (wall, own + children's CPU). The load is read
+share of the cores kept busy; idle_core_s = core-seconds left idle; per_worker = each xdist
+worker's tests and when it last finished; modules = the modules holding the most wall time on
+their worker (wall, own + children's CPU). The load is read
 before the run (the suite is the load while it runs); a machine busy before it withholds
 the ratio to the target.
 """
@@ -96,7 +97,7 @@ def summarise(timeline: list[dict], top: int = 12) -> dict:
         m[2] += 1
     t0 = min((w["start"] for w in workers.values()), default=0.0)
     return {
-        "workers": {k: {"tests": v["tests"], "busy_from_s": round(v["start"] - t0, 1),
+        "per_worker": {k: {"tests": v["tests"], "busy_from_s": round(v["start"] - t0, 1),
                         "last_end_s": round(v["end"] - t0, 1)} for k, v in sorted(workers.items())},
         "modules": [{"module": k, "wall_s": round(v[0], 1), "cpu_s": round(v[1], 1), "tests": v[2]}
                     for k, v in sorted(mods.items(), key=lambda kv: -kv[1][0])[:top]],

@@ -39,7 +39,7 @@ def test_summary_gives_each_worker_and_the_modules_holding_the_most_time():
     tl = [rec("tests/a.py::x", "gw0", 100.0, 160.0, 1.0, 20.0), rec("tests/a.py::y", "gw0", 160.0, 170.0, 2.0, 0.0),
           rec("tests/b.py::z", "gw1", 101.0, 131.0, 30.0, 0.0)]
     s = bench_suite.summarise(tl)
-    assert s["workers"] == {"gw0": {"tests": 2, "busy_from_s": 0.0, "last_end_s": 70.0},
+    assert s["per_worker"] == {"gw0": {"tests": 2, "busy_from_s": 0.0, "last_end_s": 70.0},
                             "gw1": {"tests": 1, "busy_from_s": 1.0, "last_end_s": 31.0}}
     assert s["modules"] == [{"module": "tests/a.py", "wall_s": 70.0, "cpu_s": 23.0, "tests": 2},
                             {"module": "tests/b.py", "wall_s": 30.0, "cpu_s": 30.0, "tests": 1}]
@@ -53,7 +53,7 @@ def test_a_real_run_is_timed_from_the_timeline_and_the_cpu_counters(monkeypatch)
     r = bench_suite.run_suite(0, sys.stderr)
     assert r["exit_code"] == 0 and r["result"] == "1 passed" and r["pytest_s"] > 0, r
     assert r["wall_s"] >= r["pytest_s"] and r["cpu_s"] > 0 and 0 < r["busy"] <= 1.05, r
-    assert r["workers"]["main"]["tests"] == 1
+    assert r["workers"] == 0 and r["per_worker"]["main"]["tests"] == 1
     (mod,) = r["modules"]
     assert mod["module"] == "tests/test_bench_suite.py" and mod["tests"] == 1 and mod["wall_s"] >= 0
 
@@ -70,3 +70,18 @@ def test_the_page_shows_the_load_read_while_measuring_not_after():
     del figs["load_avg_1m"], figs["machine_quiet"]          # a benchmark without its own: the machine's
     text = render_docs.render_benchmark(name, json.loads(json.dumps(doc)), title, script, what, keys)
     assert "load average 3.9 on 2 cores (busy: ratios withheld)" in text
+
+
+def test_the_headline_figure_is_the_run_at_test_shs_own_worker_count(monkeypatch, tmp_path, capsys):
+    """--workers 2,3 runs both; pytest_s and of_target are the run at scripts/test.sh's -n."""
+    own = int(bench_suite.test_sh_pytest()[bench_suite.test_sh_pytest().index("-n") + 1])
+    fake = {n: {"workers": n, "exit_code": 0, "result": "9 passed", "pytest_s": 100.0 * n, "wall_s": 100.0 * n,
+                "cpu_s": 1.0, "busy": 0.5, "idle_core_s": 1.0, "per_worker": {}, "modules": []}
+            for n in (own - 1, own)}
+    monkeypatch.setattr(bench_suite, "run_suite", lambda n, log: fake[n])
+    monkeypatch.setattr(bench_suite, "quiet_machine", lambda: 0.1)
+    assert bench_suite.main(["--workers", f"{own - 1},{own}", "--json-out", str(tmp_path / "s.json")]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["test_sh_workers"] == own and out["pytest_s"] == 100.0 * own
+    assert [r["workers"] for r in out["runs"]] == [own - 1, own]
+    assert json.loads((tmp_path / "s.json").read_text())["figures"]["pytest_s"] == 100.0 * own
