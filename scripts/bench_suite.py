@@ -130,16 +130,26 @@ def run_suite(workers: int, log) -> dict:
             "idle_core_s": round(wall * cores - cpu_s, 1), **summarise(timeline)}
 
 
+def _counts(text: str) -> list[int]:
+    try:
+        counts = [int(x) for x in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated worker counts, e.g. 2,3")
+    return counts
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--workers", default=None,
+    ap.add_argument("--workers", type=_counts, default=None,
                     help="comma-separated -n values, run in turn (default: scripts/test.sh's own)")
     add_json_out(ap, "suite")
     args = ap.parse_args(argv)
-    argv = test_sh_pytest()
-    own = int(argv[argv.index("-n") + 1])
-    counts = [int(x) for x in args.workers.split(",")] if args.workers else [own]
+    line = test_sh_pytest()
+    own = int(line[line.index("-n") + 1])
+    counts = args.workers or [own]
     load_before = quiet_machine()
     quiet = load_fields()["machine_quiet"]
     runs = []

@@ -85,3 +85,10 @@ def test_the_headline_figure_is_the_run_at_test_shs_own_worker_count(monkeypatch
     assert out["test_sh_workers"] == own and out["pytest_s"] == 100.0 * own
     assert [r["workers"] for r in out["runs"]] == [own - 1, own]
     assert json.loads((tmp_path / "s.json").read_text())["figures"]["pytest_s"] == 100.0 * own
+
+
+def test_a_bad_worker_list_is_a_usage_error_not_a_traceback(capsys):
+    import pytest
+    with pytest.raises(SystemExit) as e:
+        bench_suite.main(["--workers", "two"])
+    assert e.value.code == 2 and "comma-separated worker counts" in capsys.readouterr().err
