@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 from pathlib import Path
 
 
@@ -181,7 +182,9 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     why = target_problem(path)
     if why:
         raise InputError(path, why)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    # one temporary per writer (process and thread): two threads writing one path never
+    # share it (the vLLM plugin's race wrote a part from two threads), the last rename wins
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     try:
         with open(tmp, "wb") as f:
             f.write(data)
