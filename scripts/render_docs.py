@@ -161,13 +161,28 @@ def _is_rows(v) -> bool:
     return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
 
 
+def _is_keyed_rows(v) -> bool:
+    """A dict of records ({"gw0": {...}, "gw1": {...}}): a table keyed by its keys."""
+    return isinstance(v, dict) and bool(v) and all(isinstance(x, dict) for x in v.values())
+
+
 def _rows_table(label: str, rows: list[dict]) -> list[str]:
-    """A list of records (per configuration, per size) as its own table."""
+    """A list of records (per configuration, per size) as its own table; a column whose
+    cells are records themselves (a run's modules, its workers) becomes one table per row
+    below it, named by the row's first column, instead of a JSON cell too wide to read."""
     cols = list(dict.fromkeys(k for r in rows for k in r))
-    out = ["", f"{label}:", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    nested = [c for c in cols if any(_is_rows(r.get(c)) or _is_keyed_rows(r.get(c)) for r in rows)]
+    flat = [c for c in cols if c not in nested]
+    out = ["", f"{label}:", "", "| " + " | ".join(flat) + " |", "|" + "---|" * len(flat)]
     for r in rows:
-        cell = lambda v: "`" + json.dumps(v, separators=(", ", ": ")) + "`" if _is_rows(v) else _fmt(v)
-        out.append("| " + " | ".join(cell(r[c]) if c in r else "" for c in cols) + " |")
+        out.append("| " + " | ".join(_fmt(r[c]) if c in r else "" for c in flat) + " |")
+    for c in nested:
+        for r in rows:
+            v = r.get(c)
+            if _is_keyed_rows(v):
+                v = [{"": k, **x} for k, x in v.items()]
+            if _is_rows(v):
+                out += _rows_table(f"{c} ({flat[0]} {_fmt(r.get(flat[0]))})", v)
     return out
 
 

@@ -72,6 +72,22 @@ def test_the_page_shows_the_load_read_while_measuring_not_after():
     assert "load average 3.9 on 2 cores (busy: ratios withheld)" in text
 
 
+def test_a_runs_modules_and_workers_are_tables_of_their_own_not_json_cells():
+    """Records inside a run's record (modules: a list; per_worker: keyed by worker) render
+    as their own tables, one per run, named by the run's first column."""
+    name, title, script, what, keys = next(b for b in render_docs.BENCHMARKS if b[0] == "suite")
+    figs = {k: 1 for k, _ in keys}
+    figs["runs"] = [{"workers": w, "pytest_s": 400.0 + w, "per_worker": {"gw0": {"tests": 7 + w}},
+                     "modules": [{"module": "tests/test_x.py", "wall_s": 12.5 + w}]} for w in (2, 3)]
+    doc = {"benchmark": name, "command": "python3 scripts/bench_suite.py", "commit": "0" * 40, "dirty": False,
+           "date": "2026-12-02T00:00:00Z", "machine": {"cores": 2, "load_avg_1m": 0.1}, "figures": figs}
+    text = render_docs.render_benchmark(name, doc, title, script, what, keys)
+    assert "| workers | pytest_s |\n|---|---|\n| 2 | 402.0 |\n| 3 | 403.0 |" in text
+    assert "modules (workers 3):" in text and "| tests/test_x.py | 15.5 |" in text
+    assert "per_worker (workers 2):" in text and "| gw0 | 9 |" in text
+    assert '{"' not in text                                   # no record left as a JSON cell
+
+
 def test_the_headline_figure_is_the_run_at_test_shs_own_worker_count(monkeypatch, tmp_path, capsys):
     """--workers 2,3 runs both; pytest_s and of_target are the run at scripts/test.sh's -n."""
     own = int(bench_suite.test_sh_pytest()[bench_suite.test_sh_pytest().index("-n") + 1])
