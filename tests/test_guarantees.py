@@ -192,6 +192,29 @@ def test_atomic_write_refuses_a_fifo_and_still_replaces_a_regular_file(tmp_path)
     assert g.read_text() == "new"
 
 
+def test_query_output_and_atomic_writes_share_one_temporary_name_per_writer(tmp_path):
+    """A query's -o file and atomic_write_bytes fill a hidden temporary beside the target,
+    one per process and thread (two threads writing one path never share one), and leave
+    none behind."""
+    import threading
+
+    import pyarrow as pa
+
+    from specaudit.postmortem.output import emit
+    from specaudit.trace.safe_io import temporary_beside
+    names = []
+    t = threading.Thread(target=lambda: names.append(temporary_beside(tmp_path / "out.csv")))
+    t.start()
+    t.join()
+    here = temporary_beside(tmp_path / "out.csv")
+    assert names[0] != here and names[0].parent == here.parent == tmp_path and here.name.startswith(".out.csv.tmp-")
+    schema = pa.schema([("x", pa.int64())])
+    emit(schema, iter([pa.record_batch([pa.array([1, 2])], schema=schema)]), "csv", str(tmp_path / "out.csv"), 0,
+         None)
+    assert (tmp_path / "out.csv").read_text().split() == ["x", "1", "2"]
+    assert [p.name for p in tmp_path.iterdir()] == ["out.csv"]       # no temporary left
+
+
 def test_dashboards_refuse_a_run_folder(clean, tmp_path, capsys):
     assert main(["dashboards", "--out", str(clean / "run_id=clean" / "dash")]) == 2
     assert "run folder" in capsys.readouterr().err

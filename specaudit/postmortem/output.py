@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from specaudit.audit.formats import printable
+from specaudit.trace.safe_io import temporary_beside
 
 
 def _isatty(f) -> bool:
@@ -135,7 +136,7 @@ def emit(schema, batches, fmt: str, output: str | None, max_rows: int, ds, input
          "json": lambda: write_json(schema, batches, sys.stdout, escape=tty)}[fmt]()
         return
     path = _check_output_path(Path(output), ds, inputs)   # never over a trace or a log read, nor a device or FIFO
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temporary_beside(path)
     try:
         if fmt == "parquet":
             with pq.ParquetWriter(tmp, schema, compression="zstd") as w:

@@ -172,6 +172,14 @@ def target_problem(path) -> str | None:
     return f"exists and is not a regular file ({kind}); refusing to replace it (write to a regular file)"
 
 
+def temporary_beside(path: Path) -> Path:
+    """The temporary name a writer fills before renaming it over `path`: hidden, in the
+    same folder (a rename within one file system is atomic), one per writer (process and
+    thread): two threads writing one path never share it (the vLLM plugin's race wrote a
+    part from two threads); the last rename wins."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write to a temporary name then rename: readers see nothing or the whole file.
 
@@ -182,9 +190,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     why = target_problem(path)
     if why:
         raise InputError(path, why)
-    # one temporary per writer (process and thread): two threads writing one path never
-    # share it (the vLLM plugin's race wrote a part from two threads), the last rename wins
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    tmp = temporary_beside(path)
     try:
         with open(tmp, "wb") as f:
             f.write(data)
