@@ -2,7 +2,7 @@
 the cores went, and which modules hold the time. Prints one JSON line.
 
     python3 scripts/bench_suite.py                      # the pytest line of scripts/test.sh
-    python3 scripts/bench_suite.py --workers 2,3        # the same suite at -n 2 and -n 3, in turn
+    python3 scripts/bench_suite.py --workers 3,4        # the same suite at -n 3 and -n 4, in turn
 
 It runs the pytest line of scripts/test.sh (the installs before it are assumed done: run
 `bash scripts/test.sh` once first), with `-n` set to each --workers value, while it

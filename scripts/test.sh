@@ -46,11 +46,11 @@ python3 -m ruff check .
 # The docs site (mkdocs.yml): a broken link, a missing anchor or a page outside the nav fails
 # here in seconds (tests/test_docs.py builds it again and checks the generated pages).
 NO_MKDOCS_2_WARNING=1 python3 -m mkdocs build --strict --site-dir "$(mktemp -d)"
-# Three workers on this machine's two cores (pytest-xdist): many tests wait on a server's or a
-# replay's clock, and a third worker fills that time (scripts/bench_suite.py --workers 2,3 measures
-# both; docs/benchmarks.md). Each worker's engines run on one core (tests/conftest.py). --dist
+# Four workers on this machine's two cores (pytest-xdist): many tests wait on a server's or a
+# replay's clock, and the extra workers fill that time (scripts/bench_suite.py --workers 3,4 measures
+# both side by side; docs/benchmarks.md). Each worker's engines run on one core (tests/conftest.py). --dist
 # loadgroup keeps each module that shares a module-scoped fixture (a fleet of live servers, a Spark
 # session) on one worker, and with --no-loadscope-reorder the order tests/conftest.py gives (slow
 # first) is the order the workers take them. The 15 slowest set-ups and tests are printed at the
 # end: where the next minute of the suite is.
-exec python3 -m pytest -q -p no:cacheprovider -n 3 --dist loadgroup --no-loadscope-reorder --durations=15 "$@"
+exec python3 -m pytest -q -p no:cacheprovider -n 4 --dist loadgroup --no-loadscope-reorder --durations=15 "$@"

@@ -97,7 +97,7 @@ def fault_run(tmp_path_factory, make_run):
     return _get
 
 
-# ------------------------------------------------------------------ pytest-xdist (scripts/test.sh: -n 3)
+# ------------------------------------------------------------------ pytest-xdist (scripts/test.sh: -n 4)
 # Workers share nothing but the machine: each has its own session fixtures (models, datasets under
 # its own tmp_path_factory base), its servers bind free ports, its files live under tmp_path.
 # Two rules keep the expensive set-ups built once and the two cores busy to the end:

@@ -89,7 +89,8 @@ def test_a_runs_modules_and_workers_are_tables_of_their_own_not_json_cells():
 
 
 def test_the_headline_figure_is_the_run_at_test_shs_own_worker_count(monkeypatch, tmp_path, capsys):
-    """--workers 2,3 runs both; pytest_s and of_target are the run at scripts/test.sh's -n."""
+    """--workers 3,4 (one below test.sh's and its own) runs both; pytest_s and of_target
+    are the run at scripts/test.sh's -n."""
     own = int(bench_suite.test_sh_pytest()[bench_suite.test_sh_pytest().index("-n") + 1])
     fake = {n: {"workers": n, "exit_code": 0, "result": "9 passed", "pytest_s": 100.0 * n, "wall_s": 100.0 * n,
                 "cpu_s": 1.0, "busy": 0.5, "idle_core_s": 1.0, "per_worker": {}, "modules": []}
