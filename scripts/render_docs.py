@@ -177,12 +177,13 @@ def _rows_table(label: str, rows: list[dict]) -> list[str]:
     for r in rows:
         out.append("| " + " | ".join(_fmt(r[c]) if c in r else "" for c in flat) + " |")
     for c in nested:
-        for r in rows:
+        for i, r in enumerate(rows):
             v = r.get(c)
             if _is_keyed_rows(v):
                 v = [{"": k, **x} for k, x in v.items()]
             if _is_rows(v):
-                out += _rows_table(f"{c} ({flat[0]} {_fmt(r.get(flat[0]))})", v)
+                name = f"{flat[0]} {_fmt(r.get(flat[0]))}" if flat else f"row {i + 1}"
+                out += _rows_table(f"{c} ({name})", v)
     return out
 
 

@@ -86,6 +86,8 @@ def test_a_runs_modules_and_workers_are_tables_of_their_own_not_json_cells():
     assert "modules (workers 3):" in text and "| tests/test_x.py | 15.5 |" in text
     assert "per_worker (workers 2):" in text and "| gw0 | 9 |" in text
     assert '{"' not in text                                   # no record left as a JSON cell
+    rows = render_docs._rows_table("only records", [{"modules": [{"module": "m", "wall_s": 1.0}]}])
+    assert "modules (row 1):" in "\n".join(rows) and "| m | 1.0 |" in rows  # no column to name a row by
 
 
 def test_the_headline_figure_is_the_run_at_test_shs_own_worker_count(monkeypatch, tmp_path, capsys):
