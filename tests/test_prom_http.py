@@ -36,6 +36,7 @@ class FakeProm:
     def __init__(self, series=(), mode=None, delay=3.0):
         self.series, self.mode, self.delay = list(series), mode, delay
         self.requests = []
+        self.closing = threading.Event()   # wakes a slow answer when the test is over
         fake = self
 
         class H(BaseHTTPRequestHandler):
@@ -44,7 +45,7 @@ class FakeProm:
                 q = {k: v for k, v in parse_qs(u.query).items()}
                 fake.requests.append((u.path, q, self.headers))
                 if fake.mode == "slow":
-                    time.sleep(fake.delay)
+                    fake.closing.wait(fake.delay)
                 if fake.mode == "html":
                     return self._send(200, b"<html>Grafana</html>", "text/html")
                 if fake.mode == "unauthorised":
@@ -74,13 +75,18 @@ class FakeProm:
                 self.send_response(code)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                try:
+                    self.end_headers()
+                    self.wfile.write(body)
+                except ConnectionError:
+                    pass   # the client gave up first (a slow answer past its --timeout): expected
 
             def log_message(self, *a):
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        # answers still in flight are joined by close(), so none writes (or fails) during the next test
+        self.server.daemon_threads = False
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -92,8 +98,9 @@ class FakeProm:
         return True
 
     def close(self):
+        self.closing.set()
         self.server.shutdown()
-        self.server.server_close()
+        self.server.server_close()     # joins the answers in flight
 
 
 @pytest.fixture
@@ -283,6 +290,21 @@ def test_bad_prometheus_is_one_clear_error(fake, mode, kw, want):
         read(url, **kw)
     assert want in e.value.reason and "\n" not in e.value.reason
     assert time.monotonic() - t < 2.5, "must not hang past the timeout"
+
+
+def test_a_slow_answer_ends_with_its_fake_not_during_the_next_test(capfd):
+    """The slow fake's answer outlives the client's timeout; close() wakes and joins it, so
+    its write to the closed connection neither runs nor prints a traceback later, inside
+    whichever test the worker runs next (it once failed test_report_over_engine_outputs)."""
+    f = FakeProm(vllm_series(n=3), mode="slow", delay=30.0)
+    with pytest.raises(InputError, match="did not answer within"):
+        read(f.url, timeout=0.3)
+    t = time.monotonic()
+    f.close()
+    assert time.monotonic() - t < 5.0, "close() waited out the slow answer instead of waking it"
+    assert not [th for th in threading.enumerate() if th.name.startswith("Thread-") and "process_request" in
+                repr(getattr(th, "_target", ""))]
+    assert "Traceback" not in capfd.readouterr().err
 
 
 def test_cli_exit_codes_and_formats(fake, tmp_path):
