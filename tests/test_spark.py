@@ -267,7 +267,6 @@ def test_spark_local2_equals_local(spark, corpus, local, tmp_path, path):
     n_runs = len(spp.plan([corpus]))
     if path == "buckets":     # the slice still holds findings from every reader and a refused input
         assert {"SA000", "SA001"} <= set(local.counts) and len(local.counts) >= 4 and n_runs >= 10, local.counts
-    if path == "buckets":
         assert stats["runs_whole"] == stats["whole_tasks"] == 0 and stats["runs_grouped"] == n_runs
     else:
         assert stats["runs_grouped"] == 1 and stats["runs_whole"] == n_runs - 1 and stats["whole_tasks"] >= 4
