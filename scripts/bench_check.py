@@ -8,7 +8,12 @@ per-row Python implementation of the same rules (specaudit.check_reference), sam
 
 1. writes a contract-valid synthetic dataset (specaudit.synth) of --steps steps;
 2. checks it with the full catalog in a fresh process (`check_paths`), reporting
-   steps/s and that process's peak RSS (the dataset generator's memory is not counted);
+   steps/s and that process's peak RSS (the dataset generator's memory is not counted).
+   A first, unmeasured check before it lets numba compile the kernels into its disk
+   cache (first_check_seconds; invariants/compiled.py); `kernels` names those the
+   measured check used. Right after, the same check with numpy alone
+   (SPECAUDIT_COMPILED=0): numpy_steps_per_s and compiled_over_numpy (its seconds over
+   the kernels' seconds); its findings must equal the kernels' (asserted);
 2b. checks it again in a third fresh process with each stage timed (`stages`: the main
    thread's exclusive seconds per stage: request ids and sort, the scalar and list columns,
    structure, paths and commits, the per-request carry, step rules, the requests table,
@@ -66,7 +71,10 @@ for f in sorted(Path(sys.argv[1]).glob("steps-*.parquet")):
     for b in pf.iter_batches(batch_size=BATCH_ROWS, columns=lists, use_threads=is_big_file(f)):
         n += b.num_rows
 dd, c4 = time.perf_counter() - t3, os.times()
+import specaudit.invariants.compiled as compiled
+kernels = sorted(m.rsplit(".", 1)[-1] for m, k in compiled._LOADED.items() if k is not None)
 print(json.dumps({"steps": r.steps, "requests": r.requests, "seconds": dt, "findings": sum(r.counts.values()),
+                  "kernels": kernels,
                   "cpu_seconds": (c2.user - c.user) + (c2.system - c.system),
                   "counts": dict(r.counts),
                   "peak_rss_mb": rss, "decode_steps": n, "decode_seconds": dd,
@@ -161,8 +169,10 @@ def peak_rss_mb():
 """
 
 
-def child(code: str, *argv, threads: int | None = None) -> dict:
+def child(code: str, *argv, threads: int | None = None, numpy_only: bool = False) -> dict:
     env = dict(os.environ)
+    if numpy_only:
+        env["SPECAUDIT_COMPILED"] = "0"   # invariants/compiled.py: no kernels, numpy alone
     if threads:
         # pyarrow's and numpy's pools: the "N cores" of the measurement
         env.update(OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
@@ -209,10 +219,22 @@ def main(argv=None) -> int:
     try:
         run_dir = dataset(args.steps)
         quiet_machine()
+        # a first check: numba compiles the kernels into its disk cache on a fresh install
+        # (seconds, once); the measured check below loads them from there, as every later
+        # check on this machine does
+        first = child(CHILD_CHECK, run_dir, threads=args.threads)
+        print(json.dumps({"phase": "first-check", "seconds": first["seconds"], "kernels": first["kernels"]}),
+              flush=True)
         chk = child(CHILD_CHECK, run_dir, threads=args.threads)
         load = load_fields()   # read right after the measured phase
         print(json.dumps({"phase": "check", **chk}), flush=True)
         assert chk["findings"] == 0, f"the catalog flagged a valid synthetic dataset: {chk['counts']}"
+        # the same check with numpy alone (SPECAUDIT_COMPILED=0), right after: what the kernels buy
+        npy = child(CHILD_CHECK, run_dir, threads=args.threads, numpy_only=True)
+        print(json.dumps({"phase": "check-numpy", **npy}), flush=True)
+        assert npy["kernels"] == [], npy["kernels"]
+        assert npy["counts"] == chk["counts"], \
+            f"findings differ with and without kernels: {npy['counts']} {chk['counts']}"
         stg = child(CHILD_STAGES, run_dir, threads=args.threads)
         print(json.dumps({"phase": "stages", **stg}), flush=True)
         bl = child(CHILD_BASELINE, run_dir, args.baseline_steps, threads=args.threads)
@@ -235,6 +257,11 @@ def main(argv=None) -> int:
             "decode_steps_per_cpu_s": (round(chk["decode_steps"] / chk["decode_cpu_seconds"])
                                        if chk["decode_cpu_seconds"] else None),
             "peak_rss_mb": round(chk["peak_rss_mb"], 1),
+            # compiled kernels (invariants/compiled.py) the check used; numpy alone beside it
+            "kernels": chk["kernels"], "first_check_seconds": round(first["seconds"], 2),
+            "numpy_steps_per_s": round(npy["steps"] / npy["seconds"]),
+            "numpy_cpu_seconds": round(npy["cpu_seconds"], 2),
+            "compiled_over_numpy": round(npy["seconds"] / chk["seconds"], 3),
             # the main thread's seconds by stage, in a second, instrumented check of the same files
             "stages": stg["stages"],
             "baseline_steps": bl["steps"], "baseline_steps_per_s": round(bsps),
@@ -254,7 +281,7 @@ def main(argv=None) -> int:
             out.update(steps_large=big["steps"], requests_large=big["requests"],
                        peak_rss_mb_large=round(big["peak_rss_mb"], 1),
                        rss_large_over_small=round(big["peak_rss_mb"] / chk["peak_rss_mb"], 3))
-        print(json.dumps(guard_ratios(out, ["speedup", "of_decode_limit"])))
+        print(json.dumps(guard_ratios(out, ["speedup", "of_decode_limit", "compiled_over_numpy"])))
         record("check", out, args.json_out)
     finally:
         if tmp is not None:
