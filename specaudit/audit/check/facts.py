@@ -11,6 +11,9 @@ npz per batch and range, rows in table order, loaded with allow_pickle=False: a 
 fact goes as a str array and a None mask, never pickled), so a run with millions
 of requests holds one batch of facts, and the join reads back one range at a time: the
 same rows, in the same order.
+
+The facts of each row's tokens (_token_facts: numpy, the definition) have a compiled
+twin for big batches, facts_kernels.py, used when invariants/compiled.py finds numba.
 """
 from __future__ import annotations
 
