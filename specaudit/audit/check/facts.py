@@ -11,6 +11,9 @@ npz per batch and range, rows in table order, loaded with allow_pickle=False: a 
 fact goes as a str array and a None mask, never pickled), so a run with millions
 of requests holds one batch of facts, and the join reads back one range at a time: the
 same rows, in the same order.
+
+The facts of each row's tokens (_token_facts: numpy, the definition) have a compiled
+twin for big batches, facts_kernels.py, used when invariants/compiled.py finds numba.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from specaudit.invariants import carry as carry_mod
+from specaudit.invariants import compiled
 from specaudit.invariants.arrow import list_local_index
 from specaudit.invariants.carry import Carry, token_mix
 from specaudit.invariants.frame import list_lengths, list_parts, list_values, to_np
@@ -61,6 +65,28 @@ def batch_facts(b, carry: Carry, eos_id: int) -> dict:
     put("first_token", ft)
     off, vals, olen = list_parts(col["output_tokens"])
     put("output_len", olen)
+    ref = list_parts(col["reference_tokens"]) if "reference_tokens" in col else None
+    kern = _kernels(R, vals, ref, eos_id)
+    tok = _token_facts(R, off, vals, olen, ref, eos_id) if kern is None else \
+        _token_facts_compiled(kern, off, vals, olen, ref, eos_id)
+    for k, v in tok.items():
+        put(k, v)
+    fr = col["finish_reason"]
+    fr = fr if pa.types.is_dictionary(fr.type) else fr.dictionary_encode()
+    reasons = np.asarray(fr.dictionary.to_pylist() + [None], dtype=object)
+    put("finish_reason", reasons[to_np(fr.indices, -1)])
+    for c in CLIENT_COLUMNS:
+        if c in col:
+            try:
+                put("extra:" + c, to_np(col[c].cast(pa.float64()), np.nan))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                pass
+    return out
+
+
+def _token_facts(R, off, vals, olen, ref, eos_id) -> dict:
+    """The facts of each row's output tokens (and of its reference_tokens, `ref` as
+    list_parts gives them, None without the column): numpy, the definition."""
     # fingerprint of output_tokens[1:] at positions 1.., as the commits' fingerprint
     ln = np.maximum(olen, 0)
     start = np.cumsum(ln) - ln
@@ -74,27 +100,23 @@ def batch_facts(b, carry: Carry, eos_id: int) -> dict:
         mix = token_mix(flat, k)
         mix[k == 0] = 0                       # the first token is compared on its own
         h[has] = np.add.reduceat(mix, start[has])
-    put("output_hash", h)
     last = np.full(R, -1, dtype=np.int64)
     if len(flat):
         last[has] = flat[start[has] + ln[has] - 1]
-    put("output_last", last)
     fst = np.full(R, -1, dtype=np.int64)
     if len(flat):
         fst[has] = flat[start[has]]
-    put("output_first", fst)
     eos_in = np.full(R, -1, dtype=np.int64)
     if len(flat):
         e = np.flatnonzero(flat == eos_id)           # few: the row test on those only
         e = e[k[e] < ln[row_of(e)] - 1][::-1]
         eos_in[row_of(e)] = k[e]
-    put("eos_inside", eos_in)
     # lossless: reference_tokens, when present
     req_eq = np.full(R, -1, dtype=np.int64)
     first_diff = np.full(R, -1, dtype=np.int64)
     rlen = np.full(R, -1, dtype=np.int64)
-    if "reference_tokens" in col:
-        roff, rvals, rl = list_parts(col["reference_tokens"])
+    if ref is not None:
+        roff, rvals, rl = ref
         rlen = rl
         present = rl >= 0
         if present.any():
@@ -116,21 +138,29 @@ def batch_facts(b, carry: Carry, eos_id: int) -> dict:
             first_diff[lendiff] = m[lendiff]
             req_eq = np.where(present, (first_diff < 0).astype(np.int64), -1)
             first_diff = np.where(present, first_diff, -1)
-    put("reference_equal", req_eq)
-    put("reference_first_diff", first_diff)
-    put("reference_len", rlen)
-    fr = col["finish_reason"]
-    fr = fr if pa.types.is_dictionary(fr.type) else fr.dictionary_encode()
-    reasons = np.asarray(fr.dictionary.to_pylist() + [None], dtype=object)
-    put("finish_reason", reasons[to_np(fr.indices, -1)])
-    for c in CLIENT_COLUMNS:
-        if c in col:
-            try:
-                put("extra:" + c, to_np(col[c].cast(pa.float64()), np.nan))
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                pass
-    return out
+    return {"output_hash": h, "output_last": last, "output_first": fst, "eos_inside": eos_in,
+            "reference_equal": req_eq, "reference_first_diff": first_diff, "reference_len": rlen}
 
+
+def _kernels(R: int, vals, ref, eos_id: int):
+    """facts_kernels for a batch of R rows whose token values it takes (ints of at most
+    64 bits, uint64 excepted: numpy compares those by value), or None: numpy."""
+    ok = lambda v: v.dtype.kind in "iu" and v.dtype != np.uint64
+    if not (ok(vals) and (ref is None or ok(ref[1])) and -(1 << 63) <= eos_id < (1 << 63)):
+        return None
+    return compiled.kernels("specaudit.audit.check.facts_kernels", rows=R)
+
+
+def _token_facts_compiled(kern, off, vals, olen, ref, eos_id) -> dict:
+    """_token_facts' values in one compiled pass per column (facts_kernels)."""
+    h, fst, last, eos_in = kern.output_facts(off, vals, olen, eos_id)
+    if ref is None:
+        none = np.full(len(olen), -1, dtype=np.int64)
+        eq, diff, rlen = none, none.copy(), none.copy()
+    else:
+        (eq, diff), rlen = kern.reference_facts(off, vals, olen, *ref), ref[2]
+    return {"output_hash": h, "output_last": last, "output_first": fst, "eos_inside": eos_in,
+            "reference_equal": eq, "reference_first_diff": diff, "reference_len": rlen}
 
 class FactStore:
     """The facts of a requests table, by carry slot: in memory, or past SPILL_SLOTS rows
