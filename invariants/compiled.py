@@ -1,31 +1,45 @@
-"""Compiled kernels for big batches (numba, the `fast` extra): optional, never the definition.
+"""Compiled kernels for big batches: C, built once per machine, loaded with ctypes;
+optional, never the definition.
 
     kern = compiled.kernels("specaudit.invariants.frame_kernels", rows=R)   # a module, or None
 
 The numpy code of each module is what a check means; a kernel module computes some of
 the same arrays in one compiled pass (fewer passes over memory, no Python per numpy
-call), and tests hold every kernel equal to the numpy it replaces (tests/test_compiled.py
-checks the whole fixture corpus both ways). `kernels` gives None, and the caller uses
-its numpy, when:
+call), and tests hold every kernel equal to the numpy it replaces (tests/test_compiled*.py
+check the whole fixture corpus both ways). A kernel module is a Python file (X.py) that
+wraps the functions of its C source beside it (X.c, built by `library`) with the numpy
+signatures its caller uses. `kernels` gives None, and the caller uses its numpy, when:
 
-  - the batch has fewer than MIN_ROWS rows: numpy is as fast there, and a tiny run
-    never pays numba's import (~0.2 s) or a first compile;
-  - numba is not installed (`pip install 'specaudit[fast]'` brings it);
+  - the batch has fewer than MIN_ROWS rows: numpy is as fast there;
   - SPECAUDIT_COMPILED=0 is set (the numpy path only, e.g. to compare the two);
-  - the kernel module failed to import or compile here (say a read-only cache folder):
-    logged once, then numpy for the rest of the process.
+  - the library could not be built or loaded here (no C compiler, say): said once in a
+    warning, then numpy for the rest of the process.
 
-Kernels are compiled on first use and cached on disk (numba's cache=True): beside the
-module when its folder is writable, else in NUMBA_CACHE_DIR, which this sets when
-unset to the user's cache folder (~/.cache/specaudit/numba) or, failing that, a
-per-user folder under the temporary directory.
+Why C and ctypes, not numba: numba's start in a process (its import and first call)
+costs 0.3 to 0.6 s, as much as its kernels save on a million steps; a built library
+loads in a millisecond, and ctypes lets go of the GIL while a kernel runs, so the read
+thread decodes meanwhile.
+
+Built with `$CC -O2 -shared -fPIC` (CC defaults to cc) into the user's cache folder
+(SPECAUDIT_KERNEL_CACHE, else $XDG_CACHE_HOME or ~/.cache, then specaudit/kernels; when
+that cannot be written, a private folder under the temporary directory), named after a
+hash of the source, the compiler command, the flags and the machine's architecture: a changed source is built
+anew, a build is written under a temporary name and renamed (concurrent builds are
+safe), and a cached library is only loaded from a folder that is the user's own and
+closed to others.
 """
 from __future__ import annotations
 
+import ctypes
+import hashlib
 import importlib
-import importlib.util
 import logging
 import os
+import platform
+import shlex
+import shutil
+import stat
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -33,12 +47,16 @@ log = logging.getLogger(__name__)
 
 ENV = "SPECAUDIT_COMPILED"
 MIN_ROWS = 4096      # rows of a batch from which the compiled kernels are used
+CFLAGS = ("-O2", "-shared", "-fPIC", "-std=c99")
+BUILD_TIMEOUT_S = 120
 _LOADED: dict[str, object] = {}
+_LIBS: dict[str, ctypes.CDLL] = {}
+HEADERS = Path(__file__).resolve().parent   # kernels_*.h: C shared by the kernel sources
 
 
 def available() -> bool:
-    """numba importable and not switched off (SPECAUDIT_COMPILED=0)."""
-    return os.environ.get(ENV, "1") != "0" and importlib.util.find_spec("numba") is not None
+    """Kernels not switched off (SPECAUDIT_COMPILED=0)."""
+    return os.environ.get(ENV, "1") != "0"
 
 
 def kernels(module: str, rows: int):
@@ -51,29 +69,73 @@ def kernels(module: str, rows: int):
 
 
 def _load(module: str):
-    _cache_dir(module)
     try:
         return importlib.import_module(module)
-    except Exception as e:   # numba's own errors vary by version: any failure means numpy
+    except Exception as e:   # a build or load error of any kind means numpy, said once
         log.warning("compiled kernels %s unavailable (%s: %s); checking with numpy", module,
-                    type(e).__name__, e)
+                    type(e).__name__, " ".join(str(e).split())[:300])
         return None
 
 
-def _cache_dir(module: str) -> None:
-    """Point numba's cache at a writable folder when the module's own is not."""
-    if os.environ.get("NUMBA_CACHE_DIR"):
-        return
-    spec = importlib.util.find_spec(module)
-    here = Path(spec.origin).parent if spec is not None and spec.origin else None
-    if here is not None and os.access(here, os.W_OK):
-        return
-    for d in (Path.home() / ".cache" / "specaudit" / "numba",
-              Path(tempfile.gettempdir()) / f"specaudit-numba-{os.getuid()}"):
+# ------------------------------------------------------------------ building
+
+def library(source: str | Path) -> ctypes.CDLL:
+    """The C file `source` built into a shared library (once per machine) and loaded.
+    Raises OSError / subprocess errors when it cannot be built or loaded."""
+    source = Path(source)
+    key = str(source)
+    if key in _LIBS:
+        return _LIBS[key]
+    cc = shlex.split(os.environ.get("CC") or "cc")
+    if not cc or shutil.which(cc[0]) is None:
+        raise OSError(f"no C compiler ({' '.join(cc) or 'CC is empty'}) to build {source.name}")
+    # the shared headers (token_mix ...) live beside this file: in the hash, on the include path
+    headers = sorted(HEADERS.glob("*.h"))
+    parts = [source.read_bytes(), *(h.read_bytes() for h in headers),
+             " ".join([*cc, *CFLAGS, platform.machine()]).encode()]
+    digest = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+    folder = cache_folder()
+    target = folder / f"{source.stem}-{digest}.so"
+    if not target.exists():
+        fd, tmp = tempfile.mkstemp(prefix=f".{source.stem}-", suffix=".so", dir=folder)
+        os.close(fd)
         try:
-            d.mkdir(parents=True, exist_ok=True)
-        except OSError:
-            continue
-        if os.access(d, os.W_OK):
-            os.environ["NUMBA_CACHE_DIR"] = str(d)
-            return
+            out = subprocess.run([*cc, *CFLAGS, f"-I{HEADERS}", "-o", tmp, str(source)], capture_output=True, text=True,
+                                 timeout=BUILD_TIMEOUT_S)
+            if out.returncode != 0:
+                raise OSError(f"{' '.join(cc)} failed on {source.name}: {out.stderr.strip()[-500:]}")
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    lib = ctypes.CDLL(str(target))
+    _LIBS[key] = lib
+    return lib
+
+
+def cache_folder() -> Path:
+    """Where built libraries are kept: the user's own folder, closed to others."""
+    env = os.environ.get("SPECAUDIT_KERNEL_CACHE")
+    if env:
+        choices = [Path(env)]
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        choices = [base / "specaudit" / "kernels",
+                   Path(tempfile.gettempdir()) / f"specaudit-kernels-{os.getuid()}"]
+    why = []
+    for d in choices:
+        try:
+            d.mkdir(parents=True, exist_ok=True, mode=0o700)
+            st = d.stat()
+            if st.st_uid != os.getuid():
+                why.append(f"{d} belongs to another user")
+                continue
+            if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                why.append(f"{d} can be written by others")
+                continue
+            if os.access(d, os.W_OK):
+                return d
+            why.append(f"{d} is not writable")
+        except OSError as e:
+            why.append(f"{d}: {e.strerror or e}")
+    raise OSError("no folder for built kernels: " + "; ".join(why))

@@ -1,20 +1,21 @@
-"""Compiled kernels (invariants/compiled.py): when they are used, and that the check says the
-same with them as without.
+"""Compiled kernels (invariants/compiled.py): when they are used, how they are built, and
+that the check says the same with them as without.
 
-The gate's own behaviour first (rows, the switch, numba missing, a kernel module that
-fails to load, the cache folder). Then the whole catalog's fixtures, and big corrupted
-runs, checked twice in this process: kernels forced on for every batch (MIN_ROWS 0) and
-off (SPECAUDIT_COMPILED=0); the findings, their order and the counts must be identical.
-numba is in the test install (the `fast` extra), so nothing here skips without it.
+The gate's own behaviour first (rows, the switch, no C compiler, a kernel module that
+fails to load), then building (once per source, again when it changes, a compile error
+in the compiler's words, the private cache folder). Then the whole catalog's fixtures,
+and big corrupted runs, checked twice in this process: kernels forced on for every batch
+(MIN_ROWS 0) and off (SPECAUDIT_COMPILED=0); the findings, their order and the counts
+must be identical. The test machine has a C compiler (scripts/test.sh installs g++), so
+nothing here skips without one.
 """
 from __future__ import annotations
 
-import importlib.util
+import ctypes
 import logging
-import os
+import stat
 import sys
 
-import numba  # noqa: F401  (the test install has it: its absence is a failure here, not a skip)
 import pytest
 import specaudit.invariants.compiled as compiled
 from specaudit.invariants import all_rules
@@ -36,17 +37,26 @@ def test_small_batches_and_the_switch_give_numpy(monkeypatch):
     assert compiled.kernels("m", rows=10 ** 9) is None
 
 
-def test_without_numba_numpy(monkeypatch):
-    monkeypatch.setattr(compiled, "_LOADED", {"m": "kernels"})
+def test_without_a_c_compiler_numpy_said_once(monkeypatch, tmp_path, caplog):
+    (tmp_path / "k_src.c").write_text("int one(void) { return 1; }\n")
+    (tmp_path / "k_cc_mod.py").write_text(
+        "from pathlib import Path\nfrom specaudit.invariants.compiled import library\n"
+        "LIB = library(Path(__file__).with_name('k_src.c'))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(compiled, "_LOADED", {})
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("SPECAUDIT_KERNEL_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv(compiled.ENV, raising=False)
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "numba" else real(name, *a))
-    assert not compiled.available()
-    assert compiled.kernels("m", rows=10 ** 9) is None
+    with caplog.at_level(logging.WARNING, logger=compiled.__name__):
+        assert compiled.kernels("k_cc_mod", rows=10 ** 6) is None
+        assert compiled.kernels("k_cc_mod", rows=10 ** 6) is None
+    said = [r.getMessage() for r in caplog.records if "k_cc_mod" in r.getMessage()]
+    assert len(said) == 1 and "no C compiler" in said[0] and "numpy" in said[0], said
+    sys.modules.pop("k_cc_mod", None)
 
 
 def test_a_kernel_module_that_fails_to_load_is_numpy_once_and_logged(monkeypatch, tmp_path, caplog):
-    (tmp_path / "broken_kernels_mod.py").write_text("raise RuntimeError('cannot cache: read-only folder')\n")
+    (tmp_path / "broken_kernels_mod.py").write_text("raise RuntimeError('cannot build: read-only folder')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(compiled, "_LOADED", {})
     monkeypatch.delenv(compiled.ENV, raising=False)
@@ -58,20 +68,49 @@ def test_a_kernel_module_that_fails_to_load_is_numpy_once_and_logged(monkeypatch
     sys.modules.pop("broken_kernels_mod", None)
 
 
-def test_cache_folder_is_set_only_when_the_modules_own_is_not_writable(monkeypatch, tmp_path):
-    (tmp_path / "k_mod.py").write_text("")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
-    compiled._cache_dir("k_mod")                     # tmp_path is writable: numba caches beside it
-    assert "NUMBA_CACHE_DIR" not in os.environ
-    monkeypatch.setattr(compiled.os, "access", lambda p, mode: str(p) != str(tmp_path))
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    compiled._cache_dir("k_mod")
-    got = os.environ.get("NUMBA_CACHE_DIR")
-    assert got == str(tmp_path / "home" / ".cache" / "specaudit" / "numba")
-    monkeypatch.setenv("NUMBA_CACHE_DIR", "/somewhere/else")
-    compiled._cache_dir("k_mod")                     # the user's own choice is kept
-    assert os.environ["NUMBA_CACHE_DIR"] == "/somewhere/else"
+def test_a_library_is_built_once_per_source_and_rebuilt_when_it_changes(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECAUDIT_KERNEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(compiled, "_LIBS", {})
+    src = tmp_path / "k_once.c"
+    src.write_text("#include <stdint.h>\nint64_t k(int64_t x) { return x + 1; }\n")
+    lib = compiled.library(src)
+    lib.k.restype, lib.k.argtypes = ctypes.c_int64, [ctypes.c_int64]
+    assert lib.k(41) == 42
+    built = sorted((tmp_path / "cache").glob("k_once-*.so"))
+    assert len(built) == 1 and not list((tmp_path / "cache").glob(".k_once-*"))   # no temporary left
+    assert compiled.library(src) is lib                      # once per process
+    monkeypatch.setattr(compiled, "_LIBS", {})
+    compiled.library(src)                                    # a new process: the cached file, no build
+    assert sorted((tmp_path / "cache").glob("k_once-*.so")) == built
+    src.write_text("#include <stdint.h>\nint64_t k(int64_t x) { return x + 2; }\n")
+    monkeypatch.setattr(compiled, "_LIBS", {})
+    lib2 = compiled.library(src)
+    lib2.k.restype, lib2.k.argtypes = ctypes.c_int64, [ctypes.c_int64]
+    assert lib2.k(41) == 43 and len(list((tmp_path / "cache").glob("k_once-*.so"))) == 2
+
+
+def test_a_source_that_does_not_compile_says_the_compilers_words(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECAUDIT_KERNEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(compiled, "_LIBS", {})
+    src = tmp_path / "k_bad.c"
+    src.write_text("int k(void) { return undeclared_name; }\n")
+    with pytest.raises(OSError, match="undeclared_name"):
+        compiled.library(src)
+    assert not list((tmp_path / "cache").iterdir())          # nothing half-built left behind
+
+
+def test_the_cache_folder_is_private_and_one_open_to_others_is_refused(monkeypatch, tmp_path):
+    monkeypatch.delenv("SPECAUDIT_KERNEL_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    got = compiled.cache_folder()
+    assert got == tmp_path / "xdg" / "specaudit" / "kernels"
+    assert stat.S_IMODE(got.stat().st_mode) & 0o077 == 0
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("SPECAUDIT_KERNEL_CACHE", str(shared))
+    with pytest.raises(OSError, match="can be written by others"):
+        compiled.cache_folder()
 
 
 # ------------------------------------------------- the same check with and without

@@ -31,7 +31,7 @@ def test_wheel_contents(wheel):
                  "specaudit/integrations/transformers.py", "specaudit/postmortem/queries/a_vs_b.sql"]:
         assert need in names, need
     for d in ("invariants", "kernels", "dashboards"):
-        kinds = (".py", ".json", ".yml", ".yaml", ".sql")
+        kinds = (".py", ".json", ".yml", ".yaml", ".sql", ".c", ".h")
         src = {p.relative_to(REPO / d).as_posix() for p in (REPO / d).rglob("*")
                if p.is_file() and "__pycache__" not in p.parts and p.suffix in kinds}
         shipped = {n.split(f"specaudit/{d}/", 1)[1] for n in names if n.startswith(f"specaudit/{d}/")}
@@ -41,6 +41,9 @@ def test_wheel_contents(wheel):
     pkg = {p.relative_to(REPO).as_posix() for p in (REPO / "specaudit").rglob("*.py")
            if "__pycache__" not in p.parts}
     assert pkg <= names, f"missing from the wheel: {sorted(pkg - names)}"
+    # the compiled kernels' C sources: built on the user's machine, so they must ship
+    csrc = {p.relative_to(REPO).as_posix() for p in (REPO / "specaudit").rglob("*.c")}
+    assert csrc and csrc <= names, f"C sources missing from the wheel: {sorted(csrc - names)}"
     sql = {p.name for p in (REPO / "specaudit" / "postmortem" / "queries").glob("*.sql")}
     assert {n.rsplit("/", 1)[1] for n in names if n.startswith("specaudit/postmortem/queries/")} >= sql
     assert not any(n.endswith((".pt", ".pth", ".bin", ".pkl")) for n in names), "pickle weights shipped"
