@@ -9,8 +9,8 @@ per-row Python implementation of the same rules (specaudit.check_reference), sam
 1. writes a contract-valid synthetic dataset (specaudit.synth) of --steps steps;
 2. checks it with the full catalog in a fresh process (`check_paths`), reporting
    steps/s and that process's peak RSS (the dataset generator's memory is not counted).
-   A first, unmeasured check before it lets numba compile the kernels into its disk
-   cache (first_check_seconds; invariants/compiled.py); `kernels` names those the
+   A first, unmeasured check before it builds the C kernels into the user's cache on a
+   fresh machine (first_check_seconds; invariants/compiled.py); `kernels` names those the
    measured check used. Right after, the same check with numpy alone
    (SPECAUDIT_COMPILED=0): numpy_steps_per_s and compiled_over_numpy (its seconds over
    the kernels' seconds); its findings must equal the kernels' (asserted);
@@ -219,9 +219,9 @@ def main(argv=None) -> int:
     try:
         run_dir = dataset(args.steps)
         quiet_machine()
-        # a first check: numba compiles the kernels into its disk cache on a fresh install
-        # (seconds, once); the measured check below loads them from there, as every later
-        # check on this machine does
+        # a first check: on a fresh machine the C kernels are built into the user's cache
+        # (about a second, once: invariants/compiled.py); the measured check below loads
+        # them from there, as every later check on this machine does
         first = child(CHILD_CHECK, run_dir, threads=args.threads)
         print(json.dumps({"phase": "first-check", "seconds": first["seconds"], "kernels": first["kernels"]}),
               flush=True)
