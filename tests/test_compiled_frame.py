@@ -27,7 +27,7 @@ from specaudit.trace.synth import write_synthetic_dataset
 FILLED = ("path_struct_bad", "last_node", "bonus", "expected_commit", "commit_k", "commit_mismatch_at",
           "commit_eos_at", "commit_last", "has_prev", "prev_step", "prev_seq_end", "prev_last", "prev_finished",
           "out_before", "contiguous")
-DERIVED = ("path_ok", "group_first", "true_depth")
+DERIVED = ("path_ok", "group_first", "true_depth", "commit_row", "path_row")
 TRACE_RULES = [r for r in all_rules() if r.scope != "source"]
 
 
