@@ -79,9 +79,9 @@ class StepFrame(TreeShapes, FrameLink):
         self._check_structure()
         self._set_safe_parents()
         # accepted path and commit (flat in batch order; *_start per sorted row)
-        self.path, self.path_start, self.path_len, self.path_row = self._own(raw["accepted_path"], self.inv, self.order)
-        self.commit, self.commit_start, self.commit_n, _ = self._own(
-            raw["committed_tokens"], self.inv, self.order, rows=False)   # commit_row: on first use
+        # (path_row, commit_row: built on first use)
+        self.path, self.path_start, self.path_len = self._own(raw["accepted_path"], self.order)
+        self.commit, self.commit_start, self.commit_n = self._own(raw["committed_tokens"], self.order)
         self.true_depth = self.path_len - 1
         # a big batch: the path, commit and link arrays from compiled kernels (frame_link.py)
         self._kern = compiled.kernels(KERNELS, rows=self.R)
@@ -292,14 +292,14 @@ class StepFrame(TreeShapes, FrameLink):
         return np.where(ok, v[np.minimum(idx, len(v) - 1)], -1).astype(I64)
 
     @staticmethod
-    def _own(part, inv, order, rows=True):
+    def _own(part, order):
         """A ragged list column -> (flat values in batch order, start per sorted row,
-        length per sorted row, sorted row of each flat entry or None without `rows`)."""
+        length per sorted row)."""
         off, v, lens = part
         ln = np.maximum(lens, 0)
         flat = list_values(off, v, lens)
         s0 = np.cumsum(ln) - ln
-        return flat, s0[order], ln[order], np.repeat(inv, ln) if rows else None   # inv[row of each entry]
+        return flat, s0[order], ln[order]
 
     def row_any(self, flat: np.ndarray) -> np.ndarray:
         """Per-row any() of a bool array over this frame's flat nodes."""
@@ -443,9 +443,13 @@ class StepFrame(TreeShapes, FrameLink):
     def expected_start(self) -> np.ndarray:
         return self.path_start
 
+    # the sorted row of each path and commit entry (inv[batch row of each entry])
+    @cached_property
+    def path_row(self) -> np.ndarray:
+        return np.repeat(self.inv, self.path_len[self.inv])
+
     @cached_property
     def commit_row(self) -> np.ndarray:
-        """Sorted row of each commit entry (no rule's: built when numpy's commit_k or carry asks)."""
         return np.repeat(self.inv, self.commit_n[self.inv])
 
     @cached_property

@@ -9,7 +9,7 @@ commit entries, flat in batch order, path_start / commit_start per sorted row; G
 request groups (runs of sorted rows of one request, starting at gstart [G]), cr [G]
 their carry rows.
 
-  path_commit: path_struct_bad, last_node, bonus (greedy: the target's argmax at the
+  path_commit: path_k, path_glob, path_struct_bad, last_node, bonus (greedy: the target's argmax at the
       path's last node), expected_commit, commit_k, commit_mismatch_at, commit_eos_at,
       commit_last (StepFrame's cached properties of those names);
   link_rows: has_prev, prev_step, prev_seq_end, prev_last, prev_finished, out_before,
@@ -27,10 +27,10 @@ from .carry import _MIX1, _MIX2, _MIX3
 @njit(cache=True, nogil=True)
 def path_commit(start, n, T, tokens, argmax, parent_in_row, path, path_start, path_len,
                 commit, commit_start, commit_n, eos_id,
-                psb, last_node, bonus, expected, commit_k, mis_at, eos_at, c_last):
+                psb, last_node, bonus, expected, commit_k, mis_at, eos_at, c_last, path_k, path_glob):
     """start, n, path_start, path_len, commit_start, commit_n [R]; tokens, argmax,
     parent_in_row [T]; path [P]; commit [C]. Writes psb (bool), last_node, bonus,
-    mis_at, eos_at, c_last [R]; expected [P]; commit_k [C]."""
+    mis_at, eos_at, c_last [R]; expected, path_k, path_glob [P]; commit_k [C]."""
     R = len(start)
     for r in range(R):
         s, nr, ps, pl = start[r], n[r], path_start[r], path_len[r]
@@ -39,6 +39,8 @@ def path_commit(start, n, T, tokens, argmax, parent_in_row, path, path_start, pa
         bad = pl < 1
         for k in range(pl):
             node = path[ps + k]
+            path_k[ps + k] = k
+            path_glob[ps + k] = s + node if 0 <= node < nr else 0
             if node < 0 or node >= nr:
                 bad = True
             elif k == 0:

@@ -24,9 +24,9 @@ from specaudit.audit.check.stream import STEP_READ_COLUMNS, _file_batches, prove
 from specaudit.trace.synth import write_synthetic_dataset
 
 # what the kernels fill (path_commit, link_rows), and derived arrays that read them
-FILLED = ("path_struct_bad", "last_node", "bonus", "expected_commit", "commit_k", "commit_mismatch_at",
-          "commit_eos_at", "commit_last", "has_prev", "prev_step", "prev_seq_end", "prev_last", "prev_finished",
-          "out_before", "contiguous")
+FILLED = ("path_k", "path_glob", "path_struct_bad", "last_node", "bonus", "expected_commit", "commit_k",
+          "commit_mismatch_at", "commit_eos_at", "commit_last", "has_prev", "prev_step", "prev_seq_end", "prev_last",
+          "prev_finished", "out_before", "contiguous")
 DERIVED = ("path_ok", "group_first", "true_depth", "commit_row", "path_row")
 TRACE_RULES = [r for r in all_rules() if r.scope != "source"]
 
@@ -53,7 +53,7 @@ def _frames(batches, cfg, on: bool, monkeypatch):
         assert (f._kern is not None) == on
         sampling = any(c in f.columns for c in ("accept_u", "sampled_token"))
         if on and not sampling:   # the kernel pass filled them in __init__
-            assert all(k in f.__dict__ for k in FILLED[:8])
+            assert all(k in f.__dict__ for k in FILLED[:10])
         arrays = {k: getattr(f, k) for k in FILLED + DERIVED}
         res = CheckResult(max_per_code=0)
         for rule in rules:
