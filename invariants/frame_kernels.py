@@ -25,14 +25,17 @@ from .carry import _MIX1, _MIX2, _MIX3
 
 
 @njit(cache=True, nogil=True)
-def path_commit(start, n, T, tokens, argmax, parent_in_row, path, path_start, path_len,
+def path_commit(inv, start, n, T, tokens, argmax, parent_in_row, path, path_start, path_len,
                 commit, commit_start, commit_n, eos_id,
                 psb, last_node, bonus, expected, commit_k, mis_at, eos_at, c_last, path_k, path_glob):
-    """start, n, path_start, path_len, commit_start, commit_n [R]; tokens, argmax,
-    parent_in_row [T]; path [P]; commit [C]. Writes psb (bool), last_node, bonus,
-    mis_at, eos_at, c_last [R]; expected, path_k, path_glob [P]; commit_k [C]."""
+    """inv [R]: the sorted row of each batch row (rows are visited in batch order, the
+    flat arrays' own: sequential reads, ~25% less time on a tree batch); start, n,
+    path_start, path_len, commit_start, commit_n [R]; tokens, argmax, parent_in_row [T];
+    path [P]; commit [C]. Writes psb (bool), last_node, bonus, mis_at, eos_at, c_last
+    [R]; expected, path_k, path_glob [P]; commit_k [C]."""
     R = len(start)
-    for r in range(R):
+    for b in range(R):
+        r = inv[b]
         s, nr, ps, pl = start[r], n[r], path_start[r], path_len[r]
         # the path: starts at node 0, stays inside the row's tree, each entry a child
         # of the one before (by the safe parents); an empty path is bad too

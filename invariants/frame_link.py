@@ -42,7 +42,7 @@ class FrameLink:
                                ("commit_eos_at", R, I64), ("commit_last", R, I64), ("path_k", P, I64),
                                ("path_glob", P, I64)):
             d[name] = np.empty(size, dtype=dt)
-        k.path_commit(self.start, self.n, self.T, self.tokens, self.argmax, self.parent_in_row, self.path,
+        k.path_commit(self.inv, self.start, self.n, self.T, self.tokens, self.argmax, self.parent_in_row, self.path,
                       self.path_start, self.path_len, self.commit, self.commit_start, self.commit_n, self.eos_id,
                       d["path_struct_bad"], d["last_node"], d["bonus"], d["expected_commit"], d["commit_k"],
                       d["commit_mismatch_at"], d["commit_eos_at"], d["commit_last"], d["path_k"], d["path_glob"])
