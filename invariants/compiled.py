@@ -15,6 +15,11 @@ its numpy, when:
   - the kernel module failed to import or compile here (say a read-only cache folder):
     logged once, then numpy for the rest of the process.
 
+numba's own start-up is paid once per process: its import (~0.1 s) and its CPU target
+(~0.1 s), set up here without numba's BLAS probe, which imports scipy.linalg (~0.2 s
+more) only to learn whether np.correlate and np.convolve's inner products may call a
+BLAS; no kernel here uses them (see `_start_numba`).
+
 Kernels are compiled on first use and cached on disk (numba's cache=True): beside the
 module when its folder is writable, else in NUMBA_CACHE_DIR, which this sets when
 unset to the user's cache folder (~/.cache/specaudit/numba) or, failing that, a
@@ -26,6 +31,7 @@ import importlib
 import importlib.util
 import logging
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -53,11 +59,36 @@ def kernels(module: str, rows: int):
 def _load(module: str):
     _cache_dir(module)
     try:
+        _start_numba()
         return importlib.import_module(module)
     except Exception as e:   # numba's own errors vary by version: any failure means numpy
         log.warning("compiled kernels %s unavailable (%s: %s); checking with numpy", module,
                     type(e).__name__, e)
         return None
+
+
+_BLAS_PROBE = "scipy.linalg.cython_blas"   # what numba imports to probe for a BLAS
+
+
+def _start_numba() -> None:
+    """Set numba's CPU target up (typing and target registries) with its BLAS probe
+    seeing no scipy, unless scipy.linalg is loaded already (the probe is free then).
+
+    The probe (numba.np.arraymath's _HAVE_BLAS) only picks np.correlate/np.convolve's
+    inner product: a plain loop instead of BLAS in this process. np.dot and
+    np.linalg import scipy themselves when a function using them compiles (after this
+    returns), so they are unaffected. The probe's name is hidden only while the
+    registries load."""
+    if _BLAS_PROBE in sys.modules:
+        return
+    from numba.core.registry import cpu_target
+    sys.modules[_BLAS_PROBE] = None   # `import` of it raises ImportError, scipy is not imported
+    try:
+        cpu_target.typing_context.refresh()
+        cpu_target.target_context.refresh()
+    finally:
+        if _BLAS_PROBE in sys.modules and sys.modules[_BLAS_PROBE] is None:
+            del sys.modules[_BLAS_PROBE]
 
 
 def _cache_dir(module: str) -> None:

@@ -201,3 +201,28 @@ def test_numpy_when_switched_off(monkeypatch):
     batches, cfg = _fixture_batches(run, parts=1)
     f = StepFrame(batches[0], carry=Carry(), **cfg)
     assert f._kern is None and "commit_mismatch_at" not in f.__dict__
+
+
+START = r"""
+import sys
+import numpy as np
+from numba import njit
+from specaudit.invariants import compiled
+assert compiled.kernels("specaudit.invariants.frame_kernels", rows=compiled.MIN_ROWS) is not None
+print("scipy.linalg" in sys.modules)
+
+@njit
+def dot(a, b):
+    return np.dot(a, b)
+
+print(dot(np.ones(3), np.ones(3)))
+"""
+
+
+def test_numba_starts_without_importing_scipy_linalg():
+    """compiled._start_numba: loading the kernels imports no scipy.linalg (numba's BLAS
+    probe, ~0.2 s), and np.dot still compiles after (it imports scipy itself)."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", START], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "3.0"], out.stdout + out.stderr
