@@ -60,6 +60,9 @@ def _load(module: str):
     _cache_dir(module)
     try:
         _start_numba()
+    except Exception as e:   # (another numba's internals): numba starts as it would anyway
+        log.debug("numba's target set up as usual (%s: %s)", type(e).__name__, e)
+    try:
         return importlib.import_module(module)
     except Exception as e:   # numba's own errors vary by version: any failure means numpy
         log.warning("compiled kernels %s unavailable (%s: %s); checking with numpy", module,
