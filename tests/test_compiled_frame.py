@@ -60,7 +60,9 @@ def _frames(batches, cfg, on: bool, monkeypatch):
             emit_hits(rule, rule.check(f), f, res, kind="step")
         f.finish_carry()
         out.append((arrays, [x.to_dict() for x in res.findings]))
-    return out, {k: carry.view(k).copy() for k in Carry.FIELDS}
+    fields = {k: carry.view(k).copy() for k in Carry.FIELDS}
+    carry.close()
+    return out, fields
 
 
 def _assert_same(batches, cfg, monkeypatch) -> int:
@@ -192,6 +194,27 @@ def test_big_corrupted_batches_equal_numpy(algo, n_nodes, ragged, tmp_path, kern
                conventions=conv)
     assert _assert_same(batches, cfg, kernels_on) == 0    # a valid run: no finding either way
     assert _assert_same(mixed, cfg, kernels_on) > 0       # the corruptions are found, the same
+
+
+def test_paged_carry_equal_numpy(tmp_path, kernels_on):
+    """A carry paged out (pages of 16 requests, 64 in memory): the kernels read and fold
+    the rows carry.rows gives, as numpy does."""
+    from specaudit.invariants import carry as carry_mod
+    kernels_on.setattr(carry_mod, "PAGE_SLOTS", 16)
+    kernels_on.setattr(carry_mod, "SPILL_SLOTS", 64)
+    run_dir = write_synthetic_dataset(tmp_path, 6000, n_nodes=8, algo="chain", seed=5, run_id="k-paged",
+                                      rollups=False)
+    pf = pq.ParquetFile(next(run_dir.glob("steps-*.parquet")))
+    batches = [_corrupt(b, seed=i) if i % 2 else b for i, b in enumerate(pf.iter_batches(batch_size=1000))]
+    manifest = json.loads((run_dir / "run.json").read_text())
+    eos_id, max_new, conv = run_config(manifest)
+    cfg = dict(run_id=manifest["run_id"], eos_id=eos_id, max_new_tokens=max_new, manifest=manifest,
+               conventions=conv)
+    c = Carry()
+    c.index([str(i) for i in range(100)])
+    assert c.paged, "the test's carry should page"
+    c.close()
+    assert _assert_same(batches, cfg, kernels_on) > 0
 
 
 def test_numpy_when_switched_off(monkeypatch):
