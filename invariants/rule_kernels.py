@@ -1,0 +1,134 @@
+"""Compiled "is anything bad in this batch?" tests of the hottest step rules (numba).
+
+    kern = compiled.kernels("specaudit.invariants.rule_kernels", rows=f.R)   # or None
+
+Each kernel answers, in one pass over the frame's own arrays, whether the rule's numpy
+mask has any hit (True) or none (False); when it says True the rule runs its numpy
+code unchanged, which finds the rows and builds every message. The numpy code is the
+definition: tests/test_compiled_rules.py holds each answer equal to numpy's mask.any()
+and the findings equal with and without kernels. Imported only through
+invariants/compiled.py (it imports numba).
+
+Shapes, as in StepFrame (invariants/frame.py): R rows, "sorted rows" r (by request,
+step) or "batch rows" b (the file's order; inv [R] maps b -> r); T flat nodes in batch
+order, sorted row r's at start[r] .. start[r] + n[r] - 1, a uniform-N batch's viewed as
+[R, N0] blocks (block b is batch row b); P flat path entries in batch order, row r's at
+path_start[r] .. path_start[r] + path_len[r] - 1, path_row [P] the sorted row of each.
+Node indices in path and parent_in_row are local to their row. Inner loops over a row
+run to their end (no early exit: they vectorise), the batch stops at a bad block.
+
+  positions_bad_uniform / positions_bad_parents   SA201 (positions = seq_len + depth)
+  path_argmax_bad                                 SA304 (path follows the argmax)
+  path_not_maximal_table / path_not_maximal       SA305 (no child carries the bonus)
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True)
+def positions_bad_uniform(pos, seq_len, inv, ids, depth):
+    """SA201 on a uniform-N batch of known shapes: any pos[b, i] != seq_len[inv[b]] +
+    depth[ids[b], i]. pos [R, N0] (int32 or int64), seq_len [R] (sorted rows), inv [R],
+    ids [R] (batch row -> shape; empty: every row is shape 0), depth [U, N0] -> bool."""
+    R, N0 = pos.shape
+    one = len(ids) == 0
+    for b in range(R):
+        want = seq_len[inv[b]]
+        u = 0 if one else ids[b]
+        bad = False
+        for i in range(N0):
+            bad |= pos[b, i] != want + depth[u, i]
+        if bad:
+            return True
+    return False
+
+
+@njit(cache=True, nogil=True)
+def positions_bad_parents(pos, seq_len, start, n, parent_in_row):
+    """SA201 on any batch: each node's depth from the safe parents (parent_in_row [T], an
+    earlier node of the row, -1 at a root), then any pos[start[r] + i] != seq_len[r] +
+    depth. pos [T], seq_len, start, n [R] (sorted rows) -> bool."""
+    dep = np.zeros(max(n.max(), 1) if len(n) else 1, dtype=np.int64)   # [max N]: one row's depths
+    for r in range(len(start)):
+        s, want = start[r], seq_len[r]
+        bad = False
+        for i in range(n[r]):
+            p = parent_in_row[s + i]
+            d = dep[p] + 1 if p >= 0 else 0
+            dep[i] = d
+            bad |= pos[s + i] != want + d
+        if bad:
+            return True
+    return False
+
+
+@njit(cache=True, nogil=True)
+def path_argmax_bad(ok, path, path_row, start, argmax, tokens):
+    """SA304: any entry j of an ok row's path (not its first: path_row[j - 1] is the same
+    row) whose node's token differs from the target's argmax at entry j - 1's node.
+    ok [R] bool (sorted rows: a valid walk, every entry inside the row), path, path_row
+    [P], start [R], argmax, tokens [T] -> bool. Entries of other rows read a clamped
+    index and count for nothing."""
+    P, T1 = len(path), len(argmax) - 1
+    if T1 < 0:
+        return False
+    for j0 in range(1, P, 1024):
+        bad = False
+        for j in range(j0, min(j0 + 1024, P)):
+            r = path_row[j]
+            use = ok[r] & (path_row[j - 1] == r)
+            s = start[r]
+            a = argmax[min(max(s + path[j - 1], 0), T1)]
+            t = tokens[min(max(s + path[j], 0), T1)]
+            bad |= use & (a != t)
+        if bad:
+            return True
+    return False
+
+
+@njit(cache=True, nogil=True)
+def path_not_maximal_table(ok, path, path_start, path_len, inv, ids, children, tok, arg):
+    """SA305 on a uniform-N batch of known shapes: any ok row whose path's last node L
+    has a child c with tok[b, c] == arg[b, L] (the bonus). ok [R] bool (sorted rows: a
+    valid walk of at least one entry, not sampled), path [P], path_start, path_len, inv
+    [R], ids [R] (batch row -> shape; empty: every row is shape 0), children [U, N0, K]
+    (each node's children ascending, -1 after the last), tok, arg [R, N0] -> bool."""
+    R = tok.shape[0]
+    K = children.shape[2]
+    one = len(ids) == 0
+    for b in range(R):
+        r = inv[b]
+        if not ok[r]:
+            continue
+        last = path[path_start[r] + path_len[r] - 1]
+        bonus = arg[b, last]
+        u = 0 if one else ids[b]
+        bad = False
+        for k in range(K):
+            c = children[u, last, k]
+            bad |= (c >= 0) & (tok[b, max(c, 0)] == bonus)
+        if bad:
+            return True
+    return False
+
+
+@njit(cache=True, nogil=True)
+def path_not_maximal(ok, path, path_start, path_len, start, n, parent_in_row, tokens, argmax):
+    """SA305 on any batch: any ok row whose path's last node L has a child (a later node
+    whose safe parent, parent_in_row [T], is L) carrying argmax at L. ok [R] bool as in
+    path_not_maximal_table, path [P], path_start, path_len, start, n [R], tokens, argmax
+    [T] -> bool."""
+    for r in range(len(ok)):
+        if not ok[r]:
+            continue
+        s = start[r]
+        last = path[path_start[r] + path_len[r] - 1]
+        bonus = argmax[s + last]
+        bad = False
+        for i in range(last + 1, n[r]):
+            bad |= (parent_in_row[s + i] == last) & (tokens[s + i] == bonus)
+        if bad:
+            return True
+    return False
