@@ -20,6 +20,8 @@ run to their end (no early exit: they vectorise), the batch stops at a bad block
   positions_bad_uniform / positions_bad_parents   SA201 (positions = seq_len + depth)
   path_argmax_bad                                 SA304 (path follows the argmax)
   path_not_maximal_table / path_not_maximal       SA305 (no child carries the bonus)
+  root_parent_bad                                 SA103 (the root's parent is -1)
+  root_continuity_bad                             SA403 (the root continues the last commit)
 """
 from __future__ import annotations
 
@@ -46,12 +48,14 @@ def positions_bad_uniform(pos, seq_len, inv, ids, depth):
 
 
 @njit(cache=True, nogil=True)
-def positions_bad_parents(pos, seq_len, start, n, parent_in_row):
+def positions_bad_parents(pos, seq_len, start, n, parent_in_row, inv):
     """SA201 on any batch: each node's depth from the safe parents (parent_in_row [T], an
     earlier node of the row, -1 at a root), then any pos[start[r] + i] != seq_len[r] +
-    depth. pos [T], seq_len, start, n [R] (sorted rows) -> bool."""
+    depth. pos [T], seq_len, start, n [R] (sorted rows), inv [R] (rows visited in batch
+    order: the nodes in memory order) -> bool."""
     dep = np.zeros(max(n.max(), 1) if len(n) else 1, dtype=np.int64)   # [max N]: one row's depths
-    for r in range(len(start)):
+    for b in range(len(inv)):
+        r = inv[b]
         s, want = start[r], seq_len[r]
         bad = False
         for i in range(n[r]):
@@ -115,12 +119,13 @@ def path_not_maximal_table(ok, path, path_start, path_len, inv, ids, children, t
 
 
 @njit(cache=True, nogil=True)
-def path_not_maximal(ok, path, path_start, path_len, start, n, parent_in_row, tokens, argmax):
+def path_not_maximal(ok, path, path_start, path_len, start, n, parent_in_row, tokens, argmax, inv):
     """SA305 on any batch: any ok row whose path's last node L has a child (a later node
     whose safe parent, parent_in_row [T], is L) carrying argmax at L. ok [R] bool as in
     path_not_maximal_table, path [P], path_start, path_len, start, n [R], tokens, argmax
-    [T] -> bool."""
-    for r in range(len(ok)):
+    [T], inv [R] (rows visited in batch order) -> bool."""
+    for b in range(len(inv)):
+        r = inv[b]
         if not ok[r]:
             continue
         s = start[r]
@@ -129,6 +134,36 @@ def path_not_maximal(ok, path, path_start, path_len, start, n, parent_in_row, to
         bad = False
         for i in range(last + 1, n[r]):
             bad |= (parent_in_row[s + i] == last) & (tokens[s + i] == bonus)
+        if bad:
+            return True
+    return False
+
+
+@njit(cache=True, nogil=True)
+def root_parent_bad(root_parent_bad, n):
+    """SA103: any row with nodes whose root's parent is not -1. root_parent_bad [R]
+    bool (the frame's), n [R] -> bool."""
+    bad = False
+    for r in range(len(n)):
+        bad |= root_parent_bad[r] & (n[r] > 0)
+    return bad
+
+
+@njit(cache=True, nogil=True)
+def root_continuity_bad(has_prev, step, prev_step, prev_last, start, n, tokens, inv):
+    """SA403: any row that follows its request's previous step (step = prev_step + 1)
+    whose root token differs from that step's last committed token. has_prev, step,
+    prev_step, prev_last, start, n [R] (sorted rows), tokens [T], inv [R] (rows visited
+    in batch order: the roots in memory order) -> bool."""
+    R, T1 = len(n), len(tokens) - 1
+    if T1 < 0:
+        return False
+    for b0 in range(0, R, 1024):
+        bad = False
+        for b in range(b0, min(b0 + 1024, R)):
+            r = inv[b]
+            use = has_prev[r] & (step[r] == prev_step[r] + 1) & (n[r] > 0)
+            bad |= use & (tokens[min(start[r], T1)] != prev_last[r])
         if bad:
             return True
     return False

@@ -100,7 +100,7 @@ def _positions_bad(kern, f) -> bool:
         shapes = f.__dict__.get("_shapes")   # grouped by the frame when every row is ok
         if shapes is not None:
             return kern.positions_bad_uniform(pos, f.seq_len, f.inv, shapes[0], f.shape_depth)
-    return kern.positions_bad_parents(f.positions, f.seq_len, f.start, f.n, f.parent_in_row)
+    return kern.positions_bad_parents(f.positions, f.seq_len, f.start, f.n, f.parent_in_row, f.inv)
 
 
 class MaskHash(Rule):

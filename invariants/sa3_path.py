@@ -262,7 +262,7 @@ def _path_not_maximal(kern, f, ok) -> bool:
             return kern.path_not_maximal_table(ok, f.path, f.path_start, f.path_len, f.inv, shapes[0],
                                                f.shape_children, tok, arg)
     return kern.path_not_maximal(ok, f.path, f.path_start, f.path_len, f.start, f.n, f.parent_in_row,
-                                 f.tokens, f.argmax)
+                                 f.tokens, f.argmax, f.inv)
 
 
 class CommitLenVsTokens(Rule):

@@ -1,4 +1,5 @@
-"""The compiled "anything bad?" tests of SA201, SA304 and SA305 (invariants/rule_kernels.py)
+"""The compiled "anything bad?" tests of SA201, SA304, SA305, SA103 and SA403
+(invariants/rule_kernels.py)
 answer exactly as the rules' numpy masks, and the rules find the same with and without them.
 
 compiled.MIN_ROWS is patched to 0 so that small batches take the compiled path; the
@@ -20,7 +21,7 @@ from specaudit.audit.check import check_paths
 from specaudit.trace.synth import synth_run_rows
 
 KERNELS = "specaudit.invariants.rule_kernels"
-CODES = ("SA201", "SA304", "SA305")
+CODES = ("SA201", "SA304", "SA305", "SA103", "SA403")
 TRACE_RULES = [r for r in all_rules() if r.scope != "source"]
 
 
@@ -88,6 +89,10 @@ def _answer(code, f, kern):
     """The kernel's fast test for rule `code` on frame f (True: something is bad), or None
     where the rule returns before asking it."""
     ok = f.path_ok & ~f.sampled
+    if code == "SA103":
+        return bool(kern.root_parent_bad(f.root_parent_bad, f.n))
+    if code == "SA403":
+        return bool(kern.root_continuity_bad(f.has_prev, f.step, f.prev_step, f.prev_last, f.start, f.n, f.tokens, f.inv))
     if code == "SA201":
         return None if f.T == 0 else bool(sa2._positions_bad(kern, f))
     if code == "SA304":
@@ -133,10 +138,11 @@ def _children(row):
     return kids
 
 
-def _corrupt(rng, rows, kind):
-    """One row of `rows` (a copy) broken as `kind`; None when no row can be."""
+def _corrupt(rng, rows, kind, last=False):
+    """One row of `rows` (a copy) broken as `kind`, a random one or the last that can be;
+    None when no row can be."""
     rows = [dict(r, **{k: list(v) for k, v in r.items() if isinstance(v, list)}) for r in rows]
-    order = rng.permutation(len(rows))
+    order = range(len(rows) - 1, -1, -1) if last else rng.permutation(len(rows))
     for i in order:
         r = rows[i]
         path, n = r["accepted_path"], len(r["node_tokens"])
@@ -158,6 +164,10 @@ def _corrupt(rng, rows, kind):
             if not kids:
                 continue
             r["node_tokens"][kids[int(rng.integers(0, len(kids)))]] = r["target_argmax"][path[-1]]
+        elif kind == "root_parent":                               # SA103
+            r["parents"][0] = int(rng.choice([0, 3, -2]))
+        elif kind == "root_token" and r["step"] >= 1:             # SA403: the root is not the last commit
+            r["node_tokens"][0] = (r["node_tokens"][0] + 5) % 250 + 1
         elif kind == "bad_parent" and n >= 3:                     # a row no deeper rule trusts
             r["parents"][-1] = n + 2
         elif kind == "short_positions" and n >= 2:                # a per-node list too short (int64)
@@ -170,8 +180,8 @@ def _corrupt(rng, rows, kind):
     return None
 
 
-KINDS = ["position", "position_all", "argmax", "token", "stop_early", "child_matches", "bad_parent",
-         "short_positions", "bad_path_node"]
+KINDS = ["position", "position_all", "argmax", "token", "stop_early", "child_matches", "root_parent",
+         "root_token", "bad_parent", "short_positions", "bad_path_node"]
 CASES = [("chain", 8, False), ("chain", 3, False), ("tree", 6, False), ("tree", 9, False),
          ("tree", 32, False), ("chain", 8, True), ("tree", 9, True)]
 
@@ -198,6 +208,19 @@ def test_corrupted_batches_agree(algo, n_nodes, ragged, seed, small_batches):
         many = _corrupt(rng, many, kind) or many
     _agree(pa.RecordBatch.from_pylist(many, schema=schema), small_batches)
     assert set(CODES) <= found, found
+
+
+@pytest.mark.parametrize("algo,n_nodes", [("chain", 8), ("tree", 32)])
+def test_one_bad_row_at_the_end_of_a_big_batch(algo, n_nodes, small_batches):
+    """Kernels stop at the first bad block: a single bad row in the batch's last rows
+    (past several blocks of rows and of path entries) is still seen."""
+    rows, schema = _rows(algo, n_nodes, seed=11, n=300)
+    assert len(rows) > 3000
+    rng = np.random.default_rng(2)
+    for kind, code in (("position", "SA201"), ("argmax", "SA304"), ("stop_early", "SA305"),
+                       ("root_parent", "SA103"), ("root_token", "SA403")):
+        assert code in _agree(pa.RecordBatch.from_pylist(_corrupt(rng, rows, kind, last=True), schema=schema),
+                              small_batches), kind
 
 
 def test_uniform_batch_with_refused_rows_takes_the_parents_kernel(small_batches):
