@@ -92,7 +92,8 @@ def _answer(code, f, kern):
     if code == "SA103":
         return bool(kern.root_parent_bad(f.root_parent_bad, f.n))
     if code == "SA403":
-        return bool(kern.root_continuity_bad(f.has_prev, f.step, f.prev_step, f.prev_last, f.start, f.n, f.tokens, f.inv))
+        return bool(kern.root_continuity_bad(f.has_prev, f.step, f.prev_step, f.prev_last, f.start, f.n,
+                                             f.tokens, f.inv))
     if code == "SA201":
         return None if f.T == 0 else bool(sa2._positions_bad(kern, f))
     if code == "SA304":
