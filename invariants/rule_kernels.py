@@ -158,12 +158,9 @@ def root_continuity_bad(has_prev, step, prev_step, prev_last, start, n, tokens, 
     R, T1 = len(n), len(tokens) - 1
     if T1 < 0:
         return False
-    for b0 in range(0, R, 1024):
-        bad = False
-        for b in range(b0, min(b0 + 1024, R)):
-            r = inv[b]
-            use = has_prev[r] & (step[r] == prev_step[r] + 1) & (n[r] > 0)
-            bad |= use & (tokens[min(start[r], T1)] != prev_last[r])
-        if bad:
-            return True
-    return False
+    bad = False   # (one pass to the end: a clean batch, the usual one, reads every row anyway)
+    for b in range(R):
+        r = inv[b]
+        use = has_prev[r] & (step[r] == prev_step[r] + 1) & (n[r] > 0)
+        bad |= use & (tokens[min(start[r], T1)] != prev_last[r])
+    return bad
