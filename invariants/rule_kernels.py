@@ -18,8 +18,8 @@ Node indices in path and parent_in_row are local to their row. Inner loops over 
 run to their end (no early exit: they vectorise), the batch stops at a bad block.
 
   positions_bad_uniform / positions_bad_parents   SA201 (positions = seq_len + depth)
-  path_argmax_bad                                 SA304 (path follows the argmax)
-  path_not_maximal_table / path_not_maximal       SA305 (no child carries the bonus)
+  path_argmax_bad_chain / path_argmax_bad         SA304 (path follows the argmax)
+  path_not_maximal_chain / _table / path_not_maximal   SA305 (no child carries the bonus)
   root_parent_bad                                 SA103 (the root's parent is -1)
   root_continuity_bad                             SA403 (the root continues the last commit)
 """
@@ -90,6 +90,39 @@ def path_argmax_bad(ok, path, path_row, start, argmax, tokens):
         if bad:
             return True
     return False
+
+
+@njit(cache=True, nogil=True)
+def path_argmax_bad_chain(ok, path_len, inv, tok, arg):
+    """SA304 on a uniform-N batch of chains: an ok row's path is 0, 1, .., L - 1 (each
+    entry the child of the one before: the next node), so no path entry is read: any
+    node 1 <= i < L with tok[b, i] != arg[b, i - 1]. ok, path_len, inv [R], tok, arg
+    [R, N0] -> bool."""
+    R, N0 = tok.shape
+    for b in range(R):
+        r = inv[b]
+        L = path_len[r] if ok[r] else 0
+        bad = False
+        for i in range(1, N0):
+            bad |= (i < L) & (arg[b, i - 1] != tok[b, i])
+        if bad:
+            return True
+    return False
+
+
+@njit(cache=True, nogil=True)
+def path_not_maximal_chain(ok, path_len, inv, tok, arg):
+    """SA305 on a uniform-N batch of chains: an ok row's path ends at node L - 1 (see
+    path_argmax_bad_chain), whose only child is node L: any ok row with L < N0 and
+    tok[b, L] == arg[b, L - 1]. ok, path_len, inv [R], tok, arg [R, N0] -> bool."""
+    R, N0 = tok.shape
+    bad = False
+    for b in range(R):
+        r = inv[b]
+        L = path_len[r]
+        c = min(max(L, 1), N0 - 1)                      # (clamped where the row is not used)
+        bad |= ok[r] & (L < N0) & (tok[b, c] == arg[b, c - 1])
+    return bad
 
 
 @njit(cache=True, nogil=True)

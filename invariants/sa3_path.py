@@ -146,7 +146,7 @@ class PathMatchesArgmax(Rule):
         if not len(f.path) or not ok.any():
             return None
         kern = compiled.kernels(_KERNELS, rows=f.R)
-        if kern is not None and not kern.path_argmax_bad(ok, f.path, f.path_row, f.start, f.argmax, f.tokens):
+        if kern is not None and not _path_argmax_bad(kern, f, ok):
             return None   # no accepted draft the target rejects: numpy's mask would be all false
         k = f.path_k
         g = f.path_glob
@@ -245,18 +245,24 @@ class PathMaximal(Rule):
         s["committed_tokens"] = s["committed_tokens"][:-1]
 
 
+def _path_argmax_bad(kern, f, ok) -> bool:
+    """SA304's mask has a hit (compiled): a uniform-N batch of chains on [R, N0] blocks
+    (an ok row's path is 0, 1, 2, ..: no path entry read), any other by its path."""
+    if f.uniform_n and f.chain_shaped.all():   # (chain_shaped: set by the frame for a uniform batch)
+        R = f.R
+        return kern.path_argmax_bad_chain(ok, f.path_len, f.inv, f.tokens.reshape(R, -1), f.argmax.reshape(R, -1))
+    return kern.path_argmax_bad(ok, f.path, f.path_row, f.start, f.argmax, f.tokens)
+
+
 def _path_not_maximal(kern, f, ok) -> bool:
-    """SA305's mask has a hit (compiled): a uniform-N batch of chains or of shapes the
-    frame grouped already by its children tables, any other by the safe parents."""
+    """SA305's mask has a hit (compiled): a uniform-N batch of chains (the next node is the
+    only child) or of shapes the frame grouped already (by their children tables), any
+    other by the safe parents."""
     if f.uniform_n:
         R = f.R
         tok, arg = f.tokens.reshape(R, -1), f.argmax.reshape(R, -1)
         if f.chain_shaped.all():   # (set by the frame for a uniform batch: no cost)
-            N0 = tok.shape[1]
-            nxt = np.arange(1, N0 + 1, dtype=np.int64)
-            nxt[-1] = -1                                   # a chain node's only child: the next
-            return kern.path_not_maximal_table(ok, f.path, f.path_start, f.path_len, f.inv,
-                                               np.zeros(0, dtype=np.int64), nxt.reshape(1, N0, 1), tok, arg)
+            return kern.path_not_maximal_chain(ok, f.path_len, f.inv, tok, arg)
         shapes = f.__dict__.get("_shapes")   # grouped by the frame when every row is ok
         if shapes is not None:
             return kern.path_not_maximal_table(ok, f.path, f.path_start, f.path_len, f.inv, shapes[0],

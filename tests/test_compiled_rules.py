@@ -99,7 +99,7 @@ def _answer(code, f, kern):
     if code == "SA304":
         if not len(f.path) or not ok.any():
             return None
-        return bool(kern.path_argmax_bad(ok, f.path, f.path_row, f.start, f.argmax, f.tokens))
+        return bool(sa3._path_argmax_bad(kern, f, ok))
     if f.T == 0 or not ok.any():
         return None
     return bool(sa3._path_not_maximal(kern, f, ok))
