@@ -20,6 +20,7 @@ run to their end (no early exit: they vectorise), the batch stops at a bad block
   positions_bad_uniform / positions_bad_parents   SA201 (positions = seq_len + depth)
   path_argmax_bad_chain / path_argmax_bad         SA304 (path follows the argmax)
   path_not_maximal_chain / _table / path_not_maximal   SA305 (no child carries the bonus)
+  hash_differs                                    SA202 (mask_hash, a batch of chains)
   root_parent_bad                                 SA103 (the root's parent is -1)
   root_continuity_bad                             SA403 (the root continues the last commit)
 """
@@ -196,4 +197,14 @@ def root_continuity_bad(has_prev, step, prev_step, prev_last, start, n, tokens, 
         r = inv[b]
         use = has_prev[r] & (step[r] == prev_step[r] + 1) & (n[r] > 0)
         bad |= use & (tokens[min(start[r], T1)] != prev_last[r])
+    return bad
+
+
+@njit(cache=True, nogil=True)
+def hash_differs(mask_hash, want):
+    """SA202 where every row's contract hash is the same `want` (a uniform batch of
+    chains): any mask_hash[r] != want. mask_hash [R] uint64, want uint64 -> bool."""
+    bad = False
+    for r in range(len(mask_hash)):
+        bad |= mask_hash[r] != want
     return bad

@@ -1,4 +1,4 @@
-"""The compiled "anything bad?" tests of SA201, SA304, SA305, SA103 and SA403
+"""The compiled "anything bad?" tests of SA201, SA304, SA305, SA103, SA403 and SA202
 (invariants/rule_kernels.py)
 answer exactly as the rules' numpy masks, and the rules find the same with and without them.
 
@@ -21,7 +21,7 @@ from specaudit.audit.check import check_paths
 from specaudit.trace.synth import synth_run_rows
 
 KERNELS = "specaudit.invariants.rule_kernels"
-CODES = ("SA201", "SA304", "SA305", "SA103", "SA403")
+CODES = ("SA201", "SA304", "SA305", "SA103", "SA403", "SA202")
 TRACE_RULES = [r for r in all_rules() if r.scope != "source"]
 
 
@@ -85,15 +85,21 @@ def _hits(code, batch, monkeypatch, mode):
     return {} if h is None else {int(f.order[i]): h.at(int(i)) for i in h.rows()}
 
 
+NOT_ASKED = "numpy only"   # a batch the rule has no kernel for (SA202 on trees: numpy as today)
+
+
 def _answer(code, f, kern):
-    """The kernel's fast test for rule `code` on frame f (True: something is bad), or None
-    where the rule returns before asking it."""
+    """The kernel's fast test for rule `code` on frame f (True: something is bad), None
+    where the rule returns before asking it, NOT_ASKED where it has no kernel for f."""
     ok = f.path_ok & ~f.sampled
     if code == "SA103":
         return bool(kern.root_parent_bad(f.root_parent_bad, f.n))
     if code == "SA403":
         return bool(kern.root_continuity_bad(f.has_prev, f.step, f.prev_step, f.prev_last, f.start, f.n,
                                              f.tokens, f.inv))
+    if code == "SA202":   # asked only for a uniform batch of chains
+        chains = f.uniform_n and f.chain_shaped.all()
+        return bool(kern.hash_differs(f.mask_hash, np.uint64(f._chain_hash(f.n[:1])[0]))) if chains else NOT_ASKED
     if code == "SA201":
         return None if f.T == 0 else bool(sa2._positions_bad(kern, f))
     if code == "SA304":
@@ -118,7 +124,8 @@ def _agree(batch, monkeypatch):
         kern = compiled.kernels(KERNELS, rows=f.R)
         assert kern is not None
         answer = _answer(code, _frame(batch), kern)
-        assert answer is numpy_any or answer is None and not numpy_any, (code, answer, numpy_any)
+        assert answer is numpy_any or answer is None and not numpy_any or answer is NOT_ASKED, \
+            (code, answer, numpy_any)
         want = _hits(code, batch, monkeypatch, "numpy")
         assert _hits(code, batch, monkeypatch, "compiled") == want, code
         found |= {code} if want else set()
@@ -169,6 +176,8 @@ def _corrupt(rng, rows, kind, last=False):
             r["parents"][0] = int(rng.choice([0, 3, -2]))
         elif kind == "root_token" and r["step"] >= 1:             # SA403: the root is not the last commit
             r["node_tokens"][0] = (r["node_tokens"][0] + 5) % 250 + 1
+        elif kind == "mask_hash":                                 # SA202
+            r["mask_hash"] = (r["mask_hash"] + int(rng.integers(1, 1 << 40))) % (1 << 64)
         elif kind == "bad_parent" and n >= 3:                     # a row no deeper rule trusts
             r["parents"][-1] = n + 2
         elif kind == "short_positions" and n >= 2:                # a per-node list too short (int64)
@@ -182,7 +191,7 @@ def _corrupt(rng, rows, kind, last=False):
 
 
 KINDS = ["position", "position_all", "argmax", "token", "stop_early", "child_matches", "root_parent",
-         "root_token", "bad_parent", "short_positions", "bad_path_node"]
+         "root_token", "mask_hash", "bad_parent", "short_positions", "bad_path_node"]
 CASES = [("chain", 8, False), ("chain", 3, False), ("tree", 6, False), ("tree", 9, False),
          ("tree", 32, False), ("chain", 8, True), ("tree", 9, True)]
 
@@ -219,7 +228,7 @@ def test_one_bad_row_at_the_end_of_a_big_batch(algo, n_nodes, small_batches):
     assert len(rows) > 3000
     rng = np.random.default_rng(2)
     for kind, code in (("position", "SA201"), ("argmax", "SA304"), ("stop_early", "SA305"),
-                       ("root_parent", "SA103"), ("root_token", "SA403")):
+                       ("root_parent", "SA103"), ("root_token", "SA403"), ("mask_hash", "SA202")):
         assert code in _agree(pa.RecordBatch.from_pylist(_corrupt(rng, rows, kind, last=True), schema=schema),
                               small_batches), kind
 
@@ -232,7 +241,29 @@ def test_uniform_batch_with_refused_rows_takes_the_parents_kernel(small_batches)
     b = pa.RecordBatch.from_pylist(rows, schema=schema)
     f = _frame(b)
     assert f.uniform_n and "_shapes" not in f.__dict__ and not f.chain_shaped.all()
-    assert not _agree(b, small_batches) - {"SA201"}
+    assert not _agree(b, small_batches) - {"SA201", "SA202"}   # (the refused row: its safe parents)
     rng = np.random.default_rng(1)
     for kind in ("position", "stop_early", "child_matches"):
         _agree(pa.RecordBatch.from_pylist(_corrupt(rng, rows, kind), schema=schema), small_batches)
+
+
+def test_chain_rows_above_max_nodes(small_batches):
+    """Chains longer than MAX_NODES (refused rows, derived hash 0): SA202's kernel compares
+    with 0 as derived_mask_hash does, and every kernel answers as numpy."""
+    from specaudit.trace.schema import MAX_NODES
+    rows, schema = _rows("chain", 4, seed=3, n=2)
+    rows = [dict(r) for r in rows[:5]]
+    N = MAX_NODES + 1
+    for r in rows:
+        r["node_tokens"] = (r["node_tokens"] * N)[:N]
+        r["target_argmax"] = (r["target_argmax"] * N)[:N]
+        r["parents"] = list(range(-1, N - 1))
+        r["positions"] = [r["seq_len"] + i for i in range(N)]
+        for k in ("draft_logprob", "target_margin"):
+            if r.get(k) is not None:
+                r[k] = (r[k] * N)[:N]
+    b = pa.RecordBatch.from_pylist(rows, schema=schema)
+    assert "SA202" in _agree(b, small_batches)           # (recorded hashes are not 0)
+    for r in rows:
+        r["mask_hash"] = 0
+    assert "SA202" not in _agree(pa.RecordBatch.from_pylist(rows, schema=schema), small_batches)
