@@ -21,6 +21,7 @@ run to their end (no early exit: they vectorise), the batch stops at a bad block
   path_argmax_bad_chain / path_argmax_bad         SA304 (path follows the argmax)
   path_not_maximal_chain / _table / path_not_maximal   SA305 (no child carries the bonus)
   hash_differs                                    SA202 (mask_hash, a batch of chains)
+  node_count_bad                                  SA102 (N within the budget)
   root_parent_bad                                 SA103 (the root's parent is -1)
   root_continuity_bad                             SA403 (the root continues the last commit)
 """
@@ -171,6 +172,16 @@ def path_not_maximal(ok, path, path_start, path_len, start, n, parent_in_row, to
         if bad:
             return True
     return False
+
+
+@njit(cache=True, nogil=True)
+def node_count_bad(n_raw, n, budget, too_many):
+    """SA102: any row with no node, more than budget + 1 nodes, or above MAX_NODES.
+    n_raw, n, budget [R], too_many [R] bool (the frame's) -> bool."""
+    bad = False
+    for r in range(len(n)):
+        bad |= (n_raw[r] < 1) | (n[r] > budget[r] + 1) | too_many[r]
+    return bad
 
 
 @njit(cache=True, nogil=True)

@@ -1,4 +1,4 @@
-"""The compiled "anything bad?" tests of SA201, SA304, SA305, SA103, SA403 and SA202
+"""The compiled "anything bad?" tests of SA201, SA304, SA305, SA103, SA403, SA202, SA102
 (invariants/rule_kernels.py)
 answer exactly as the rules' numpy masks, and the rules find the same with and without them.
 
@@ -21,7 +21,7 @@ from specaudit.audit.check import check_paths
 from specaudit.trace.synth import synth_run_rows
 
 KERNELS = "specaudit.invariants.rule_kernels"
-CODES = ("SA201", "SA304", "SA305", "SA103", "SA403", "SA202")
+CODES = ("SA201", "SA304", "SA305", "SA103", "SA403", "SA202", "SA102")
 TRACE_RULES = [r for r in all_rules() if r.scope != "source"]
 
 
@@ -92,6 +92,8 @@ def _answer(code, f, kern):
     """The kernel's fast test for rule `code` on frame f (True: something is bad), None
     where the rule returns before asking it, NOT_ASKED where it has no kernel for f."""
     ok = f.path_ok & ~f.sampled
+    if code == "SA102":
+        return bool(kern.node_count_bad(f.n_raw, f.n, f.budget, f.too_many_nodes))
     if code == "SA103":
         return bool(kern.root_parent_bad(f.root_parent_bad, f.n))
     if code == "SA403":
@@ -176,6 +178,11 @@ def _corrupt(rng, rows, kind, last=False):
             r["parents"][0] = int(rng.choice([0, 3, -2]))
         elif kind == "root_token" and r["step"] >= 1:             # SA403: the root is not the last commit
             r["node_tokens"][0] = (r["node_tokens"][0] + 5) % 250 + 1
+        elif kind == "budget":                                    # SA102: N above budget + 1
+            r["budget"] = n - 2 - int(rng.integers(0, 3))
+        elif kind == "no_nodes":                                  # SA102: a row without nodes
+            for k in ("node_tokens", "parents", "positions", "target_argmax"):
+                r[k] = []
         elif kind == "mask_hash":                                 # SA202
             r["mask_hash"] = (r["mask_hash"] + int(rng.integers(1, 1 << 40))) % (1 << 64)
         elif kind == "bad_parent" and n >= 3:                     # a row no deeper rule trusts
@@ -191,7 +198,7 @@ def _corrupt(rng, rows, kind, last=False):
 
 
 KINDS = ["position", "position_all", "argmax", "token", "stop_early", "child_matches", "root_parent",
-         "root_token", "mask_hash", "bad_parent", "short_positions", "bad_path_node"]
+         "root_token", "mask_hash", "budget", "no_nodes", "bad_parent", "short_positions", "bad_path_node"]
 CASES = [("chain", 8, False), ("chain", 3, False), ("tree", 6, False), ("tree", 9, False),
          ("tree", 32, False), ("chain", 8, True), ("tree", 9, True)]
 
@@ -228,7 +235,8 @@ def test_one_bad_row_at_the_end_of_a_big_batch(algo, n_nodes, small_batches):
     assert len(rows) > 3000
     rng = np.random.default_rng(2)
     for kind, code in (("position", "SA201"), ("argmax", "SA304"), ("stop_early", "SA305"),
-                       ("root_parent", "SA103"), ("root_token", "SA403"), ("mask_hash", "SA202")):
+                       ("root_parent", "SA103"), ("root_token", "SA403"), ("mask_hash", "SA202"),
+                       ("budget", "SA102")):
         assert code in _agree(pa.RecordBatch.from_pylist(_corrupt(rng, rows, kind, last=True), schema=schema),
                               small_batches), kind
 
