@@ -71,24 +71,19 @@ def positions_bad_parents(pos, seq_len, start, n, parent_in_row, inv):
 
 
 @njit(cache=True, nogil=True)
-def path_argmax_bad(ok, path, path_row, start, argmax, tokens):
-    """SA304: any entry j of an ok row's path (not its first: path_row[j - 1] is the same
-    row) whose node's token differs from the target's argmax at entry j - 1's node.
-    ok [R] bool (sorted rows: a valid walk, every entry inside the row), path, path_row
-    [P], start [R], argmax, tokens [T] -> bool. Entries of other rows read a clamped
-    index and count for nothing."""
-    P, T1 = len(path), len(argmax) - 1
-    if T1 < 0:
-        return False
-    for j0 in range(1, P, 1024):
+def path_argmax_bad(ok, path, path_start, path_len, start, argmax, tokens, inv):
+    """SA304: any ok row with a path entry k >= 1 whose node's token differs from the
+    target's argmax at entry k - 1's node. ok [R] bool (sorted rows: a valid walk, every
+    entry inside the row), path [P], path_start, path_len, start [R], argmax, tokens [T],
+    inv [R] (rows visited in batch order: the entries in memory order) -> bool."""
+    for b in range(len(inv)):
+        r = inv[b]
+        if not ok[r]:
+            continue
+        s, ps = start[r], path_start[r]
         bad = False
-        for j in range(j0, min(j0 + 1024, P)):
-            r = path_row[j]
-            use = ok[r] & (path_row[j - 1] == r)
-            s = start[r]
-            a = argmax[min(max(s + path[j - 1], 0), T1)]
-            t = tokens[min(max(s + path[j], 0), T1)]
-            bad |= use & (a != t)
+        for k in range(ps + 1, ps + path_len[r]):
+            bad |= argmax[s + path[k - 1]] != tokens[s + path[k]]
         if bad:
             return True
     return False

@@ -251,7 +251,7 @@ def _path_argmax_bad(kern, f, ok) -> bool:
     if f.uniform_n and f.chain_shaped.all():   # (chain_shaped: set by the frame for a uniform batch)
         R = f.R
         return kern.path_argmax_bad_chain(ok, f.path_len, f.inv, f.tokens.reshape(R, -1), f.argmax.reshape(R, -1))
-    return kern.path_argmax_bad(ok, f.path, f.path_row, f.start, f.argmax, f.tokens)
+    return kern.path_argmax_bad(ok, f.path, f.path_start, f.path_len, f.start, f.argmax, f.tokens, f.inv)
 
 
 def _path_not_maximal(kern, f, ok) -> bool:
