@@ -119,7 +119,7 @@ for name, label in (("__init__", "frame: accepted paths and commits"),
     timed(SF, name, label)
 timed(stream._ReadAhead, "__next__", "waiting for decoded batches (read thread)")
 import specaudit.invariants.compiled as compiled
-timed(compiled, "kernels", "compiled kernels: numba's start-up (once per process), then a lookup")
+timed(compiled, "kernels", "compiled kernels: loaded (once per process), then a lookup")
 timed(core, "request_facts", "requests table: facts (read and fingerprinted)")
 load_rules()
 for code, cls in DEFINED.items():
