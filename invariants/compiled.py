@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 ENV = "SPECAUDIT_COMPILED"
 MIN_ROWS = 4096      # rows of a batch from which the compiled kernels are used
-CFLAGS = ("-O2", "-shared", "-fPIC", "-std=c99")
+CFLAGS = ("-O3", "-shared", "-fPIC", "-std=c99")
 BUILD_TIMEOUT_S = 120
 _LOADED: dict[str, object] = {}
 _LIBS: dict[str, ctypes.CDLL] = {}

@@ -10,9 +10,8 @@
    V: int32 as the contract writes them, or int64 (the wrapper widens any other case),
    one function per width.
 
-     path_commit: path_k, path_glob, path_struct_bad, last_node, bonus (the target's
-         argmax at the path's last node), expected_commit, commit_k,
-         commit_mismatch_at, commit_eos_at, commit_last
+     path_commit: path_struct_bad, last_node, bonus (the target's argmax at the path's
+         last node), commit_mismatch_at, commit_eos_at, commit_last
      link_rows: has_prev, prev_step, prev_seq_end, prev_last, prev_finished,
          out_before, contiguous (StepFrame._link_previous)
      fold_carry: the batch folded into the carry (StepFrame.finish_carry) */
@@ -23,13 +22,15 @@ typedef int64_t i64;
 typedef int32_t i32;
 typedef uint8_t u8;
 
-/* rows visited in batch order (the flat arrays' own: sequential reads) */
+/* rows visited in batch order (the flat arrays' own: sequential reads). The flat per-entry
+   arrays (path_k, path_glob, expected_commit, commit_k) are left to numpy, built on first
+   use: no rule reads them while the kernels find nothing (a clean batch), and writing them
+   was a third of this pass */
 #define PATH_COMMIT(NAME, V)                                                                \
 void NAME(i64 R, const i64 *inv, const i64 *start, const i64 *n, i64 T, const V *tokens,    \
           const V *argmax, const V *parent_in_row, const V *path, const i64 *path_start,      \
           const i64 *path_len, const V *commit, const i64 *commit_start, const i64 *commit_n, \
-          i64 eos_id, u8 *psb, i64 *last_node, i64 *bonus, i64 *expected, i64 *commit_k,     \
-          i64 *mis_at, i64 *eos_at, i64 *c_last, i64 *path_k, i64 *path_glob)                \
+          i64 eos_id, u8 *psb, i64 *last_node, i64 *bonus, i64 *mis_at, i64 *eos_at, i64 *c_last) \
 {                                                                                           \
     for (i64 b = 0; b < R; b++) {                                                           \
         i64 r = inv[b], s = start[r], nr = n[r], ps = path_start[r], pl = path_len[r];      \
@@ -38,8 +39,6 @@ void NAME(i64 R, const i64 *inv, const i64 *start, const i64 *n, i64 T, const V 
         int bad = pl < 1;                                                                   \
         for (i64 k = 0; k < pl; k++) {                                                      \
             i64 node = path[ps + k];                                                        \
-            path_k[ps + k] = k;                                                             \
-            path_glob[ps + k] = (0 <= node && node < nr) ? s + node : 0;                    \
             if (node < 0 || node >= nr) bad = 1;                                            \
             else if (k == 0) { if (node != 0) bad = 1; }                                    \
             else if ((i64)parent_in_row[s + node] != (i64)path[ps + k - 1]) bad = 1;        \
@@ -57,18 +56,22 @@ void NAME(i64 R, const i64 *inv, const i64 *start, const i64 *n, i64 T, const V 
         last_node[r] = ln;                                                                  \
         i64 bn = T > 0 ? (i64)argmax[ln] : -1;                                              \
         bonus[r] = bn;                                                                      \
-        /* expected commit: the token of each next path entry, the bonus last */            \
-        for (i64 k = 0; k < pl - 1; k++) {                                                  \
-            i64 node = path[ps + k + 1];                                                    \
-            expected[ps + k] = T > 0 ? (i64)tokens[(0 <= node && node < nr) ? s + node : 0] : -1; \
-        }                                                                                   \
-        if (pl > 0) expected[ps + pl - 1] = bn;                                             \
-        /* the commit against it, its first EOS and its last token */                       \
+        /* the commit against the expected one (the token of each next path entry, the      \
+           bonus last), its first EOS and its last token */                                 \
         i64 cs = commit_start[r], cn = commit_n[r], mis = -1, eat = -1, cl = -1;            \
         for (i64 k = 0; k < cn; k++) {                                                      \
             i64 t = commit[cs + k];                                                         \
-            commit_k[cs + k] = k;                                                           \
-            if (mis < 0 && (k >= pl || t != expected[ps + k])) mis = k;                     \
+            if (mis < 0) {                                                                  \
+                if (k >= pl) mis = k;                                                       \
+                else {                                                                      \
+                    i64 e = bn;                                                             \
+                    if (k < pl - 1) {                                                       \
+                        i64 node = path[ps + k + 1];                                        \
+                        e = T > 0 ? (i64)tokens[(0 <= node && node < nr) ? s + node : 0] : -1; \
+                    }                                                                       \
+                    if (t != e) mis = k;                                                    \
+                }                                                                           \
+            }                                                                               \
             if (eat < 0 && t == eos_id) eat = k;                                            \
             cl = t;                                                                         \
         }                                                                                   \

@@ -10,9 +10,10 @@ on node_tokens); P path and C commit entries, flat in batch order, path_start /
 commit_start per sorted row; G request groups (runs of sorted rows of one request,
 starting at gstart [G]), cr [G] their carry rows.
 
-  path_commit: path_k, path_glob, path_struct_bad, last_node, bonus (greedy: the target's argmax at the
-      path's last node), expected_commit, commit_k, commit_mismatch_at, commit_eos_at,
-      commit_last (StepFrame's cached properties of those names);
+  path_commit: path_struct_bad, last_node, bonus (greedy: the target's argmax at the
+      path's last node), commit_mismatch_at, commit_eos_at, commit_last (StepFrame's
+      cached properties of those names; the flat per-entry ones, path_k, path_glob,
+      expected_commit and commit_k, stay numpy's, built on first use);
   link_rows: has_prev, prev_step, prev_seq_end, prev_last, prev_finished, out_before,
       contiguous (StepFrame._link_previous);
   fold_carry: the batch folded into the carry (StepFrame.finish_carry).
@@ -31,7 +32,7 @@ from .compiled import bind, library
 _LIB = library(Path(__file__).with_name("frame_kernels.c"))
 _V = {"32": "w", "64": "l"}
 _PATH_COMMIT = {w: bind(_LIB, f"path_commit_v{w}",
-                        f"i l l l i {v} {v} {v} {v} l l {v} l l i ob ol ol ol ol ol ol ol ol ol")
+                        f"i l l l i {v} {v} {v} {v} l l {v} l l i ob ol ol ol ol ol")
                 for w, v in _V.items()}
 _LINK = bind(_LIB, "link_rows", "i i l l l l l l b b w l w b l b ob ow ol ow ob ol ob")
 _CARRY = "ow ow ob ob ow ol ol ol ol oq ol ob ob ob ow ol ow"
@@ -45,17 +46,15 @@ def _width(*values) -> str:
 
 
 def path_commit(inv, start, n, T, tokens, argmax, parent_in_row, path, path_start, path_len,
-                commit, commit_start, commit_n, eos_id,
-                psb, last_node, bonus, expected, commit_k, mis_at, eos_at, c_last, path_k, path_glob):
+                commit, commit_start, commit_n, eos_id, psb, last_node, bonus, mis_at, eos_at, c_last):
     """inv, start, n, path_start, path_len, commit_start, commit_n [R]; tokens, argmax,
     parent_in_row [T]; path [P]; commit [C]. Writes psb (bool), last_node, bonus, mis_at,
-    eos_at, c_last [R]; expected, path_k, path_glob [P]; commit_k [C] (int64 but bonus,
-    which is written in its own dtype)."""
+    eos_at, c_last [R] (int64 but bonus, which is written in its own dtype)."""
     R = len(start)
     b64 = bonus if bonus.dtype == np.int64 else np.empty(R, dtype=np.int64)
     _PATH_COMMIT[_width(tokens, argmax, parent_in_row, path, commit)](
         R, inv, start, n, T, tokens, argmax, parent_in_row, path, path_start, path_len, commit, commit_start,
-        commit_n, eos_id, psb, last_node, b64, expected, commit_k, mis_at, eos_at, c_last, path_k, path_glob)
+        commit_n, eos_id, psb, last_node, b64, mis_at, eos_at, c_last)
     if b64 is not bonus:
         bonus[:] = b64
 

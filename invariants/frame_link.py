@@ -3,10 +3,11 @@ back in (a mixin of invariants/frame.py), in numpy, or through the compiled kern
 invariants/frame_kernels.py for a big batch (invariants/compiled.py decides: `_kern`).
 
 numpy is the definition; a kernel computes the same arrays (tests/test_compiled_frame.py):
-  _path_commit_pass: path_k, path_glob, path_struct_bad, last_node, bonus, expected_commit, commit_k,
-      commit_mismatch_at, commit_eos_at, commit_last in one pass (else StepFrame's
-      cached properties compute them when a rule asks); not for a batch with sampling
-      columns (its bonus is the sampled token there);
+  _path_commit_pass: path_struct_bad, last_node, bonus, commit_mismatch_at,
+      commit_eos_at, commit_last in one pass (else, like the flat path_k, path_glob,
+      expected_commit and commit_k always, StepFrame's cached properties compute them
+      when a rule asks); not for a batch with sampling columns (its bonus is the
+      sampled token there);
   _link_previous: has_prev, prev_step, prev_seq_end, prev_last, prev_finished,
       out_before, contiguous;
   finish_carry: the batch folded into the carry.
@@ -34,18 +35,16 @@ class FrameLink:
         k = self._kern
         if k is None or any(c in self.columns for c in _SAMPLING):
             return
-        R, P, C = self.R, len(self.path), len(self.commit)
+        R = self.R
         d = self.__dict__
         bonus_dtype = self.argmax.dtype if self.T else I64
-        for name, size, dt in (("path_struct_bad", R, bool), ("last_node", R, I64), ("bonus", R, bonus_dtype),
-                               ("expected_commit", P, I64), ("commit_k", C, I64), ("commit_mismatch_at", R, I64),
-                               ("commit_eos_at", R, I64), ("commit_last", R, I64), ("path_k", P, I64),
-                               ("path_glob", P, I64)):
-            d[name] = np.empty(size, dtype=dt)
+        for name, dt in (("path_struct_bad", bool), ("last_node", I64), ("bonus", bonus_dtype),
+                         ("commit_mismatch_at", I64), ("commit_eos_at", I64), ("commit_last", I64)):
+            d[name] = np.empty(R, dtype=dt)
         k.path_commit(self.inv, self.start, self.n, self.T, self.tokens, self.argmax, self.parent_in_row, self.path,
                       self.path_start, self.path_len, self.commit, self.commit_start, self.commit_n, self.eos_id,
-                      d["path_struct_bad"], d["last_node"], d["bonus"], d["expected_commit"], d["commit_k"],
-                      d["commit_mismatch_at"], d["commit_eos_at"], d["commit_last"], d["path_k"], d["path_glob"])
+                      d["path_struct_bad"], d["last_node"], d["bonus"], d["commit_mismatch_at"], d["commit_eos_at"],
+                      d["commit_last"])
 
     def _link_previous(self, carry: Carry) -> None:
         """Continuity from each request's previous step (carried from earlier batches,
