@@ -43,11 +43,13 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 log = logging.getLogger(__name__)
 
 ENV = "SPECAUDIT_COMPILED"
 MIN_ROWS = 4096      # rows of a batch from which the compiled kernels are used
-CFLAGS = ("-O2", "-shared", "-fPIC", "-std=c99")
+CFLAGS = ("-O3", "-shared", "-fPIC", "-std=c99")
 BUILD_TIMEOUT_S = 120
 _LOADED: dict[str, object] = {}
 _LIBS: dict[str, ctypes.CDLL] = {}
@@ -75,6 +77,46 @@ def _load(module: str):
         log.warning("compiled kernels %s unavailable (%s: %s); checking with numpy", module,
                     type(e).__name__, " ".join(str(e).split())[:300])
         return None
+
+
+# ------------------------------------------------------------------ calling
+
+# argument codes of `bind`: a scalar, or an array of a dtype (read: converted to it,
+# contiguous, a copy only when it is not already; "o" before the code: written in place,
+# so it must already be that dtype and contiguous)
+_SCALARS = {"i": ctypes.c_int64, "u": ctypes.c_uint64}
+_ARRAYS = {"l": np.int64, "w": np.int32, "b": np.bool_, "q": np.uint64}
+
+
+def bind(lib: ctypes.CDLL, name: str, spec: str, returns: bool = False):
+    """A Python callable for C function `name` whose arguments are `spec` (codes
+    separated by spaces: i int64, u uint64 scalar; l int64, w int32, b bool, q uint64
+    array; o<code> an array written in place). Returns the C int64 when `returns`."""
+    codes = spec.split()
+    fn = getattr(lib, name)
+    fn.argtypes = [_SCALARS.get(c, ctypes.c_void_p) for c in codes]
+    fn.restype = ctypes.c_int64 if returns else None
+    plan = [(c in _SCALARS, c.startswith("o"), _ARRAYS.get(c.lstrip("o"))) for c in codes]
+
+    def call(*args):
+        if len(args) != len(plan):
+            raise TypeError(f"{name} takes {len(plan)} arguments, got {len(args)}")
+        conv, keep = [], []
+        for (scalar, out, dt), a in zip(plan, args):
+            if scalar:
+                conv.append(int(a))
+                continue
+            if out:
+                if a.dtype != dt or not a.flags.c_contiguous:
+                    raise TypeError(f"{name}: an output array must be contiguous {np.dtype(dt)}, not {a.dtype}")
+            else:
+                a = np.ascontiguousarray(a, dtype=dt)
+            keep.append(a)   # alive until the call returns
+            conv.append(a.ctypes.data)
+        return fn(*conv)
+
+    call.__name__ = name
+    return call
 
 
 # ------------------------------------------------------------------ building

@@ -25,6 +25,8 @@ from specaudit.trace.schema import (
     NULLABLE_NODE_LIST_COLUMNS,
 )
 
+from . import compiled
+
 # the Arrow decoding (invariants/arrow.py) is re-exported: the checker imports it from here
 from .arrow import (  # noqa: F401  (re-exported)
     _lengths,
@@ -36,8 +38,9 @@ from .arrow import (  # noqa: F401  (re-exported)
     to_np,
     valid_mask,
 )
-from .carry import Carry, token_mix
+from .carry import Carry
 from .frame_diagnostics import DIAGNOSTIC_RANGES, diagnostic_bad
+from .frame_link import KERNELS, FrameLink
 from .frame_sampling import SAMPLING_SUM_KEYS
 from .frame_shapes import TreeShapes
 from .row_groups import group_rows
@@ -45,7 +48,7 @@ from .row_groups import group_rows
 I64 = np.int64
 
 
-class StepFrame(TreeShapes):
+class StepFrame(TreeShapes, FrameLink):
     """One record batch of one run's steps, re-derived. See the package docstring.
 
     Built in stages, each a method below: the rows' order (request, step) and the
@@ -76,10 +79,13 @@ class StepFrame(TreeShapes):
         self._check_structure()
         self._set_safe_parents()
         # accepted path and commit (flat in batch order; *_start per sorted row)
-        self.path, self.path_start, self.path_len, self.path_row = self._own(raw["accepted_path"], self.inv, self.order)
-        self.commit, self.commit_start, self.commit_n, self.commit_row = self._own(
-            raw["committed_tokens"], self.inv, self.order)
+        # (path_row, commit_row: built on first use)
+        self.path, self.path_start, self.path_len = self._own(raw["accepted_path"], self.order)
+        self.commit, self.commit_start, self.commit_n = self._own(raw["committed_tokens"], self.order)
         self.true_depth = self.path_len - 1
+        # a big batch: the path, commit and link arrays from compiled kernels (frame_link.py)
+        self._kern = compiled.kernels(KERNELS, rows=self.R)
+        self._path_commit_pass()
         self._link_previous(carry)
 
     # ------------------------------------------------------------ stages of __init__
@@ -233,44 +239,6 @@ class StepFrame(TreeShapes):
             self.parent_in_row = np.where(okn & ~is_root, p, self.node_i - 1)
             self.parent_flat = np.where(self.parent_in_row >= 0, self.start[self.node_row] + self.parent_in_row, -1)
 
-    def _link_previous(self, carry: Carry) -> None:
-        """Continuity from each request's previous step (carried from earlier batches,
-        or the previous sorted row): has_prev, prev_step, prev_seq_end, prev_last,
-        prev_finished, out_before, contiguous; and the groups (one per request) that
-        finish_carry folds back into the carry."""
-        R = self.R
-        first = np.ones(R, dtype=bool)
-        first[1:] = self.req[1:] != self.req[:-1]
-        self.group_first = first
-        gstart = np.flatnonzero(first)
-        sizes = np.diff(gstart, append=R)                # rows per group
-        cr = carry.rows(self.req[gstart])                # carry row of each group (its slot until paged)
-        # a row's previous step is the sorted row before it, but at a group's first row,
-        # where it is the carried one: a shift, then one write per group
-        self.has_prev = np.ones(R, dtype=bool)
-        self.has_prev[gstart] = carry.seen[cr]
-        self.prev_step = _shifted(self.step, carry.last_step.dtype)
-        self.prev_step[gstart] = carry.last_step[cr]
-        self.prev_seq_end = _shifted(self.seq_len + self.commit_n, carry.seq_end.dtype)
-        self.prev_seq_end[gstart] = carry.seq_end[cr]
-        self.prev_last = _shifted(self.commit_last, carry.last_tok.dtype)
-        self.prev_last[gstart] = carry.last_tok[cr]
-        # any earlier step of the request finished (carried, or earlier in this batch)
-        fcum = np.cumsum(self.finished) - self.finished   # exclusive, over sorted rows
-        self.prev_finished = (fcum - np.repeat(fcum[gstart] - carry.finished[cr], sizes)) > 0
-        # output tokens before this step: carried length + earlier commits in this batch
-        csum = np.cumsum(self.commit_n) - self.commit_n  # exclusive, over the sorted rows
-        self.out_before = csum + np.repeat(carry.out_len[cr] - csum[gstart], sizes)
-        # rows whose request's steps so far run 0, 1, 2, ... without a gap: out_before
-        # and the token limit are exact there
-        bad = self.step != np.where(self.has_prev, self.prev_step + 1, 0)
-        bad_cum = np.cumsum(bad)
-        # a group whose carry is not contiguous starts R + 1 behind: never 0 again
-        before = bad_cum[gstart] - bad[gstart] + (~carry.contiguous[cr]) * (R + 1)
-        self.contiguous = bad_cum - np.repeat(before, sizes) == 0
-        self._carry = carry
-        self._gstart, self._cr = gstart, cr
-
     @cached_property
     def parent_flat(self) -> np.ndarray:
         """A uniform-N batch's parent as a flat index (ragged batches set it in
@@ -324,14 +292,14 @@ class StepFrame(TreeShapes):
         return np.where(ok, v[np.minimum(idx, len(v) - 1)], -1).astype(I64)
 
     @staticmethod
-    def _own(part, inv, order):
+    def _own(part, order):
         """A ragged list column -> (flat values in batch order, start per sorted row,
-        length per sorted row, sorted row of each flat entry)."""
+        length per sorted row)."""
         off, v, lens = part
         ln = np.maximum(lens, 0)
         flat = list_values(off, v, lens)
         s0 = np.cumsum(ln) - ln
-        return flat, s0[order], ln[order], np.repeat(inv, ln)   # inv[row of each entry]
+        return flat, s0[order], ln[order]
 
     def row_any(self, flat: np.ndarray) -> np.ndarray:
         """Per-row any() of a bool array over this frame's flat nodes."""
@@ -475,6 +443,15 @@ class StepFrame(TreeShapes):
     def expected_start(self) -> np.ndarray:
         return self.path_start
 
+    # the sorted row of each path and commit entry (inv[batch row of each entry])
+    @cached_property
+    def path_row(self) -> np.ndarray:
+        return np.repeat(self.inv, self.path_len[self.inv])
+
+    @cached_property
+    def commit_row(self) -> np.ndarray:
+        return np.repeat(self.inv, self.commit_n[self.inv])
+
     @cached_property
     def commit_k(self) -> np.ndarray:
         return _local_index(self.commit_row, self.commit_start, len(self.commit))
@@ -509,51 +486,6 @@ class StepFrame(TreeShapes):
             out[self.commit_row[idx]] = self.commit_k[idx]
         return out
 
-    def finish_carry(self) -> None:
-        """Fold this batch into the carry (call once, after the rules ran)."""
-        c, cr, gstart = self._carry, self._cr, self._gstart
-        if self.R == 0:
-            return
-        last = np.concatenate((gstart[1:], [self.R])) - 1
-        # per-group integer sums: groups are runs of sorted rows starting at gstart
-        sums = lambda v: np.add.reduceat(v, gstart, dtype=I64)
-        new = ~c.seen[cr]
-        fr = gstart[new]
-        c.first_seq_len[cr[new]] = self.seq_len[fr]
-        c.first_root[cr[new]] = self.at_root(self.tokens)[fr]
-        c.first_ok[cr[new]] = self.ok[fr]   # a refused first step is no evidence (SA405)
-        c.seen[cr] = True
-        c.n_steps[cr] += np.diff(gstart, append=self.R)
-        c.sum_commit_len[cr] += sums(self.commit_len)
-        commit_n = sums(self.commit_n)
-        c.sum_commit_n[cr] += commit_n
-        c.sum_depth[cr] += sums(self.accepted_depth)
-        c.sum_true_depth[cr] += sums(self.true_depth)
-        # order-sensitive fingerprint of the commits at their output positions
-        if len(self.commit):
-            pos = self.out_before[self.commit_row] + self.commit_k
-            contrib = token_mix(self.commit, pos)
-            # commit entries of one row are contiguous in batch order
-            row_h = np.zeros(self.R, dtype=np.uint64)
-            nz = self.commit_n > 0
-            # the sorted rows with commits, in batch order (their flat starts increase
-            # strictly along the batch): no sort needed
-            rows_nz = self.inv if nz.all() else self.inv[np.flatnonzero(nz[self.inv])]
-            red = np.add.reduceat(contrib, self.commit_start[rows_nz])
-            row_h[rows_nz] = red
-            grp_h = np.add.reduceat(row_h, gstart)
-            with np.errstate(over="ignore"):
-                c.hash[cr] += grp_h
-        c.out_len[cr] += commit_n
-        c.contiguous[cr] = self.contiguous[last]
-        c.finished[cr] |= np.logical_or.reduceat(self.finished, gstart)
-        c.last_finished[cr] = self.finished[last]
-        c.last_step[cr] = self.step[last]
-        c.seq_end[cr] = self.seq_len[last] + self.commit_n[last]
-        c.last_tok[cr] = self.commit_last[last]
-        c.trim()                                           # a paged carry: old pages out
-
-
 def _request_step_order(rcodes: np.ndarray, gidx: np.ndarray, step: np.ndarray):
     """np.lexsort((step, gidx[rcodes])): rows by (request, step), ties in batch order
     -> (that order, step in it).
@@ -584,13 +516,6 @@ def _codes_in_order(codes: np.ndarray, n_values: int, order: np.ndarray):
         return codes, lambda table: np.full(len(codes), table[0])
     codes = codes[order]
     return codes, lambda table: table[codes]
-
-
-def _shifted(a: np.ndarray, dtype) -> np.ndarray:
-    """a[r - 1] at row r (row 0 left unset: every group's first row is written after)."""
-    out = np.empty(len(a), dtype=dtype)
-    out[1:] = a[:-1]
-    return out
 
 
 def _local_index(row: np.ndarray, start: np.ndarray, size: int) -> np.ndarray:

@@ -9,8 +9,10 @@ import numpy as np
 
 from specaudit.trace.schema import MAX_NODES
 
+from . import compiled
 from .base import Hits, Rule
 
+_KERNELS = "specaudit.invariants.rule_kernels"   # compiled "anything bad?" tests (big batches)
 _LISTS = ("parents", "positions", "target_argmax", "draft_logprob", "target_margin")
 
 
@@ -70,6 +72,9 @@ class NodeCount(Rule):
     message = "{n} nodes but the budget allows 1 + {budget} = {limit}{refused}"
 
     def check(self, f):
+        kern = compiled.kernels(_KERNELS, rows=f.R)
+        if kern is not None and not kern.node_count_bad(f.n_raw, f.n, f.budget, f.too_many_nodes):
+            return None   # every N within its budget: numpy's mask would be all false
         bad = (f.n_raw < 1) | (f.n > f.budget + 1) | f.too_many_nodes
         refused = lambda i: f" (above {MAX_NODES}: row refused)" if f.too_many_nodes[i] else ""
         return Hits(bad, n=f.n_raw, budget=f.budget, limit=f.budget + 1, refused=refused)
@@ -93,6 +98,9 @@ class RootParent(Rule):
     message = "parents[0] is {p0}, expected -1 (node 0 is the root)"
 
     def check(self, f):
+        kern = compiled.kernels(_KERNELS, rows=f.R)
+        if kern is not None and not kern.root_parent_bad(f.root_parent_bad, f.n):
+            return None   # every root's parent is -1: numpy's mask would be all false
         return Hits(f.root_parent_bad & (f.n > 0), p0=f.at_root(f.parents))
 
     def fail(self, run):

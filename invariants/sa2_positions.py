@@ -5,10 +5,12 @@ import numpy as np
 
 from specaudit.trace.schema import MAX_NODES
 
+from . import compiled
 from .base import Hits, Rule
 
 _I32 = np.iinfo(np.int32)
 _CHUNK = 4096   # rows compared at a time
+_KERNELS = "specaudit.invariants.rule_kernels"   # compiled "anything bad?" tests (big batches)
 
 
 class Positions(Rule):
@@ -31,6 +33,9 @@ class Positions(Rule):
     def check(self, f):
         if f.T == 0:
             return None
+        kern = compiled.kernels(_KERNELS, rows=f.R)
+        if kern is not None and not _positions_bad(kern, f):
+            return None   # the kernel found no bad node: numpy's mask would be all false
         if f.uniform_n:   # [R, N0] blocks in batch order: seq_len broadcast, no gather
             R = f.R
             pos = f.positions.reshape(R, -1)
@@ -82,6 +87,22 @@ class Positions(Rule):
         s["positions"] = [p + 1 for p in s["positions"]]
 
 
+def _positions_bad(kern, f) -> bool:
+    """SA201's mask has a hit (compiled): on [R, N0] blocks when every row is a chain or
+    the shapes are grouped already, else with depths from the safe parents."""
+    if f.uniform_n:
+        R = f.R
+        pos = f.positions.reshape(R, -1)
+        N0 = pos.shape[1]
+        if f.chain_shaped.all():   # (set by the frame for a uniform batch: no cost)
+            return kern.positions_bad_uniform(pos, f.seq_len, f.inv, np.zeros(0, dtype=np.int64),
+                                              np.arange(N0, dtype=np.int64)[None, :])
+        shapes = f.__dict__.get("_shapes")   # grouped by the frame when every row is ok
+        if shapes is not None:
+            return kern.positions_bad_uniform(pos, f.seq_len, f.inv, shapes[0], f.shape_depth)
+    return kern.positions_bad_parents(f.positions, f.seq_len, f.start, f.n, f.parent_in_row, f.inv)
+
+
 class MaskHash(Rule):
     """What: mask_hash equals the contract hash of the ancestor-or-self visibility of
     `parents` (each node sees itself and its ancestors, never a sibling's branch).
@@ -101,6 +122,12 @@ class MaskHash(Rule):
     fixture_algo = "tree"
 
     def check(self, f):
+        kern = compiled.kernels(_KERNELS, rows=f.R)
+        if kern is not None and f.uniform_n and f.chain_shaped.all():
+            # every row a chain of N0 nodes: derived_mask_hash gives each row the chain hash
+            # of N0 (0 above MAX_NODES), by the frame's _chain_hash; one row's N suffices
+            if not kern.hash_differs(f.mask_hash, np.uint64(f._chain_hash(f.n[:1])[0])):
+                return None
         want = f.derived_mask_hash
         bad = f.mask_hash != want
         if not bad.any():

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import compiled
 from .base import Hits, Rule
 
 _CHUNK = 16384   # rows at a time where a rule works on [rows, K] blocks
+_KERNELS = "specaudit.invariants.rule_kernels"   # compiled "anything bad?" tests (big batches)
 
 
 def _lists(f, rows, flat, start, lens, width=12):
@@ -143,6 +145,9 @@ class PathMatchesArgmax(Rule):
         ok = f.path_ok & ~f.sampled  # sampled rows: SA801 re-derives the test instead
         if not len(f.path) or not ok.any():
             return None
+        kern = compiled.kernels(_KERNELS, rows=f.R)
+        if kern is not None and not _path_argmax_bad(kern, f, ok):
+            return None   # no accepted draft the target rejects: numpy's mask would be all false
         k = f.path_k
         g = f.path_glob
         badp = np.zeros(len(g), dtype=bool)
@@ -186,6 +191,9 @@ class PathMaximal(Rule):
         ok = f.path_ok & ~f.sampled  # sampled rows: a rejection may stop before any child
         if f.T == 0 or not ok.any():
             return None
+        kern = compiled.kernels(_KERNELS, rows=f.R)
+        if kern is not None and not _path_not_maximal(kern, f, ok):
+            return None   # every path is maximal: numpy's mask would be all false
         last = f.last_node
         if f.chain_shaped.all():
             # a chain node's only child is the next node
@@ -235,6 +243,32 @@ class PathMaximal(Rule):
         s["accepted_depth"] -= 1
         s["commit_len"] -= 1
         s["committed_tokens"] = s["committed_tokens"][:-1]
+
+
+def _path_argmax_bad(kern, f, ok) -> bool:
+    """SA304's mask has a hit (compiled): a uniform-N batch of chains on [R, N0] blocks
+    (an ok row's path is 0, 1, 2, ..: no path entry read), any other by its path."""
+    if f.uniform_n and f.chain_shaped.all():   # (chain_shaped: set by the frame for a uniform batch)
+        R = f.R
+        return kern.path_argmax_bad_chain(ok, f.path_len, f.inv, f.tokens.reshape(R, -1), f.argmax.reshape(R, -1))
+    return kern.path_argmax_bad(ok, f.path, f.path_start, f.path_len, f.start, f.argmax, f.tokens, f.inv)
+
+
+def _path_not_maximal(kern, f, ok) -> bool:
+    """SA305's mask has a hit (compiled): a uniform-N batch of chains (the next node is the
+    only child) or of shapes the frame grouped already (by their children tables), any
+    other by the safe parents."""
+    if f.uniform_n:
+        R = f.R
+        tok, arg = f.tokens.reshape(R, -1), f.argmax.reshape(R, -1)
+        if f.chain_shaped.all():   # (set by the frame for a uniform batch: no cost)
+            return kern.path_not_maximal_chain(ok, f.path_len, f.inv, tok, arg)
+        shapes = f.__dict__.get("_shapes")   # grouped by the frame when every row is ok
+        if shapes is not None:
+            return kern.path_not_maximal_table(ok, f.path, f.path_start, f.path_len, f.inv, shapes[0],
+                                               f.shape_children, tok, arg)
+    return kern.path_not_maximal(ok, f.path, f.path_start, f.path_len, f.start, f.n, f.parent_in_row,
+                                 f.tokens, f.argmax, f.inv)
 
 
 class CommitLenVsTokens(Rule):

@@ -109,13 +109,17 @@ def timed(owner, name, label):
                 stack[-1] += total
     setattr(owner, name, g)
 SF = fr.StepFrame
-for name, label in (("__init__", "frame: accepted paths, commits, link to the previous step"),
+for name, label in (("__init__", "frame: accepted paths and commits"),
                     ("_sort_rows", "frame: request ids to slots, rows sorted by (request, step)"),
                     ("_read_scalars", "frame: scalar columns"), ("_read_lists", "frame: list columns"),
                     ("_check_structure", "frame: structure"), ("_set_safe_parents", "frame: structure"),
+                    ("_path_commit_pass", "frame: path and commit pass (compiled kernels)"),
+                    ("_link_previous", "frame: link to the previous step"),
                     ("finish_carry", "per-request state folded in (carry)")):
     timed(SF, name, label)
 timed(stream._ReadAhead, "__next__", "waiting for decoded batches (read thread)")
+import specaudit.invariants.compiled as compiled
+timed(compiled, "kernels", "compiled kernels: loaded (once per process), then a lookup")
 timed(core, "request_facts", "requests table: facts (read and fingerprinted)")
 load_rules()
 for code, cls in DEFINED.items():

@@ -13,7 +13,7 @@ of requests holds one batch of facts, and the join reads back one range at a tim
 same rows, in the same order.
 
 The facts of each row's tokens (_token_facts: numpy, the definition) have a compiled
-twin for big batches, facts_kernels.py, used when invariants/compiled.py finds numba.
+twin for big batches, facts_kernels.py (C), used when invariants/compiled.py can build it.
 """
 from __future__ import annotations
 

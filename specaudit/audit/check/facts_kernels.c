@@ -32,24 +32,26 @@ OUTPUT_FACTS(output_facts_o32_v64, int32_t, int64_t)
 OUTPUT_FACTS(output_facts_o64_v32, int64_t, int32_t)
 OUTPUT_FACTS(output_facts_o64_v64, int64_t, int64_t)
 
-/* the output against reference_tokens (both as above; int64 offsets and values, the
-   wrapper widens) -> eq [R] (1 equal, 0 not, -1 no reference), diff [R] (the first
-   position that differs, the shorter length when one is a prefix of the other, -1 when
-   equal or no reference). A null output counts as empty. */
-void reference_facts(int64_t R, const int64_t *off, const int64_t *vals, const int64_t *olen,
-                     const int64_t *roff, const int64_t *rvals, const int64_t *rlen,
-                     int64_t *eq, int64_t *diff)
-{
-    for (int64_t i = 0; i < R; i++) {
-        eq[i] = -1; diff[i] = -1;
-        if (rlen[i] < 0) continue;
-        int64_t n = olen[i] > 0 ? olen[i] : 0, rn = rlen[i];
-        int64_t m = n < rn ? n : rn, d = -1;
-        const int64_t *a = vals + off[i], *b = rvals + roff[i];
-        for (int64_t j = 0; j < m; j++)
-            if (a[j] != b[j]) { d = j; break; }
-        if (d < 0 && n != rn) d = m;
-        diff[i] = d;
-        eq[i] = d < 0 ? 1 : 0;
-    }
+/* the output against reference_tokens (both as above, offsets O and values V of one
+   width for both lists: the wrapper widens a mix) -> eq [R] (1 equal, 0 not, -1 no
+   reference), diff [R] (the first position that differs, the shorter length when one is
+   a prefix of the other, -1 when equal or no reference). A null output counts as empty. */
+#define REFERENCE_FACTS(NAME, OFF_T, VAL_T)                                                \
+void NAME(int64_t R, const OFF_T *off, const VAL_T *vals, const int64_t *olen,             \
+          const OFF_T *roff, const VAL_T *rvals, const int64_t *rlen, int64_t *eq, int64_t *diff) \
+{                                                                                          \
+    for (int64_t i = 0; i < R; i++) {                                                      \
+        eq[i] = -1; diff[i] = -1;                                                          \
+        if (rlen[i] < 0) continue;                                                         \
+        int64_t n = olen[i] > 0 ? olen[i] : 0, rn = rlen[i];                               \
+        int64_t m = n < rn ? n : rn, d = -1;                                               \
+        const VAL_T *a = vals + (int64_t)off[i], *b = rvals + (int64_t)roff[i];            \
+        for (int64_t j = 0; j < m; j++)                                                    \
+            if ((int64_t)a[j] != (int64_t)b[j]) { d = j; break; }                          \
+        if (d < 0 && n != rn) d = m;                                                       \
+        diff[i] = d;                                                                       \
+        eq[i] = d < 0 ? 1 : 0;                                                             \
+    }                                                                                      \
 }
+REFERENCE_FACTS(reference_facts_o32_v32, int32_t, int32_t)
+REFERENCE_FACTS(reference_facts_o64_v64, int64_t, int64_t)

@@ -24,7 +24,8 @@ _LIB = library(Path(__file__).with_name("facts_kernels.c"))
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 for _w in ("o32_v32", "o32_v64", "o64_v32", "o64_v64"):
     getattr(_LIB, "output_facts_" + _w).argtypes = [_I, _P, _P, _P, _I, _P, _P, _P, _P]
-_LIB.reference_facts.argtypes = [_I, _P, _P, _P, _P, _P, _P, _P, _P]
+for _w in ("o32_v32", "o64_v64"):
+    getattr(_LIB, "reference_facts_" + _w).argtypes = [_I, _P, _P, _P, _P, _P, _P, _P, _P]
 
 
 def _width(a: np.ndarray) -> tuple[np.ndarray, str]:
@@ -58,7 +59,10 @@ def reference_facts(off, vals, olen, roff, rvals, rlen):
     length when one is a prefix of the other, -1 when equal or no reference). A null
     output counts as empty."""
     R = len(olen)
-    a = [np.ascontiguousarray(x, dtype=np.int64) for x in (off, vals, olen, roff, rvals, rlen)]
+    w = "o32_v32" if all(x.dtype == np.int32 for x in (off, vals, roff, rvals)) else "o64_v64"
+    dt = np.int32 if w == "o32_v32" else np.int64
+    a = [np.ascontiguousarray(x, dtype=t) for x, t in ((off, dt), (vals, dt), (olen, np.int64), (roff, dt),
+                                                        (rvals, dt), (rlen, np.int64))]
     eq, diff = np.empty(R, dtype=np.int64), np.empty(R, dtype=np.int64)
-    _LIB.reference_facts(R, *(x.ctypes.data for x in a), eq.ctypes.data, diff.ctypes.data)
+    getattr(_LIB, "reference_facts_" + w)(R, *(x.ctypes.data for x in a), eq.ctypes.data, diff.ctypes.data)
     return eq, diff

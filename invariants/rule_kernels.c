@@ -1,0 +1,188 @@
+/* "Is anything bad in this batch?" tests of the hottest step rules (built by
+   invariants/compiled.py, wrapped by rule_kernels.py; each rule's numpy is the
+   definition: when a test says 1 the rule runs its numpy, which finds the rows).
+
+   Shapes as in StepFrame (invariants/frame.py): R rows; sorted rows r (by request,
+   step) or batch rows b (the file's order; inv [R] maps b -> r); T flat nodes in batch
+   order, sorted row r's at start[r] .. start[r] + n[r] - 1; a uniform-N batch's as
+   [R, N0] blocks (block b is batch row b); P flat path entries, row r's at
+   path_start[r] .. + path_len[r] - 1. Rows are visited in batch order: the flat
+   arrays' memory order. Booleans are numpy's: one byte, 0 or 1. */
+#include <stdint.h>
+
+typedef int64_t i64;
+typedef int32_t i32;
+typedef uint8_t u8;
+
+/* SA201 on a uniform-N batch of known shapes: any pos[b, i] != seq_len[inv[b]] +
+   depth[ids[b], i] (ids empty, n_ids 0: every row is shape 0). pos [R, N0]. */
+#define POSITIONS_BAD_UNIFORM(NAME, POS_T)                                                  \
+i64 NAME(i64 R, i64 N0, const POS_T *pos, const i64 *seq_len, const i64 *inv,               \
+         i64 n_ids, const i64 *ids, const i64 *depth)                                      \
+{                                                                                          \
+    for (i64 b = 0; b < R; b++) {                                                          \
+        i64 want = seq_len[inv[b]];                                                        \
+        const i64 *d = depth + (n_ids == 0 ? 0 : ids[b]) * N0;                             \
+        const POS_T *p = pos + b * N0;                                                     \
+        int bad = 0;                                                                       \
+        for (i64 i = 0; i < N0; i++) bad |= (i64)p[i] != want + d[i];                      \
+        if (bad) return 1;                                                                 \
+    }                                                                                      \
+    return 0;                                                                              \
+}
+POSITIONS_BAD_UNIFORM(positions_bad_uniform_p32, i32)
+POSITIONS_BAD_UNIFORM(positions_bad_uniform_p64, i64)
+
+/* SA201 on any batch: each node's depth from the safe parents (parent_in_row [T], an
+   earlier node of the row, -1 at a root), then any pos[start[r] + i] != seq_len[r] +
+   depth. dep: scratch of max(n) entries (at least 1). */
+#define POSITIONS_BAD_PARENTS(NAME, POS_T)                                                  \
+i64 NAME(i64 R, const POS_T *pos, const i64 *seq_len, const i64 *start, const i64 *n,       \
+         const i64 *parent_in_row, const i64 *inv, i64 *dep)                                \
+{                                                                                          \
+    for (i64 b = 0; b < R; b++) {                                                          \
+        i64 r = inv[b], s = start[r], want = seq_len[r];                                   \
+        int bad = 0;                                                                       \
+        for (i64 i = 0; i < n[r]; i++) {                                                   \
+            i64 p = parent_in_row[s + i];                                                  \
+            i64 d = p >= 0 ? dep[p] + 1 : 0;                                               \
+            dep[i] = d;                                                                    \
+            bad |= (i64)pos[s + i] != want + d;                                            \
+        }                                                                                  \
+        if (bad) return 1;                                                                 \
+    }                                                                                      \
+    return 0;                                                                              \
+}
+POSITIONS_BAD_PARENTS(positions_bad_parents_p32, i32)
+POSITIONS_BAD_PARENTS(positions_bad_parents_p64, i64)
+
+/* SA304: any ok row with a path entry k >= 1 whose node's token differs from the
+   target's argmax at entry k - 1's node (ok: a valid walk, every entry in the row). */
+i64 path_argmax_bad(i64 R, const u8 *ok, const i32 *path, const i64 *path_start, const i64 *path_len,
+                    const i64 *start, const i32 *argmax, const i32 *tokens, const i64 *inv)
+{
+    for (i64 b = 0; b < R; b++) {
+        i64 r = inv[b];
+        if (!ok[r]) continue;
+        i64 s = start[r], ps = path_start[r];
+        int bad = 0;
+        for (i64 k = ps + 1; k < ps + path_len[r]; k++)
+            bad |= argmax[s + path[k - 1]] != tokens[s + path[k]];
+        if (bad) return 1;
+    }
+    return 0;
+}
+
+/* SA304 on a uniform-N batch of chains: an ok row's path is 0 .. L - 1, so no path entry
+   is read: any node 1 <= i < L with tok[b, i] != arg[b, i - 1]. tok, arg [R, N0]. */
+i64 path_argmax_bad_chain(i64 R, i64 N0, const u8 *ok, const i64 *path_len, const i64 *inv,
+                          const i32 *tok, const i32 *arg)
+{
+    for (i64 b = 0; b < R; b++) {
+        i64 r = inv[b];
+        i64 L = ok[r] ? path_len[r] : 0;
+        const i32 *t = tok + b * N0, *a = arg + b * N0;
+        int bad = 0;
+        for (i64 i = 1; i < N0; i++) bad |= (i < L) & (a[i - 1] != t[i]);
+        if (bad) return 1;
+    }
+    return 0;
+}
+
+/* SA305 on a uniform-N batch of chains: an ok row's path ends at node L - 1, whose only
+   child is node L: any ok row with L < N0 and tok[b, L] == arg[b, L - 1]. The column is
+   clamped to [1, N0 - 1] as numpy's twin does (index -1 meaning the last, as numpy's). */
+i64 path_not_maximal_chain(i64 R, i64 N0, const u8 *ok, const i64 *path_len, const i64 *inv,
+                           const i32 *tok, const i32 *arg)
+{
+    for (i64 b = 0; b < R; b++) {
+        i64 r = inv[b], L = path_len[r];
+        i64 c = L > 1 ? L : 1;
+        if (c > N0 - 1) c = N0 - 1;
+        i64 cm = c - 1 < 0 ? c - 1 + N0 : c - 1;
+        if (ok[r] && L < N0 && tok[b * N0 + c] == arg[b * N0 + cm]) return 1;
+    }
+    return 0;
+}
+
+/* SA305 on a uniform-N batch of known shapes: any ok row whose path's last node has a
+   child c with tok[b, c] == arg[b, last] (the bonus). children [U, N0, K]: each node's
+   children ascending, -1 after the last; ids as in positions_bad_uniform. */
+i64 path_not_maximal_table(i64 R, i64 N0, i64 K, const u8 *ok, const i32 *path, const i64 *path_start,
+                           const i64 *path_len, const i64 *inv, i64 n_ids, const i64 *ids,
+                           const i64 *children, const i32 *tok, const i32 *arg)
+{
+    for (i64 b = 0; b < R; b++) {
+        i64 r = inv[b];
+        if (!ok[r]) continue;
+        i64 last = path[path_start[r] + path_len[r] - 1];
+        i32 bonus = arg[b * N0 + last];
+        const i64 *ch = children + ((n_ids == 0 ? 0 : ids[b]) * N0 + last) * K;
+        int bad = 0;
+        for (i64 k = 0; k < K; k++) {
+            i64 c = ch[k];
+            bad |= (c >= 0) & (tok[b * N0 + (c > 0 ? c : 0)] == bonus);
+        }
+        if (bad) return 1;
+    }
+    return 0;
+}
+
+/* SA305 on any batch: any ok row whose path's last node has a child (a later node whose
+   safe parent is it) carrying the argmax at it. */
+i64 path_not_maximal(i64 R, const u8 *ok, const i32 *path, const i64 *path_start, const i64 *path_len,
+                     const i64 *start, const i64 *n, const i64 *parent_in_row, const i32 *tokens,
+                     const i32 *argmax, const i64 *inv)
+{
+    for (i64 b = 0; b < R; b++) {
+        i64 r = inv[b];
+        if (!ok[r]) continue;
+        i64 s = start[r];
+        i64 last = path[path_start[r] + path_len[r] - 1];
+        i32 bonus = argmax[s + last];
+        int bad = 0;
+        for (i64 i = last + 1; i < n[r]; i++)
+            bad |= (parent_in_row[s + i] == last) & (tokens[s + i] == bonus);
+        if (bad) return 1;
+    }
+    return 0;
+}
+
+/* SA102: any row with no node, more than budget + 1 nodes, or above MAX_NODES. */
+i64 node_count_bad(i64 R, const i64 *n_raw, const i64 *n, const i64 *budget, const u8 *too_many)
+{
+    for (i64 r = 0; r < R; r++)
+        if (n_raw[r] < 1 || n[r] > budget[r] + 1 || too_many[r]) return 1;
+    return 0;
+}
+
+/* SA103: any row with nodes whose root's parent is not -1 (the frame's flag). */
+i64 root_parent_bad(i64 R, const u8 *root_parent_bad, const i64 *n)
+{
+    for (i64 r = 0; r < R; r++)
+        if (root_parent_bad[r] && n[r] > 0) return 1;
+    return 0;
+}
+
+/* SA403: any row that follows its request's previous step (step = prev_step + 1) whose
+   root token differs from that step's last committed token. */
+i64 root_continuity_bad(i64 R, i64 T, const u8 *has_prev, const i64 *step, const i32 *prev_step,
+                        const i32 *prev_last, const i64 *start, const i64 *n, const i32 *tokens,
+                        const i64 *inv)
+{
+    if (T < 1) return 0;
+    for (i64 b = 0; b < R; b++) {
+        i64 r = inv[b];
+        i64 g = start[r] < T - 1 ? start[r] : T - 1;
+        if (has_prev[r] && step[r] == (i64)prev_step[r] + 1 && n[r] > 0 && tokens[g] != prev_last[r]) return 1;
+    }
+    return 0;
+}
+
+/* SA202 where every row's contract hash is the same `want` (a uniform batch of chains). */
+i64 hash_differs(i64 R, const uint64_t *mask_hash, uint64_t want)
+{
+    for (i64 r = 0; r < R; r++)
+        if (mask_hash[r] != want) return 1;
+    return 0;
+}

@@ -1,0 +1,162 @@
+"""Compiled "is anything bad in this batch?" tests of the hottest step rules:
+rule_kernels.c, built and loaded by invariants/compiled.py (importing this module builds
+it on first use).
+
+    kern = compiled.kernels("specaudit.invariants.rule_kernels", rows=f.R)   # or None
+
+Each kernel answers, in one pass over the frame's own arrays, whether the rule's numpy
+mask has any hit (True) or none (False); when it says True the rule runs its numpy
+code unchanged, which finds the rows and builds every message. The numpy code is the
+definition: tests/test_compiled_rules.py holds each answer equal to numpy's mask.any()
+and the findings equal with and without kernels. Imported only through
+invariants/compiled.py. An array the C does not take as it is (token values other than
+int32, say) gets the answer True: "maybe", and the rule's numpy decides.
+
+Shapes, as in StepFrame (invariants/frame.py): R rows, "sorted rows" r (by request,
+step) or "batch rows" b (the file's order; inv [R] maps b -> r); T flat nodes in batch
+order, sorted row r's at start[r] .. start[r] + n[r] - 1, a uniform-N batch's viewed as
+[R, N0] blocks (block b is batch row b); P flat path entries in batch order, row r's at
+path_start[r] .. path_start[r] + path_len[r] - 1, path_row [P] the sorted row of each.
+Node indices in path and parent_in_row are local to their row. Inner loops over a row
+run to their end (no early exit: they vectorise), the batch stops at a bad row.
+
+  positions_bad_uniform / positions_bad_parents   SA201 (positions = seq_len + depth)
+  path_argmax_bad_chain / path_argmax_bad         SA304 (path follows the argmax)
+  path_not_maximal_chain / _table / path_not_maximal   SA305 (no child carries the bonus)
+  hash_differs                                    SA202 (mask_hash, a batch of chains)
+  node_count_bad                                  SA102 (N within the budget)
+  root_parent_bad                                 SA103 (the root's parent is -1)
+  root_continuity_bad                             SA403 (the root continues the last commit)
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .compiled import bind, library
+
+_LIB = library(Path(__file__).with_name("rule_kernels.c"))
+_POS = {np.dtype(np.int32): "w", np.dtype(np.int64): "l"}     # positions' dtype -> its C code
+_BITS = {"w": 32, "l": 64}
+_UNIFORM = {c: bind(_LIB, f"positions_bad_uniform_p{_BITS[c]}", f"i i {c} l l i l l", True) for c in _BITS}
+_PARENTS = {c: bind(_LIB, f"positions_bad_parents_p{_BITS[c]}", f"i {c} l l l l l ol", True) for c in _BITS}
+_ARGMAX = bind(_LIB, "path_argmax_bad", "i b w l l l w w l", True)
+_ARGMAX_CHAIN = bind(_LIB, "path_argmax_bad_chain", "i i b l l w w", True)
+_MAXIMAL_CHAIN = bind(_LIB, "path_not_maximal_chain", "i i b l l w w", True)
+_MAXIMAL_TABLE = bind(_LIB, "path_not_maximal_table", "i i i b w l l l i l l w w", True)
+_MAXIMAL = bind(_LIB, "path_not_maximal", "i b w l l l l l w w l", True)
+_NODE_COUNT = bind(_LIB, "node_count_bad", "i l l l b", True)
+_ROOT_PARENT = bind(_LIB, "root_parent_bad", "i b l", True)
+_ROOT_CONTINUITY = bind(_LIB, "root_continuity_bad", "i i b l w w l l w l", True)
+_HASH = bind(_LIB, "hash_differs", "i q u", True)
+
+
+def _i32(*values) -> bool:
+    """Every token-valued array int32 (the contract's type): the C reads them as they are."""
+    return all(v.dtype == np.int32 for v in values)
+
+
+def positions_bad_uniform(pos, seq_len, inv, ids, depth):
+    """SA201 on a uniform-N batch of known shapes: any pos[b, i] != seq_len[inv[b]] +
+    depth[ids[b], i]. pos [R, N0] (int32 or int64), seq_len [R] (sorted rows), inv [R],
+    ids [R] (batch row -> shape; empty: every row is shape 0), depth [U, N0] -> bool."""
+    c = _POS.get(pos.dtype)
+    if c is None:
+        return True
+    R, N0 = pos.shape
+    return bool(_UNIFORM[c](R, N0, pos, seq_len, inv, len(ids), ids, depth))
+
+
+def positions_bad_parents(pos, seq_len, start, n, parent_in_row, inv):
+    """SA201 on any batch: each node's depth from the safe parents (parent_in_row [T], an
+    earlier node of the row, -1 at a root), then any pos[start[r] + i] != seq_len[r] +
+    depth. pos [T], seq_len, start, n [R] (sorted rows), inv [R] (rows visited in batch
+    order: the nodes in memory order) -> bool."""
+    c = _POS.get(pos.dtype)
+    if c is None:
+        return True
+    dep = np.zeros(max(int(n.max()), 1) if len(n) else 1, dtype=np.int64)   # [max N]: one row's depths
+    return bool(_PARENTS[c](len(inv), pos, seq_len, start, n, parent_in_row, inv, dep))
+
+
+def path_argmax_bad(ok, path, path_start, path_len, start, argmax, tokens, inv):
+    """SA304: any ok row with a path entry k >= 1 whose node's token differs from the
+    target's argmax at entry k - 1's node. ok [R] bool (sorted rows: a valid walk, every
+    entry inside the row), path [P], path_start, path_len, start [R], argmax, tokens [T],
+    inv [R] (rows visited in batch order: the entries in memory order) -> bool."""
+    if not _i32(path, argmax, tokens):
+        return True
+    return bool(_ARGMAX(len(inv), ok, path, path_start, path_len, start, argmax, tokens, inv))
+
+
+def path_argmax_bad_chain(ok, path_len, inv, tok, arg):
+    """SA304 on a uniform-N batch of chains: an ok row's path is 0, 1, .., L - 1 (each
+    entry the child of the one before: the next node), so no path entry is read: any
+    node 1 <= i < L with tok[b, i] != arg[b, i - 1]. ok, path_len, inv [R], tok, arg
+    [R, N0] -> bool."""
+    if not _i32(tok, arg):
+        return True
+    R, N0 = tok.shape
+    return bool(_ARGMAX_CHAIN(R, N0, ok, path_len, inv, tok, arg))
+
+
+def path_not_maximal_chain(ok, path_len, inv, tok, arg):
+    """SA305 on a uniform-N batch of chains: an ok row's path ends at node L - 1 (see
+    path_argmax_bad_chain), whose only child is node L: any ok row with L < N0 and
+    tok[b, L] == arg[b, L - 1]. ok, path_len, inv [R], tok, arg [R, N0] -> bool."""
+    if not _i32(tok, arg):
+        return True
+    R, N0 = tok.shape
+    return bool(_MAXIMAL_CHAIN(R, N0, ok, path_len, inv, tok, arg))
+
+
+def path_not_maximal_table(ok, path, path_start, path_len, inv, ids, children, tok, arg):
+    """SA305 on a uniform-N batch of known shapes: any ok row whose path's last node L
+    has a child c with tok[b, c] == arg[b, L] (the bonus). ok [R] bool (sorted rows: a
+    valid walk of at least one entry, not sampled), path [P], path_start, path_len, inv
+    [R], ids [R] (batch row -> shape; empty: every row is shape 0), children [U, N0, K]
+    (each node's children ascending, -1 after the last), tok, arg [R, N0] -> bool."""
+    if not _i32(path, tok, arg):
+        return True
+    R, N0 = tok.shape
+    return bool(_MAXIMAL_TABLE(R, N0, children.shape[2], ok, path, path_start, path_len, inv, len(ids), ids,
+                               children, tok, arg))
+
+
+def path_not_maximal(ok, path, path_start, path_len, start, n, parent_in_row, tokens, argmax, inv):
+    """SA305 on any batch: any ok row whose path's last node L has a child (a later node
+    whose safe parent, parent_in_row [T], is L) carrying argmax at L. ok [R] bool as in
+    path_not_maximal_table, path [P], path_start, path_len, start, n [R], tokens, argmax
+    [T], inv [R] (rows visited in batch order) -> bool."""
+    if not _i32(path, tokens, argmax):
+        return True
+    return bool(_MAXIMAL(len(inv), ok, path, path_start, path_len, start, n, parent_in_row, tokens, argmax, inv))
+
+
+def node_count_bad(n_raw, n, budget, too_many):
+    """SA102: any row with no node, more than budget + 1 nodes, or above MAX_NODES.
+    n_raw, n, budget [R], too_many [R] bool (the frame's) -> bool."""
+    return bool(_NODE_COUNT(len(n), n_raw, n, budget, too_many))
+
+
+def root_parent_bad(root_parent_bad, n):
+    """SA103: any row with nodes whose root's parent is not -1. root_parent_bad [R]
+    bool (the frame's), n [R] -> bool."""
+    return bool(_ROOT_PARENT(len(n), root_parent_bad, n))
+
+
+def root_continuity_bad(has_prev, step, prev_step, prev_last, start, n, tokens, inv):
+    """SA403: any row that follows its request's previous step (step = prev_step + 1)
+    whose root token differs from that step's last committed token. has_prev, step,
+    prev_step, prev_last, start, n [R] (sorted rows), tokens [T], inv [R] (rows visited
+    in batch order: the roots in memory order) -> bool."""
+    if not _i32(prev_step, prev_last, tokens):
+        return True
+    return bool(_ROOT_CONTINUITY(len(n), len(tokens), has_prev, step, prev_step, prev_last, start, n, tokens, inv))
+
+
+def hash_differs(mask_hash, want):
+    """SA202 where every row's contract hash is the same `want` (a uniform batch of
+    chains): any mask_hash[r] != want. mask_hash [R] uint64, want uint64 -> bool."""
+    return bool(_HASH(len(mask_hash), mask_hash, int(want)))
