@@ -19,6 +19,7 @@ command -v openssl >/dev/null 2>&1 || need+=(openssl)   # a self-signed cert for
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 command -v ninja >/dev/null 2>&1 || need+=(ninja-build)
 command -v g++ >/dev/null 2>&1 || need+=(g++)
+command -v cc >/dev/null 2>&1 || need+=(gcc)   # check's compiled kernels (invariants/compiled.py) build with cc
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
