@@ -74,7 +74,8 @@ def _load(module: str):
     try:
         return importlib.import_module(module)
     except Exception as e:   # a build or load error of any kind means numpy, said once
-        log.warning("compiled kernels %s unavailable (%s: %s); checking with numpy", module,
+        log.warning("specaudit: compiled kernels %s unavailable (%s: %s); checking with numpy: same findings, "
+                    "slower (SPECAUDIT_COMPILED=0 skips the kernels)", module.rsplit(".", 1)[-1],
                     type(e).__name__, " ".join(str(e).split())[:300])
         return None
 

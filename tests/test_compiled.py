@@ -12,7 +12,9 @@ nothing here skips without one.
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
+import os
 import stat
 import sys
 
@@ -156,3 +158,28 @@ def test_big_damaged_runs_check_the_same_compiled_and_not(algo, monkeypatch):
     on, off = _check_both(monkeypatch, run)
     assert on == off
     assert set(BIG_DAMAGE[algo]) & set(on[1]), on[1]
+
+
+def test_the_cli_without_a_compiler_says_so_once_and_checks_with_numpy(tmp_path):
+    """A big run, a machine with no C compiler: one line on stderr naming the cause, no
+    traceback, and the same report as with the kernels."""
+    import subprocess
+
+    from specaudit.trace.synth import write_synthetic_dataset
+    write_synthetic_dataset(tmp_path / "data", 6000, n_nodes=8, seed=2, rollups=False)
+    env = dict(os.environ, SPECAUDIT_KERNEL_CACHE=str(tmp_path / "cache"), CC=str(tmp_path / "no-cc"))
+    env.pop(compiled.ENV, None)
+    cmd = [sys.executable, "-m", "specaudit", "check", str(tmp_path / "data"), "--output-format", "json"]
+    bare = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert bare.returncode == 0, bare.stderr
+    lines = [ln for ln in bare.stderr.splitlines() if ln.strip()]
+    said = [ln for ln in lines if "no C compiler" in ln]
+    assert len(said) >= 1 and "numpy" in said[0], bare.stderr
+    assert "Traceback" not in bare.stderr
+    assert len({ln for ln in said}) == len(said)            # each kernel module says it once
+    env.pop("CC")
+    built = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert built.returncode == 0 and "no C compiler" not in built.stderr, built.stderr
+    assert list((tmp_path / "cache").glob("*.so"))          # the kernels were built and used
+    drop = lambda out: {k: v for k, v in json.loads(out).items() if k not in ("seconds", "elapsed_s")}
+    assert drop(bare.stdout) == drop(built.stdout)
