@@ -134,3 +134,29 @@ def test_empty_repeated_and_getitem(kernels_on):
     assert ids.slot_of("") == 1 and ids.slot_of("d") == -1
     with pytest.raises(IndexError):
         ids[4]
+
+
+def _unmix(m: int) -> int:
+    """The int64 hash that ids_kernels.c's mix (murmur3's fmix64) takes to m."""
+    M = (1 << 64) - 1
+    m ^= m >> 33
+    m = (m * 0x9CB4B2F8129337DB) & M    # inverse of 0xC4CEB9FE1A85EC53
+    m ^= m >> 33
+    m = (m * 0x4F74430C22A54005) & M    # inverse of 0xFF51AFD7ED558CCD
+    m ^= m >> 33
+    return m - (1 << 64) if m >> 63 else m
+
+
+def test_same_position_and_tag_different_hashes(kernels_on):
+    # distinct hashes whose mixed values agree on the table position and the tag (the top
+    # 23 bits): a probe must compare the whole hash, never take one for the other
+    base = 0x5A5A5A5A5A5A5A5A
+    crafted = {f"t{k}": _unmix(base ^ (1 << (30 + k))) for k in range(10)}
+    assert len(set(crafted.values())) == len(crafted)
+    kernels_on.setattr(request_ids, "hash", lambda s: crafted.get(s, hash(s)), raising=False)
+    b = Both(kernels_on)
+    names = list(crafted)
+    b.index(names[:3] + ["z"] + names[:5])
+    b.index(names[::-1] + ["z", "y"])
+    assert not b.got._collided
+    b.same(names)
