@@ -18,11 +18,16 @@ from specaudit.invariants.request_ids import KERNELS, RequestIds
 POOL = [f"r{i}" for i in range(3000)] + ["é-ü", "\0null", "", "x" * 50, "日本", "\udcff", "a\0b", "ß" * 300]
 
 
+def _switch_on(mp, min_rows: int):
+    """Kernels on; maps and calls of min_rows ids or more compiled (they must load)."""
+    mp.setattr(compiled, "MIN_ROWS", min_rows)
+    mp.delenv(compiled.ENV, raising=False)
+    assert compiled.kernels(KERNELS, rows=min_rows) is not None, "the ids kernels failed to load"
+
+
 @pytest.fixture
 def kernels_on(monkeypatch):
-    monkeypatch.setattr(compiled, "MIN_ROWS", 0)
-    monkeypatch.delenv(compiled.ENV, raising=False)
-    assert compiled.kernels(KERNELS, rows=1) is not None, "the ids kernels failed to load"
+    _switch_on(monkeypatch, 0)
     return monkeypatch
 
 
@@ -95,8 +100,7 @@ def test_collisions_between_and_within_batches(kernels_on):
 
 def test_table_takes_over_the_levels(monkeypatch):
     # numpy while the map and call are small, then the table takes over (collided ids too)
-    monkeypatch.setattr(compiled, "MIN_ROWS", 1000)
-    monkeypatch.delenv(compiled.ENV, raising=False)
+    _switch_on(monkeypatch, 1000)
     monkeypatch.setattr(request_ids, "hash", lambda s: hash(s) % 5000, raising=False)
     rng = random.Random(3)
     pool = [f"q{i}" for i in range(20000)] + POOL[-8:]
