@@ -86,13 +86,13 @@ def _load(module: str):
 # contiguous, a copy only when it is not already; "o" before the code: written in place,
 # so it must already be that dtype and contiguous)
 _SCALARS = {"i": ctypes.c_int64, "u": ctypes.c_uint64}
-_ARRAYS = {"l": np.int64, "w": np.int32, "b": np.bool_, "q": np.uint64}
+_ARRAYS = {"l": np.int64, "w": np.int32, "b": np.bool_, "q": np.uint64, "y": np.uint8}
 
 
 def bind(lib: ctypes.CDLL, name: str, spec: str, returns: bool = False):
     """A Python callable for C function `name` whose arguments are `spec` (codes
-    separated by spaces: i int64, u uint64 scalar; l int64, w int32, b bool, q uint64
-    array; o<code> an array written in place). Returns the C int64 when `returns`."""
+    separated by spaces: i int64, u uint64 scalar; l int64, w int32, b bool, q uint64,
+    y uint8 (bytes) array; o<code> an array written in place). Returns the C int64 when `returns`."""
     codes = spec.split()
     fn = getattr(lib, name)
     fn.argtypes = [_SCALARS.get(c, ctypes.c_void_p) for c in codes]

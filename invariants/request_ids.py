@@ -16,12 +16,22 @@ A lookup is a binary search of the batch's hashes, verified byte for byte agains
 stored id: ids whose hashes collide never share a slot (the later one is kept in a
 small dict, `_collided`, searched first). Python work per call: one hash and one length
 per id (C loops); the rest is vectorised.
+
+Compiled (invariants/ids_kernels.c, through compiled.kernels): once the map and a call
+hold MIN_ROWS ids or more together (`rows` = ids in the map + ids in the call), the levels
+are taken over by an open-addressing hash table in C (ids_kernels.Table) and every later
+call goes through it: one pass per batch, lookups, new slots and the ids' bytes appended
+in C. The same slots as the levels give, collisions included (C leaves an id whose hash
+another id holds to the same Python as here, `_settle`).
 """
 from __future__ import annotations
 
 import numpy as np
 
+from . import compiled
+
 I64 = np.int64
+KERNELS = "specaudit.invariants.ids_kernels"
 
 
 class RequestIds:
@@ -30,6 +40,7 @@ class RequestIds:
         self._data = np.zeros(1024, dtype=np.uint8)
         self._offsets = np.zeros(1024, dtype=I64)
         self._collided: dict[str, int] = {}   # ids whose hash another id already holds
+        self._table = None                     # ids_kernels.Table, once compiled (replaces the levels)
         self.n = 0
 
     def __len__(self) -> int:
@@ -52,7 +63,10 @@ class RequestIds:
         """The slot of one id, or -1 when it was never indexed."""
         if name in self._collided:
             return self._collided[name]
-        got = self._lookup([name], *_encode([name]), np.array([hash(name)], dtype=I64))
+        h = np.array([hash(name)], dtype=I64)
+        if self._table is not None:
+            return max(int(self._table.lookup(*_encode([name]), h, self._data, self._offsets)[0]), -1)
+        got = self._lookup([name], *_encode([name]), h)
         return int(got[0])
 
     def index(self, names: list[str]) -> np.ndarray:
@@ -63,6 +77,18 @@ class RequestIds:
             return np.zeros(0, dtype=I64)
         blob, off = _encode(names)
         h = np.fromiter(map(hash, names), dtype=I64, count=L)
+        if self._table is None and (kern := compiled.kernels(KERNELS, rows=self.n + L)) is not None:
+            levels = self._levels or [(np.zeros(0, dtype=I64),) * 2]
+            self._table = kern.Table(np.concatenate([H for H, _ in levels]),
+                                     np.concatenate([S for _, S in levels]), self.n)
+            self._levels = []
+        if self._table is not None:
+            base = self.n
+            out = self._table.index(self, blob, off, h)
+            bad = np.flatnonzero(out < -1)
+            if bad.size:
+                self._settle(names, out, bad, base)
+            return out
         out = self._lookup(names, blob, off, h)
         new = np.flatnonzero(out < 0)
         if new.size:
@@ -137,6 +163,29 @@ class RequestIds:
         out[first] = slots
         for i in np.flatnonzero(out < 0).tolist():        # collisions inside this batch
             self._collide(names[i], out, i)
+
+    def _settle(self, names, out: np.ndarray, rows: np.ndarray, base: int) -> None:
+        """The compiled pass's rows whose hash another id holds (out = -2 - that slot), as
+        _lookup and _add give them: a collided id's slot; else the batch's new ids' slots
+        are followed by the first of each hash held before the batch, then the others."""
+        left = []
+        for i in rows.tolist():
+            q = self._collided.get(names[i])
+            if q is None:
+                left.append(i)
+            else:
+                out[i] = q
+        owners, first = set(), []
+        for i in left:
+            o = -2 - int(out[i])
+            if o < base and o not in owners:
+                owners.add(o)
+                first.append(i)
+        for i in first:
+            self._collide(names[i], out, i)
+        for i in left:
+            if out[i] < 0:
+                self._collide(names[i], out, i)
 
     def _collide(self, name: str, out: np.ndarray, i: int) -> None:
         q = self._collided.get(name)

@@ -7,9 +7,21 @@ import random
 import numpy as np
 import pytest
 import specaudit.invariants.request_ids as request_ids
+from specaudit.invariants import compiled
 from specaudit.invariants.request_ids import RequestIds
 
 POOL = [f"r{i}" for i in range(3000)] + ["é-ü", "\0null", "", "x" * 50, "日本", "\udcff"]
+
+
+@pytest.fixture(autouse=True, params=["numpy", "compiled"])
+def both_ways(request, monkeypatch):
+    """Every test on the numpy levels and on the compiled table (tests/test_compiled_ids.py)."""
+    if request.param == "numpy":
+        monkeypatch.setenv(compiled.ENV, "0")
+    else:
+        monkeypatch.delenv(compiled.ENV, raising=False)
+        monkeypatch.setattr(compiled, "MIN_ROWS", 0)
+    return request.param
 
 
 def dict_index(d: dict, names: list[str]) -> np.ndarray:
