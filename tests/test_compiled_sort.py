@@ -9,25 +9,19 @@ lexsort fallback), null request ids, steps, scalars and lists, int64 columns, la
 lists, ragged node lists."""
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-from specaudit.invariants import DEFINED, all_rules, compiled, load_rules
+from specaudit.invariants import DEFINED, compiled, load_rules
 from specaudit.invariants.carry import Carry
 from specaudit.invariants.fixtures import FixtureRun
 from specaudit.invariants.frame import StepFrame
 from specaudit.invariants.frame_read import SORT_KERNELS
-from test_compiled_frame import _corrupt, _fixture_batches
+from test_compiled_frame import _corpus, _corrupt, _fixture_batches, _synthetic_batches
 
-from specaudit.audit.check.core import emit_hits, run_config
+from specaudit.audit.check.core import emit_hits
 from specaudit.audit.check.result import CheckResult
-from specaudit.audit.check.stream import STEP_READ_COLUMNS, _file_batches, proven_diagnostics
-from specaudit.trace.synth import write_synthetic_dataset
 
-TRACE_RULES = [r for r in all_rules() if r.scope != "source"]
 _SKIP = {"_sk", "_carry", "columns"}   # the kernels themselves, the carry object, the batch
 
 
@@ -98,12 +92,6 @@ def _assert_same(batches, cfg, switch) -> int:
     return n
 
 
-def _corpus():
-    for rule in TRACE_RULES:
-        for kind in ("pass", "fail"):
-            yield pytest.param(rule, kind, id=f"{rule.code}-{kind}")
-
-
 @pytest.mark.parametrize("rule, kind", list(_corpus()))
 def test_fixture_frames_equal_numpy(rule, kind, switch):
     run = FixtureRun.make(rule.fixture_algo)
@@ -119,21 +107,6 @@ def test_fixture_frames_equal_numpy(rule, kind, switch):
 
 
 # ------------------------------------------------------------------ big synthetic batches
-def _big(tmp_path, algo, n_nodes, ragged, steps=12000, rows=4096):
-    run_dir = write_synthetic_dataset(tmp_path, steps, n_nodes=n_nodes, algo=algo, seed=3, ragged=ragged,
-                                      run_id=f"s-{algo}", rollups=False)
-    batches = []
-    for path in sorted(run_dir.glob("steps-*.parquet")):
-        pf = pq.ParquetFile(path, read_dictionary=["run_id", "request_id", "algo"])
-        skip = proven_diagnostics(pf.metadata)
-        cols = [c for c in STEP_READ_COLUMNS if c in pf.schema_arrow.names and c not in skip]
-        batches += [b for b in _file_batches(pf, path, rows, cols) if b.num_rows]
-    manifest = json.loads((run_dir / "run.json").read_text())
-    eos_id, max_new, conv = run_config(manifest)
-    return batches, dict(run_id=manifest["run_id"], eos_id=eos_id, max_new_tokens=max_new, manifest=manifest,
-                         conventions=conv)
-
-
 def _with(batch, **cols):
     arrays = {n: batch.column(i) for i, n in enumerate(batch.schema.names)}
     arrays.update(cols)
@@ -191,7 +164,7 @@ def _reshaped(b, j: int):
 
 @pytest.mark.parametrize("algo, n_nodes, ragged", [("chain", 8, False), ("tree", 16, False), ("tree", 12, True)])
 def test_big_batches_equal_numpy(algo, n_nodes, ragged, tmp_path, switch):
-    batches, cfg = _big(tmp_path, algo, n_nodes, ragged)
+    batches, cfg = _synthetic_batches(tmp_path, algo, n_nodes, ragged)
     assert len(batches) >= 3
     assert _assert_same(batches, cfg, switch) == 0          # a valid run: no finding either way
     mixed = [_corrupt(b, seed=i) if i % 2 else b for i, b in enumerate(batches)]
@@ -200,7 +173,7 @@ def test_big_batches_equal_numpy(algo, n_nodes, ragged, tmp_path, switch):
 
 @pytest.mark.parametrize("j", range(9))
 def test_reshaped_batches_equal_numpy(j, tmp_path, switch):
-    batches, cfg = _big(tmp_path, "chain", 8, False, steps=6000, rows=2048)
+    batches, cfg = _synthetic_batches(tmp_path, "chain", 8, False, steps=6000, rows=2048)
     changed = [_reshaped(b, j + 9 * i) if i % 2 == 0 and b.num_rows >= 16 else b for i, b in enumerate(batches)]
     assert sum(c is not b for c, b in zip(changed, batches)) >= 2
     _assert_same(changed, cfg, switch)
