@@ -201,7 +201,7 @@ class StepFrame(TreeShapes, FrameLink):
         if self.uniform_n:                                # [R, N0] blocks: once per distinct tree
             N0 = self.T // R
             P = p.reshape(R, N0)
-            ids, first = self._raw_shapes = group_rows(P)  # (invariants/row_groups.py)
+            ids, first = self._raw_shapes = group_rows(P, self._sk)  # (invariants/row_groups.py)
             Pu, ii = P[first], np.arange(1, N0, dtype=I64)
             per_row = (lambda v: np.full(R, v[0])) if len(first) == 1 else (lambda v: v[ids])
             chain_u = (Pu[:, 1:] == ii - 1).all(axis=1)

@@ -100,3 +100,40 @@ i64 common_length(i64 R, const i32 *off)
         if ((i64)off[b + 1] - (i64)off[b] != n) return -1;
     return n;
 }
+
+/* row_groups.group_rows's fingerprints: V [R, D] uint64 words of a block's rows, w [D]
+   -> fp [R] = V @ w, wrapping (numpy's uint64 matmul, bit for bit) */
+void row_fingerprints(i64 R, i64 D, const uint64_t *V, const uint64_t *w, uint64_t *fp)
+{
+    for (i64 r = 0; r < R; r++) {
+        const uint64_t *v = V + r * D;
+        uint64_t s = 0;
+        for (i64 d = 0; d < D; d++) s += v[d] * w[d];
+        fp[r] = s;
+    }
+}
+
+/* cands [U] sorted (distinct fingerprints of the first rows), first [U] a row of each:
+   ids [R] = np.searchsorted(cands, fp) capped at U - 1. -> the number of rows whose
+   fingerprint is not in cands or whose words differ from their group's first row
+   (0: ids are group_rows' answer; else the caller's numpy decides) */
+i64 row_lookup(i64 R, i64 D, const uint64_t *V, const uint64_t *fp, i64 U, const uint64_t *cands,
+               const i64 *first, i64 *ids)
+{
+    i64 bad = 0;
+    for (i64 r = 0; r < R; r++) {
+        uint64_t x = fp[r];
+        i64 lo = 0, hi = U;                 /* the first cands[i] >= x */
+        while (lo < hi) {
+            i64 mid = lo + (hi - lo) / 2;
+            if (cands[mid] < x) lo = mid + 1; else hi = mid;
+        }
+        i64 pos = lo < U - 1 ? lo : U - 1;
+        ids[r] = pos;
+        if (cands[pos] != x) { bad++; continue; }
+        const uint64_t *a = V + r * D, *b = V + first[pos] * D;
+        for (i64 d = 0; d < D; d++)
+            if (a[d] != b[d]) { bad++; break; }
+    }
+    return bad;
+}

@@ -71,3 +71,21 @@ def common_length(off) -> int:
     """off [R + 1] int32 list offsets (R >= 1) -> the length of every list, or -1 when
     they differ."""
     return int(_COMMON(len(off) - 1, off))
+
+
+_FP = bind(_LIB, "row_fingerprints", "i i q q oq")
+_LOOKUP = bind(_LIB, "row_lookup", "i i q q i q l ol", returns=True)
+
+
+def row_groups(V, w, head_rows: int):
+    """row_groups.group_rows's grouping of V [R, D] uint64 words (w [D] its weights) when
+    every row's fingerprint is among those of the first head_rows rows and every row
+    equals its group's first row -> (ids [R], first [U]) as numpy gives them; else None."""
+    R, D = V.shape
+    fp = np.empty(R, dtype=np.uint64)
+    _FP(R, D, V, w, fp)
+    cands, first = np.unique(fp[:head_rows], return_index=True)
+    ids = np.empty(R, dtype=I64)
+    if _LOOKUP(R, D, V, fp, len(cands), cands, first.astype(I64, copy=False), ids):
+        return None
+    return ids, first

@@ -201,3 +201,31 @@ def test_counting_sort_against_lexsort():
             if len(at) > 1 and step[at[0]] < step[at[-1]]:
                 step[at[0]], step[at[-1]] = step[at[-1]], step[at[0]]
                 assert not kern.sort_rows(codes, rank.astype(np.int64), step, order)
+
+
+@pytest.mark.parametrize("dtype, N0", [(np.int32, 32), (np.int32, 7), (np.int64, 12)])
+def test_row_groups_equal_numpy(dtype, N0):
+    """group_rows through the kernels: the same (ids, first) as numpy on blocks of a few
+    shapes, shapes first seen past the prefix, and a row differing from its group's in a
+    word the fingerprint misses (numpy's answer then)."""
+    from specaudit.invariants import row_groups
+    kern = compiled.kernels(SORT_KERNELS, rows=compiled.MIN_ROWS)
+    rng = np.random.default_rng(N0)
+    shapes = rng.integers(-1, N0, size=(9, N0)).astype(dtype)
+    for R, late in ((5000, False), (9000, True), (3, False)):
+        P = shapes[rng.integers(0, 6, size=R)]
+        if late:                                        # shapes 6..8 only after the prefix
+            P[row_groups._HEAD_ROWS + 17:: 501] = shapes[6 + np.arange(len(P[row_groups._HEAD_ROWS + 17:: 501])) % 3]
+        want = row_groups.group_rows(P)
+        got = row_groups.group_rows(P, kern)
+        assert all(g.dtype == w.dtype and np.array_equal(g, w) for g, w in zip(got, want)), (R, late)
+        V = row_groups._words(P)
+        ready = kern.row_groups(np.ascontiguousarray(V), row_groups._W[: V.shape[1]], row_groups._HEAD_ROWS)
+        assert (ready is None) == late or len(np.unique(P, axis=0)) == 1
+    # a collision: the weights zeroed past the first word, rows differing only there
+    P = np.repeat(shapes[:2], 3000, axis=0)
+    P[4500, -1] += 1
+    V = row_groups._words(P)
+    w = row_groups._W[: V.shape[1]].copy()
+    w[1:] = 0
+    assert kern.row_groups(np.ascontiguousarray(V), w, row_groups._HEAD_ROWS) is None or V.shape[1] == 1
