@@ -114,20 +114,26 @@ void row_fingerprints(i64 R, i64 D, const uint64_t *V, const uint64_t *w, uint64
 }
 
 /* cands [U] sorted (distinct fingerprints of the first rows), first [U] a row of each:
-   ids [R] = np.searchsorted(cands, fp) capped at U - 1. -> the number of rows whose
-   fingerprint is not in cands or whose words differ from their group's first row
-   (0: ids are group_rows' answer; else the caller's numpy decides) */
-i64 row_lookup(i64 R, i64 D, const uint64_t *V, const uint64_t *fp, i64 U, const uint64_t *cands,
+   ids [R] = np.searchsorted(cands, fp) capped at U - 1, each row's fingerprint fp (as
+   row_fingerprints) computed on the way. -> the number of rows whose fingerprint is not
+   in cands or whose words differ from their group's first row (0: ids are group_rows'
+   answer; else the caller's numpy decides) */
+i64 row_lookup(i64 R, i64 D, const uint64_t *V, const uint64_t *w, i64 U, const uint64_t *cands,
                const i64 *first, i64 *ids)
 {
     i64 bad = 0;
     for (i64 r = 0; r < R; r++) {
-        uint64_t x = fp[r];
-        i64 lo = 0, hi = U;                 /* the first cands[i] >= x */
-        while (lo < hi) {
-            i64 mid = lo + (hi - lo) / 2;
-            if (cands[mid] < x) lo = mid + 1; else hi = mid;
+        const uint64_t *v = V + r * D;
+        uint64_t x = 0;
+        for (i64 d = 0; d < D; d++) x += v[d] * w[d];
+        /* the first cands[i] >= x: a binary search without branches (U >= 1) */
+        const uint64_t *base = cands;
+        for (i64 n = U; n > 1; ) {
+            i64 half = n / 2;
+            base = base[half] < x ? base + half : base;
+            n -= half;
         }
+        i64 lo = (base - cands) + (*base < x);
         i64 pos = lo < U - 1 ? lo : U - 1;
         ids[r] = pos;
         if (cands[pos] != x) { bad++; continue; }

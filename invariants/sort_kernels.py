@@ -82,10 +82,11 @@ def row_groups(V, w, head_rows: int):
     every row's fingerprint is among those of the first head_rows rows and every row
     equals its group's first row -> (ids [R], first [U]) as numpy gives them; else None."""
     R, D = V.shape
-    fp = np.empty(R, dtype=np.uint64)
-    _FP(R, D, V, w, fp)
-    cands, first = np.unique(fp[:head_rows], return_index=True)
+    head = min(R, head_rows)
+    fp = np.empty(head, dtype=np.uint64)
+    _FP(head, D, V, w, fp)
+    cands, first = np.unique(fp, return_index=True)
     ids = np.empty(R, dtype=I64)
-    if _LOOKUP(R, D, V, fp, len(cands), cands, first.astype(I64, copy=False), ids):
+    if _LOOKUP(R, D, V, w, len(cands), cands, first.astype(I64, copy=False), ids):
         return None
     return ids, first
