@@ -41,6 +41,7 @@ from .arrow import (  # noqa: F401  (re-exported)
 from .carry import Carry
 from .frame_diagnostics import DIAGNOSTIC_RANGES, diagnostic_bad
 from .frame_link import KERNELS, FrameLink
+from .frame_read import SCALARS, SORT_KERNELS, read_lists, read_scalars, sort_rows
 from .frame_sampling import SAMPLING_SUM_KEYS
 from .frame_shapes import TreeShapes
 from .row_groups import group_rows
@@ -79,9 +80,10 @@ class StepFrame(TreeShapes, FrameLink):
         self._check_structure()
         self._set_safe_parents()
         # accepted path and commit (flat in batch order; *_start per sorted row)
-        # (path_row, commit_row: built on first use)
-        self.path, self.path_start, self.path_len = self._own(raw["accepted_path"], self.order)
-        self.commit, self.commit_start, self.commit_n = self._own(raw["committed_tokens"], self.order)
+        # (path_row, commit_row: built on first use; by _read_lists when compiled: raw None)
+        if raw is not None:
+            self.path, self.path_start, self.path_len = self._own(raw["accepted_path"], self.order)
+            self.commit, self.commit_start, self.commit_n = self._own(raw["committed_tokens"], self.order)
         self.true_depth = self.path_len - 1
         # a big batch: the path, commit and link arrays from compiled kernels (frame_link.py)
         self._kern = compiled.kernels(KERNELS, rows=self.R)
@@ -91,8 +93,13 @@ class StepFrame(TreeShapes, FrameLink):
     # ------------------------------------------------------------ stages of __init__
     def _sort_rows(self, col: dict, carry: Carry, row_offset: int) -> None:
         """Request ids -> carry indices; the rows sorted by (request, step): `order`
-        (row r of this frame is batch row order[r]) and its inverse `inv`."""
+        (row r of this frame is batch row order[r]) and its inverse `inv`. A big batch:
+        through the compiled kernels of invariants/frame_read.py (`_sk`, also for the
+        next two stages), the same arrays."""
         R = self.R
+        self._sk = sk = compiled.kernels(SORT_KERNELS, rows=R)
+        if sk is not None and sort_rows(self, sk, col, carry, row_offset):
+            return
         rcodes, rdict = _strings(col["request_id"])
         if not all(map(str.__instancecheck__, rdict)):   # (a string dictionary: all str already)
             rdict = [str(x) for x in rdict]
@@ -125,9 +132,10 @@ class StepFrame(TreeShapes, FrameLink):
         self._algo_codes, per_row = _codes_in_order(ac, len(ad), order)
         self.is_chain = per_row(self._algo_names == "chain")
         self.algo_known = per_row(np.isin(self._algo_names, ["chain", "tree"]))
-        for name, fill, dtype in (("budget", -1, I64), ("topk", -1, I64), ("batch_size", -1, I64),
-                                  ("seq_len", -1, I64), ("accepted_depth", -1, I64), ("commit_len", -1, I64),
-                                  ("mask_hash", 0, np.uint64), ("finished", False, bool)):
+        if self._sk is not None:                          # the columns below gathered in one pass
+            read_scalars(self, self._sk, col)
+            return
+        for name, fill, dtype in SCALARS:
             v, nl = _scalar(col[name], fill=fill, dtype=dtype)
             setattr(self, name, v[order])
             if nl is not None:
@@ -137,7 +145,10 @@ class StepFrame(TreeShapes, FrameLink):
         """The list columns: lengths per sorted row (`lens`), the diagnostic lists'
         bad values, N per row (`n`, `n_raw`), flat starts, and the per-node lists flat
         in the batch's own order (no copy when every list has N entries).
-        -> the raw (offsets, values, lengths) of each list column, by name."""
+        -> the raw (offsets, values, lengths) of each list column, by name; None when the
+        compiled read did it all, path and commit included."""
+        if self._sk is not None and read_lists(self, self._sk, col):
+            return None
         R, order, inv = self.R, self.order, self.inv
         self.lens: dict[str, np.ndarray] = {}
         raw = {}
@@ -190,7 +201,7 @@ class StepFrame(TreeShapes, FrameLink):
         if self.uniform_n:                                # [R, N0] blocks: once per distinct tree
             N0 = self.T // R
             P = p.reshape(R, N0)
-            ids, first = self._raw_shapes = group_rows(P)  # (invariants/row_groups.py)
+            ids, first = self._raw_shapes = group_rows(P, self._sk)  # (invariants/row_groups.py)
             Pu, ii = P[first], np.arange(1, N0, dtype=I64)
             per_row = (lambda v: np.full(R, v[0])) if len(first) == 1 else (lambda v: v[ids])
             chain_u = (Pu[:, 1:] == ii - 1).all(axis=1)

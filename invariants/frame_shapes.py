@@ -93,7 +93,7 @@ class TreeShapes:
         P = self.parent_in_row.reshape(self.R, -1)              # [R, N0], batch order
         if P.shape[1] > MAX_NODES:
             return None
-        ids, first = group_rows(P)
+        ids, first = group_rows(P, self._sk)                    # (compiled: a big batch)
         return ids, np.ascontiguousarray(P[first])
 
     def _hash_of(self, r: int) -> int:

@@ -32,14 +32,20 @@ def _words(P: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(P, dtype=I64).view(np.uint64)
 
 
-def group_rows(P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def group_rows(P: np.ndarray, kern=None) -> tuple[np.ndarray, np.ndarray]:
     """P [R, N0] int (R >= 1) -> (ids int64 [R], first int64 [U]): rows of one id are
     equal, and equal rows share an id (but a row split off by a fingerprint collision:
-    a group of its own); first[u] is a row of group u."""
+    a group of its own); first[u] is a row of group u. kern: the compiled kernels of
+    invariants/sort_kernels.py (a big batch), the same answer in one pass when the
+    prefix holds every shape and no fingerprint collides, else numpy's."""
     R = P.shape[0]
     V = _words(P)
     if (V[:64] == V[0]).all() and (V == V[0]).all():      # one group: a chain, a static tree
         return np.zeros(R, dtype=I64), np.zeros(1, dtype=I64)
+    if kern is not None and V.shape[1] <= len(_W):
+        got = kern.row_groups(np.ascontiguousarray(V), _W[: V.shape[1]], _HEAD_ROWS)
+        if got is not None:
+            return got
     if V.shape[1] > len(_W):                              # (wider than any tree the contract allows)
         V = np.ascontiguousarray(V)
         fp = np.zeros(R, dtype=np.uint64)

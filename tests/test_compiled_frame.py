@@ -178,22 +178,27 @@ def _corrupt(batch, seed: int):
     return pa.RecordBatch.from_arrays(list(cols.values()), schema=batch.schema)
 
 
-@pytest.mark.parametrize("algo, n_nodes, ragged", [("chain", 8, False), ("tree", 16, False), ("tree", 12, True)])
-def test_big_corrupted_batches_equal_numpy(algo, n_nodes, ragged, tmp_path, kernels_on):
-    run_dir = write_synthetic_dataset(tmp_path, 12000, n_nodes=n_nodes, algo=algo, seed=3, ragged=ragged,
+def _synthetic_batches(tmp_path, algo, n_nodes, ragged, steps=12000, rows=4096):
+    """A valid synthetic run's step batches as the check reads them, and its frame configuration."""
+    run_dir = write_synthetic_dataset(tmp_path, steps, n_nodes=n_nodes, algo=algo, seed=3, ragged=ragged,
                                       run_id=f"k-{algo}", rollups=False)
     batches = []
     for path in sorted(run_dir.glob("steps-*.parquet")):
         pf = pq.ParquetFile(path, read_dictionary=["run_id", "request_id", "algo"])
         skip = proven_diagnostics(pf.metadata)
         cols = [c for c in STEP_READ_COLUMNS if c in pf.schema_arrow.names and c not in skip]
-        batches += [b for b in _file_batches(pf, path, 4096, cols) if b.num_rows]
-    assert len(batches) >= 3
-    mixed = [_corrupt(b, seed=i) if i % 2 else b for i, b in enumerate(batches)]
+        batches += [b for b in _file_batches(pf, path, rows, cols) if b.num_rows]
     manifest = json.loads((run_dir / "run.json").read_text())
     eos_id, max_new, conv = run_config(manifest)
-    cfg = dict(run_id=manifest["run_id"], eos_id=eos_id, max_new_tokens=max_new, manifest=manifest,
-               conventions=conv)
+    return batches, dict(run_id=manifest["run_id"], eos_id=eos_id, max_new_tokens=max_new, manifest=manifest,
+                         conventions=conv)
+
+
+@pytest.mark.parametrize("algo, n_nodes, ragged", [("chain", 8, False), ("tree", 16, False), ("tree", 12, True)])
+def test_big_corrupted_batches_equal_numpy(algo, n_nodes, ragged, tmp_path, kernels_on):
+    batches, cfg = _synthetic_batches(tmp_path, algo, n_nodes, ragged)
+    assert len(batches) >= 3
+    mixed = [_corrupt(b, seed=i) if i % 2 else b for i, b in enumerate(batches)]
     assert _assert_same(batches, cfg, kernels_on) == 0    # a valid run: no finding either way
     assert _assert_same(mixed, cfg, kernels_on) > 0       # the corruptions are found, the same
 
