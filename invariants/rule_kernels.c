@@ -33,6 +33,36 @@ i64 NAME(i64 R, i64 N0, const POS_T *pos, const i64 *seq_len, const i64 *inv,   
 POSITIONS_BAD_UNIFORM(positions_bad_uniform_p32, i32)
 POSITIONS_BAD_UNIFORM(positions_bad_uniform_p64, i64)
 
+/* SA201 on a uniform-N batch of chains (depth = node index), with seq_len in batch order
+   (seq [R], the column as the file has it: no gather through inv): any pos[b, i] !=
+   seq[b] + i. pos [R, N0]. Rows are tested in blocks of 256 (no exit inside a block: it
+   vectorises), and the common N0 get a loop of constant length. */
+#define BLOCK 256   /* rows tested between two exits of the blocked kernels */
+/* N0 a constant for the common sizes (4, 8, 16): F(N, ...), an inline body with N nodes
+   per row, gets its inner loops unrolled and vectorised. */
+#define BY_N0(F, ...) switch (N0) { case 4: return F(4, __VA_ARGS__); case 8: return F(8, __VA_ARGS__); \
+                                    case 16: return F(16, __VA_ARGS__); default: return F(N0, __VA_ARGS__); }
+#define POSITIONS_BAD_CHAIN(NAME, POS_T, SEQ_T)                                             \
+static inline i64 NAME##_n(i64 N, i64 R, const POS_T *pos, const SEQ_T *seq)               \
+{                                                                                          \
+    for (i64 b0 = 0; b0 < R; b0 += BLOCK) {                                                \
+        i64 e = b0 + BLOCK < R ? b0 + BLOCK : R;                                           \
+        int bad = 0;                                                                       \
+        for (i64 b = b0; b < e; b++) {                                                     \
+            i64 want = (i64)seq[b];                                                        \
+            const POS_T *p = pos + b * N;                                                  \
+            for (i64 i = 0; i < N; i++) bad |= (i64)p[i] != want + i;                      \
+        }                                                                                  \
+        if (bad) return 1;                                                                 \
+    }                                                                                      \
+    return 0;                                                                              \
+}                                                                                          \
+i64 NAME(i64 R, i64 N0, const POS_T *pos, const SEQ_T *seq) { BY_N0(NAME##_n, R, pos, seq) }
+POSITIONS_BAD_CHAIN(positions_bad_chain_p32_s32, i32, i32)
+POSITIONS_BAD_CHAIN(positions_bad_chain_p32_s64, i32, i64)
+POSITIONS_BAD_CHAIN(positions_bad_chain_p64_s32, i64, i32)
+POSITIONS_BAD_CHAIN(positions_bad_chain_p64_s64, i64, i64)
+
 /* SA201 on any batch: each node's depth from the safe parents (parent_in_row [T], an
    earlier node of the row, -1 at a root), then any pos[start[r] + i] != seq_len[r] +
    depth. dep: scratch of max(n) entries (at least 1). */
@@ -75,18 +105,26 @@ i64 path_argmax_bad(i64 R, const u8 *ok, const i32 *path, const i64 *path_start,
 
 /* SA304 on a uniform-N batch of chains: an ok row's path is 0 .. L - 1, so no path entry
    is read: any node 1 <= i < L with tok[b, i] != arg[b, i - 1]. tok, arg [R, N0]. */
-i64 path_argmax_bad_chain(i64 R, i64 N0, const u8 *ok, const i64 *path_len, const i64 *inv,
-                          const i32 *tok, const i32 *arg)
+static inline i64 path_argmax_bad_chain_n(i64 N, i64 R, const u8 *ok, const i64 *path_len, const i64 *inv,
+                                           const i32 *tok, const i32 *arg)
 {
-    for (i64 b = 0; b < R; b++) {
-        i64 r = inv[b];
-        i64 L = ok[r] ? path_len[r] : 0;
-        const i32 *t = tok + b * N0, *a = arg + b * N0;
+    for (i64 b0 = 0; b0 < R; b0 += BLOCK) {
+        i64 e = b0 + BLOCK < R ? b0 + BLOCK : R;
         int bad = 0;
-        for (i64 i = 1; i < N0; i++) bad |= (i < L) & (a[i - 1] != t[i]);
+        for (i64 b = b0; b < e; b++) {
+            i64 r = inv[b];
+            i64 L = ok[r] ? path_len[r] : 0;
+            const i32 *t = tok + b * N, *a = arg + b * N;
+            for (i64 i = 1; i < N; i++) bad |= (i < L) & (a[i - 1] != t[i]);
+        }
         if (bad) return 1;
     }
     return 0;
+}
+i64 path_argmax_bad_chain(i64 R, i64 N0, const u8 *ok, const i64 *path_len, const i64 *inv,
+                          const i32 *tok, const i32 *arg)
+{
+    BY_N0(path_argmax_bad_chain_n, R, ok, path_len, inv, tok, arg)
 }
 
 /* SA305 on a uniform-N batch of chains: an ok row's path ends at node L - 1, whose only
@@ -95,12 +133,17 @@ i64 path_argmax_bad_chain(i64 R, i64 N0, const u8 *ok, const i64 *path_len, cons
 i64 path_not_maximal_chain(i64 R, i64 N0, const u8 *ok, const i64 *path_len, const i64 *inv,
                            const i32 *tok, const i32 *arg)
 {
-    for (i64 b = 0; b < R; b++) {
-        i64 r = inv[b], L = path_len[r];
-        i64 c = L > 1 ? L : 1;
-        if (c > N0 - 1) c = N0 - 1;
-        i64 cm = c - 1 < 0 ? c - 1 + N0 : c - 1;
-        if (ok[r] && L < N0 && tok[b * N0 + c] == arg[b * N0 + cm]) return 1;
+    for (i64 b0 = 0; b0 < R; b0 += BLOCK) {
+        i64 e = b0 + BLOCK < R ? b0 + BLOCK : R;
+        int bad = 0;
+        for (i64 b = b0; b < e; b++) {
+            i64 r = inv[b], L = path_len[r];
+            i64 c = L > 1 ? L : 1;
+            if (c > N0 - 1) c = N0 - 1;
+            i64 cm = c - 1 < 0 ? c - 1 + N0 : c - 1;
+            bad |= ok[r] & (L < N0) & (tok[b * N0 + c] == arg[b * N0 + cm]);
+        }
+        if (bad) return 1;
     }
     return 0;
 }

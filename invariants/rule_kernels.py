@@ -20,7 +20,7 @@ path_start[r] .. path_start[r] + path_len[r] - 1, path_row [P] the sorted row of
 Node indices in path and parent_in_row are local to their row. Inner loops over a row
 run to their end (no early exit: they vectorise), the batch stops at a bad row.
 
-  positions_bad_uniform / positions_bad_parents   SA201 (positions = seq_len + depth)
+  positions_bad_chain / _uniform / _parents      SA201 (positions = seq_len + depth)
   path_argmax_bad_chain / path_argmax_bad         SA304 (path follows the argmax)
   path_not_maximal_chain / _table / path_not_maximal   SA305 (no child carries the bonus)
   hash_differs                                    SA202 (mask_hash, a batch of chains)
@@ -40,6 +40,8 @@ _LIB = library(Path(__file__).with_name("rule_kernels.c"))
 _POS = {np.dtype(np.int32): "w", np.dtype(np.int64): "l"}     # positions' dtype -> its C code
 _BITS = {"w": 32, "l": 64}
 _UNIFORM = {c: bind(_LIB, f"positions_bad_uniform_p{_BITS[c]}", f"i i {c} l l i l l", True) for c in _BITS}
+_CHAIN = {(p, q): bind(_LIB, f"positions_bad_chain_p{_BITS[p]}_s{_BITS[q]}", f"i i {p} {q}", True)
+          for p in _BITS for q in _BITS}
 _PARENTS = {c: bind(_LIB, f"positions_bad_parents_p{_BITS[c]}", f"i {c} l l l l l ol", True) for c in _BITS}
 _ARGMAX = bind(_LIB, "path_argmax_bad", "i b w l l l w w l", True)
 _ARGMAX_CHAIN = bind(_LIB, "path_argmax_bad_chain", "i i b l l w w", True)
@@ -66,6 +68,17 @@ def positions_bad_uniform(pos, seq_len, inv, ids, depth):
         return True
     R, N0 = pos.shape
     return bool(_UNIFORM[c](R, N0, pos, seq_len, inv, len(ids), ids, depth))
+
+
+def positions_bad_chain(pos, seq):
+    """SA201 on a uniform-N batch of chains (each node's depth its index): any pos[b, i]
+    != seq[b] + i. pos [R, N0], seq [R] (seq_len in batch order: seq_len[inv]), each int32
+    or int64 -> bool."""
+    c, s = _POS.get(pos.dtype), _POS.get(seq.dtype)
+    if c is None or s is None:
+        return True
+    R, N0 = pos.shape
+    return bool(_CHAIN[c, s](R, N0, pos, seq))
 
 
 def positions_bad_parents(pos, seq_len, start, n, parent_in_row, inv):

@@ -199,7 +199,7 @@ def _corrupt(rng, rows, kind, last=False):
 
 KINDS = ["position", "position_all", "argmax", "token", "stop_early", "child_matches", "root_parent",
          "root_token", "mask_hash", "budget", "no_nodes", "bad_parent", "short_positions", "bad_path_node"]
-CASES = [("chain", 8, False), ("chain", 3, False), ("tree", 6, False), ("tree", 9, False),
+CASES = [("chain", 8, False), ("chain", 3, False), ("chain", 4, False), ("chain", 16, False), ("tree", 6, False), ("tree", 9, False),
          ("tree", 32, False), ("chain", 8, True), ("tree", 9, True)]
 
 
@@ -275,3 +275,24 @@ def test_chain_rows_above_max_nodes(small_batches):
     for r in rows:
         r["mask_hash"] = 0
     assert "SA202" not in _agree(pa.RecordBatch.from_pylist(rows, schema=schema), small_batches)
+
+
+@pytest.mark.parametrize("pos_dt", [np.int32, np.int64])
+@pytest.mark.parametrize("seq_dt", [np.int32, np.int64])
+@pytest.mark.parametrize("N0", [1, 3, 4, 8, 16])
+def test_positions_bad_chain_every_width(pos_dt, seq_dt, N0, small_batches):
+    """SA201's chain kernel (seq_len in batch order, no gather) == numpy's
+    (pos != seq[:, None] + arange(N0)).any() for each width, one bad node anywhere."""
+    kern = compiled.kernels(KERNELS, rows=1)
+    rng = np.random.default_rng(N0)
+    R = 1000
+    seq = rng.integers(0, 2**31 - 64, R).astype(seq_dt)
+    pos = (seq.astype(np.int64)[:, None] + np.arange(N0)).astype(pos_dt)
+    assert kern.positions_bad_chain(pos, seq) is False
+    for b in (0, 255, 256, 511, R - 1, int(rng.integers(0, R))):
+        for i in {0, N0 - 1, int(rng.integers(0, N0))}:
+            bad = pos.copy()
+            bad[b, i] += 1
+            want = bool((bad.astype(np.int64) != seq.astype(np.int64)[:, None] + np.arange(N0)).any())
+            assert kern.positions_bad_chain(bad, seq) is want is True
+    assert kern.positions_bad_chain(pos.astype(np.int16), seq) is True     # other widths: "maybe"
