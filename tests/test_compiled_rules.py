@@ -199,8 +199,8 @@ def _corrupt(rng, rows, kind, last=False):
 
 KINDS = ["position", "position_all", "argmax", "token", "stop_early", "child_matches", "root_parent",
          "root_token", "mask_hash", "budget", "no_nodes", "bad_parent", "short_positions", "bad_path_node"]
-CASES = [("chain", 8, False), ("chain", 3, False), ("chain", 4, False), ("chain", 16, False), ("tree", 6, False), ("tree", 9, False),
-         ("tree", 32, False), ("chain", 8, True), ("tree", 9, True)]
+CASES = [("chain", 8, False), ("chain", 3, False), ("chain", 4, False), ("chain", 16, False), ("tree", 6, False),
+         ("tree", 9, False), ("tree", 32, False), ("chain", 8, True), ("tree", 9, True)]
 
 
 @pytest.mark.parametrize("algo,n_nodes,ragged", CASES, ids=lambda v: str(v))
@@ -296,3 +296,55 @@ def test_positions_bad_chain_every_width(pos_dt, seq_dt, N0, small_batches):
             want = bool((bad.astype(np.int64) != seq.astype(np.int64)[:, None] + np.arange(N0)).any())
             assert kern.positions_bad_chain(bad, seq) is want is True
     assert kern.positions_bad_chain(pos.astype(np.int16), seq) is True     # other widths: "maybe"
+
+
+# ------------------------------------------------------------ run totals (RunSums)
+
+def _run_sums(batches, monkeypatch, mode):
+    from specaudit.audit.check.core import RunSums
+    (_numpy if mode == "numpy" else _compiled)(monkeypatch)
+    rs, carry = RunSums(), Carry()
+    for i, b in enumerate(batches):
+        f = StepFrame(b, run_id=b.column(b.schema.names.index("run_id"))[0].as_py(), carry=carry)
+        rs.add(f, f"part{i % 2}")
+        f.finish_carry()
+    return rs.total, rs.parts, rs.depth_hist.tolist(), rs.depth_hist.dtype
+
+
+@pytest.mark.parametrize("algo,n_nodes,ragged", CASES, ids=lambda v: str(v))
+def test_run_sums_identical(algo, n_nodes, ragged, small_batches):
+    """RunSums.add's totals, per-part sums and depth histogram: the C pass (sums_kernels)
+    == numpy's per_row sums and bincount, on clean and corrupted batches."""
+    rows, schema = _rows(algo, n_nodes, seed=7 + n_nodes, ragged=ragged, n=32)
+    rng = np.random.default_rng(n_nodes)
+    batches = [pa.RecordBatch.from_pylist(rows, schema=schema)]
+    for kind in KINDS:
+        bad = _corrupt(rng, rows, kind)
+        if bad is not None:
+            batches.append(pa.RecordBatch.from_pylist(bad, schema=schema))
+    assert compiled.kernels("specaudit.audit.check.sums_kernels", rows=1) is not None
+    want = _run_sums(batches, small_batches, "numpy")
+    assert want[0]["refused"] > 0 and want[0]["steps"] > 0
+    assert _run_sums(batches, small_batches, "compiled") == want
+
+
+def test_run_sums_kernel_edges(small_batches):
+    """run_sums on made-up columns: negative and huge values, depths past the histogram's
+    last bin, sums that wrap int64 as numpy's do; R = 0 and 1."""
+    from types import SimpleNamespace
+
+    from specaudit.audit.check import sums_kernels
+    from specaudit.audit.check.core import RunSums
+    rng = np.random.default_rng(3)
+    big = np.iinfo(np.int64).max // 3
+    for R in (0, 1, 2, 255, 1000):
+        cols = {k: rng.integers(-5, 6000, R) for k in ("n", "true_depth", "accepted_depth", "commit_n",
+                                                       "commit_len", "budget")}
+        if R > 2:
+            cols["commit_len"][:4] = big      # wraps as numpy's int64 sum
+            cols["true_depth"][1] = 10**9     # clipped to the last bin
+        f = SimpleNamespace(R=R, ok=rng.random(R) < 0.7, **cols)
+        vals, hist = sums_kernels.run_sums(f)
+        assert vals == {k: int(v.sum()) for k, v in RunSums.per_row(f).items()}
+        want = np.bincount(RunSums.depth_bins(f))
+        assert hist.dtype == want.dtype and hist.tolist() == want.tolist()
