@@ -229,3 +229,68 @@ i64 hash_differs(i64 R, const uint64_t *mask_hash, uint64_t want)
         if (mask_hash[r] != want) return 1;
     return 0;
 }
+
+/* ---- per-row tests (sorted rows r, every array [R]; a block of rows between two exits) */
+#define ANY_ROW(TEST)                                                                      \
+    for (i64 r0 = 0; r0 < R; r0 += BLOCK) {                                                \
+        i64 e = r0 + BLOCK < R ? r0 + BLOCK : R;                                           \
+        int bad = 0;                                                                       \
+        for (i64 r = r0; r < e; r++) bad |= (TEST);                                        \
+        if (bad) return 1;                                                                 \
+    }                                                                                      \
+    return 0;
+
+/* SA401: any step != (has_prev ? prev_step + 1 : 0), prev_step + 1 in prev_step's width
+   (wrapping, as numpy's). */
+i64 step_bad_p32(i64 R, const i64 *step, const u8 *has_prev, const i32 *prev_step)
+{
+    ANY_ROW(step[r] != (has_prev[r] ? (i64)(i32)((uint32_t)prev_step[r] + 1u) : 0))
+}
+i64 step_bad_p64(i64 R, const i64 *step, const u8 *has_prev, const i64 *prev_step)
+{
+    ANY_ROW(step[r] != (has_prev[r] ? (i64)((uint64_t)prev_step[r] + 1u) : 0))
+}
+
+/* SA301: with want = accepted_depth + 1 (wrapping): an unfinished row with commit_len !=
+   want, or a finished one with commit_len > want. */
+i64 commit_len_bad(i64 R, const i64 *accepted_depth, const i64 *commit_len, const u8 *finished)
+{
+    ANY_ROW(finished[r] ? commit_len[r] > (i64)((uint64_t)accepted_depth[r] + 1u)
+                        : commit_len[r] != (i64)((uint64_t)accepted_depth[r] + 1u))
+}
+
+/* SA302: any row with path_len >= 1 and path_len - 1 != accepted_depth. */
+i64 path_depth_bad(i64 R, const i64 *path_len, const i64 *accepted_depth)
+{
+    ANY_ROW((path_len[r] >= 1) & (path_len[r] - 1 != accepted_depth[r]))
+}
+
+/* SA308: any row whose first EOS in the commit (eos_at, -1: none) is before its last
+   committed token: 0 <= eos_at < commit_n - 1. */
+i64 eos_inside_commit(i64 R, const i64 *eos_at, const i64 *commit_n)
+{
+    ANY_ROW((eos_at[r] >= 0) & (eos_at[r] < commit_n[r] - 1))
+}
+
+/* SA105: any ok row whose most children of a node (kids) exceed topk; the _chain twin
+   takes n instead, a chain's children_max being n > 1 as 0/1. */
+i64 children_over_topk(i64 R, const u8 *ok, const i64 *kids, const i64 *topk)
+{
+    ANY_ROW(ok[r] & (kids[r] > topk[r]))
+}
+i64 children_over_topk_chain(i64 R, const u8 *ok, const i64 *n, const i64 *topk)
+{
+    ANY_ROW(ok[r] & ((i64)(n[r] > 1) > topk[r]))
+}
+
+/* SA311 (max_new_tokens M known): with out = out_before + commit_n (wrapping), any
+   contiguous row with a valid path that finished without a cause (commit not ending at
+   eos, out != M), went past M, or reached M unfinished. */
+i64 token_limit_bad(i64 R, i64 M, i64 eos, const i64 *out_before, const i64 *commit_n,
+                    const i64 *commit_last, const u8 *contiguous, const u8 *path_ok, const u8 *finished)
+{
+    ANY_ROW(contiguous[r] & path_ok[r] &
+            ((finished[r] & (commit_last[r] != eos) & ((i64)((uint64_t)out_before[r] + (uint64_t)commit_n[r]) != M))
+             | ((i64)((uint64_t)out_before[r] + (uint64_t)commit_n[r]) > M)
+             | (!finished[r] & ((i64)((uint64_t)out_before[r] + (uint64_t)commit_n[r]) >= M))))
+}

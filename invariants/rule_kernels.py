@@ -27,6 +27,12 @@ run to their end (no early exit: they vectorise), the batch stops at a bad row.
   node_count_bad                                  SA102 (N within the budget)
   root_parent_bad                                 SA103 (the root's parent is -1)
   root_continuity_bad                             SA403 (the root continues the last commit)
+  step_bad                                        SA401 (step = the previous step + 1)
+  commit_len_bad                                  SA301 (commit_len vs accepted_depth + 1)
+  path_depth_bad                                  SA302 (the path's depth is accepted_depth)
+  eos_inside_commit                               SA308 (nothing committed after EOS)
+  children_over_topk / _chain                     SA105 (children of a node <= topk)
+  token_limit_bad                                 SA311 (max_new_tokens ends the output)
 """
 from __future__ import annotations
 
@@ -52,6 +58,20 @@ _NODE_COUNT = bind(_LIB, "node_count_bad", "i l l l b", True)
 _ROOT_PARENT = bind(_LIB, "root_parent_bad", "i b l", True)
 _ROOT_CONTINUITY = bind(_LIB, "root_continuity_bad", "i i b l w w l l w l", True)
 _HASH = bind(_LIB, "hash_differs", "i q u", True)
+_STEP = {c: bind(_LIB, f"step_bad_p{_BITS[c]}", f"i l b {c}", True) for c in _BITS}
+_COMMIT_LEN = bind(_LIB, "commit_len_bad", "i l l b", True)
+_PATH_DEPTH = bind(_LIB, "path_depth_bad", "i l l", True)
+_EOS_INSIDE = bind(_LIB, "eos_inside_commit", "i l l", True)
+_KIDS = bind(_LIB, "children_over_topk", "i b l l", True)
+_KIDS_CHAIN = bind(_LIB, "children_over_topk_chain", "i b l l", True)
+_TOKEN_LIMIT = bind(_LIB, "token_limit_bad", "i i i l l l b b b", True)
+_I64 = np.iinfo(np.int64)
+
+
+def _i64(*values) -> bool:
+    """Every array whose values a test adds to int64: numpy's sums wrap in its dtype, the
+    C's in int64, so another width gets "maybe"."""
+    return all(v.dtype == np.int64 for v in values)
 
 
 def _i32(*values) -> bool:
@@ -173,3 +193,56 @@ def hash_differs(mask_hash, want):
     """SA202 where every row's contract hash is the same `want` (a uniform batch of
     chains): any mask_hash[r] != want. mask_hash [R] uint64, want uint64 -> bool."""
     return bool(_HASH(len(mask_hash), mask_hash, int(want)))
+
+
+def step_bad(step, has_prev, prev_step):
+    """SA401: any step != where(has_prev, prev_step + 1, 0). step [R] int64, has_prev
+    [R] bool, prev_step [R] int32 or int64 (+ 1 wraps in its width, as numpy's) -> bool."""
+    c = _POS.get(prev_step.dtype)
+    if c is None or not _i64(step):
+        return True
+    return bool(_STEP[c](len(step), step, has_prev, prev_step))
+
+
+def commit_len_bad(accepted_depth, commit_len, finished):
+    """SA301: want = accepted_depth + 1; any unfinished row with commit_len != want or
+    finished one with commit_len > want. [R] int64, int64, bool -> bool."""
+    if not _i64(accepted_depth, commit_len):
+        return True
+    return bool(_COMMIT_LEN(len(commit_len), accepted_depth, commit_len, finished))
+
+
+def path_depth_bad(path_len, accepted_depth):
+    """SA302: any row with path_len >= 1 and path_len - 1 != accepted_depth. [R] -> bool."""
+    if not _i64(accepted_depth):
+        return True
+    return bool(_PATH_DEPTH(len(path_len), path_len, accepted_depth))
+
+
+def eos_inside_commit(eos_at, commit_n):
+    """SA308: any row with 0 <= eos_at < commit_n - 1 (eos_at: the commit's first EOS
+    index, -1 when none). [R] int64 -> bool."""
+    if not _i64(commit_n):
+        return True
+    return bool(_EOS_INSIDE(len(commit_n), eos_at, commit_n))
+
+
+def children_over_topk(ok, kids, topk):
+    """SA105: any ok row with kids > topk. ok [R] bool, kids, topk [R] -> bool."""
+    return bool(_KIDS(len(ok), ok, kids, topk))
+
+
+def children_over_topk_chain(ok, n, topk):
+    """SA105 on a batch of chains (children_max = (n > 1) as 0/1, without building it):
+    any ok row with (n > 1) > topk. ok [R] bool, n, topk [R] -> bool."""
+    return bool(_KIDS_CHAIN(len(ok), ok, n, topk))
+
+
+def token_limit_bad(M, eos, out_before, commit_n, commit_last, contiguous, path_ok, finished):
+    """SA311 with max_new_tokens M: out = out_before + commit_n; any contiguous, path_ok
+    row finished without a cause (commit_last != eos and out != M), with out > M, or
+    unfinished with out >= M. M, eos ints; out_before, commit_n, commit_last int64,
+    contiguous, path_ok, finished bool [R] -> bool."""
+    if not (_I64.min <= M <= _I64.max and _I64.min <= eos <= _I64.max and _i64(out_before, commit_n, commit_last)):
+        return True
+    return bool(_TOKEN_LIMIT(len(commit_n), M, eos, out_before, commit_n, commit_last, contiguous, path_ok, finished))

@@ -154,6 +154,13 @@ class TopkChildren(Rule):
     fixture_algo = "tree"
 
     def check(self, f):
+        kern = compiled.kernels(_KERNELS, rows=f.R)
+        if kern is not None:   # numpy's mask all false: no Hits (the same findings: none)
+            if f.T > 0 and f.chain_shaped.all():   # (children_max: n > 1 as 0/1, not built)
+                if not kern.children_over_topk_chain(f.ok, f.n, f.topk):
+                    return None
+            elif not kern.children_over_topk(f.ok, f.children_max, f.topk):
+                return None
         kids = f.children_max
         return Hits(f.ok & (kids > f.topk), kids=kids, topk=f.topk)
 

@@ -40,6 +40,9 @@ class CommitLenVsDepth(Rule):
     message = "{algo} committed {commit_len} {tokens} but accepted depth is {accepted_depth} ({rule})"
 
     def check(self, f):
+        kern = compiled.kernels(_KERNELS, rows=f.R)
+        if kern is not None and not kern.commit_len_bad(f.accepted_depth, f.commit_len, f.finished):
+            return None   # numpy's mask would be all false
         want = f.accepted_depth + 1
         unf = ~f.finished & (f.commit_len != want)
         fin = f.finished & (f.commit_len > want)
@@ -76,6 +79,9 @@ class DepthVsPath(Rule):
     message = "accepted_depth is {accepted_depth} but the accepted path {path} has depth {path_depth}{explain}"
 
     def check(self, f):
+        kern = compiled.kernels(_KERNELS, rows=f.R)
+        if kern is not None and not kern.path_depth_bad(f.path_len, f.accepted_depth):
+            return None   # numpy's mask would be all false
         bad = f.path_len.astype(np.int64) - 1 != f.accepted_depth
         bad &= f.path_len >= 1
         if not bad.any():
@@ -342,6 +348,9 @@ class CommitEndsAtEos(Rule):
 
     def check(self, f):
         k = f.commit_eos_at
+        kern = compiled.kernels(_KERNELS, rows=f.R)
+        if kern is not None and not kern.eos_inside_commit(k, f.commit_n):
+            return None   # no token committed after an EOS: numpy's mask would be all false
         bad = (k >= 0) & (k < f.commit_n - 1)
         return Hits(bad, eos=f.eos_id, k=k, extra=f.commit_n - 1 - k)
 
@@ -421,6 +430,10 @@ class FinishCause(Rule):
         if f.max_new_tokens is None:
             return None
         M = f.max_new_tokens
+        kern = compiled.kernels(_KERNELS, rows=f.R)
+        if kern is not None and not kern.token_limit_bad(M, f.eos_id, f.out_before, f.commit_n, f.commit_last,
+                                                         f.contiguous, f.path_ok, f.finished):
+            return None   # numpy's mask would be all false
         out = f.out_before + f.commit_n
         ends_eos = f.commit_last == f.eos_id
         usable = f.contiguous & f.path_ok

@@ -1,5 +1,5 @@
-"""The compiled "anything bad?" tests of SA201, SA304, SA305, SA103, SA403, SA202, SA102
-(invariants/rule_kernels.py)
+"""The compiled "anything bad?" tests of SA201, SA304, SA305, SA103, SA403, SA202, SA102,
+SA401, SA301, SA302, SA308, SA105, SA311 (invariants/rule_kernels.py), and RunSums' C pass,
 answer exactly as the rules' numpy masks, and the rules find the same with and without them.
 
 compiled.MIN_ROWS is patched to 0 so that small batches take the compiled path; the
@@ -21,7 +21,9 @@ from specaudit.audit.check import check_paths
 from specaudit.trace.synth import synth_run_rows
 
 KERNELS = "specaudit.invariants.rule_kernels"
-CODES = ("SA201", "SA304", "SA305", "SA103", "SA403", "SA202", "SA102")
+CODES = ("SA201", "SA304", "SA305", "SA103", "SA403", "SA202", "SA102", "SA401", "SA301", "SA302", "SA308", "SA105",
+         "SA311")
+MAX_NEW = 48   # synth_run_rows' max_new_tokens: SA311 is asked only when the frame knows it
 TRACE_RULES = [r for r in all_rules() if r.scope != "source"]
 
 
@@ -74,7 +76,7 @@ def test_fixture_findings_equal(rule, which, small_batches, tmp_path):
 
 def _frame(batch):
     return StepFrame(batch, run_id=batch.column(batch.schema.names.index("run_id"))[0].as_py(),
-                     carry=Carry())
+                     carry=Carry(), max_new_tokens=MAX_NEW)
 
 
 def _hits(code, batch, monkeypatch, mode):
@@ -104,6 +106,21 @@ def _answer(code, f, kern):
         return bool(kern.hash_differs(f.mask_hash, np.uint64(f._chain_hash(f.n[:1])[0]))) if chains else NOT_ASKED
     if code == "SA201":
         return None if f.T == 0 else bool(sa2._positions_bad(kern, f))
+    if code == "SA401":
+        return kern.step_bad(f.step, f.has_prev, f.prev_step)
+    if code == "SA301":
+        return kern.commit_len_bad(f.accepted_depth, f.commit_len, f.finished)
+    if code == "SA302":
+        return kern.path_depth_bad(f.path_len, f.accepted_depth)
+    if code == "SA308":
+        return kern.eos_inside_commit(f.commit_eos_at, f.commit_n)
+    if code == "SA105":
+        if f.T > 0 and f.chain_shaped.all():
+            return kern.children_over_topk_chain(f.ok, f.n, f.topk)
+        return kern.children_over_topk(f.ok, f.children_max, f.topk)
+    if code == "SA311":
+        return kern.token_limit_bad(f.max_new_tokens, f.eos_id, f.out_before, f.commit_n, f.commit_last,
+                                    f.contiguous, f.path_ok, f.finished)
     if code == "SA304":
         if not len(f.path) or not ok.any():
             return None
@@ -191,6 +208,18 @@ def _corrupt(rng, rows, kind, last=False):
             r["positions"] = r["positions"][:-1]
         elif kind == "bad_path_node":                             # SA303: out of the tree
             r["accepted_path"] = path[:-1] + [n + 5]
+        elif kind == "step_gap":                                  # SA401: a step skipped
+            r["step"] += 2
+        elif kind == "commit_len":                                # SA301: past accepted_depth + 1
+            r["commit_len"] = r["accepted_depth"] + 2
+        elif kind == "accepted_depth":                            # SA302 (and SA301)
+            r["accepted_depth"] += int(rng.choice([-1, 1]))
+        elif kind == "eos_inside" and len(r["committed_tokens"]) >= 2:   # SA308: tokens after EOS
+            r["committed_tokens"][0] = 0
+        elif kind == "topk" and n >= 2:                           # SA105: more children than topk
+            r["topk"] = 0
+        elif kind == "finish_early" and not r["finished"] and r["committed_tokens"][-1:] != [0]:   # SA311
+            r["finished"] = True
         else:
             continue
         return rows
@@ -198,7 +227,8 @@ def _corrupt(rng, rows, kind, last=False):
 
 
 KINDS = ["position", "position_all", "argmax", "token", "stop_early", "child_matches", "root_parent",
-         "root_token", "mask_hash", "budget", "no_nodes", "bad_parent", "short_positions", "bad_path_node"]
+         "root_token", "mask_hash", "budget", "no_nodes", "bad_parent", "short_positions", "bad_path_node",
+         "step_gap", "commit_len", "accepted_depth", "eos_inside", "topk", "finish_early"]
 CASES = [("chain", 8, False), ("chain", 3, False), ("chain", 4, False), ("chain", 16, False), ("tree", 6, False),
          ("tree", 9, False), ("tree", 32, False), ("chain", 8, True), ("tree", 9, True)]
 
@@ -236,7 +266,9 @@ def test_one_bad_row_at_the_end_of_a_big_batch(algo, n_nodes, small_batches):
     rng = np.random.default_rng(2)
     for kind, code in (("position", "SA201"), ("argmax", "SA304"), ("stop_early", "SA305"),
                        ("root_parent", "SA103"), ("root_token", "SA403"), ("mask_hash", "SA202"),
-                       ("budget", "SA102")):
+                       ("budget", "SA102"), ("step_gap", "SA401"), ("commit_len", "SA301"),
+                       ("accepted_depth", "SA302"), ("eos_inside", "SA308"), ("topk", "SA105"),
+                       ("finish_early", "SA311")):
         assert code in _agree(pa.RecordBatch.from_pylist(_corrupt(rng, rows, kind, last=True), schema=schema),
                               small_batches), kind
 
