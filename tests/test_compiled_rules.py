@@ -218,6 +218,13 @@ def _corrupt(rng, rows, kind, last=False):
             r["committed_tokens"][0] = 0
         elif kind == "topk" and n >= 2:                           # SA105: more children than topk
             r["topk"] = 0
+        elif kind == "seq_len" and r["step"] >= 1:                # SA402: seq_len not where it ended
+            r["seq_len"] += int(rng.choice([-1, 2]))
+        elif kind == "no_commit":                                 # SA310 (and others): nothing committed
+            r["committed_tokens"] = []
+        elif kind == "commit_token" and r["committed_tokens"]:    # SA307: a committed token changed
+            k = int(rng.integers(0, len(r["committed_tokens"])))
+            r["committed_tokens"][k] = (r["committed_tokens"][k] + 7) % 250 + 1
         elif kind == "finish_early" and not r["finished"] and r["committed_tokens"][-1:] != [0]:   # SA311
             r["finished"] = True
         else:
@@ -228,7 +235,8 @@ def _corrupt(rng, rows, kind, last=False):
 
 KINDS = ["position", "position_all", "argmax", "token", "stop_early", "child_matches", "root_parent",
          "root_token", "mask_hash", "budget", "no_nodes", "bad_parent", "short_positions", "bad_path_node",
-         "step_gap", "commit_len", "accepted_depth", "eos_inside", "topk", "finish_early"]
+         "step_gap", "commit_len", "accepted_depth", "eos_inside", "topk", "finish_early", "seq_len", "no_commit",
+         "commit_token"]
 CASES = [("chain", 8, False), ("chain", 3, False), ("chain", 4, False), ("chain", 16, False), ("tree", 6, False),
          ("tree", 9, False), ("tree", 32, False), ("chain", 8, True), ("tree", 9, True)]
 
