@@ -103,49 +103,38 @@ i64 path_argmax_bad(i64 R, const u8 *ok, const i32 *path, const i64 *path_start,
     return 0;
 }
 
-/* SA304 on a uniform-N batch of chains: an ok row's path is 0 .. L - 1, so no path entry
-   is read: any node 1 <= i < L with tok[b, i] != arg[b, i - 1]. tok, arg [R, N0]. */
-static inline i64 path_argmax_bad_chain_n(i64 N, i64 R, const u8 *ok, const i64 *path_len, const i64 *inv,
-                                           const i32 *tok, const i32 *arg)
+/* SA304 and SA305 on a uniform-N batch of chains, in one pass over tok and arg (both
+   rules read them). An ok row's path is 0 .. L - 1 (each entry the next node), so no path
+   entry is read. SA304: any node 1 <= i < L with tok[b, i] != arg[b, i - 1]. SA305: the
+   path's last node L - 1 has one child, node L: any ok row with L < N0 and tok[b, L] ==
+   arg[b, L - 1], the column clamped to [1, N0 - 1] as numpy's twin does (index -1
+   meaning the last, as numpy's). tok, arg [R, N0]. Returns bit 1 for SA304, 2 for SA305. */
+static inline i64 path_chain_bad_n(i64 N, i64 R, const u8 *ok, const i64 *path_len, const i64 *inv,
+                                   const i32 *tok, const i32 *arg)
 {
+    i64 found = 0;
     for (i64 b0 = 0; b0 < R; b0 += BLOCK) {
         i64 e = b0 + BLOCK < R ? b0 + BLOCK : R;
-        int bad = 0;
-        for (i64 b = b0; b < e; b++) {
-            i64 r = inv[b];
-            i64 L = ok[r] ? path_len[r] : 0;
-            const i32 *t = tok + b * N, *a = arg + b * N;
-            for (i64 i = 1; i < N; i++) bad |= (i < L) & (a[i - 1] != t[i]);
-        }
-        if (bad) return 1;
-    }
-    return 0;
-}
-i64 path_argmax_bad_chain(i64 R, i64 N0, const u8 *ok, const i64 *path_len, const i64 *inv,
-                          const i32 *tok, const i32 *arg)
-{
-    BY_N0(path_argmax_bad_chain_n, R, ok, path_len, inv, tok, arg)
-}
-
-/* SA305 on a uniform-N batch of chains: an ok row's path ends at node L - 1, whose only
-   child is node L: any ok row with L < N0 and tok[b, L] == arg[b, L - 1]. The column is
-   clamped to [1, N0 - 1] as numpy's twin does (index -1 meaning the last, as numpy's). */
-i64 path_not_maximal_chain(i64 R, i64 N0, const u8 *ok, const i64 *path_len, const i64 *inv,
-                           const i32 *tok, const i32 *arg)
-{
-    for (i64 b0 = 0; b0 < R; b0 += BLOCK) {
-        i64 e = b0 + BLOCK < R ? b0 + BLOCK : R;
-        int bad = 0;
+        int argmax_bad = 0, not_maximal = 0;
         for (i64 b = b0; b < e; b++) {
             i64 r = inv[b], L = path_len[r];
+            i64 Lok = ok[r] ? L : 0;
+            const i32 *t = tok + b * N, *a = arg + b * N;
+            for (i64 i = 1; i < N; i++) argmax_bad |= (i < Lok) & (a[i - 1] != t[i]);
             i64 c = L > 1 ? L : 1;
-            if (c > N0 - 1) c = N0 - 1;
-            i64 cm = c - 1 < 0 ? c - 1 + N0 : c - 1;
-            bad |= ok[r] & (L < N0) & (tok[b * N0 + c] == arg[b * N0 + cm]);
+            if (c > N - 1) c = N - 1;
+            i64 cm = c - 1 < 0 ? c - 1 + N : c - 1;
+            not_maximal |= ok[r] & (L < N) & (t[c] == a[cm]);
         }
-        if (bad) return 1;
+        found |= (argmax_bad ? 1 : 0) | (not_maximal ? 2 : 0);
+        if (found == 3) break;
     }
-    return 0;
+    return found;
+}
+i64 path_chain_bad(i64 R, i64 N0, const u8 *ok, const i64 *path_len, const i64 *inv,
+                   const i32 *tok, const i32 *arg)
+{
+    BY_N0(path_chain_bad_n, R, ok, path_len, inv, tok, arg)
 }
 
 /* SA305 on a uniform-N batch of known shapes: any ok row whose path's last node has a

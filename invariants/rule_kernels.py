@@ -21,8 +21,9 @@ Node indices in path and parent_in_row are local to their row. Inner loops over 
 run to their end (no early exit: they vectorise), the batch stops at a bad row.
 
   positions_bad_chain / _uniform / _parents      SA201 (positions = seq_len + depth)
-  path_argmax_bad_chain / path_argmax_bad         SA304 (path follows the argmax)
-  path_not_maximal_chain / _table / path_not_maximal   SA305 (no child carries the bonus)
+  path_chain_bad                                  SA304 and SA305 on chains, one pass
+  path_argmax_bad                                 SA304 (path follows the argmax)
+  path_not_maximal_table / path_not_maximal       SA305 (no child carries the bonus)
   hash_differs                                    SA202 (mask_hash, a batch of chains)
   node_count_bad                                  SA102 (N within the budget)
   root_parent_bad                                 SA103 (the root's parent is -1)
@@ -50,8 +51,7 @@ _CHAIN = {(p, q): bind(_LIB, f"positions_bad_chain_p{_BITS[p]}_s{_BITS[q]}", f"i
           for p in _BITS for q in _BITS}
 _PARENTS = {c: bind(_LIB, f"positions_bad_parents_p{_BITS[c]}", f"i {c} l l l l l ol", True) for c in _BITS}
 _ARGMAX = bind(_LIB, "path_argmax_bad", "i b w l l l w w l", True)
-_ARGMAX_CHAIN = bind(_LIB, "path_argmax_bad_chain", "i i b l l w w", True)
-_MAXIMAL_CHAIN = bind(_LIB, "path_not_maximal_chain", "i i b l l w w", True)
+_PATH_CHAIN = bind(_LIB, "path_chain_bad", "i i b l l w w", True)
 _MAXIMAL_TABLE = bind(_LIB, "path_not_maximal_table", "i i i b w l l l i l l w w", True)
 _MAXIMAL = bind(_LIB, "path_not_maximal", "i b w l l l l l w w l", True)
 _NODE_COUNT = bind(_LIB, "node_count_bad", "i l l l b", True)
@@ -123,25 +123,17 @@ def path_argmax_bad(ok, path, path_start, path_len, start, argmax, tokens, inv):
     return bool(_ARGMAX(len(inv), ok, path, path_start, path_len, start, argmax, tokens, inv))
 
 
-def path_argmax_bad_chain(ok, path_len, inv, tok, arg):
-    """SA304 on a uniform-N batch of chains: an ok row's path is 0, 1, .., L - 1 (each
-    entry the child of the one before: the next node), so no path entry is read: any
-    node 1 <= i < L with tok[b, i] != arg[b, i - 1]. ok, path_len, inv [R], tok, arg
-    [R, N0] -> bool."""
+def path_chain_bad(ok, path_len, inv, tok, arg):
+    """SA304 and SA305 on a uniform-N batch of chains, one pass: an ok row's path is 0, 1,
+    .., L - 1 (each entry the child of the one before: the next node), so no path entry is
+    read. -> (SA304: any node 1 <= i < L with tok[b, i] != arg[b, i - 1]; SA305: any ok
+    row with L < N0 and tok[b, L] == arg[b, L - 1], the only child of the path's last
+    node carrying the bonus). ok, path_len, inv [R], tok, arg [R, N0]."""
     if not _i32(tok, arg):
-        return True
+        return True, True
     R, N0 = tok.shape
-    return bool(_ARGMAX_CHAIN(R, N0, ok, path_len, inv, tok, arg))
-
-
-def path_not_maximal_chain(ok, path_len, inv, tok, arg):
-    """SA305 on a uniform-N batch of chains: an ok row's path ends at node L - 1 (see
-    path_argmax_bad_chain), whose only child is node L: any ok row with L < N0 and
-    tok[b, L] == arg[b, L - 1]. ok, path_len, inv [R], tok, arg [R, N0] -> bool."""
-    if not _i32(tok, arg):
-        return True
-    R, N0 = tok.shape
-    return bool(_MAXIMAL_CHAIN(R, N0, ok, path_len, inv, tok, arg))
+    found = _PATH_CHAIN(R, N0, ok, path_len, inv, tok, arg)
+    return bool(found & 1), bool(found & 2)
 
 
 def path_not_maximal_table(ok, path, path_start, path_len, inv, ids, children, tok, arg):

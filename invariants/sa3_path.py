@@ -255,9 +255,20 @@ def _path_argmax_bad(kern, f, ok) -> bool:
     """SA304's mask has a hit (compiled): a uniform-N batch of chains on [R, N0] blocks
     (an ok row's path is 0, 1, 2, ..: no path entry read), any other by its path."""
     if f.uniform_n and f.chain_shaped.all():   # (chain_shaped: set by the frame for a uniform batch)
-        R = f.R
-        return kern.path_argmax_bad_chain(ok, f.path_len, f.inv, f.tokens.reshape(R, -1), f.argmax.reshape(R, -1))
+        return _chain_answers(kern, f, ok)[0]
     return kern.path_argmax_bad(ok, f.path, f.path_start, f.path_len, f.start, f.argmax, f.tokens, f.inv)
+
+
+def _chain_answers(kern, f, ok) -> tuple[bool, bool]:
+    """(SA304's, SA305's) answers on a uniform-N batch of chains: one pass over tokens and
+    argmax (path_chain_bad), made by the first of the two rules to ask and kept on the
+    frame for the other (both pass the same ok: path_ok & ~sampled)."""
+    got = f.__dict__.get("_path_chain_answers")
+    if got is None:
+        R = f.R
+        got = kern.path_chain_bad(ok, f.path_len, f.inv, f.tokens.reshape(R, -1), f.argmax.reshape(R, -1))
+        f.__dict__["_path_chain_answers"] = got
+    return got
 
 
 def _path_not_maximal(kern, f, ok) -> bool:
@@ -268,7 +279,7 @@ def _path_not_maximal(kern, f, ok) -> bool:
         R = f.R
         tok, arg = f.tokens.reshape(R, -1), f.argmax.reshape(R, -1)
         if f.chain_shaped.all():   # (set by the frame for a uniform batch: no cost)
-            return kern.path_not_maximal_chain(ok, f.path_len, f.inv, tok, arg)
+            return _chain_answers(kern, f, ok)[1]
         shapes = f.__dict__.get("_shapes")   # grouped by the frame when every row is ok
         if shapes is not None:
             return kern.path_not_maximal_table(ok, f.path, f.path_start, f.path_len, f.inv, shapes[0],
