@@ -59,12 +59,11 @@ _ROOT_PARENT = bind(_LIB, "root_parent_bad", "i b l", True)
 _ROOT_CONTINUITY = bind(_LIB, "root_continuity_bad", "i i b l w w l l w l", True)
 _HASH = bind(_LIB, "hash_differs", "i q u", True)
 _STEP = {c: bind(_LIB, f"step_bad_p{_BITS[c]}", f"i l b {c}", True) for c in _BITS}
-_COMMIT_LEN = bind(_LIB, "commit_len_bad", "i l l b", True)
-_PATH_DEPTH = bind(_LIB, "path_depth_bad", "i l l", True)
-_EOS_INSIDE = bind(_LIB, "eos_inside_commit", "i l l", True)
-_KIDS = bind(_LIB, "children_over_topk", "i b l l", True)
-_KIDS_CHAIN = bind(_LIB, "children_over_topk_chain", "i b l l", True)
-_TOKEN_LIMIT = bind(_LIB, "token_limit_bad", "i i i l l l b b b", True)
+# the per-row tests (one blocked pass over sorted rows): C name -> its argument codes
+_ROW = {name: bind(_LIB, name, spec, True) for name, spec in (
+    ("commit_len_bad", "i l l b"), ("path_depth_bad", "i l l"), ("eos_inside_commit", "i l l"),
+    ("children_over_topk", "i b l l"), ("children_over_topk_chain", "i b l l"),
+    ("token_limit_bad", "i i i l l l b b b"))}
 _I64 = np.iinfo(np.int64)
 
 
@@ -201,14 +200,14 @@ def commit_len_bad(accepted_depth, commit_len, finished):
     finished one with commit_len > want. [R] int64, int64, bool -> bool."""
     if not _i64(accepted_depth, commit_len):
         return True
-    return bool(_COMMIT_LEN(len(commit_len), accepted_depth, commit_len, finished))
+    return bool(_ROW["commit_len_bad"](len(commit_len), accepted_depth, commit_len, finished))
 
 
 def path_depth_bad(path_len, accepted_depth):
     """SA302: any row with path_len >= 1 and path_len - 1 != accepted_depth. [R] -> bool."""
     if not _i64(accepted_depth):
         return True
-    return bool(_PATH_DEPTH(len(path_len), path_len, accepted_depth))
+    return bool(_ROW["path_depth_bad"](len(path_len), path_len, accepted_depth))
 
 
 def eos_inside_commit(eos_at, commit_n):
@@ -216,18 +215,18 @@ def eos_inside_commit(eos_at, commit_n):
     index, -1 when none). [R] int64 -> bool."""
     if not _i64(commit_n):
         return True
-    return bool(_EOS_INSIDE(len(commit_n), eos_at, commit_n))
+    return bool(_ROW["eos_inside_commit"](len(commit_n), eos_at, commit_n))
 
 
 def children_over_topk(ok, kids, topk):
     """SA105: any ok row with kids > topk. ok [R] bool, kids, topk [R] -> bool."""
-    return bool(_KIDS(len(ok), ok, kids, topk))
+    return bool(_ROW["children_over_topk"](len(ok), ok, kids, topk))
 
 
 def children_over_topk_chain(ok, n, topk):
     """SA105 on a batch of chains (children_max = (n > 1) as 0/1, without building it):
     any ok row with (n > 1) > topk. ok [R] bool, n, topk [R] -> bool."""
-    return bool(_KIDS_CHAIN(len(ok), ok, n, topk))
+    return bool(_ROW["children_over_topk_chain"](len(ok), ok, n, topk))
 
 
 def token_limit_bad(M, eos, out_before, commit_n, commit_last, contiguous, path_ok, finished):
@@ -237,4 +236,5 @@ def token_limit_bad(M, eos, out_before, commit_n, commit_last, contiguous, path_
     contiguous, path_ok, finished bool [R] -> bool."""
     if not (_I64.min <= M <= _I64.max and _I64.min <= eos <= _I64.max and _i64(out_before, commit_n, commit_last)):
         return True
-    return bool(_TOKEN_LIMIT(len(commit_n), M, eos, out_before, commit_n, commit_last, contiguous, path_ok, finished))
+    return bool(_ROW["token_limit_bad"](len(commit_n), M, eos, out_before, commit_n, commit_last, contiguous,
+                                        path_ok, finished))
