@@ -116,14 +116,19 @@ class TreeShapes:
         if rows.size and self._shapes is not None:     # one hash per distinct shape
             ids, P = self._shapes
             hashes = np.zeros(len(P), dtype=np.uint64)
-            for u in np.flatnonzero(np.bincount(ids[self.order[rows]], minlength=len(P))):
+            every = rows.size == self.R                     # the usual batch: every row a tree
+            sid = ids[self.order] if every else ids[self.order[rows]]   # each row's shape, once
+            for u in np.flatnonzero(np.bincount(sid, minlength=len(P))):
                 ps = P[u]
                 key = ("tree", ps.astype(I64).tobytes())
                 h = _HASH_CACHE.get(key)
                 if h is None:
                     h = _HASH_CACHE[key] = int(mask_hash(ancestor_mask(ps)))
                 hashes[u] = h
-            out[rows] = hashes[ids[self.order[rows]]]
+            if every:
+                out = hashes[sid]
+            else:
+                out[rows] = hashes[sid]
             if len(_HASH_CACHE) > 100_000:
                 _HASH_CACHE.clear()
         elif rows.size:

@@ -33,6 +33,36 @@ i64 NAME(i64 R, i64 N0, const POS_T *pos, const i64 *seq_len, const i64 *inv,   
 POSITIONS_BAD_UNIFORM(positions_bad_uniform_p32, i32)
 POSITIONS_BAD_UNIFORM(positions_bad_uniform_p64, i64)
 
+/* SA201 on a uniform-N batch of chains (depth = node index), with seq_len in batch order
+   (seq [R], the column as the file has it: no gather through inv): any pos[b, i] !=
+   seq[b] + i. pos [R, N0]. Rows are tested in blocks of 256 (no exit inside a block: it
+   vectorises), and the common N0 get a loop of constant length. */
+#define BLOCK 256   /* rows tested between two exits of the blocked kernels */
+/* N0 a constant for the common sizes (4, 8, 16): F(N, ...), an inline body with N nodes
+   per row, gets its inner loops unrolled and vectorised. */
+#define BY_N0(F, ...) switch (N0) { case 4: return F(4, __VA_ARGS__); case 8: return F(8, __VA_ARGS__); \
+                                    case 16: return F(16, __VA_ARGS__); default: return F(N0, __VA_ARGS__); }
+#define POSITIONS_BAD_CHAIN(NAME, POS_T, SEQ_T)                                             \
+static inline i64 NAME##_n(i64 N, i64 R, const POS_T *pos, const SEQ_T *seq)               \
+{                                                                                          \
+    for (i64 b0 = 0; b0 < R; b0 += BLOCK) {                                                \
+        i64 e = b0 + BLOCK < R ? b0 + BLOCK : R;                                           \
+        int bad = 0;                                                                       \
+        for (i64 b = b0; b < e; b++) {                                                     \
+            i64 want = (i64)seq[b];                                                        \
+            const POS_T *p = pos + b * N;                                                  \
+            for (i64 i = 0; i < N; i++) bad |= (i64)p[i] != want + i;                      \
+        }                                                                                  \
+        if (bad) return 1;                                                                 \
+    }                                                                                      \
+    return 0;                                                                              \
+}                                                                                          \
+i64 NAME(i64 R, i64 N0, const POS_T *pos, const SEQ_T *seq) { BY_N0(NAME##_n, R, pos, seq) }
+POSITIONS_BAD_CHAIN(positions_bad_chain_p32_s32, i32, i32)
+POSITIONS_BAD_CHAIN(positions_bad_chain_p32_s64, i32, i64)
+POSITIONS_BAD_CHAIN(positions_bad_chain_p64_s32, i64, i32)
+POSITIONS_BAD_CHAIN(positions_bad_chain_p64_s64, i64, i64)
+
 /* SA201 on any batch: each node's depth from the safe parents (parent_in_row [T], an
    earlier node of the row, -1 at a root), then any pos[start[r] + i] != seq_len[r] +
    depth. dep: scratch of max(n) entries (at least 1). */
@@ -73,36 +103,38 @@ i64 path_argmax_bad(i64 R, const u8 *ok, const i32 *path, const i64 *path_start,
     return 0;
 }
 
-/* SA304 on a uniform-N batch of chains: an ok row's path is 0 .. L - 1, so no path entry
-   is read: any node 1 <= i < L with tok[b, i] != arg[b, i - 1]. tok, arg [R, N0]. */
-i64 path_argmax_bad_chain(i64 R, i64 N0, const u8 *ok, const i64 *path_len, const i64 *inv,
-                          const i32 *tok, const i32 *arg)
+/* SA304 and SA305 on a uniform-N batch of chains, in one pass over tok and arg (both
+   rules read them). An ok row's path is 0 .. L - 1 (each entry the next node), so no path
+   entry is read. SA304: any node 1 <= i < L with tok[b, i] != arg[b, i - 1]. SA305: the
+   path's last node L - 1 has one child, node L: any ok row with L < N0 and tok[b, L] ==
+   arg[b, L - 1], the column clamped to [1, N0 - 1] as numpy's twin does (index -1
+   meaning the last, as numpy's). tok, arg [R, N0]. Returns bit 1 for SA304, 2 for SA305. */
+static inline i64 path_chain_bad_n(i64 N, i64 R, const u8 *ok, const i64 *path_len, const i64 *inv,
+                                   const i32 *tok, const i32 *arg)
 {
-    for (i64 b = 0; b < R; b++) {
-        i64 r = inv[b];
-        i64 L = ok[r] ? path_len[r] : 0;
-        const i32 *t = tok + b * N0, *a = arg + b * N0;
-        int bad = 0;
-        for (i64 i = 1; i < N0; i++) bad |= (i < L) & (a[i - 1] != t[i]);
-        if (bad) return 1;
+    i64 found = 0;
+    for (i64 b0 = 0; b0 < R; b0 += BLOCK) {
+        i64 e = b0 + BLOCK < R ? b0 + BLOCK : R;
+        int argmax_bad = 0, not_maximal = 0;
+        for (i64 b = b0; b < e; b++) {
+            i64 r = inv[b], L = path_len[r];
+            i64 Lok = ok[r] ? L : 0;
+            const i32 *t = tok + b * N, *a = arg + b * N;
+            for (i64 i = 1; i < N; i++) argmax_bad |= (i < Lok) & (a[i - 1] != t[i]);
+            i64 c = L > 1 ? L : 1;
+            if (c > N - 1) c = N - 1;
+            i64 cm = c - 1 < 0 ? c - 1 + N : c - 1;
+            not_maximal |= ok[r] & (L < N) & (t[c] == a[cm]);
+        }
+        found |= (argmax_bad ? 1 : 0) | (not_maximal ? 2 : 0);
+        if (found == 3) break;
     }
-    return 0;
+    return found;
 }
-
-/* SA305 on a uniform-N batch of chains: an ok row's path ends at node L - 1, whose only
-   child is node L: any ok row with L < N0 and tok[b, L] == arg[b, L - 1]. The column is
-   clamped to [1, N0 - 1] as numpy's twin does (index -1 meaning the last, as numpy's). */
-i64 path_not_maximal_chain(i64 R, i64 N0, const u8 *ok, const i64 *path_len, const i64 *inv,
-                           const i32 *tok, const i32 *arg)
+i64 path_chain_bad(i64 R, i64 N0, const u8 *ok, const i64 *path_len, const i64 *inv,
+                   const i32 *tok, const i32 *arg)
 {
-    for (i64 b = 0; b < R; b++) {
-        i64 r = inv[b], L = path_len[r];
-        i64 c = L > 1 ? L : 1;
-        if (c > N0 - 1) c = N0 - 1;
-        i64 cm = c - 1 < 0 ? c - 1 + N0 : c - 1;
-        if (ok[r] && L < N0 && tok[b * N0 + c] == arg[b * N0 + cm]) return 1;
-    }
-    return 0;
+    BY_N0(path_chain_bad_n, R, ok, path_len, inv, tok, arg)
 }
 
 /* SA305 on a uniform-N batch of known shapes: any ok row whose path's last node has a
@@ -185,4 +217,69 @@ i64 hash_differs(i64 R, const uint64_t *mask_hash, uint64_t want)
     for (i64 r = 0; r < R; r++)
         if (mask_hash[r] != want) return 1;
     return 0;
+}
+
+/* ---- per-row tests (sorted rows r, every array [R]; a block of rows between two exits) */
+#define ANY_ROW(TEST)                                                                      \
+    for (i64 r0 = 0; r0 < R; r0 += BLOCK) {                                                \
+        i64 e = r0 + BLOCK < R ? r0 + BLOCK : R;                                           \
+        int bad = 0;                                                                       \
+        for (i64 r = r0; r < e; r++) bad |= (TEST);                                        \
+        if (bad) return 1;                                                                 \
+    }                                                                                      \
+    return 0;
+
+/* SA401: any step != (has_prev ? prev_step + 1 : 0), prev_step + 1 in prev_step's width
+   (wrapping, as numpy's). */
+i64 step_bad_p32(i64 R, const i64 *step, const u8 *has_prev, const i32 *prev_step)
+{
+    ANY_ROW(step[r] != (has_prev[r] ? (i64)(i32)((uint32_t)prev_step[r] + 1u) : 0))
+}
+i64 step_bad_p64(i64 R, const i64 *step, const u8 *has_prev, const i64 *prev_step)
+{
+    ANY_ROW(step[r] != (has_prev[r] ? (i64)((uint64_t)prev_step[r] + 1u) : 0))
+}
+
+/* SA301: with want = accepted_depth + 1 (wrapping): an unfinished row with commit_len !=
+   want, or a finished one with commit_len > want. */
+i64 commit_len_bad(i64 R, const i64 *accepted_depth, const i64 *commit_len, const u8 *finished)
+{
+    ANY_ROW(finished[r] ? commit_len[r] > (i64)((uint64_t)accepted_depth[r] + 1u)
+                        : commit_len[r] != (i64)((uint64_t)accepted_depth[r] + 1u))
+}
+
+/* SA302: any row with path_len >= 1 and path_len - 1 != accepted_depth. */
+i64 path_depth_bad(i64 R, const i64 *path_len, const i64 *accepted_depth)
+{
+    ANY_ROW((path_len[r] >= 1) & (path_len[r] - 1 != accepted_depth[r]))
+}
+
+/* SA308: any row whose first EOS in the commit (eos_at, -1: none) is before its last
+   committed token: 0 <= eos_at < commit_n - 1. */
+i64 eos_inside_commit(i64 R, const i64 *eos_at, const i64 *commit_n)
+{
+    ANY_ROW((eos_at[r] >= 0) & (eos_at[r] < commit_n[r] - 1))
+}
+
+/* SA105: any ok row whose most children of a node (kids) exceed topk; the _chain twin
+   takes n instead, a chain's children_max being n > 1 as 0/1. */
+i64 children_over_topk(i64 R, const u8 *ok, const i64 *kids, const i64 *topk)
+{
+    ANY_ROW(ok[r] & (kids[r] > topk[r]))
+}
+i64 children_over_topk_chain(i64 R, const u8 *ok, const i64 *n, const i64 *topk)
+{
+    ANY_ROW(ok[r] & ((i64)(n[r] > 1) > topk[r]))
+}
+
+/* SA311 (max_new_tokens M known): with out = out_before + commit_n (wrapping), any
+   contiguous row with a valid path that finished without a cause (commit not ending at
+   eos, out != M), went past M, or reached M unfinished. */
+i64 token_limit_bad(i64 R, i64 M, i64 eos, const i64 *out_before, const i64 *commit_n,
+                    const i64 *commit_last, const u8 *contiguous, const u8 *path_ok, const u8 *finished)
+{
+    ANY_ROW(contiguous[r] & path_ok[r] &
+            ((finished[r] & (commit_last[r] != eos) & ((i64)((uint64_t)out_before[r] + (uint64_t)commit_n[r]) != M))
+             | ((i64)((uint64_t)out_before[r] + (uint64_t)commit_n[r]) > M)
+             | (!finished[r] & ((i64)((uint64_t)out_before[r] + (uint64_t)commit_n[r]) >= M))))
 }

@@ -20,13 +20,20 @@ path_start[r] .. path_start[r] + path_len[r] - 1, path_row [P] the sorted row of
 Node indices in path and parent_in_row are local to their row. Inner loops over a row
 run to their end (no early exit: they vectorise), the batch stops at a bad row.
 
-  positions_bad_uniform / positions_bad_parents   SA201 (positions = seq_len + depth)
-  path_argmax_bad_chain / path_argmax_bad         SA304 (path follows the argmax)
-  path_not_maximal_chain / _table / path_not_maximal   SA305 (no child carries the bonus)
+  positions_bad_chain / _uniform / _parents      SA201 (positions = seq_len + depth)
+  path_chain_bad                                  SA304 and SA305 on chains, one pass
+  path_argmax_bad                                 SA304 (path follows the argmax)
+  path_not_maximal_table / path_not_maximal       SA305 (no child carries the bonus)
   hash_differs                                    SA202 (mask_hash, a batch of chains)
   node_count_bad                                  SA102 (N within the budget)
   root_parent_bad                                 SA103 (the root's parent is -1)
   root_continuity_bad                             SA403 (the root continues the last commit)
+  step_bad                                        SA401 (step = the previous step + 1)
+  commit_len_bad                                  SA301 (commit_len vs accepted_depth + 1)
+  path_depth_bad                                  SA302 (the path's depth is accepted_depth)
+  eos_inside_commit                               SA308 (nothing committed after EOS)
+  children_over_topk / _chain                     SA105 (children of a node <= topk)
+  token_limit_bad                                 SA311 (max_new_tokens ends the output)
 """
 from __future__ import annotations
 
@@ -40,16 +47,30 @@ _LIB = library(Path(__file__).with_name("rule_kernels.c"))
 _POS = {np.dtype(np.int32): "w", np.dtype(np.int64): "l"}     # positions' dtype -> its C code
 _BITS = {"w": 32, "l": 64}
 _UNIFORM = {c: bind(_LIB, f"positions_bad_uniform_p{_BITS[c]}", f"i i {c} l l i l l", True) for c in _BITS}
+_CHAIN = {(p, q): bind(_LIB, f"positions_bad_chain_p{_BITS[p]}_s{_BITS[q]}", f"i i {p} {q}", True)
+          for p in _BITS for q in _BITS}
 _PARENTS = {c: bind(_LIB, f"positions_bad_parents_p{_BITS[c]}", f"i {c} l l l l l ol", True) for c in _BITS}
 _ARGMAX = bind(_LIB, "path_argmax_bad", "i b w l l l w w l", True)
-_ARGMAX_CHAIN = bind(_LIB, "path_argmax_bad_chain", "i i b l l w w", True)
-_MAXIMAL_CHAIN = bind(_LIB, "path_not_maximal_chain", "i i b l l w w", True)
+_PATH_CHAIN = bind(_LIB, "path_chain_bad", "i i b l l w w", True)
 _MAXIMAL_TABLE = bind(_LIB, "path_not_maximal_table", "i i i b w l l l i l l w w", True)
 _MAXIMAL = bind(_LIB, "path_not_maximal", "i b w l l l l l w w l", True)
 _NODE_COUNT = bind(_LIB, "node_count_bad", "i l l l b", True)
 _ROOT_PARENT = bind(_LIB, "root_parent_bad", "i b l", True)
 _ROOT_CONTINUITY = bind(_LIB, "root_continuity_bad", "i i b l w w l l w l", True)
 _HASH = bind(_LIB, "hash_differs", "i q u", True)
+_STEP = {c: bind(_LIB, f"step_bad_p{_BITS[c]}", f"i l b {c}", True) for c in _BITS}
+# the per-row tests (one blocked pass over sorted rows): C name -> its argument codes
+_ROW = {name: bind(_LIB, name, spec, True) for name, spec in (
+    ("commit_len_bad", "i l l b"), ("path_depth_bad", "i l l"), ("eos_inside_commit", "i l l"),
+    ("children_over_topk", "i b l l"), ("children_over_topk_chain", "i b l l"),
+    ("token_limit_bad", "i i i l l l b b b"))}
+_I64 = np.iinfo(np.int64)
+
+
+def _i64(*values) -> bool:
+    """Every array whose values a test adds to int64: numpy's sums wrap in its dtype, the
+    C's in int64, so another width gets "maybe"."""
+    return all(v.dtype == np.int64 for v in values)
 
 
 def _i32(*values) -> bool:
@@ -66,6 +87,17 @@ def positions_bad_uniform(pos, seq_len, inv, ids, depth):
         return True
     R, N0 = pos.shape
     return bool(_UNIFORM[c](R, N0, pos, seq_len, inv, len(ids), ids, depth))
+
+
+def positions_bad_chain(pos, seq):
+    """SA201 on a uniform-N batch of chains (each node's depth its index): any pos[b, i]
+    != seq[b] + i. pos [R, N0], seq [R] (seq_len in batch order: seq_len[inv]), each int32
+    or int64 -> bool."""
+    c, s = _POS.get(pos.dtype), _POS.get(seq.dtype)
+    if c is None or s is None:
+        return True
+    R, N0 = pos.shape
+    return bool(_CHAIN[c, s](R, N0, pos, seq))
 
 
 def positions_bad_parents(pos, seq_len, start, n, parent_in_row, inv):
@@ -90,25 +122,17 @@ def path_argmax_bad(ok, path, path_start, path_len, start, argmax, tokens, inv):
     return bool(_ARGMAX(len(inv), ok, path, path_start, path_len, start, argmax, tokens, inv))
 
 
-def path_argmax_bad_chain(ok, path_len, inv, tok, arg):
-    """SA304 on a uniform-N batch of chains: an ok row's path is 0, 1, .., L - 1 (each
-    entry the child of the one before: the next node), so no path entry is read: any
-    node 1 <= i < L with tok[b, i] != arg[b, i - 1]. ok, path_len, inv [R], tok, arg
-    [R, N0] -> bool."""
+def path_chain_bad(ok, path_len, inv, tok, arg):
+    """SA304 and SA305 on a uniform-N batch of chains, one pass: an ok row's path is 0, 1,
+    .., L - 1 (each entry the child of the one before: the next node), so no path entry is
+    read. -> (SA304: any node 1 <= i < L with tok[b, i] != arg[b, i - 1]; SA305: any ok
+    row with L < N0 and tok[b, L] == arg[b, L - 1], the only child of the path's last
+    node carrying the bonus). ok, path_len, inv [R], tok, arg [R, N0]."""
     if not _i32(tok, arg):
-        return True
+        return True, True
     R, N0 = tok.shape
-    return bool(_ARGMAX_CHAIN(R, N0, ok, path_len, inv, tok, arg))
-
-
-def path_not_maximal_chain(ok, path_len, inv, tok, arg):
-    """SA305 on a uniform-N batch of chains: an ok row's path ends at node L - 1 (see
-    path_argmax_bad_chain), whose only child is node L: any ok row with L < N0 and
-    tok[b, L] == arg[b, L - 1]. ok, path_len, inv [R], tok, arg [R, N0] -> bool."""
-    if not _i32(tok, arg):
-        return True
-    R, N0 = tok.shape
-    return bool(_MAXIMAL_CHAIN(R, N0, ok, path_len, inv, tok, arg))
+    found = _PATH_CHAIN(R, N0, ok, path_len, inv, tok, arg)
+    return bool(found & 1), bool(found & 2)
 
 
 def path_not_maximal_table(ok, path, path_start, path_len, inv, ids, children, tok, arg):
@@ -160,3 +184,57 @@ def hash_differs(mask_hash, want):
     """SA202 where every row's contract hash is the same `want` (a uniform batch of
     chains): any mask_hash[r] != want. mask_hash [R] uint64, want uint64 -> bool."""
     return bool(_HASH(len(mask_hash), mask_hash, int(want)))
+
+
+def step_bad(step, has_prev, prev_step):
+    """SA401: any step != where(has_prev, prev_step + 1, 0). step [R] int64, has_prev
+    [R] bool, prev_step [R] int32 or int64 (+ 1 wraps in its width, as numpy's) -> bool."""
+    c = _POS.get(prev_step.dtype)
+    if c is None or not _i64(step):
+        return True
+    return bool(_STEP[c](len(step), step, has_prev, prev_step))
+
+
+def commit_len_bad(accepted_depth, commit_len, finished):
+    """SA301: want = accepted_depth + 1; any unfinished row with commit_len != want or
+    finished one with commit_len > want. [R] int64, int64, bool -> bool."""
+    if not _i64(accepted_depth, commit_len):
+        return True
+    return bool(_ROW["commit_len_bad"](len(commit_len), accepted_depth, commit_len, finished))
+
+
+def path_depth_bad(path_len, accepted_depth):
+    """SA302: any row with path_len >= 1 and path_len - 1 != accepted_depth. [R] -> bool."""
+    if not _i64(accepted_depth):
+        return True
+    return bool(_ROW["path_depth_bad"](len(path_len), path_len, accepted_depth))
+
+
+def eos_inside_commit(eos_at, commit_n):
+    """SA308: any row with 0 <= eos_at < commit_n - 1 (eos_at: the commit's first EOS
+    index, -1 when none). [R] int64 -> bool."""
+    if not _i64(commit_n):
+        return True
+    return bool(_ROW["eos_inside_commit"](len(commit_n), eos_at, commit_n))
+
+
+def children_over_topk(ok, kids, topk):
+    """SA105: any ok row with kids > topk. ok [R] bool, kids, topk [R] -> bool."""
+    return bool(_ROW["children_over_topk"](len(ok), ok, kids, topk))
+
+
+def children_over_topk_chain(ok, n, topk):
+    """SA105 on a batch of chains (children_max = (n > 1) as 0/1, without building it):
+    any ok row with (n > 1) > topk. ok [R] bool, n, topk [R] -> bool."""
+    return bool(_ROW["children_over_topk_chain"](len(ok), ok, n, topk))
+
+
+def token_limit_bad(M, eos, out_before, commit_n, commit_last, contiguous, path_ok, finished):
+    """SA311 with max_new_tokens M: out = out_before + commit_n; any contiguous, path_ok
+    row finished without a cause (commit_last != eos and out != M), with out > M, or
+    unfinished with out >= M. M, eos ints; out_before, commit_n, commit_last int64,
+    contiguous, path_ok, finished bool [R] -> bool."""
+    if not (_I64.min <= M <= _I64.max and _I64.min <= eos <= _I64.max and _i64(out_before, commit_n, commit_last)):
+        return True
+    return bool(_ROW["token_limit_bad"](len(commit_n), M, eos, out_before, commit_n, commit_last, contiguous,
+                                        path_ok, finished))

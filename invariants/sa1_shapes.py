@@ -36,7 +36,8 @@ class NodeListLengths(Rule):
 
     def check(self, f):
         # the usual batch: every list as long as node_tokens (no per-row text to build)
-        if all(np.array_equal(f.lens[c], f.n_raw) for c in _LISTS if c in f.lens):
+        # (a list as long as node_tokens in every row shares its lengths array: `is`)
+        if all(f.lens[c] is f.n_raw or np.array_equal(f.lens[c], f.n_raw) for c in _LISTS if c in f.lens):
             return None
         bad = np.zeros(f.R, dtype=bool)
         which = np.full(f.R, "", dtype=object)
@@ -154,6 +155,13 @@ class TopkChildren(Rule):
     fixture_algo = "tree"
 
     def check(self, f):
+        kern = compiled.kernels(_KERNELS, rows=f.R)
+        if kern is not None:   # numpy's mask all false: no Hits (the same findings: none)
+            if f.T > 0 and f.chain_shaped.all():   # (children_max: n > 1 as 0/1, not built)
+                if not kern.children_over_topk_chain(f.ok, f.n, f.topk):
+                    return None
+            elif not kern.children_over_topk(f.ok, f.children_max, f.topk):
+                return None
         kids = f.children_max
         return Hits(f.ok & (kids > f.topk), kids=kids, topk=f.topk)
 
@@ -210,9 +218,10 @@ class RequiredValues(Rule):
     message = "{what}"
 
     def check(self, f):
-        if not f.nulls and f.algo_known.all() and not any(
-                (f.lens[c] < 0).any() for c in ("accepted_path", "committed_tokens", "node_tokens", "parents",
-                                                 "positions", "target_argmax")):
+        # (lists as long as node_tokens share its lengths array: each array tested once)
+        lens = {id(a): a for a in (f.lens[c] for c in ("accepted_path", "committed_tokens", "node_tokens",
+                                                       "parents", "positions", "target_argmax"))}
+        if not f.nulls and f.algo_known.all() and not any((a < 0).any() for a in lens.values()):
             return None                                  # the usual batch: nothing null
         what = np.full(f.R, "", dtype=object)
         bad = np.zeros(f.R, dtype=bool)

@@ -6,6 +6,7 @@ import numpy as np
 from specaudit.trace.schema import MAX_NODES
 
 from . import compiled
+from .arrow import to_np
 from .base import Hits, Rule
 
 _I32 = np.iinfo(np.int32)
@@ -93,10 +94,10 @@ def _positions_bad(kern, f) -> bool:
     if f.uniform_n:
         R = f.R
         pos = f.positions.reshape(R, -1)
-        N0 = pos.shape[1]
         if f.chain_shaped.all():   # (set by the frame for a uniform batch: no cost)
-            return kern.positions_bad_uniform(pos, f.seq_len, f.inv, np.zeros(0, dtype=np.int64),
-                                              np.arange(N0, dtype=np.int64)[None, :])
+            # seq_len in batch order as the column holds it (-1 where null, as the frame's):
+            # seq_len[inv] without the gather
+            return kern.positions_bad_chain(pos, to_np(f.columns["seq_len"], -1))
         shapes = f.__dict__.get("_shapes")   # grouped by the frame when every row is ok
         if shapes is not None:
             return kern.positions_bad_uniform(pos, f.seq_len, f.inv, shapes[0], f.shape_depth)

@@ -40,6 +40,9 @@ class CommitLenVsDepth(Rule):
     message = "{algo} committed {commit_len} {tokens} but accepted depth is {accepted_depth} ({rule})"
 
     def check(self, f):
+        kern = compiled.kernels(_KERNELS, rows=f.R)
+        if kern is not None and not kern.commit_len_bad(f.accepted_depth, f.commit_len, f.finished):
+            return None   # numpy's mask would be all false
         want = f.accepted_depth + 1
         unf = ~f.finished & (f.commit_len != want)
         fin = f.finished & (f.commit_len > want)
@@ -76,6 +79,9 @@ class DepthVsPath(Rule):
     message = "accepted_depth is {accepted_depth} but the accepted path {path} has depth {path_depth}{explain}"
 
     def check(self, f):
+        kern = compiled.kernels(_KERNELS, rows=f.R)
+        if kern is not None and not kern.path_depth_bad(f.path_len, f.accepted_depth):
+            return None   # numpy's mask would be all false
         bad = f.path_len.astype(np.int64) - 1 != f.accepted_depth
         bad &= f.path_len >= 1
         if not bad.any():
@@ -249,9 +255,20 @@ def _path_argmax_bad(kern, f, ok) -> bool:
     """SA304's mask has a hit (compiled): a uniform-N batch of chains on [R, N0] blocks
     (an ok row's path is 0, 1, 2, ..: no path entry read), any other by its path."""
     if f.uniform_n and f.chain_shaped.all():   # (chain_shaped: set by the frame for a uniform batch)
-        R = f.R
-        return kern.path_argmax_bad_chain(ok, f.path_len, f.inv, f.tokens.reshape(R, -1), f.argmax.reshape(R, -1))
+        return _chain_answers(kern, f, ok)[0]
     return kern.path_argmax_bad(ok, f.path, f.path_start, f.path_len, f.start, f.argmax, f.tokens, f.inv)
+
+
+def _chain_answers(kern, f, ok) -> tuple[bool, bool]:
+    """(SA304's, SA305's) answers on a uniform-N batch of chains: one pass over tokens and
+    argmax (path_chain_bad), made by the first of the two rules to ask and kept on the
+    frame for the other (both pass the same ok: path_ok & ~sampled)."""
+    got = f.__dict__.get("_path_chain_answers")
+    if got is None:
+        R = f.R
+        got = kern.path_chain_bad(ok, f.path_len, f.inv, f.tokens.reshape(R, -1), f.argmax.reshape(R, -1))
+        f.__dict__["_path_chain_answers"] = got
+    return got
 
 
 def _path_not_maximal(kern, f, ok) -> bool:
@@ -262,7 +279,7 @@ def _path_not_maximal(kern, f, ok) -> bool:
         R = f.R
         tok, arg = f.tokens.reshape(R, -1), f.argmax.reshape(R, -1)
         if f.chain_shaped.all():   # (set by the frame for a uniform batch: no cost)
-            return kern.path_not_maximal_chain(ok, f.path_len, f.inv, tok, arg)
+            return _chain_answers(kern, f, ok)[1]
         shapes = f.__dict__.get("_shapes")   # grouped by the frame when every row is ok
         if shapes is not None:
             return kern.path_not_maximal_table(ok, f.path, f.path_start, f.path_len, f.inv, shapes[0],
@@ -342,6 +359,9 @@ class CommitEndsAtEos(Rule):
 
     def check(self, f):
         k = f.commit_eos_at
+        kern = compiled.kernels(_KERNELS, rows=f.R)
+        if kern is not None and not kern.eos_inside_commit(k, f.commit_n):
+            return None   # no token committed after an EOS: numpy's mask would be all false
         bad = (k >= 0) & (k < f.commit_n - 1)
         return Hits(bad, eos=f.eos_id, k=k, extra=f.commit_n - 1 - k)
 
@@ -421,6 +441,10 @@ class FinishCause(Rule):
         if f.max_new_tokens is None:
             return None
         M = f.max_new_tokens
+        kern = compiled.kernels(_KERNELS, rows=f.R)
+        if kern is not None and not kern.token_limit_bad(M, f.eos_id, f.out_before, f.commit_n, f.commit_last,
+                                                         f.contiguous, f.path_ok, f.finished):
+            return None   # numpy's mask would be all false
         out = f.out_before + f.commit_n
         ends_eos = f.commit_last == f.eos_id
         usable = f.contiguous & f.path_ok

@@ -1,5 +1,5 @@
-"""The compiled "anything bad?" tests of SA201, SA304, SA305, SA103, SA403, SA202, SA102
-(invariants/rule_kernels.py)
+"""The compiled "anything bad?" tests of SA201, SA304, SA305, SA103, SA403, SA202, SA102,
+SA401, SA301, SA302, SA308, SA105, SA311 (invariants/rule_kernels.py), and RunSums' C pass,
 answer exactly as the rules' numpy masks, and the rules find the same with and without them.
 
 compiled.MIN_ROWS is patched to 0 so that small batches take the compiled path; the
@@ -21,7 +21,9 @@ from specaudit.audit.check import check_paths
 from specaudit.trace.synth import synth_run_rows
 
 KERNELS = "specaudit.invariants.rule_kernels"
-CODES = ("SA201", "SA304", "SA305", "SA103", "SA403", "SA202", "SA102")
+CODES = ("SA201", "SA304", "SA305", "SA103", "SA403", "SA202", "SA102", "SA401", "SA301", "SA302", "SA308", "SA105",
+         "SA311")
+MAX_NEW = 48   # synth_run_rows' max_new_tokens: SA311 is asked only when the frame knows it
 TRACE_RULES = [r for r in all_rules() if r.scope != "source"]
 
 
@@ -74,7 +76,7 @@ def test_fixture_findings_equal(rule, which, small_batches, tmp_path):
 
 def _frame(batch):
     return StepFrame(batch, run_id=batch.column(batch.schema.names.index("run_id"))[0].as_py(),
-                     carry=Carry())
+                     carry=Carry(), max_new_tokens=MAX_NEW)
 
 
 def _hits(code, batch, monkeypatch, mode):
@@ -104,6 +106,21 @@ def _answer(code, f, kern):
         return bool(kern.hash_differs(f.mask_hash, np.uint64(f._chain_hash(f.n[:1])[0]))) if chains else NOT_ASKED
     if code == "SA201":
         return None if f.T == 0 else bool(sa2._positions_bad(kern, f))
+    if code == "SA401":
+        return kern.step_bad(f.step, f.has_prev, f.prev_step)
+    if code == "SA301":
+        return kern.commit_len_bad(f.accepted_depth, f.commit_len, f.finished)
+    if code == "SA302":
+        return kern.path_depth_bad(f.path_len, f.accepted_depth)
+    if code == "SA308":
+        return kern.eos_inside_commit(f.commit_eos_at, f.commit_n)
+    if code == "SA105":
+        if f.T > 0 and f.chain_shaped.all():
+            return kern.children_over_topk_chain(f.ok, f.n, f.topk)
+        return kern.children_over_topk(f.ok, f.children_max, f.topk)
+    if code == "SA311":
+        return kern.token_limit_bad(f.max_new_tokens, f.eos_id, f.out_before, f.commit_n, f.commit_last,
+                                    f.contiguous, f.path_ok, f.finished)
     if code == "SA304":
         if not len(f.path) or not ok.any():
             return None
@@ -191,6 +208,25 @@ def _corrupt(rng, rows, kind, last=False):
             r["positions"] = r["positions"][:-1]
         elif kind == "bad_path_node":                             # SA303: out of the tree
             r["accepted_path"] = path[:-1] + [n + 5]
+        elif kind == "step_gap":                                  # SA401: a step skipped
+            r["step"] += 2
+        elif kind == "commit_len":                                # SA301: past accepted_depth + 1
+            r["commit_len"] = r["accepted_depth"] + 2
+        elif kind == "accepted_depth":                            # SA302 (and SA301)
+            r["accepted_depth"] += int(rng.choice([-1, 1]))
+        elif kind == "eos_inside" and len(r["committed_tokens"]) >= 2:   # SA308: tokens after EOS
+            r["committed_tokens"][0] = 0
+        elif kind == "topk" and n >= 2:                           # SA105: more children than topk
+            r["topk"] = 0
+        elif kind == "seq_len" and r["step"] >= 1:                # SA402: seq_len not where it ended
+            r["seq_len"] += int(rng.choice([-1, 2]))
+        elif kind == "no_commit":                                 # SA310 (and others): nothing committed
+            r["committed_tokens"] = []
+        elif kind == "commit_token" and r["committed_tokens"]:    # SA307: a committed token changed
+            k = int(rng.integers(0, len(r["committed_tokens"])))
+            r["committed_tokens"][k] = (r["committed_tokens"][k] + 7) % 250 + 1
+        elif kind == "finish_early" and not r["finished"] and r["committed_tokens"][-1:] != [0]:   # SA311
+            r["finished"] = True
         else:
             continue
         return rows
@@ -198,9 +234,11 @@ def _corrupt(rng, rows, kind, last=False):
 
 
 KINDS = ["position", "position_all", "argmax", "token", "stop_early", "child_matches", "root_parent",
-         "root_token", "mask_hash", "budget", "no_nodes", "bad_parent", "short_positions", "bad_path_node"]
-CASES = [("chain", 8, False), ("chain", 3, False), ("tree", 6, False), ("tree", 9, False),
-         ("tree", 32, False), ("chain", 8, True), ("tree", 9, True)]
+         "root_token", "mask_hash", "budget", "no_nodes", "bad_parent", "short_positions", "bad_path_node",
+         "step_gap", "commit_len", "accepted_depth", "eos_inside", "topk", "finish_early", "seq_len", "no_commit",
+         "commit_token"]
+CASES = [("chain", 8, False), ("chain", 3, False), ("chain", 4, False), ("chain", 16, False), ("tree", 6, False),
+         ("tree", 9, False), ("tree", 32, False), ("chain", 8, True), ("tree", 9, True)]
 
 
 @pytest.mark.parametrize("algo,n_nodes,ragged", CASES, ids=lambda v: str(v))
@@ -236,7 +274,9 @@ def test_one_bad_row_at_the_end_of_a_big_batch(algo, n_nodes, small_batches):
     rng = np.random.default_rng(2)
     for kind, code in (("position", "SA201"), ("argmax", "SA304"), ("stop_early", "SA305"),
                        ("root_parent", "SA103"), ("root_token", "SA403"), ("mask_hash", "SA202"),
-                       ("budget", "SA102")):
+                       ("budget", "SA102"), ("step_gap", "SA401"), ("commit_len", "SA301"),
+                       ("accepted_depth", "SA302"), ("eos_inside", "SA308"), ("topk", "SA105"),
+                       ("finish_early", "SA311")):
         assert code in _agree(pa.RecordBatch.from_pylist(_corrupt(rng, rows, kind, last=True), schema=schema),
                               small_batches), kind
 
@@ -275,3 +315,76 @@ def test_chain_rows_above_max_nodes(small_batches):
     for r in rows:
         r["mask_hash"] = 0
     assert "SA202" not in _agree(pa.RecordBatch.from_pylist(rows, schema=schema), small_batches)
+
+
+@pytest.mark.parametrize("pos_dt", [np.int32, np.int64])
+@pytest.mark.parametrize("seq_dt", [np.int32, np.int64])
+@pytest.mark.parametrize("N0", [1, 3, 4, 8, 16])
+def test_positions_bad_chain_every_width(pos_dt, seq_dt, N0, small_batches):
+    """SA201's chain kernel (seq_len in batch order, no gather) == numpy's
+    (pos != seq[:, None] + arange(N0)).any() for each width, one bad node anywhere."""
+    kern = compiled.kernels(KERNELS, rows=1)
+    rng = np.random.default_rng(N0)
+    R = 1000
+    seq = rng.integers(0, 2**31 - 64, R).astype(seq_dt)
+    pos = (seq.astype(np.int64)[:, None] + np.arange(N0)).astype(pos_dt)
+    assert kern.positions_bad_chain(pos, seq) is False
+    for b in (0, 255, 256, 511, R - 1, int(rng.integers(0, R))):
+        for i in {0, N0 - 1, int(rng.integers(0, N0))}:
+            bad = pos.copy()
+            bad[b, i] += 1
+            want = bool((bad.astype(np.int64) != seq.astype(np.int64)[:, None] + np.arange(N0)).any())
+            assert kern.positions_bad_chain(bad, seq) is want is True
+    assert kern.positions_bad_chain(pos.astype(np.int16), seq) is True     # other widths: "maybe"
+
+
+# ------------------------------------------------------------ run totals (RunSums)
+
+def _run_sums(batches, monkeypatch, mode):
+    from specaudit.audit.check.core import RunSums
+    (_numpy if mode == "numpy" else _compiled)(monkeypatch)
+    rs, carry = RunSums(), Carry()
+    for i, b in enumerate(batches):
+        f = StepFrame(b, run_id=b.column(b.schema.names.index("run_id"))[0].as_py(), carry=carry)
+        rs.add(f, f"part{i % 2}")
+        f.finish_carry()
+    return rs.total, rs.parts, rs.depth_hist.tolist(), rs.depth_hist.dtype
+
+
+@pytest.mark.parametrize("algo,n_nodes,ragged", CASES, ids=lambda v: str(v))
+def test_run_sums_identical(algo, n_nodes, ragged, small_batches):
+    """RunSums.add's totals, per-part sums and depth histogram: the C pass (sums_kernels)
+    == numpy's per_row sums and bincount, on clean and corrupted batches."""
+    rows, schema = _rows(algo, n_nodes, seed=7 + n_nodes, ragged=ragged, n=32)
+    rng = np.random.default_rng(n_nodes)
+    batches = [pa.RecordBatch.from_pylist(rows, schema=schema)]
+    for kind in KINDS:
+        bad = _corrupt(rng, rows, kind)
+        if bad is not None:
+            batches.append(pa.RecordBatch.from_pylist(bad, schema=schema))
+    assert compiled.kernels("specaudit.audit.check.sums_kernels", rows=1) is not None
+    want = _run_sums(batches, small_batches, "numpy")
+    assert want[0]["refused"] > 0 and want[0]["steps"] > 0
+    assert _run_sums(batches, small_batches, "compiled") == want
+
+
+def test_run_sums_kernel_edges(small_batches):
+    """run_sums on made-up columns: negative and huge values, depths past the histogram's
+    last bin, sums that wrap int64 as numpy's do; R = 0 and 1."""
+    from types import SimpleNamespace
+
+    from specaudit.audit.check import sums_kernels
+    from specaudit.audit.check.core import RunSums
+    rng = np.random.default_rng(3)
+    big = np.iinfo(np.int64).max // 3
+    for R in (0, 1, 2, 255, 1000):
+        cols = {k: rng.integers(-5, 6000, R) for k in ("n", "true_depth", "accepted_depth", "commit_n",
+                                                       "commit_len", "budget")}
+        if R > 2:
+            cols["commit_len"][:4] = big      # wraps as numpy's int64 sum
+            cols["true_depth"][1] = 10**9     # clipped to the last bin
+        f = SimpleNamespace(R=R, ok=rng.random(R) < 0.7, **cols)
+        vals, hist = sums_kernels.run_sums(f)
+        assert vals == {k: int(v.sum()) for k, v in RunSums.per_row(f).items()}
+        want = np.bincount(RunSums.depth_bins(f))
+        assert hist.dtype == want.dtype and hist.tolist() == want.tolist()

@@ -27,7 +27,7 @@ from specaudit.audit.check.facts import (  # noqa: F401  (re-exported: the reade
 )
 from specaudit.audit.check.result import CheckResult, merge_result
 from specaudit.audit.findings import Finding
-from specaudit.invariants import Hits
+from specaudit.invariants import Hits, compiled
 from specaudit.invariants import carry as carry_mod
 from specaudit.invariants.carry import Carry
 from specaudit.invariants.frame import StepFrame
@@ -37,6 +37,7 @@ from specaudit.trace.derived import per_request_means
 from specaudit.trace.schema import manifest_conventions
 
 BATCH_ROWS = 65536          # step rows per batch: ~200 MB of numpy work at N = 8
+SUMS_KERNELS = "specaudit.audit.check.sums_kernels"   # RunSums.add in one C pass (big batches)
 
 
 # ------------------------------------------------------------------ run config
@@ -84,13 +85,17 @@ class RunSums:
         return np.clip(f.true_depth, 0, 4096)
 
     def add(self, f: StepFrame, part: str) -> None:
-        vals = {k: int(v.sum()) for k, v in self.per_row(f).items()}
+        kern = compiled.kernels(SUMS_KERNELS, rows=f.R)
+        if kern is not None:   # a big batch: the same sums and histogram in one C pass
+            vals, h = kern.run_sums(f)
+        else:
+            vals = {k: int(v.sum()) for k, v in self.per_row(f).items()}
+            h = np.bincount(self.depth_bins(f))
         vals.update(f.sampling_sums())
         p = self.parts.setdefault(part, dict.fromkeys(self.KEYS, 0))
         for k, v in vals.items():
             self.total[k] += v
             p[k] += v
-        h = np.bincount(self.depth_bins(f))
         if len(h) > len(self.depth_hist):
             h[: len(self.depth_hist)] += self.depth_hist
             self.depth_hist = h
