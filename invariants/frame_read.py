@@ -43,8 +43,11 @@ def sort_rows(f, kern, col: dict, carry, row_offset: int) -> bool:
     codes = to_np(rid.indices, -1)
     if codes.dtype not in (np.int32, np.int64):
         codes = codes.astype(I64)
-    rdict = rid.dictionary.to_pylist()
-    if not all(map(str.__instancecheck__, rdict)):
+    dic = rid.dictionary
+    rdict = dic.to_pylist()
+    # a string dictionary without nulls gives str only: no check per value
+    plain = (pa.types.is_string(dic.type) or pa.types.is_large_string(dic.type)) and dic.null_count == 0
+    if not plain and not all(map(str.__instancecheck__, rdict)):
         rdict = [str(x) for x in rdict]
     gidx = carry.index(rdict + ["\0null"])
     sarr = _combined(col["step"])

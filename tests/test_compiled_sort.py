@@ -280,3 +280,27 @@ def test_uniform_structure_against_list_lengths(on, tmp_path, switch):
     assert np.array_equal(f.too_many_nodes, n > MAX_NODES) and f.too_many_nodes.dtype == bool
     assert f.shapes_ok.dtype == bool and np.array_equal(f.shapes_ok, want)
     assert 0 < (~want).sum() < len(want)
+
+
+@pytest.mark.parametrize("kind", ["null value", "large_string", "int64"])
+def test_request_id_dictionaries_equal_numpy(kind, tmp_path, switch):
+    """request_id dictionaries other than plain strings (a null among the values, some rows
+    coded to it; large_string values; integer values): every frame attribute and finding
+    as numpy's read gives them."""
+    batches, cfg = _synthetic_batches(tmp_path, "chain", 8, False, steps=6000, rows=2048)
+    out = []
+    for i, b in enumerate(batches):
+        rid = b.column(b.schema.get_field_index("request_id"))
+        values, codes = rid.dictionary, rid.indices
+        if kind == "null value":
+            values = pa.array(values.to_pylist() + [None], type=values.type)
+            idx = codes.to_numpy().copy()
+            idx[3 + i:: 211] = len(values) - 1
+            codes = pa.array(idx, type=codes.type)
+        elif kind == "large_string":
+            values = values.cast(pa.large_string())
+        else:
+            values = pa.array([int(v.rsplit("-", 1)[-1], 36) if "-" in v else len(v) for v in values.to_pylist()],
+                              type=pa.int64())
+        out.append(_with(b, request_id=pa.DictionaryArray.from_arrays(codes, values)))
+    _assert_same(out, cfg, switch)
