@@ -151,8 +151,6 @@ def read_lists(f, kern, col: dict) -> bool:
     f.n = lens_nt.copy()
     f.T = T
     f.uniform_n = True
-    n0 = np.full(R, N0, dtype=I64)
-    s0 = np.arange(0, T, N0, dtype=I64)
     for attr, name in (("tokens", "node_tokens"), ("parents", "parents"), ("positions", "positions"),
                        ("argmax", "target_argmax")):
         arr, off, plain = parts[name]
@@ -161,6 +159,8 @@ def read_lists(f, kern, col: dict) -> bool:
             setattr(f, attr, v[off[0]: off[-1]])
         else:
             lens = raw[name] if name in raw else _lengths(arr, off)
+            # (N0 per batch row and the flat starts: only for a list of other lengths)
+            n0, s0 = np.full(R, N0, dtype=I64), np.arange(0, T, N0, dtype=I64)
             setattr(f, attr, f._aligned((off, v, lens), n0, None, s0))
     (f.path, f.path_start, f.path_len), (f.commit, f.commit_start, f.commit_n) = \
         own["accepted_path"], own["committed_tokens"]
