@@ -123,11 +123,11 @@ class StepFrame(TreeShapes, FrameLink):
         """run_id and algo as codes into small per-batch dictionaries; the integer,
         hash and flag columns in sorted order, their missing values in `nulls`."""
         order = self.order
-        rc, rd = _strings(col["run_id"])
+        rc, rd = _strings(col["run_id"], wide=False)
         self._run_names = np.asarray([str(x) for x in rd] + ["<null>"], dtype=object)
         self._run_codes, per_row = _codes_in_order(rc, len(rd), order)
         self.run_id_ok = per_row(self._run_names == self.run_id)
-        ac, ad = _strings(col["algo"])
+        ac, ad = _strings(col["algo"], wide=False)
         self._algo_names = np.asarray([str(x) for x in ad] + ["<null>"], dtype=object)
         self._algo_codes, per_row = _codes_in_order(ac, len(ad), order)
         self.is_chain = per_row(self._algo_names == "chain")

@@ -304,3 +304,32 @@ def test_request_id_dictionaries_equal_numpy(kind, tmp_path, switch):
                               type=pa.int64())
         out.append(_with(b, request_id=pa.DictionaryArray.from_arrays(codes, values)))
     _assert_same(out, cfg, switch)
+
+
+@pytest.mark.parametrize("on", [False, True])
+@pytest.mark.parametrize("encoded", [True, False])
+def test_run_id_and_algo_codes_per_row(on, encoded, tmp_path, switch):
+    """run_id and algo with nulls and a second value (dictionary-encoded, or plain
+    strings): each sorted row's run_id, algo and the flags read from them as the column
+    says, row by row."""
+    batches, cfg = _synthetic_batches(tmp_path, "chain", 8, False, steps=6000, rows=2048)
+    b = batches[1]
+    col = lambda n: b.column(b.schema.get_field_index(n))
+    runs, algos = col("run_id").to_pylist(), col("algo").to_pylist()
+    for r in range(3, len(runs), 101):
+        runs[r] = None if r % 2 else "another-run"
+    for r in range(7, len(algos), 89):
+        algos[r] = None if r % 2 else "tree"
+    arrays = {n: pa.array(v, type=pa.string()) for n, v in (("run_id", runs), ("algo", algos))}
+    if encoded:
+        arrays = {n: a.dictionary_encode() for n, a in arrays.items()}
+    switch(on)
+    f = StepFrame(_with(b, **arrays), carry=Carry(), **cfg)
+    assert (f._sk is not None) == on
+    run_s = np.array(["<null>" if v is None else v for v in runs], dtype=object)[f.order]
+    algo_s = np.array(["<null>" if v is None else v for v in algos], dtype=object)[f.order]
+    assert list(f.row_run_id) == list(run_s) and list(f.algo) == list(algo_s)
+    assert np.array_equal(f.run_id_ok, run_s == cfg["run_id"])
+    assert np.array_equal(f.is_chain, algo_s == "chain")
+    assert np.array_equal(f.algo_known, (algo_s == "chain") | (algo_s == "tree"))
+    assert 0 < f.run_id_ok.sum() < f.R and 0 < f.is_chain.sum() < f.R
