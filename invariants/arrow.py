@@ -124,11 +124,15 @@ def _scalar(arr, fill=-1, dtype=I64):
     return to_np(arr, fill).astype(dtype, copy=False), nulls
 
 
-def _strings(arr):
-    """String column -> (codes int64 [R], unique values list)."""
+def _strings(arr, wide: bool = True):
+    """String column -> (codes int64 [R], unique values list); wide=False: the codes in
+    their own signed integer type (int32 as Parquet's dictionaries have them, a view of
+    the Arrow buffer when none is null), for a reader that only indexes with them."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     if not pa.types.is_dictionary(arr.type):
         arr = arr.dictionary_encode()  # (files are read with read_dictionary: already encoded)
-    codes = to_np(arr.indices, -1).astype(I64)
+    codes = to_np(arr.indices, -1)
+    if wide or codes.dtype.kind != "i":
+        codes = codes.astype(I64)
     return codes, arr.dictionary.to_pylist()

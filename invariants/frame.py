@@ -123,11 +123,11 @@ class StepFrame(TreeShapes, FrameLink):
         """run_id and algo as codes into small per-batch dictionaries; the integer,
         hash and flag columns in sorted order, their missing values in `nulls`."""
         order = self.order
-        rc, rd = _strings(col["run_id"])
+        rc, rd = _strings(col["run_id"], wide=False)
         self._run_names = np.asarray([str(x) for x in rd] + ["<null>"], dtype=object)
         self._run_codes, per_row = _codes_in_order(rc, len(rd), order)
         self.run_id_ok = per_row(self._run_names == self.run_id)
-        ac, ad = _strings(col["algo"])
+        ac, ad = _strings(col["algo"], wide=False)
         self._algo_names = np.asarray([str(x) for x in ad] + ["<null>"], dtype=object)
         self._algo_codes, per_row = _codes_in_order(ac, len(ad), order)
         self.is_chain = per_row(self._algo_names == "chain")
@@ -188,14 +188,20 @@ class StepFrame(TreeShapes, FrameLink):
         range, a path and a commit, the root's parent -1 and every other parent an
         earlier node, no required value missing."""
         n, R = self.n, self.R
-        shapes_ok = n >= 1
+        if self.uniform_n:          # every n is N0 >= 1 and equals n_raw: the lists sharing it need no compare
+            N0 = self.T // R
+            self.too_many_nodes = np.full(R, N0 > MAX_NODES)
+            shapes_ok = np.full(R, N0 <= MAX_NODES)
+        else:
+            self.too_many_nodes = n > MAX_NODES
+            shapes_ok = (n >= 1) & ~self.too_many_nodes
         for k in ("parents", "positions", "target_argmax"):
-            shapes_ok &= self.lens[k] == n
+            if not (self.uniform_n and self.lens[k] is self.n_raw):
+                shapes_ok &= self.lens[k] == n
         for k in ("draft_logprob", "target_margin"):
-            if k in self.lens:
+            if k in self.lens and not (self.uniform_n and self.lens[k] is self.n_raw):
                 shapes_ok &= (self.lens[k] == n) | (self.lens[k] == -1)
-        self.too_many_nodes = n > MAX_NODES
-        shapes_ok &= ~self.too_many_nodes & (self.lens["accepted_path"] >= 1) & (self.lens["committed_tokens"] >= 0)
+        shapes_ok &= (self.lens["accepted_path"] >= 1) & (self.lens["committed_tokens"] >= 0)
         self.shapes_ok = shapes_ok
         p = self.parents
         if self.uniform_n:                                # [R, N0] blocks: once per distinct tree
@@ -203,12 +209,15 @@ class StepFrame(TreeShapes, FrameLink):
             P = p.reshape(R, N0)
             ids, first = self._raw_shapes = group_rows(P, self._sk)  # (invariants/row_groups.py)
             Pu, ii = P[first], np.arange(1, N0, dtype=I64)
-            per_row = (lambda v: np.full(R, v[0])) if len(first) == 1 else (lambda v: v[ids])
+            # per batch row, and per sorted row (one shape: no gather; n >= 1 on every row)
+            one = len(first) == 1
+            per_row = (lambda v: np.full(R, v[0])) if one else (lambda v: v[ids])
+            per_sorted = per_row if one else (lambda v: v[ids][self.order])
             chain_u = (Pu[:, 1:] == ii - 1).all(axis=1)
             self._chain_rows = per_row(chain_u)            # per batch row: parents are i - 1
             self._all_chains = bool(chain_u.all())
-            self.root_parent_bad = per_row(Pu[:, 0] != -1)[self.order] | (n < 1)
-            self.parent_order_bad = per_row(((Pu[:, 1:] < 0) | (Pu[:, 1:] >= ii)).any(axis=1))[self.order]
+            self.root_parent_bad = per_sorted(Pu[:, 0] != -1)
+            self.parent_order_bad = per_sorted(((Pu[:, 1:] < 0) | (Pu[:, 1:] >= ii)).any(axis=1))
         else:
             is_root = self.node_i == 0
             self.root_parent_bad = self.row_any(is_root & (p != -1)) | (n < 1)

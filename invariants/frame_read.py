@@ -43,8 +43,11 @@ def sort_rows(f, kern, col: dict, carry, row_offset: int) -> bool:
     codes = to_np(rid.indices, -1)
     if codes.dtype not in (np.int32, np.int64):
         codes = codes.astype(I64)
-    rdict = rid.dictionary.to_pylist()
-    if not all(map(str.__instancecheck__, rdict)):
+    dic = rid.dictionary
+    rdict = dic.to_pylist()
+    # a string dictionary without nulls gives str only: no check per value
+    plain = (pa.types.is_string(dic.type) or pa.types.is_large_string(dic.type)) and dic.null_count == 0
+    if not plain and not all(map(str.__instancecheck__, rdict)):
         rdict = [str(x) for x in rdict]
     gidx = carry.index(rdict + ["\0null"])
     sarr = _combined(col["step"])
@@ -148,8 +151,6 @@ def read_lists(f, kern, col: dict) -> bool:
     f.n = lens_nt.copy()
     f.T = T
     f.uniform_n = True
-    n0 = np.full(R, N0, dtype=I64)
-    s0 = np.arange(0, T, N0, dtype=I64)
     for attr, name in (("tokens", "node_tokens"), ("parents", "parents"), ("positions", "positions"),
                        ("argmax", "target_argmax")):
         arr, off, plain = parts[name]
@@ -158,6 +159,8 @@ def read_lists(f, kern, col: dict) -> bool:
             setattr(f, attr, v[off[0]: off[-1]])
         else:
             lens = raw[name] if name in raw else _lengths(arr, off)
+            # (N0 per batch row and the flat starts: only for a list of other lengths)
+            n0, s0 = np.full(R, N0, dtype=I64), np.arange(0, T, N0, dtype=I64)
             setattr(f, attr, f._aligned((off, v, lens), n0, None, s0))
     (f.path, f.path_start, f.path_len), (f.commit, f.commit_start, f.commit_n) = \
         own["accepted_path"], own["committed_tokens"]

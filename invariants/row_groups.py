@@ -40,7 +40,10 @@ def group_rows(P: np.ndarray, kern=None) -> tuple[np.ndarray, np.ndarray]:
     prefix holds every shape and no fingerprint collides, else numpy's."""
     R = P.shape[0]
     V = _words(P)
-    if (V[:64] == V[0]).all() and (V == V[0]).all():      # one group: a chain, a static tree
+    # one group (a chain, a static tree): the prefix first, then every row (in one C pass
+    # for a big batch: numpy's broadcast compare over short rows is slow)
+    if (V[:64] == V[0]).all() and (kern.rows_same(np.ascontiguousarray(V)) if kern is not None
+                                   else (V == V[0]).all()):
         return np.zeros(R, dtype=I64), np.zeros(1, dtype=I64)
     if kern is not None and V.shape[1] <= len(_W):
         got = kern.row_groups(np.ascontiguousarray(V), _W[: V.shape[1]], _HEAD_ROWS)

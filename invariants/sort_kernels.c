@@ -11,7 +11,8 @@
                   steps ascend inside each request (else the caller runs np.lexsort)
      sorted_rows: step, request-id code, carry slot and row_in_file per sorted row; inv
      take_rows:   columns gathered into sorted order, a block of rows at a time
-     common_length: the length every list of an int32 offsets array has, or -1 */
+     common_length: the length every list of an int32 offsets array has, or -1
+     rows_same:   whether every row of a block of uint64 words equals its first row */
 #include <stdint.h>
 
 typedef int64_t i64;
@@ -99,6 +100,17 @@ i64 common_length(i64 R, const i32 *off)
     for (i64 b = 1; b < R; b++)
         if ((i64)off[b + 1] - (i64)off[b] != n) return -1;
     return n;
+}
+
+/* V [R, D] uint64 words (R >= 1) -> 1 when every row equals row 0 (group_rows' one group:
+   a chain batch, a static tree), else 0. No early exit: the usual answer is 1, and an
+   OR of differences runs as wide as the compiler makes it */
+i64 rows_same(i64 R, i64 D, const uint64_t *V)
+{
+    uint64_t diff = 0;
+    for (i64 r = 1; r < R; r++)
+        for (i64 d = 0; d < D; d++) diff |= V[r * D + d] ^ V[d];
+    return diff == 0;
 }
 
 /* row_groups.group_rows's fingerprints: V [R, D] uint64 words of a block's rows, w [D]

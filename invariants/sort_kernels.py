@@ -73,6 +73,15 @@ def common_length(off) -> int:
     return int(_COMMON(len(off) - 1, off))
 
 
+_SAME = bind(_LIB, "rows_same", "i i q", returns=True)
+
+
+def rows_same(V) -> bool:
+    """V [R, D] uint64 words (R >= 1) -> whether every row equals row 0, as
+    bool((V == V[0]).all())."""
+    return bool(_SAME(V.shape[0], V.shape[1], V))
+
+
 _FP = bind(_LIB, "row_fingerprints", "i i q q oq")
 _LOOKUP = bind(_LIB, "row_lookup", "i i q q i q l ol", returns=True)
 

@@ -229,3 +229,107 @@ def test_row_groups_equal_numpy(dtype, N0):
     w = row_groups._W[: V.shape[1]].copy()
     w[1:] = 0
     assert kern.row_groups(np.ascontiguousarray(V), w, row_groups._HEAD_ROWS) is None or V.shape[1] == 1
+
+
+@pytest.mark.parametrize("dtype, N0", [(np.int32, 8), (np.int32, 7), (np.int64, 12), (np.int32, 1)])
+def test_rows_same_equal_numpy(dtype, N0):
+    """rows_same (group_rows' one-group test) as numpy's (V == V[0]).all(): one shape over
+    every row, then one entry changed at the first, a middle and the last row, past the
+    64-row prefix and inside it; group_rows' answer equal both ways each time."""
+    from specaudit.invariants import row_groups
+    kern = compiled.kernels(SORT_KERNELS, rows=compiled.MIN_ROWS)
+    row = np.arange(-1, N0 - 1, dtype=dtype)
+    for R in (1, 2, 70, 9000):
+        P = np.tile(row, (R, 1))
+        V = row_groups._words(P)
+        assert kern.rows_same(np.ascontiguousarray(V)) is True
+        for r, i in ((0, 0), (R // 2, N0 - 1), (R - 1, N0 // 2), (min(R - 1, 65), 0)):
+            Q = P.copy()
+            Q[r, i] += 3
+            W = np.ascontiguousarray(row_groups._words(Q))
+            assert kern.rows_same(W) == bool((W == W[0]).all()), (R, r, i)
+            want, got = row_groups.group_rows(Q), row_groups.group_rows(Q, kern)
+            assert all(g.dtype == w.dtype and np.array_equal(g, w) for g, w in zip(got, want)), (R, r, i)
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_uniform_structure_against_list_lengths(on, tmp_path, switch):
+    """A uniform-N batch (every node_tokens list N long) whose other per-node lists are
+    not: shapes_ok and too_many_nodes as the list lengths say, row by row (the uniform
+    batch's structure check skips only the lists that share node_tokens' lengths)."""
+    from specaudit.trace.schema import MAX_NODES
+    batches, cfg = _synthetic_batches(tmp_path, "chain", 8, False, steps=6000, rows=2048)
+    b = batches[1]
+    col = lambda n: b.column(b.schema.get_field_index(n))
+    changed = {}
+    for k, name in enumerate(("parents", "positions", "target_argmax")):
+        v = col(name).to_pylist()
+        for r in range(5 + k, b.num_rows, 97 + k):
+            v[r] = v[r][:-1] if (r + k) % 2 else v[r] + [0]
+        changed[name] = pa.array(v, type=col(name).type)
+    b = _with(b, **changed)
+    switch(on)
+    f = StepFrame(b, carry=Carry(), **cfg)
+    assert f.uniform_n and (f._sk is not None) == on
+    length = lambda n: np.array([len(x) if x is not None else -1 for x in col(n).to_pylist()])[f.order] \
+        if n not in changed else np.array([len(x) for x in changed[n].to_pylist()])[f.order]
+    n = length("node_tokens")
+    want = (n >= 1) & (n <= MAX_NODES) & (length("accepted_path") >= 1) & (length("committed_tokens") >= 0)
+    for name in ("parents", "positions", "target_argmax"):
+        want &= length(name) == n
+    assert np.array_equal(f.too_many_nodes, n > MAX_NODES) and f.too_many_nodes.dtype == bool
+    assert f.shapes_ok.dtype == bool and np.array_equal(f.shapes_ok, want)
+    assert 0 < (~want).sum() < len(want)
+
+
+@pytest.mark.parametrize("kind", ["null value", "large_string", "int64"])
+def test_request_id_dictionaries_equal_numpy(kind, tmp_path, switch):
+    """request_id dictionaries other than plain strings (a null among the values, some rows
+    coded to it; large_string values; integer values): every frame attribute and finding
+    as numpy's read gives them."""
+    batches, cfg = _synthetic_batches(tmp_path, "chain", 8, False, steps=6000, rows=2048)
+    out = []
+    for i, b in enumerate(batches):
+        rid = b.column(b.schema.get_field_index("request_id"))
+        values, codes = rid.dictionary, rid.indices
+        if kind == "null value":
+            values = pa.array(values.to_pylist() + [None], type=values.type)
+            idx = codes.to_numpy().copy()
+            idx[3 + i:: 211] = len(values) - 1
+            codes = pa.array(idx, type=codes.type)
+        elif kind == "large_string":
+            values = values.cast(pa.large_string())
+        else:
+            values = pa.array([int(v.rsplit("-", 1)[-1], 36) if "-" in v else len(v) for v in values.to_pylist()],
+                              type=pa.int64())
+        out.append(_with(b, request_id=pa.DictionaryArray.from_arrays(codes, values)))
+    _assert_same(out, cfg, switch)
+
+
+@pytest.mark.parametrize("on", [False, True])
+@pytest.mark.parametrize("encoded", [True, False])
+def test_run_id_and_algo_codes_per_row(on, encoded, tmp_path, switch):
+    """run_id and algo with nulls and a second value (dictionary-encoded, or plain
+    strings): each sorted row's run_id, algo and the flags read from them as the column
+    says, row by row."""
+    batches, cfg = _synthetic_batches(tmp_path, "chain", 8, False, steps=6000, rows=2048)
+    b = batches[1]
+    col = lambda n: b.column(b.schema.get_field_index(n))
+    runs, algos = col("run_id").to_pylist(), col("algo").to_pylist()
+    for r in range(3, len(runs), 101):
+        runs[r] = None if r % 2 else "another-run"
+    for r in range(7, len(algos), 89):
+        algos[r] = None if r % 2 else "tree"
+    arrays = {n: pa.array(v, type=pa.string()) for n, v in (("run_id", runs), ("algo", algos))}
+    if encoded:
+        arrays = {n: a.dictionary_encode() for n, a in arrays.items()}
+    switch(on)
+    f = StepFrame(_with(b, **arrays), carry=Carry(), **cfg)
+    assert (f._sk is not None) == on
+    run_s = np.array(["<null>" if v is None else v for v in runs], dtype=object)[f.order]
+    algo_s = np.array(["<null>" if v is None else v for v in algos], dtype=object)[f.order]
+    assert list(f.row_run_id) == list(run_s) and list(f.algo) == list(algo_s)
+    assert np.array_equal(f.run_id_ok, run_s == cfg["run_id"])
+    assert np.array_equal(f.is_chain, algo_s == "chain")
+    assert np.array_equal(f.algo_known, (algo_s == "chain") | (algo_s == "tree"))
+    assert 0 < f.run_id_ok.sum() < f.R and 0 < f.is_chain.sum() < f.R
