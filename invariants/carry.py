@@ -82,9 +82,10 @@ class Carry:
         self.paged = False
         self._alloc(1024)
 
-    def index(self, names: list[str]) -> np.ndarray:
-        """Request ids -> dense indices (new ids get new slots, in order of first appearance)."""
-        got = self.names.index(names)
+    def index(self, names: list[str], encoded=None) -> np.ndarray:
+        """Request ids -> dense indices (new ids get new slots, in order of first appearance);
+        `encoded`: their UTF-8 bytes and offsets when known (RequestIds.index)."""
+        got = self.names.index(names, encoded)
         n = len(self.names)
         if self.paged:
             self._pages.grow(n)
