@@ -82,9 +82,10 @@ class Carry:
         self.paged = False
         self._alloc(1024)
 
-    def index(self, names: list[str]) -> np.ndarray:
-        """Request ids -> dense indices (new ids get new slots, in order of first appearance)."""
-        got = self.names.index(names)
+    def index(self, names: list[str], encoded=None) -> np.ndarray:
+        """Request ids -> dense indices (new ids get new slots, in order of first appearance);
+        `encoded`: their UTF-8 bytes and offsets when known (RequestIds.index)."""
+        got = self.names.index(names, encoded)
         n = len(self.names)
         if self.paged:
             self._pages.grow(n)
@@ -127,10 +128,13 @@ class Carry:
     def _grow(self, n: int) -> None:
         cap = len(self.last_step)
         if n > cap:
-            new = max(n, cap + cap // 4)
+            # doubling (a run's requests arrive in batches: a few copies, not dozens), up to
+            # SPILL_SLOTS (past it the carry is paged); each slot written once: old or default
+            new = max(n, min(2 * cap, SPILL_SLOTS))
             for k, (dt, v) in self.FIELDS.items():
                 a = getattr(self, k)
-                b = np.full(new, v, dtype=dt)
+                b = np.empty(new, dtype=dt)
                 b[:cap] = a
+                b[cap:] = v
                 setattr(self, k, b)
         self.n = n

@@ -69,13 +69,14 @@ class RequestIds:
         got = self._lookup([name], *_encode([name]), h)
         return int(got[0])
 
-    def index(self, names: list[str]) -> np.ndarray:
+    def index(self, names: list[str], encoded: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
         """Slots of `names` (int64 [len(names)]); ids not seen before get new slots, each
-        once, in order of first appearance."""
+        once, in order of first appearance. `encoded`: _encode(names) when the caller has
+        it already (an Arrow string column's buffers: arrow_encoded)."""
         L = len(names)
         if L == 0:
             return np.zeros(0, dtype=I64)
-        blob, off = _encode(names)
+        blob, off = _encode(names) if encoded is None else encoded
         h = np.fromiter(map(hash, names), dtype=I64, count=L)
         if self._table is None and (kern := compiled.kernels(KERNELS, rows=self.n + L)) is not None:
             levels = self._levels or [(np.zeros(0, dtype=I64),) * 2]
@@ -231,6 +232,21 @@ def _encode(names: list[str]) -> tuple[np.ndarray, np.ndarray]:
     off = np.zeros(len(names) + 1, dtype=I64)
     np.cumsum(lens, out=off[1:])
     return np.frombuffer(blob, dtype=np.uint8), off
+
+
+def arrow_encoded(arr) -> tuple[np.ndarray, np.ndarray] | None:
+    """_encode's (bytes, offsets) of a pyarrow string array without nulls, read from its
+    buffers (Arrow strings are UTF-8: the bytes _encode gives), or None: call _encode."""
+    import pyarrow as pa
+    if arr.null_count or not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+        return None
+    n = len(arr)
+    _, ob, db = arr.buffers()
+    ot = np.int32 if pa.types.is_string(arr.type) else I64
+    o = np.frombuffer(ob, dtype=ot, count=n + 1, offset=arr.offset * np.dtype(ot).itemsize)
+    lo, hi = int(o[0]), int(o[n])
+    blob = np.frombuffer(db, dtype=np.uint8, count=hi - lo, offset=lo) if hi > lo else np.zeros(0, np.uint8)
+    return blob, o.astype(I64) - lo
 
 
 def _same_bytes(a: np.ndarray, aoff: np.ndarray, ai: np.ndarray,

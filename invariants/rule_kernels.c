@@ -283,3 +283,26 @@ i64 token_limit_bad(i64 R, i64 M, i64 eos, const i64 *out_before, const i64 *com
              | ((i64)((uint64_t)out_before[r] + (uint64_t)commit_n[r]) > M)
              | (!finished[r] & ((i64)((uint64_t)out_before[r] + (uint64_t)commit_n[r]) >= M))))
 }
+
+/* SA402: any row with a previous step, step = prev_step + 1 (wrapping in prev_step's
+   width, as numpy adds) and seq_len != prev_seq_end. [R] each. */
+i64 seq_len_bad_p32(i64 R, const i64 *step, const u8 *has_prev, const i32 *prev_step, const i64 *seq_len,
+                    const i64 *prev_seq_end)
+{
+    ANY_ROW((has_prev[r] != 0) & (step[r] == (i64)(i32)((uint32_t)prev_step[r] + 1u))
+            & (seq_len[r] != prev_seq_end[r]))
+}
+i64 seq_len_bad_p64(i64 R, const i64 *step, const u8 *has_prev, const i64 *prev_step, const i64 *seq_len,
+                    const i64 *prev_seq_end)
+{
+    ANY_ROW((has_prev[r] != 0) & (step[r] == (i64)((uint64_t)prev_step[r] + 1u))
+            & (seq_len[r] != prev_seq_end[r]))
+}
+
+/* SA307: any path_ok row whose commit differs from the path's tokens (mis_at >= 0), or
+   an unfinished one whose commit is shorter than the path (commit_n < path_len). [R] each. */
+i64 committed_tokens_bad(i64 R, const u8 *path_ok, const u8 *finished, const i64 *commit_n, const i64 *path_len,
+                         const i64 *mis_at)
+{
+    ANY_ROW((path_ok[r] != 0) & ((mis_at[r] >= 0) | ((finished[r] == 0) & (commit_n[r] < path_len[r]))))
+}

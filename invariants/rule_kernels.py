@@ -34,6 +34,8 @@ run to their end (no early exit: they vectorise), the batch stops at a bad row.
   eos_inside_commit                               SA308 (nothing committed after EOS)
   children_over_topk / _chain                     SA105 (children of a node <= topk)
   token_limit_bad                                 SA311 (max_new_tokens ends the output)
+  seq_len_bad                                     SA402 (seq_len where the previous step ended)
+  committed_tokens_bad                            SA307 (the commit is the path's tokens + bonus)
 """
 from __future__ import annotations
 
@@ -59,11 +61,12 @@ _ROOT_PARENT = bind(_LIB, "root_parent_bad", "i b l", True)
 _ROOT_CONTINUITY = bind(_LIB, "root_continuity_bad", "i i b l w w l l w l", True)
 _HASH = bind(_LIB, "hash_differs", "i q u", True)
 _STEP = {c: bind(_LIB, f"step_bad_p{_BITS[c]}", f"i l b {c}", True) for c in _BITS}
+_SEQ_LEN = {c: bind(_LIB, f"seq_len_bad_p{_BITS[c]}", f"i l b {c} l l", True) for c in _BITS}
 # the per-row tests (one blocked pass over sorted rows): C name -> its argument codes
 _ROW = {name: bind(_LIB, name, spec, True) for name, spec in (
     ("commit_len_bad", "i l l b"), ("path_depth_bad", "i l l"), ("eos_inside_commit", "i l l"),
     ("children_over_topk", "i b l l"), ("children_over_topk_chain", "i b l l"),
-    ("token_limit_bad", "i i i l l l b b b"))}
+    ("token_limit_bad", "i i i l l l b b b"), ("committed_tokens_bad", "i b b l l l"))}
 _I64 = np.iinfo(np.int64)
 
 
@@ -238,3 +241,22 @@ def token_limit_bad(M, eos, out_before, commit_n, commit_last, contiguous, path_
         return True
     return bool(_ROW["token_limit_bad"](len(commit_n), M, eos, out_before, commit_n, commit_last, contiguous,
                                         path_ok, finished))
+
+
+def seq_len_bad(step, has_prev, prev_step, seq_len, prev_seq_end):
+    """SA402: any has_prev row with step == prev_step + 1 and seq_len != prev_seq_end.
+    step, seq_len, prev_seq_end [R] int64, has_prev [R] bool, prev_step [R] int32 or
+    int64 (+ 1 wraps in its width, as numpy's) -> bool."""
+    c = _POS.get(prev_step.dtype)
+    if c is None or not _i64(step, seq_len, prev_seq_end):
+        return True
+    return bool(_SEQ_LEN[c](len(step), step, has_prev, prev_step, seq_len, prev_seq_end))
+
+
+def committed_tokens_bad(path_ok, finished, commit_n, path_len, mis_at):
+    """SA307: any path_ok row with mis_at >= 0, or unfinished with commit_n < path_len
+    (and mis_at < 0, the other case). path_ok, finished [R] bool; commit_n, path_len,
+    mis_at [R] int64 -> bool."""
+    if not _i64(commit_n, path_len, mis_at):
+        return True
+    return bool(_ROW["committed_tokens_bad"](len(commit_n), path_ok, finished, commit_n, path_len, mis_at))

@@ -91,6 +91,23 @@ def test_a_library_is_built_once_per_source_and_rebuilt_when_it_changes(monkeypa
     assert lib2.k(41) == 43 and len(list((tmp_path / "cache").glob("k_once-*.so"))) == 2
 
 
+def test_the_tuning_flags_are_dropped_when_refused_and_the_cpu_is_in_the_key(monkeypatch, tmp_path):
+    """TUNE (-march=native ...): a compiler refusing them builds with CFLAGS alone; the
+    CPU's flags are part of the cache key (a cache shared by other CPUs never loads it)."""
+    monkeypatch.setenv("SPECAUDIT_KERNEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(compiled, "_LIBS", {})
+    monkeypatch.setattr(compiled, "TUNE", ("-fno-such-flag-specaudit",))
+    src = tmp_path / "k_tune.c"
+    src.write_text("#include <stdint.h>\nint64_t k(int64_t x) { return x * 3; }\n")
+    lib = compiled.library(src)
+    lib.k.restype, lib.k.argtypes = ctypes.c_int64, [ctypes.c_int64]
+    assert lib.k(14) == 42
+    monkeypatch.setattr(compiled, "_LIBS", {})
+    monkeypatch.setattr(compiled, "_cpu", lambda: "flags : another cpu")
+    compiled.library(src)
+    assert len(list((tmp_path / "cache").glob("k_tune-*.so"))) == 2
+
+
 def test_a_source_that_does_not_compile_says_the_compilers_words(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECAUDIT_KERNEL_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(compiled, "_LIBS", {})

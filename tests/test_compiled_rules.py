@@ -22,7 +22,7 @@ from specaudit.trace.synth import synth_run_rows
 
 KERNELS = "specaudit.invariants.rule_kernels"
 CODES = ("SA201", "SA304", "SA305", "SA103", "SA403", "SA202", "SA102", "SA401", "SA301", "SA302", "SA308", "SA105",
-         "SA311")
+         "SA311", "SA402", "SA307")
 MAX_NEW = 48   # synth_run_rows' max_new_tokens: SA311 is asked only when the frame knows it
 TRACE_RULES = [r for r in all_rules() if r.scope != "source"]
 
@@ -121,6 +121,10 @@ def _answer(code, f, kern):
     if code == "SA311":
         return kern.token_limit_bad(f.max_new_tokens, f.eos_id, f.out_before, f.commit_n, f.commit_last,
                                     f.contiguous, f.path_ok, f.finished)
+    if code == "SA402":
+        return kern.seq_len_bad(f.step, f.has_prev, f.prev_step, f.seq_len, f.prev_seq_end)
+    if code == "SA307":
+        return kern.committed_tokens_bad(f.path_ok, f.finished, f.commit_n, f.path_len, f.commit_mismatch_at)
     if code == "SA304":
         if not len(f.path) or not ok.any():
             return None
@@ -276,7 +280,7 @@ def test_one_bad_row_at_the_end_of_a_big_batch(algo, n_nodes, small_batches):
                        ("root_parent", "SA103"), ("root_token", "SA403"), ("mask_hash", "SA202"),
                        ("budget", "SA102"), ("step_gap", "SA401"), ("commit_len", "SA301"),
                        ("accepted_depth", "SA302"), ("eos_inside", "SA308"), ("topk", "SA105"),
-                       ("finish_early", "SA311")):
+                       ("finish_early", "SA311"), ("seq_len", "SA402"), ("commit_token", "SA307")):
         assert code in _agree(pa.RecordBatch.from_pylist(_corrupt(rng, rows, kind, last=True), schema=schema),
                               small_batches), kind
 

@@ -67,3 +67,42 @@ def test_empty_and_repeated():
     assert ids.index(["b", "c"]).tolist() == [1, 2]
     with pytest.raises(IndexError):
         ids[3]
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_arrow_buffers_give_the_encoded_ids(large):
+    """arrow_encoded (the requests table's id column read from its buffers, no _encode):
+    the same bytes and offsets as _encode, for slices too, and the same slots."""
+    import pyarrow as pa
+    rng = random.Random(3)
+    names = [rng.choice(POOL[:-1]) for _ in range(500)]   # Arrow strings are UTF-8: no lone surrogate
+    arr = pa.array(names, type=pa.large_string() if large else pa.string())
+    for a, want in ((arr, names), (arr.slice(7, 300), names[7:307]), (arr.slice(500), [])):
+        blob, off = request_ids.arrow_encoded(a)
+        rb, ro = request_ids._encode(want)
+        assert blob.tobytes() == rb.tobytes() and off.dtype == np.int64 and off.tolist() == ro.tolist()
+    with_enc, plain, d = RequestIds(), RequestIds(), {}
+    for lo in range(0, 500, 100):
+        part = arr.slice(lo, 100)
+        got = with_enc.index(names[lo: lo + 100], request_ids.arrow_encoded(part)).tolist()
+        assert got == plain.index(names[lo: lo + 100]).tolist() == dict_index(d, names[lo: lo + 100]).tolist()
+    assert with_enc[:] == plain[:]
+    assert request_ids.arrow_encoded(pa.array(["a", None])) is None          # a null id: "None", _encode's
+    assert request_ids.arrow_encoded(pa.array(["a"]).dictionary_encode()) is None
+
+
+def test_carry_growth_keeps_values_and_defaults():
+    """Carry._grow (doubling, up to SPILL_SLOTS): slots kept, new slots at each field's default."""
+    from specaudit.invariants.carry import SPILL_SLOTS, Carry
+    c = Carry()
+    c.index([f"q{i}" for i in range(1000)])
+    c.out_len[:1000] = np.arange(1000)
+    c.seen[:1000] = True
+    c.index([f"q{i}" for i in range(5000)])
+    assert c.n == 5000 and len(c.out_len) >= 5000
+    assert c.out_len[:1000].tolist() == list(range(1000)) and c.seen[:1000].all()
+    for k, (dt, v) in Carry.FIELDS.items():
+        a = getattr(c, k)
+        assert a.dtype == dt and (a[1000:] == v).all() and (k in ("out_len", "seen") or (a[:1000] == v).all())
+    c.index([f"q{i}" for i in range(SPILL_SLOTS)])
+    assert len(c.last_step) == SPILL_SLOTS and not c.paged

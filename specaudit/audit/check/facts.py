@@ -25,6 +25,7 @@ from specaudit.invariants import compiled
 from specaudit.invariants.arrow import list_local_index
 from specaudit.invariants.carry import Carry, token_mix
 from specaudit.invariants.frame import list_lengths, list_parts, list_values, to_np
+from specaudit.invariants.request_ids import arrow_encoded
 from specaudit.invariants.spill import SpillDir
 
 REQUEST_BATCH_ROWS = 8192   # request rows per batch: each holds whole outputs
@@ -56,7 +57,9 @@ def batch_facts(b, carry: Carry, eos_id: int) -> dict:
 
     names = b.schema.names
     col = {n: b.column(i) for i, n in enumerate(names)}
-    idx = carry.index(_request_id_strings(col["request_id"]))
+    rid = col["request_id"]
+    rid = rid.combine_chunks() if isinstance(rid, pa.ChunkedArray) else rid
+    idx = carry.index(_request_id_strings(rid), arrow_encoded(rid))
     put("idx", idx)
     R = b.num_rows
     plen = list_lengths(col["prompt_tokens"])
