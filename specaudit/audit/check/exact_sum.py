@@ -11,6 +11,11 @@ import math
 import numpy as np
 
 
+# below this many values the per-exponent sums go through np.bincount's float64 sums,
+# exact while they stay under 2^53 (n * 2^27); past it through a sort by exponent
+BINCOUNT_MAX = 1 << 26
+
+
 def exact_sum_partials(values, partials=()) -> list:
     """Floats whose exact sum is the exact sum of `values` (and of the given partials):
     math.fsum over any concatenation of them rounds once.
@@ -31,7 +36,7 @@ def _exact_sum_int(x: np.ndarray) -> list | None:
     values are out of the range this handles (non-finite, or tiny/huge exponents).
 
     Each x = M * 2^(e-53) with integer |M| < 2^53 (frexp). M splits into a high and a
-    low part below 2^27 each, summed per exponent in int64 (exact for < 2^36 values);
+    low part below 2^27 each, summed per exponent (exact for < 2^36 values);
     the per-exponent sums are added exactly as Python integers, S * 2^(emin-53); S is
     then peeled into floats, each the rounding of what is left, until nothing is."""
     if len(x) == 0:
@@ -47,16 +52,24 @@ def _exact_sum_int(x: np.ndarray) -> list | None:
     emin, emax = int(e.min()), int(e.max())
     if emin < -900 or emax > 900 or emax - emin > 4096:
         return None
-    order = np.argsort(e, kind="stable")
-    es = e[order]
-    starts = np.flatnonzero(np.r_[True, es[1:] != es[:-1]])
-    hi = M[order] >> 26                                 # floor: M = hi * 2^26 + lo, 0 <= lo < 2^26
-    lo = M[order] - (hi << 26)
-    his = np.add.reduceat(hi, starts)
-    los = np.add.reduceat(lo, starts)
+    idx = e - emin                                      # [n] exponent bins, 0..4096
+    hi = M >> 26                                        # floor: M = hi * 2^26 + lo, 0 <= lo < 2^26
+    lo = M - (hi << 26)
+    if len(M) < BINCOUNT_MAX:
+        # per-exponent sums by bincount, no sort: its float64 running sums stay integers
+        # of magnitude < n * 2^27 < 2^53, so every addition is exact
+        his = np.bincount(idx, weights=hi.astype(np.float64))
+        los = np.bincount(idx, weights=lo.astype(np.float64))
+        bins = np.flatnonzero((his != 0) | (los != 0))
+        sums = zip(bins.tolist(), his[bins].astype(np.int64).tolist(), los[bins].astype(np.int64).tolist())
+    else:                                               # int64 sums per run of equal exponents
+        order = np.argsort(idx, kind="stable")
+        es = idx[order]
+        starts = np.flatnonzero(np.r_[True, es[1:] != es[:-1]])
+        sums = zip(es[starts].tolist(), np.add.reduceat(hi[order], starts).tolist(),
+                   np.add.reduceat(lo[order], starts).tolist())
     S = 0
-    for ex, h, low in zip(es[starts].tolist(), his.tolist(), los.tolist(), strict=True):
-        sh = ex - emin
+    for sh, h, low in sums:
         S += (h << (sh + 26)) + (low << sh)
     k = emin - 53                                       # exact sum = S * 2^k
     out = []
