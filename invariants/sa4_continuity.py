@@ -250,14 +250,16 @@ class FinishReason(Rule):
         use = q.has_row & ~q.null_slot
         if not use.any():
             return None
-        reason = q.finish_reason
-        known = np.isin(reason.astype(str), ["eos", "length", "abort"])
+        reason = q.finish_reason                  # [R] object: str or None
+        # one comparison per reason (an object array compares value by value in Python)
+        is_eos, is_len, is_abort = (reason == "eos"), (reason == "length"), (reason == "abort")
+        known = is_eos | is_len | is_abort
         M = q.max_new_tokens
-        eos_bad = (reason == "eos") & (q.output_last != q.eos_id)
-        len_bad = (reason == "length") & (q.output_len != M) if M is not None else np.zeros(q.R, bool)
+        eos_bad = is_eos & (q.output_last != q.eos_id)
+        len_bad = is_len & (q.output_len != M) if M is not None else np.zeros(q.R, bool)
         inside = q.eos_inside >= 0
-        not_fin = q.complete & q.has_steps & (reason != "abort") & ~q.last_finished
-        nosteps = q.complete & ~q.has_steps & (reason != "abort") & (q.output_len != 1)
+        not_fin = q.complete & q.has_steps & ~is_abort & ~q.last_finished
+        nosteps = q.complete & ~q.has_steps & ~is_abort & (q.output_len != 1)
         bad = use & (~known | eos_bad | len_bad | inside | not_fin | nosteps)
         what = np.full(q.R, "", dtype=object)
         for i in np.flatnonzero(bad):
