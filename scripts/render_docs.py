@@ -29,9 +29,16 @@ FIXTURES = ROOT / "tests" / "fixtures" / "engines"
 
 # ------------------------------------------------------------------ benchmarks
 # the checker's figures, chain (check) and tree (check_tree) alike
-CHECK_KEYS = [("steps", "steps"), ("steps_per_s", "steps/s (wall)"), ("steps_per_cpu_s", "steps per CPU second"),
+CHECK_KEYS = [("steps", "steps"), ("steps_per_s", "steps/s (wall; the median of the checks below)"),
+              ("seconds_runs", "measured checks, each a fresh process: seconds"),
+              ("steps_per_cpu_s", "steps per CPU second"),
               ("decode_steps_per_s", "decode limit, steps/s"), ("of_decode_limit", "share of the decode limit (wall)"),
-              ("of_decode_limit_cpu", "share of the decode limit (CPU)"), ("peak_rss_mb", "peak RSS, MB"),
+              ("of_decode_limit_cpu", "share of the decode limit (CPU)"),
+              ("of_decode_limit_ceiling", "share of the decode limit this CPU allows at most (every core busy)"),
+              ("peak_rss_mb", "peak RSS, MB"),
+              ("kernels", "compiled kernels used"), ("first_check_seconds", "first check on the machine (builds them), s"),
+              ("numpy_steps_per_s", "numpy alone (SPECAUDIT_COMPILED=0), steps/s"),
+              ("compiled_over_numpy", "compiled over numpy alone (wall)"),
               ("stages", "where the check's main thread spends its time (an instrumented second check)")]
 # (name of docs/benchmarks/<name>.json, title, script, what it measures, [(figure key, label)]).
 # Every key listed is required in the JSON's "figures"; null means withheld (busy machine).
