@@ -300,7 +300,8 @@ def main(argv=None) -> int:
             out.update(steps_large=big["steps"], requests_large=big["requests"],
                        peak_rss_mb_large=round(big["peak_rss_mb"], 1),
                        rss_large_over_small=round(big["peak_rss_mb"] / chk["peak_rss_mb"], 3))
-        print(json.dumps(guard_ratios(out, ["speedup", "of_decode_limit", "of_decode_limit_ceiling", "compiled_over_numpy"])))
+        ratios = ["speedup", "of_decode_limit", "of_decode_limit_ceiling", "compiled_over_numpy"]
+        print(json.dumps(guard_ratios(out, ratios)))
         record("check", out, args.json_out)
     finally:
         if tmp is not None:

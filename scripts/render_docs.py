@@ -36,7 +36,8 @@ CHECK_KEYS = [("steps", "steps"), ("steps_per_s", "steps/s (wall; the median of 
               ("of_decode_limit_cpu", "share of the decode limit (CPU)"),
               ("of_decode_limit_ceiling", "share of the decode limit this CPU allows at most (every core busy)"),
               ("peak_rss_mb", "peak RSS, MB"),
-              ("kernels", "compiled kernels used"), ("first_check_seconds", "first check on the machine (builds them), s"),
+              ("kernels", "compiled kernels used"),
+              ("first_check_seconds", "first check on the machine (builds them), s"),
               ("numpy_steps_per_s", "numpy alone (SPECAUDIT_COMPILED=0), steps/s"),
               ("compiled_over_numpy", "compiled over numpy alone (wall)"),
               ("stages", "where the check's main thread spends its time (an instrumented second check)")]

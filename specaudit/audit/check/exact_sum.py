@@ -10,7 +10,6 @@ import math
 
 import numpy as np
 
-
 # below this many values the per-exponent sums go through np.bincount's float64 sums,
 # exact while they stay under 2^53 (n * 2^27); past it through a sort by exponent
 BINCOUNT_MAX = 1 << 26
