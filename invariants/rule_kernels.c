@@ -137,27 +137,39 @@ i64 path_chain_bad(i64 R, i64 N0, const u8 *ok, const i64 *path_len, const i64 *
     BY_N0(path_chain_bad_n, R, ok, path_len, inv, tok, arg)
 }
 
-/* SA305 on a uniform-N batch of known shapes: any ok row whose path's last node has a
-   child c with tok[b, c] == arg[b, last] (the bonus). children [U, N0, K]: each node's
-   children ascending, -1 after the last; ids as in positions_bad_uniform. */
-i64 path_not_maximal_table(i64 R, i64 N0, i64 K, const u8 *ok, const i32 *path, const i64 *path_start,
-                           const i64 *path_len, const i64 *inv, i64 n_ids, const i64 *ids,
-                           const i64 *children, const i32 *tok, const i32 *arg)
+/* SA304 and SA305 on a uniform-N batch of known shapes, in one pass over each ok row's
+   path and its [N0] blocks of tok and arg (both rules read them): SA304 as
+   path_argmax_bad (a path entry k >= 1 whose node's token differs from the argmax at
+   entry k - 1's node), SA305: the path's last node has a child c with tok[b, c] ==
+   arg[b, last] (the bonus); children [U, N0, K] each node's children ascending, -1
+   after the last; ids as in positions_bad_uniform. Block b is batch row b, so the
+   row's start is b * N0. Returns bit 1 for SA304, 2 for SA305. */
+i64 path_tree_bad(i64 R, i64 N0, i64 K, const u8 *ok, const i32 *path, const i64 *path_start,
+                  const i64 *path_len, const i64 *inv, i64 n_ids, const i64 *ids,
+                  const i64 *children, const i32 *tok, const i32 *arg)
 {
-    for (i64 b = 0; b < R; b++) {
-        i64 r = inv[b];
-        if (!ok[r]) continue;
-        i64 last = path[path_start[r] + path_len[r] - 1];
-        i32 bonus = arg[b * N0 + last];
-        const i64 *ch = children + ((n_ids == 0 ? 0 : ids[b]) * N0 + last) * K;
-        int bad = 0;
-        for (i64 k = 0; k < K; k++) {
-            i64 c = ch[k];
-            bad |= (c >= 0) & (tok[b * N0 + (c > 0 ? c : 0)] == bonus);
+    i64 found = 0;
+    for (i64 b0 = 0; b0 < R; b0 += BLOCK) {
+        i64 e = b0 + BLOCK < R ? b0 + BLOCK : R;
+        int argmax_bad = 0, not_maximal = 0;
+        for (i64 b = b0; b < e; b++) {
+            i64 r = inv[b];
+            if (!ok[r]) continue;
+            const i32 *t = tok + b * N0, *a = arg + b * N0, *pa = path + path_start[r];
+            i64 L = path_len[r];
+            for (i64 k = 1; k < L; k++) argmax_bad |= a[pa[k - 1]] != t[pa[k]];
+            i64 last = pa[L - 1];
+            i32 bonus = a[last];
+            const i64 *ch = children + ((n_ids == 0 ? 0 : ids[b]) * N0 + last) * K;
+            for (i64 k = 0; k < K; k++) {
+                i64 c = ch[k];
+                not_maximal |= (c >= 0) & (t[c > 0 ? c : 0] == bonus);
+            }
         }
-        if (bad) return 1;
+        found |= (argmax_bad ? 1 : 0) | (not_maximal ? 2 : 0);
+        if (found == 3) break;
     }
-    return 0;
+    return found;
 }
 
 /* SA305 on any batch: any ok row whose path's last node has a child (a later node whose

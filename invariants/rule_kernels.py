@@ -21,9 +21,9 @@ Node indices in path and parent_in_row are local to their row. Inner loops over 
 run to their end (no early exit: they vectorise), the batch stops at a bad row.
 
   positions_bad_chain / _uniform / _parents      SA201 (positions = seq_len + depth)
-  path_chain_bad                                  SA304 and SA305 on chains, one pass
+  path_chain_bad / path_tree_bad                  SA304 and SA305 on chains / known shapes, one pass
   path_argmax_bad                                 SA304 (path follows the argmax)
-  path_not_maximal_table / path_not_maximal       SA305 (no child carries the bonus)
+  path_not_maximal                                SA305 (no child carries the bonus)
   hash_differs                                    SA202 (mask_hash, a batch of chains)
   node_count_bad                                  SA102 (N within the budget)
   root_parent_bad                                 SA103 (the root's parent is -1)
@@ -54,8 +54,8 @@ _CHAIN = {(p, q): bind(_LIB, f"positions_bad_chain_p{_BITS[p]}_s{_BITS[q]}", f"i
 _PARENTS = {c: bind(_LIB, f"positions_bad_parents_p{_BITS[c]}", f"i {c} l l l l l ol", True) for c in _BITS}
 _ARGMAX = bind(_LIB, "path_argmax_bad", "i b w l l l w w l", True)
 _PATH_CHAIN = bind(_LIB, "path_chain_bad", "i i b l l w w", True)
-_MAXIMAL_TABLE = bind(_LIB, "path_not_maximal_table", "i i i b w l l l i l l w w", True)
 _MAXIMAL = bind(_LIB, "path_not_maximal", "i b w l l l l l w w l", True)
+_PATH_TREE = bind(_LIB, "path_tree_bad", "i i i b w l l l i l l w w", True)
 _NODE_COUNT = bind(_LIB, "node_count_bad", "i l l l b", True)
 _ROOT_PARENT = bind(_LIB, "root_parent_bad", "i b l", True)
 _ROOT_CONTINUITY = bind(_LIB, "root_continuity_bad", "i i b l w w l l w l", True)
@@ -138,23 +138,25 @@ def path_chain_bad(ok, path_len, inv, tok, arg):
     return bool(found & 1), bool(found & 2)
 
 
-def path_not_maximal_table(ok, path, path_start, path_len, inv, ids, children, tok, arg):
-    """SA305 on a uniform-N batch of known shapes: any ok row whose path's last node L
-    has a child c with tok[b, c] == arg[b, L] (the bonus). ok [R] bool (sorted rows: a
-    valid walk of at least one entry, not sampled), path [P], path_start, path_len, inv
-    [R], ids [R] (batch row -> shape; empty: every row is shape 0), children [U, N0, K]
-    (each node's children ascending, -1 after the last), tok, arg [R, N0] -> bool."""
+def path_tree_bad(ok, path, path_start, path_len, inv, ids, children, tok, arg):
+    """SA304 and SA305 on a uniform-N batch of known shapes, one pass -> (SA304: as
+    path_argmax_bad; SA305: any ok row whose path's last node L has a child c with
+    tok[b, c] == arg[b, L], the bonus). ok [R] bool (sorted rows: a valid walk of at least
+    one entry, not sampled), path [P], path_start, path_len, inv [R], ids [R] (batch row
+    -> shape; empty: every row is shape 0), children [U, N0, K] (each node's children
+    ascending, -1 after the last), tok, arg [R, N0]."""
     if not _i32(path, tok, arg):
-        return True
+        return True, True
     R, N0 = tok.shape
-    return bool(_MAXIMAL_TABLE(R, N0, children.shape[2], ok, path, path_start, path_len, inv, len(ids), ids,
-                               children, tok, arg))
+    found = _PATH_TREE(R, N0, children.shape[2], ok, path, path_start, path_len, inv, len(ids), ids,
+                       children, tok, arg)
+    return bool(found & 1), bool(found & 2)
 
 
 def path_not_maximal(ok, path, path_start, path_len, start, n, parent_in_row, tokens, argmax, inv):
     """SA305 on any batch: any ok row whose path's last node L has a child (a later node
     whose safe parent, parent_in_row [T], is L) carrying argmax at L. ok [R] bool as in
-    path_not_maximal_table, path [P], path_start, path_len, start, n [R], tokens, argmax
+    path_tree_bad, path [P], path_start, path_len, start, n [R], tokens, argmax
     [T], inv [R] (rows visited in batch order) -> bool."""
     if not _i32(path, tokens, argmax):
         return True

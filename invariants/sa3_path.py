@@ -256,6 +256,8 @@ def _path_argmax_bad(kern, f, ok) -> bool:
     (an ok row's path is 0, 1, 2, ..: no path entry read), any other by its path."""
     if f.uniform_n and f.chain_shaped.all():   # (chain_shaped: set by the frame for a uniform batch)
         return _chain_answers(kern, f, ok)[0]
+    if f.uniform_n and f.__dict__.get("_shapes") is not None:
+        return _tree_answers(kern, f, ok)[0]
     return kern.path_argmax_bad(ok, f.path, f.path_start, f.path_len, f.start, f.argmax, f.tokens, f.inv)
 
 
@@ -271,19 +273,29 @@ def _chain_answers(kern, f, ok) -> tuple[bool, bool]:
     return got
 
 
+def _tree_answers(kern, f, ok) -> tuple[bool, bool]:
+    """(SA304's, SA305's) answers on a uniform-N batch of shapes the frame grouped already:
+    one pass over each row's path and its tokens and argmax (path_tree_bad), made by the
+    first of the two rules to ask and kept on the frame for the other (same ok)."""
+    got = f.__dict__.get("_path_tree_answers")
+    if got is None:
+        R = f.R
+        got = kern.path_tree_bad(ok, f.path, f.path_start, f.path_len, f.inv, f._shapes[0], f.shape_children,
+                                 f.tokens.reshape(R, -1), f.argmax.reshape(R, -1))
+        f.__dict__["_path_tree_answers"] = got
+    return got
+
+
 def _path_not_maximal(kern, f, ok) -> bool:
     """SA305's mask has a hit (compiled): a uniform-N batch of chains (the next node is the
     only child) or of shapes the frame grouped already (by their children tables), any
     other by the safe parents."""
     if f.uniform_n:
-        R = f.R
-        tok, arg = f.tokens.reshape(R, -1), f.argmax.reshape(R, -1)
         if f.chain_shaped.all():   # (set by the frame for a uniform batch: no cost)
             return _chain_answers(kern, f, ok)[1]
         shapes = f.__dict__.get("_shapes")   # grouped by the frame when every row is ok
         if shapes is not None:
-            return kern.path_not_maximal_table(ok, f.path, f.path_start, f.path_len, f.inv, shapes[0],
-                                               f.shape_children, tok, arg)
+            return _tree_answers(kern, f, ok)[1]
     return kern.path_not_maximal(ok, f.path, f.path_start, f.path_len, f.start, f.n, f.parent_in_row,
                                  f.tokens, f.argmax, f.inv)
 
