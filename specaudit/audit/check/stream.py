@@ -289,9 +289,11 @@ def open_requests(rf: RunFiles, result: CheckResult, batch_rows: int):
                 result_bad(result, path, f"unreadable after {n} rows: {_parquet_reason(e)}", rf.run_id)
                 return
             result.files_checked.append(str(path))
-    # a big table decodes on a thread of its own, a few batches ahead of request_facts
-    # (the caller's thread): Parquet decoding (GIL released) overlaps the facts arithmetic
-    if sum(file_size(p) for p, _ in opened) >= SMALL_RUN_BYTES:
+    # the table of a big run decodes on a thread of its own, a few batches ahead of
+    # request_facts (the caller's thread): Parquet decoding (GIL released) overlaps the
+    # facts arithmetic. Big by the whole run's files, as the step reader decides: a table
+    # just under the size, of a run of hundreds of MB, was decoded on the caller's thread
+    if sum(file_size(p) for p in (*rf.step_files, *rf.request_files)) >= SMALL_RUN_BYTES:
         return _ReadAhead(gen(), depth=4), state
     return gen(), state
 
