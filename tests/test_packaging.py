@@ -13,12 +13,16 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
-    out = tmp_path_factory.mktemp("wheel")
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                        "-q", "-w", str(out), str(REPO)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    (whl,) = out.glob("specaudit-*.whl")
-    return whl
+    """The wheel built from a copy of the sources (scripts/base_install.py), never in the
+    checkout: an in-tree build writes build/ there, where another build (a second worker,
+    or README command 1's `pip install .`) collided with it ("File exists: build/bdist...")
+    and a stale build/lib would ship modules deleted since."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import base_install
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    return base_install.build_wheel(tmp_path_factory.mktemp("wheel"))
 
 
 def test_wheel_contents(wheel):
