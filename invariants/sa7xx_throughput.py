@@ -10,6 +10,7 @@ and the two are compared directly.
 from __future__ import annotations
 
 import math
+from statistics import median
 
 from specaudit.audit.observed_throughput import MIN_WINDOWS, STEP_RATE_FACTOR, lines, split_by_step_rate  # noqa: F401  (re-exported for the tests)
 
@@ -83,7 +84,10 @@ class AcceptLenVsThroughput(SourceRule):
     its throughput estimate.
 
     Why: throughput is measured by the clock, not by the counter under audit. If the
-    counter moves while tokens/s stay put, the counter is wrong somewhere. Which lines
+    counter moves while tokens/s stay put, the counter is wrong somewhere. A gap the
+    tokens/s carry more than the counter does (the accept len moved by less than the
+    square root of the gap: a busy host, a slower phase) says nothing of the counter and
+    is not flagged. Which lines
     are wrong throughput alone cannot say: a majority of lines proves nothing (a
     counter can be wrong most of the time). Without a baseline the finding names both
     groups of lines and what would decide (`specaudit estimate FILE --baseline-tps`, or
@@ -108,6 +112,11 @@ class AcceptLenVsThroughput(SourceRule):
             if sp is None:
                 continue
             lo, hi, factor = sp
+            # the counter must carry the gap: factor = (tps_hi / tps_lo) * (accept_lo / accept_hi),
+            # and when the accept len moved less than the throughput did (at most the square
+            # root of the gap), the tokens/s moved (a busy host, a slower phase), not the counter
+            if median([w.accept_len for w in lo]) / median([w.accept_len for w in hi]) <= math.sqrt(factor):
+                continue
             tps = mean([w.gen_tps for w in ws])
             conc = mean([w.concurrency for w in ws])
             ctx = f"{'' if graph is None else ', cuda graph ' + str(graph)}"

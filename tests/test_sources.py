@@ -296,3 +296,31 @@ def test_sglang_honest_random_logs_are_clean(tmp_path):
         f = tmp_path / f"s{trial}.log"
         f.write_text("\n".join(lines) + "\n")
         assert audit_file(f) == [], (trial, [x.message for x in audit_file(f)])
+
+
+def test_sa708_a_throughput_drop_at_a_steady_accept_len_is_no_finding(tmp_path):
+    """SA708 judges the counter: half the tokens/s for the later lines at the same accept
+    len (a busy host, as llama-server showed beside vLLM and Spark in the suite) splits the
+    implied step rates by 2x, but the accept len did not move, so nothing is flagged; the
+    same lines with the accept len doubled instead are still flagged."""
+    import re
+    src = (FIX / "sglang_counter_vs_throughput.log").read_text().splitlines(keepends=True)
+    decode = [i for i, line in enumerate(src) if "Decode batch" in line]
+    late = set(decode[len(decode) // 2:])
+
+    def variant(scale_tps: float, scale_accept: float) -> Path:
+        out = []
+        for i, line in enumerate(src):
+            if "Decode batch" in line:
+                line = re.sub(r"accept len: [0-9.]+", "accept len: 1.80", line)   # a steady counter
+                if i in late:
+                    line = re.sub(r"gen throughput \(token/s\): ([0-9.]+)",
+                                  lambda m: f"gen throughput (token/s): {float(m.group(1)) * scale_tps:.2f}", line)
+                    line = line.replace("accept len: 1.80", f"accept len: {1.8 * scale_accept:.2f}")
+            out.append(line)
+        p = tmp_path / f"v-{scale_tps}-{scale_accept}.log"
+        p.write_text("".join(out))
+        return p
+
+    assert "SA708" not in {f.code for f in audit_file(variant(0.5, 1.0))}
+    assert "SA708" in {f.code for f in audit_file(variant(1.0, 2.0))}
