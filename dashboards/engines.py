@@ -279,7 +279,8 @@ ALERTS = [
           "and on (job, instance, engine, model, rank) specaudit:drafted_tokens:rate > 0", "for_warning",
           "acceptance collapsed below half of its level",
           "{{ $labels.engine }} accept rate fell below half of its mean over the {baseline} before, while "
-          "drafting continues: the drafter or the target changed (or a counter broke)."),
+          "drafting continues: the drafter or the target changed, the prompts changed kind (acceptance depends on "
+          "the text: a loop body is drafted far better than a docstring), or a counter broke."),
     Alert("SpecauditCounterReset", "SA724", "info",
           "specaudit:counter_resets:count > 0", "for_impossible",
           "speculative-decoding counters reset",
