@@ -140,6 +140,48 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=rank)
 
 
+class _GroupsHeld:
+    """A plugin (registered in pytest_configure) so its hook can run last: a conftest holds one
+    pytest_collection_modifyitems, and that one must run first."""
+
+    @pytest.hookimpl(trylast=True)     # after xdist's own hook has put each group in its tests' ids
+    def pytest_collection_modifyitems(self, config, items):
+        _check_groups_held(config, items)
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(_GroupsHeld(), "specaudit-groups-held")
+    if "PYTEST_XDIST_WORKER" in os.environ or getattr(config.option, "dist", "no") != "loadgroup":
+        return
+    import importlib.metadata as md
+
+    from packaging.version import Version
+    xd = md.version("pytest-xdist")
+    # the worker's check below stops such a run too, but xdist shows that only as an INTERNALERROR
+    if Version(pytest.__version__) >= Version("9.2.0.dev0") and Version(xd) <= Version("3.8.0"):
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} with pytest-xdist {xd}: --dist loadgroup groups nothing "
+            "(pytest-xdist#1386), so each worker would build every module's fleet of servers. "
+            "Install the versions pyproject.toml's test extra pins: python3 -m pip install 'pytest<9.2'")
+
+
+def _check_groups_held(config, items):
+    """On an xdist worker under --dist loadgroup, every test with an xdist_group mark must carry
+    its group in its id ("...@group"): the scheduler groups by that suffix alone. With pytest 9.2
+    and pytest-xdist 3.8 the rename is silently lost (pytest-xdist#1386), the module fleets are
+    built once per worker (four vLLM fleets at once ran the machine out of memory), so the run
+    stops here, naming the versions."""
+    if "PYTEST_XDIST_WORKER" not in os.environ or not config.getvalue("loadgroup"):
+        return
+    lost = [it.nodeid for it in items if any(it.iter_markers("xdist_group")) and "@" not in it.nodeid]
+    if lost:
+        import importlib.metadata as md
+        pytest.exit(
+            f"pytest-xdist's --dist loadgroup did not group {len(lost)} tests (first: {lost[0]}) under pytest "
+            f"{pytest.__version__} with pytest-xdist {md.version('pytest-xdist')}: each worker would build every "
+            "module's fleet. Install the versions pyproject.toml's test extra pins (pytest<9.2).", returncode=4)
+
+
 # Timing-sensitive tests (marked `alone`: a verdict that rests on wall-clock throughput) run while
 # the other workers wait: every test passes a gate and holds a shared lock on the cores; an `alone`
 # test holds the gate (no other test starts) and then the cores exclusively (the running ones end
