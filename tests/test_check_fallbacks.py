@@ -91,8 +91,9 @@ def test_a_small_run_is_read_inline(small_run, monkeypatch, caplog):
 
 
 def test_a_big_run_is_read_ahead_with_the_same_findings(small_run, monkeypatch):
-    """Big = at least SMALL_RUN_BYTES of step files; the constant is lowered below this
-    run's size rather than writing 8 MB of trace."""
+    """Big = at least SMALL_RUN_BYTES of the run's files (steps and requests,
+    stream.is_big_run); the constant is lowered below this run's size rather than writing
+    8 MB of trace."""
     inline = _report(C.check_paths([small_run[0]], workers=1))
     calls = _paths(monkeypatch)
     monkeypatch.setattr(stream, "SMALL_RUN_BYTES", small_run[1] // 4)

@@ -151,6 +151,14 @@ def is_big_file(path) -> bool:
     return file_size(path) >= SMALL_RUN_BYTES
 
 
+def is_big_run(rf) -> bool:
+    """Whether a run's files (steps and requests together) are big enough for read-ahead
+    threads: the step reader and the requests table's decoder decide by this one figure (a
+    requests table just under the size, of a run of hundreds of MB, had been decoded on the
+    caller's thread while the steps were read ahead)."""
+    return sum(file_size(p) for p in (*rf.step_files, *rf.request_files)) >= SMALL_RUN_BYTES
+
+
 
 
 _SCHEMAS_OK: dict = {}   # (expected, optional, plain) -> schemas that passed check_table_schema
@@ -291,9 +299,8 @@ def open_requests(rf: RunFiles, result: CheckResult, batch_rows: int):
             result.files_checked.append(str(path))
     # the table of a big run decodes on a thread of its own, a few batches ahead of
     # request_facts (the caller's thread): Parquet decoding (GIL released) overlaps the
-    # facts arithmetic. Big by the whole run's files, as the step reader decides: a table
-    # just under the size, of a run of hundreds of MB, was decoded on the caller's thread
-    if sum(file_size(p) for p in (*rf.step_files, *rf.request_files)) >= SMALL_RUN_BYTES:
+    # facts arithmetic
+    if is_big_run(rf):
         return _ReadAhead(gen(), depth=4), state
     return gen(), state
 
@@ -344,8 +351,7 @@ def check_run(rf: RunFiles, rules, result: CheckResult, batch_rows: int = BATCH_
     steps = iter_step_batches(rf, batch_rows, STEP_READ_COLUMNS)
     # the read-ahead thread pays off only when there is decoding to overlap: a small
     # run is read inline (thread start and hand-offs were most of a tiny run's fixed cost)
-    big = sum(file_size(p) for p in rf.step_files) >= SMALL_RUN_BYTES
-    stream = _recorded_batches(_ReadAhead(steps) if big else steps, result, rf.run_id)
+    stream = _recorded_batches(_ReadAhead(steps) if is_big_run(rf) else steps, result, rf.run_id)
     check_batches(stream, run_id=rf.run_id, manifest=manifest, rules=rules, result=result, requests=requests,
                   complete=lambda: complete and requests is not None and rq_state["ok"] and steps_whole(),
                   incomplete_reason="; ".join(reasons) or None)
