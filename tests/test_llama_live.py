@@ -37,6 +37,7 @@ from llama_live import PROMPTS, LlamaServer, counters, write_jsonl  # noqa: E402
 sys.path.insert(0, str(REPO / "scripts"))
 import llama_gguf as G  # noqa: E402
 import llama_server_build as B  # noqa: E402
+from specaudit.invariants.sa7xx_spans import SPAN_S  # noqa: E402
 
 pytestmark = pytest.mark.slow   # live servers for minutes
 N_PREDICT = 64
@@ -321,11 +322,13 @@ def test_estimate_from_throughput_is_within_10pct_of_the_proven_commit_length(co
 LOAD_S = 300   # the fleet's steady load lasts at most this long (s)
 # The rules' durations for the fleet, production's shape shrunk: the five prompts' acceptance
 # differs up to 6x (0.13 for a docstring, 0.75 for a loop body) and a cycle of them takes about
-# 8 s with three servers on one core (longer on a busy host), so a window holds several cycles
-# (an 8 s window held one or less, and the collapse alert fired on a healthy k6 in CI when two
-# low-acceptance prompts filled it), and a warning holds for a whole window before it fires, as
-# production's 10m does over its 5m windows.
-FLEET_TIMING = dict(window="30s", baseline="60s", for_impossible="2s", for_warning="30s", for_gauge="30s")
+# 8 s with three servers on one core, so a window is the checker's span (SPAN_S, 20 s: two cycles,
+# one on a host twice as busy; a window of two cycles' worst prompts would need one six times as
+# busy), never the 8 s that held one cycle or less: the collapse alert fired on a healthy k6 in CI
+# when two low-acceptance prompts filled such a window. A warning holds for a whole window before
+# it fires, as production's 10m does over its 5m windows.
+_W = f"{SPAN_S:g}s"
+FLEET_TIMING = dict(window=_W, baseline=f"{2 * SPAN_S:g}s", for_impossible="2s", for_warning=_W, for_gauge=_W)
 
 
 class Fleet:
