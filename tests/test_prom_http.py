@@ -320,8 +320,16 @@ def test_cli_exit_codes_and_formats(fake, tmp_path):
     assert r.returncode == 1, r.stderr
     doc = json.loads(r.stdout)
     assert "SA702" in json.dumps(doc)
+    # the broken series' account names the identity the finding breaks
+    (acc,) = doc["summary"]["readings"]
+    assert any(c["result"].startswith("broken: SA702") for c in acc["checked"]), acc["checked"]
     r = cli("--prometheus", clean.url, "--range", "1000d", "--step", "0")
     assert r.returncode == 0, r.stdout + r.stderr
+    # never a bare "No violations": what was read, each identity with its numbers, what could not be checked
+    for want in ("No violations in what could be checked (each reading's account says what that was)",
+                 "Prometheus range query (vllm series)", "  read 5 windows", "  checked: accepted <= drafted",
+                 "  not checkable: ", "  verdict: nothing contradicts the 6 identities checked"):
+        assert want in r.stdout, (want, r.stdout[:3000])
     r = cli("--prometheus", f"http://127.0.0.1:{closed_port()}")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     r = cli("--prometheus", clean.url, "--range", "soon")

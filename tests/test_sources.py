@@ -324,3 +324,11 @@ def test_sa708_a_throughput_drop_at_a_steady_accept_len_is_no_finding(tmp_path):
 
     assert "SA708" not in {f.code for f in audit_file(variant(0.5, 1.0))}
     assert "SA708" in {f.code for f in audit_file(variant(1.0, 2.0))}
+    # what was left unflagged is said in the account, with the numbers that decided it
+    from specaudit.audit.sources import audit_file_account
+    found, acc = audit_file_account(variant(0.5, 1.0))
+    said = [n for n in acc["notes"] if n.startswith("SA708:")]
+    assert len(said) == 1 and "accept len moved by 1.00" in said[0] and "tokens/s carry the gap" in said[0], \
+        acc["notes"]
+    found, acc = audit_file_account(variant(1.0, 2.0))
+    assert not [n for n in acc["notes"] if n.startswith("SA708:")], acc["notes"]

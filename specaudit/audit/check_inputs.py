@@ -122,6 +122,13 @@ def audit_live(url, select, ignore, result, *, range="6h", step="30s", timeout="
                                 "range to make a window; give a longer --range (or check --match)")
         return
     result.files_checked += [r.path for r in readings]
+    from specaudit.audit.sources.account import Account
+    for r in readings:   # each series group's account: what was read, checked, not checkable
+        acc = Account(r.path, "prometheus", engine=r.engine, what=f"Prometheus range query ({r.engine} series)")
+        acc.add(r)
+        for text in r.remarks:
+            acc.remark(text)
+        result.readings.append(acc.finish([fd for fd in found if fd.file == r.path]))
     for fd in found:
         result.add(fd)
 

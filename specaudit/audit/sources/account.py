@@ -37,6 +37,7 @@ FIGURES = (  # Window attribute -> the name shown
     ("draft_tokens", "drafted tokens"), ("accepted_tokens", "accepted drafts"), ("k", "draft length"),
     ("concurrency", "running requests"), ("gen_tps", "generation throughput (tokens/s)"),
 )
+MAX_REMARKS = 5   # a file's rule remarks shown in full; the rest counted
 SEED_DEPTH = ("no depth counter in this output: an accept-depth figure (e.g. the seed's 'depth 7.00') needs "
               "--reported-accept-depth (specaudit estimate) or a trace")
 
@@ -193,6 +194,8 @@ class Account:
         self.cfg: dict = {}
         self.idents: dict = {}        # id -> [windows it applies to, first example "line N: ..."]
         self.extra_notes: list = []
+        self.remarks: list = []       # what rules left unflagged and why (reading.remarks), the first few
+        self.more_remarks = 0
         self.pooled: dict = {}        # interval windows' drafts and drafted tokens, summed
         self.pooled_n = 0
 
@@ -278,9 +281,22 @@ class Account:
         for k, (n, ex) in o.idents.items():
             e = self.idents.setdefault(k, [0, ex])
             e[0] += n
+        self.extra_notes += [n for n in o.extra_notes if n not in self.extra_notes]
+        for text in o.remarks:
+            self.remark(text)
+        self.more_remarks += o.more_remarks
 
     def note(self, text: str) -> None:
         self.extra_notes.append(text)
+
+    def remark(self, text: str) -> None:
+        """A rule's word on what it looked at and left unflagged (the first MAX_REMARKS kept)."""
+        if text in self.remarks:
+            return
+        if len(self.remarks) < MAX_REMARKS:
+            self.remarks.append(text)
+        else:
+            self.more_remarks += 1
 
     def _not_checkable(self) -> list:
         if not self.windows:
@@ -364,7 +380,8 @@ class Account:
             "kinds": dict(self.kinds), "skipped": self.skipped, "first_skipped": self.first_skipped,
             "config": {k: v for k, v in self.cfg.items() if not str(k).startswith("_")},
             "figures": figures, "checked": checked, "not_checkable": self._not_checkable(),
-            "notes": list(self.extra_notes), "verdict": verdict,
+            "notes": list(self.extra_notes) + list(self.remarks)
+            + ([f"{self.more_remarks} more like these"] if self.more_remarks else []), "verdict": verdict,
         }
 
 

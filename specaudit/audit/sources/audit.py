@@ -9,7 +9,7 @@ from specaudit.audit.sources.detection import SOURCES, detect_lines, resolve
 from specaudit.audit.sources.lines import Lines, check_path
 from specaudit.audit.sources.parallel import audit_parallel, parallel_workers
 from specaudit.audit.sources.reading import NoFigures, Reading
-from specaudit.audit.sources.rules import audit_reading, rule_findings_of_notes
+from specaudit.audit.sources.rules import audit_into, audit_reading, rule_findings_of_notes
 from specaudit.audit.sources.stream import read_chunks
 from specaudit.trace.safe_io import InputError
 
@@ -39,8 +39,7 @@ def audit_file_account(path, source: str | None = None, select=(), ignore=()) ->
             out = audit_parallel(p, path, src, source is not None, n, select, ignore, acc)
         else:
             for r in read_chunks(p, path, src, source is not None):
-                acc.add(r)
-                out += audit_reading(r, select=select, ignore=ignore)
+                out += audit_into(r, acc, select=select, ignore=ignore)
                 del r   # audited: not kept while the next chunk is read
     except NoFigures as e:
         if not e.recognised:

@@ -15,7 +15,7 @@ from pathlib import Path
 from specaudit.audit.findings import Finding
 from specaudit.audit.sources.detection import HEAD_BYTES, SOURCES, log_markers, reader_modules
 from specaudit.audit.sources.lines import MAX_LINE, READ_CHUNK, Lines, progress_bar
-from specaudit.audit.sources.rules import audit_reading
+from specaudit.audit.sources.rules import audit_into
 from specaudit.audit.sources.stream import CHUNK_WINDOWS, no_figures, parse_chunks
 
 PARALLEL_MIN = 64 * 1024 * 1024
@@ -61,8 +61,7 @@ def _audit_range(path, source, forced, start, end, first_line, seed, select, ign
     from specaudit.audit.sources.account import Account
     acc = Account(path, source)
     for r in parse_chunks(path, source, forced, lines, parser, chunk, stats):
-        acc.add(r)
-        out += audit_reading(r, select=select, ignore=ignore)
+        out += audit_into(r, acc, select=select, ignore=ignore)
         del r   # audited: not kept while the next chunk is read
     stats["account"] = acc
     return out, stats

@@ -121,6 +121,9 @@ class Reading:
     includes_bonus: bool = True
     version: str | None = None       # format version recognised (None = not inferable)
     conventions: dict = field(default_factory=dict)  # figure -> definition, file-wide
+    # what a rule looked at and did not flag, with the reason (the account prints each as a note:
+    # a split SA708 leaves to the throughput, say), filled while the rules run
+    remarks: list[str] = field(default_factory=list)
 
     def usable_windows(self) -> list:
         """The windows that are not counter resets (SA700 reports those), computed once per

@@ -30,6 +30,16 @@ def audit_reading(reading: Reading, select=(), ignore=()) -> list[Finding]:
     return findings
 
 
+def audit_into(reading: Reading, acc, select=(), ignore=()) -> list[Finding]:
+    """audit_reading, with the reading added to its account (sources.account.Account)
+    together with what the rules looked at and left unflagged (reading.remarks)."""
+    acc.add(reading)
+    found = audit_reading(reading, select=select, ignore=ignore)
+    for text in reading.remarks:
+        acc.remark(text)
+    return found
+
+
 def rule_findings_of_notes(path, notes, select=(), ignore=()) -> list[Finding]:
     """SA700 findings for the skipped lines of a file that gave no windows."""
     if not notes:
