@@ -58,10 +58,30 @@ def to_np(arr, fill=None) -> np.ndarray:
     else:
         out = np.frombuffer(buf, dtype=dt, count=n, offset=arr.offset * np.dtype(dt).itemsize)
     if valid is not None:
-        out = out.copy()
+        # a negative fill (the -1 that marks a null) has no place in an unsigned type: widen to
+        # int64 (uint32 token ids with a null inside raised OverflowError, an internal error)
+        out = out.astype(np.int64) if out.dtype.kind == "u" and fill < 0 else out.copy()
         out[~valid] = fill
     return out
 
+
+
+def rows_with_null_values(arr) -> np.ndarray | None:
+    """bool [R] in batch order: the rows of a list array with a null among their values;
+    None when no row has one (the usual batch: Arrow keeps the child's null count)."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    vals = arr.values                       # the whole child: offsets index into it, slice or not
+    if not vals.null_count:
+        return None
+    off = to_np(arr.offsets)
+    idx = np.flatnonzero(~valid_mask(vals))
+    idx = idx[(idx >= off[0]) & (idx < off[-1])]
+    if not len(idx):
+        return None
+    out = np.zeros(len(arr), dtype=bool)
+    out[np.searchsorted(off, idx, side="right") - 1] = True   # a null list's range is empty
+    return out
 
 
 def list_parts(arr):

@@ -35,6 +35,7 @@ from .arrow import (  # noqa: F401  (re-exported)
     list_lengths,
     list_parts,
     list_values,
+    rows_with_null_values,
     to_np,
     valid_mask,
 )
@@ -77,6 +78,12 @@ class StepFrame(TreeShapes, FrameLink):
         self._sort_rows(col, carry, row_offset)
         self._read_scalars(col)
         raw = self._read_lists(col)
+        # rows whose required lists hold a null value (read as -1 by the lists above): SA107
+        self.inner_nulls: dict[str, np.ndarray] = {}
+        for name in NODE_LIST_COLUMNS + ("accepted_path", "committed_tokens"):
+            m = rows_with_null_values(col[name]) if name in col else None
+            if m is not None:
+                self.inner_nulls[name] = m[self.order]
         self._check_structure()
         self._set_safe_parents()
         # accepted path and commit (flat in batch order; *_start per sorted row)

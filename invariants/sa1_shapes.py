@@ -205,12 +205,14 @@ class ChainShape(Rule):
 
 class RequiredValues(Rule):
     """What: required columns hold a value in every row (only draft_logprob and
-    target_margin may be null), and algo is `chain` or `tree`.
+    target_margin may be null), the required lists hold no null value, and algo is
+    `chain` or `tree`.
 
-    Why: a null counter or tensor cannot be audited; an unknown algo cannot be
-    interpreted.
+    Why: a null counter or tensor cannot be audited, and a token id lost inside a
+    list would otherwise be read as -1; an unknown algo cannot be interpreted.
 
-    Example: commit_len is null on a row; algo is "medusa".
+    Example: commit_len is null on a row; node_tokens is [250, 51, null, 181];
+    algo is "medusa".
     """
 
     code = "SA107"
@@ -221,7 +223,8 @@ class RequiredValues(Rule):
         # (lists as long as node_tokens share its lengths array: each array tested once)
         lens = {id(a): a for a in (f.lens[c] for c in ("accepted_path", "committed_tokens", "node_tokens",
                                                        "parents", "positions", "target_argmax"))}
-        if not f.nulls and f.algo_known.all() and not any((a < 0).any() for a in lens.values()):
+        inner = getattr(f, "inner_nulls", {})
+        if not f.nulls and not inner and f.algo_known.all() and not any((a < 0).any() for a in lens.values()):
             return None                                  # the usual batch: nothing null
         what = np.full(f.R, "", dtype=object)
         bad = np.zeros(f.R, dtype=bool)
@@ -231,6 +234,9 @@ class RequiredValues(Rule):
         for c in ("accepted_path", "committed_tokens", "node_tokens", "parents", "positions", "target_argmax"):
             nl = f.lens[c] < 0
             what[nl & ~bad] = f"{c} is null"
+            bad |= nl
+        for c, nl in inner.items():                     # a value inside a required list
+            what[nl & ~bad] = f"{c} holds a null value"
             bad |= nl
         unk = ~f.algo_known
         for i in np.flatnonzero(unk & ~bad):

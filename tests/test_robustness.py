@@ -580,3 +580,46 @@ def test_unknown_convention_value_is_sa601_not_a_crash(clean, tmp_path, capsys):
     assert res.counts["SA601"] == 1 and "SA000" not in res.counts
     assert cli_main(["query", "--no-check", str(d), "SELECT count(*) FROM runs"]) in (0, 2)
     assert "Traceback" not in capsys.readouterr().err
+
+
+def _null_inside(root, col: str, typ, row: int | None):
+    """A run whose steps' `col` list values are of `typ`, one value of step row `row` null
+    (None: no null, the passing twin)."""
+    import pyarrow as pa
+    s, r, m = synth_run_rows(3, run_id="v0", seed=0)
+    i = s.schema.get_field_index(col)
+    arr = s.column(i).combine_chunks()
+    vals = arr.values.to_pylist()
+    off = arr.offsets.to_pylist()
+    if row is not None:
+        assert off[row + 1] > off[row], "the chosen row's list is empty"
+        vals[off[row] + (off[row + 1] - off[row]) // 2] = None
+    new = pa.ListArray.from_arrays(arr.offsets, pa.array(vals, typ))
+    s = s.set_column(i, pa.field(col, pa.list_(typ)), new)
+    write_run(root, s, r, m)
+    return root, s
+
+
+@pytest.mark.parametrize("compiled_on", [False, True])
+@pytest.mark.parametrize("col,typ", [(c, t) for c in ("node_tokens", "parents", "positions", "target_argmax",
+                                                      "accepted_path", "committed_tokens")
+                                     for t in ("int32", "uint32") if (c, t) != ("parents", "uint32")])  # root: -1
+def test_a_null_inside_a_required_list_is_sa107_not_a_minus_one(tmp_path, col, typ, compiled_on, monkeypatch):
+    """A null value inside a required list was read as -1 and nothing said so (uint32 values
+    raised OverflowError: an internal error); now the row is SA107, named by its column."""
+    import pyarrow as pa
+    from specaudit.invariants import compiled
+    if compiled_on:
+        monkeypatch.setattr(compiled, "MIN_ROWS", 0)
+        monkeypatch.delenv(compiled.ENV, raising=False)
+    else:
+        monkeypatch.setenv(compiled.ENV, "0")
+    t = getattr(pa, typ)()
+    ok, _ = _null_inside(tmp_path / "ok", col, t, None)
+    assert [f.code for f in check_paths([ok]).findings] == []     # the passing twin
+    root, s = _null_inside(tmp_path / "bad", col, t, 4)
+    res = check_paths([root])
+    sa107 = [f for f in res.findings if f.code == "SA107"]
+    want = (s.column("request_id")[4].as_py(), s.column("step")[4].as_py())
+    assert [(f.request_id, f.step) for f in sa107] == [want], [f.message for f in res.findings]
+    assert f"{col} holds a null value" in sa107[0].message
