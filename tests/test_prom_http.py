@@ -328,8 +328,19 @@ def test_cli_exit_codes_and_formats(fake, tmp_path):
     # never a bare "No violations": what was read, each identity with its numbers, what could not be checked
     for want in ("No violations in what could be checked (each reading's account says what that was)",
                  "Prometheus range query (vllm series)", "  read 5 windows", "  checked: accepted <= drafted",
-                 "  not checkable: ", "  verdict: nothing contradicts the 6 identities checked"):
+                 "  not checkable: ", "  verdict: nothing contradicts the 5 identities checked",
+                 # a range has no lines: its windows are named by number and their end times shown
+                 "  read 5 windows (ending 2025-", "window 1: accepted 205 <= drafted 600",
+                 # vLLM exports no accept length: derived, it is marked so and its identity is not
+                 # claimed as checked; the per-position counters are checked against it instead
+                 "mean acceptance length (derived: 1 + accepted / verify steps) 2.025 (5)",
+                 "  not checkable: no mean acceptance length exported",
+                 "= 2.025 vs 1 + accepted / verify steps = 2.025; holds on all 5 windows",
+                 "checked 1 Prometheus series group, 5 windows."):
         assert want in r.stdout, (want, r.stdout[:3000])
+    for never in ("vs printed", "line 1:", "(lines ", "checked 1 file",
+                  "mean acceptance length = 1 + accepted / verify steps [SA704"):
+        assert never not in r.stdout, (never, r.stdout[:3000])
     r = cli("--prometheus", f"http://127.0.0.1:{closed_port()}")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     r = cli("--prometheus", clean.url, "--range", "soon")

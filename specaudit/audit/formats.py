@@ -81,10 +81,15 @@ def summary_line(counts, sev, summary: dict) -> str:
     warns = sum(n for c, n in counts.items() if sev.get(c) == "warning")
     codes = [c for c, n in counts.items() if n and sev.get(c) == "error"]
     parts = []
+    # a Prometheus range's series groups are counted among the inputs checked, but they are no files
+    live = sum(1 for d in summary.get("readings") or () if d.get("source") == "prometheus")
+    n = dict(summary, files_checked=(summary.get("files_checked") or 0) - live, live=live)
+    if live:
+        n["windows"] = sum(d.get("windows") or 0 for d in summary["readings"] if d.get("source") == "prometheus")
     for k, word in (("runs", "run"), ("steps", "step"), ("requests", "request"), ("files_checked", "file"),
-                    ("windows", "window")):
-        if summary.get(k):
-            parts.append(_plural(summary[k], word))
+                    ("live", "Prometheus series group"), ("windows", "window")):
+        if n.get(k):
+            parts.append(_plural(n[k], word))
     what = f"checked {', '.join(parts)}" if parts else "checked"
     head = (f"Found {_plural(errors, 'violation')} of {_plural(len(codes), 'rule')}" if errors
             else "No violations in what could be checked (each reading's account says what that was)"

@@ -75,9 +75,12 @@ def _numbers(ident: str, w, cfg: dict) -> str | None:
             parts.append(f"rate {r:.4g} <= 1")
         return ", ".join(parts)
     if ident == "len" and _all_finite(a, s, L) and s > 0 and not w.extra.get("drafts_derived") \
-            and not w.extra.get("accepted_not_prefix"):
+            and not w.extra.get("accepted_not_prefix") and not w.extra.get("accept_len_derived"):
         return f"1 + {_shown(a)} / {_shown(s)} = {1 + a / s:.3f} vs printed {L:.3g}"
     if ident == "len_pos" and _all_finite(L) and w.per_pos and w.per_pos_kind == "verify_steps":
+        if w.extra.get("accept_len_derived"):   # the length is the accepted counter's: two counters compared
+            return (f"1 + sum({', '.join(f'{p:.3g}' for p in w.per_pos[:8])}) = {1 + sum(w.per_pos):.3f} vs "
+                    f"1 + accepted / verify steps = {L:.3f}")
         return f"1 + sum({', '.join(f'{p:.3g}' for p in w.per_pos[:8])}) = {1 + sum(w.per_pos):.3f} vs printed {L:.3g}"
     if ident == "pos" and w.per_pos and len(w.per_pos) > 1 and w.per_pos_kind == "verify_steps":
         return " >= ".join(f"{p:.3g}" for p in w.per_pos[:8])
@@ -143,7 +146,8 @@ def _applicable(w, cfg: dict) -> list:
     elif ok_r:
         out.append("bounds")
     derived = x.get("drafts_derived") if x else None
-    if ok_a and ok_s and ok_L and s > 0 and not derived and not (x and x.get("accepted_not_prefix")):
+    if ok_a and ok_s and ok_L and s > 0 and not derived and not (x and (x.get("accepted_not_prefix")
+                                                                      or x.get("accept_len_derived"))):
         out.append("len")
     pp = w.per_pos
     if pp and w.per_pos_kind == "verify_steps":
@@ -183,12 +187,17 @@ class Account:
         self.engines: dict = {}
         self.windows = 0
         self.first_line = self.last_line = None
+        # what a window's number counts: a log's or a scrape file's lines; a Prometheus range's windows,
+        # numbered in time order (their end times kept: a range has no lines)
+        self.unit = "window" if source == "prometheus" else "line"
+        self.first_time = self.last_time = None
         self.skipped = 0
         self.first_skipped: dict | None = None
         self.figures: dict = {}       # name -> [n, min, max]
         self.per_pos = 0
         self.histograms = 0
         self.derived_steps = 0
+        self.derived_len = 0          # windows whose accept length the reader computed (none exported)
         self.ranks: set = set()
         self.kinds: dict = {}
         self.cfg: dict = {}
@@ -215,6 +224,9 @@ class Account:
             if w.line is not None:
                 self.first_line = w.line if self.first_line is None else min(self.first_line, w.line)
                 self.last_line = w.line if self.last_line is None else max(self.last_line, w.line)
+            if self.unit == "window" and w.time:
+                self.first_time = w.time if self.first_time is None else min(self.first_time, w.time)
+                self.last_time = w.time if self.last_time is None else max(self.last_time, w.time)
             v = w.version or reading.version
             if v:
                 self.versions[v] = self.versions.get(v, 0) + 1
@@ -237,6 +249,8 @@ class Account:
                     f[1] = x
                 elif x > f[2]:
                     f[2] = x
+            if w.extra.get("accept_len_derived"):
+                self.derived_len += 1
             if w.extra.get("drafts_derived"):
                 self.derived_steps += 1
             elif _all_finite(w.drafts, w.draft_tokens) and (w.kind == "interval" or self.windows == 1):
@@ -252,7 +266,7 @@ class Account:
                     continue
                 num = _numbers(ident, w, cfg)
                 if num is not None:
-                    idents[ident] = [1, (f"line {w.line}: " if w.line else "") + num]
+                    idents[ident] = [1, (f"{self.unit} {w.line}: " if w.line else "") + num]
 
     def merge(self, o: Account) -> None:
         """Add another range's account of the same file (the parallel audit)."""
@@ -273,6 +287,7 @@ class Account:
         self.per_pos += o.per_pos
         self.histograms += o.histograms
         self.derived_steps += o.derived_steps
+        self.derived_len += o.derived_len
         for k, v in o.pooled.items():
             self.pooled[k] = self.pooled.get(k, 0) + v
         self.pooled_n += o.pooled_n
@@ -309,6 +324,10 @@ class Account:
             if self.derived_steps:
                 why += " (the reader derives verify steps from that very length)"
             out.append(why)
+        if self.derived_len and "len" not in self.idents:
+            out.append("no mean acceptance length exported: it is derived here as 1 + accepted / verify steps, "
+                       "so that identity has no second figure to check (the per-position counters, where "
+                       "exported, are checked against it)")
         miss = [n for a, n in (("accepted_tokens", "accepted"), ("draft_tokens", "drafted")) if a not in f]
         if miss:
             out.append(f"no {' or '.join(miss)} token count: the acceptance rate cannot be recomputed from counts")
@@ -347,7 +366,9 @@ class Account:
                             "result": (("broken: " if any(sev[c] == "error" for c in broken) else "flagged: ")
                                        + ", ".join(f"{c} x{k}" for c, k in broken.items())
                                        if broken else f"holds on all {n} window{'s' * (n != 1)}")})
-        figures = {name: {"windows": f[0], "min": f[1], "max": f[2]}
+        figures = {(name + " (derived: 1 + accepted / verify steps)"
+                    if attr == "accept_len" and self.derived_len == f[0] else name):
+                   {"windows": f[0], "min": f[1], "max": f[2]}
                    for attr, name in FIGURES if (f := self.figures.get(attr))}
         d, s = self.pooled.get("draft_tokens"), self.pooled.get("drafts")
         if d and s and not self.derived_steps:
@@ -376,7 +397,9 @@ class Account:
             "engine": max(self.engines, key=self.engines.get) if self.engines else self.engine,
             "engines": dict(self.engines),
             "versions": dict(self.versions) or {"not inferable from this output": self.windows},
-            "windows": self.windows, "lines": [self.first_line, self.last_line], "ranks": sorted(map(str, self.ranks)),
+            "windows": self.windows, "lines": [self.first_line, self.last_line], "unit": self.unit,
+            "times": [self.first_time, self.last_time] if self.first_time else None,
+            "ranks": sorted(map(str, self.ranks)),
             "kinds": dict(self.kinds), "skipped": self.skipped, "first_skipped": self.first_skipped,
             "config": {k: v for k, v in self.cfg.items() if not str(k).startswith("_")},
             "figures": figures, "checked": checked, "not_checkable": self._not_checkable(),
@@ -391,7 +414,11 @@ def render(doc: dict) -> list[str]:
     out = [f"{doc['file']}: {doc.get('what') or doc['source']} [--source {doc['source']}], engine {doc['engine']}, "
            f"version {vers}"]
     lines = doc["lines"]
-    span = f" (lines {lines[0]}-{lines[1]})" if lines and lines[0] is not None else ""
+    if doc.get("unit", "line") != "line":   # a Prometheus range: its windows' end times, not line numbers
+        t = doc.get("times")
+        span = (f" (ending {t[0]}{'' if t[0] == t[1] else ' to ' + t[1]})" if t else "")
+    else:
+        span = f" (lines {lines[0]}-{lines[1]})" if lines and lines[0] is not None else ""
     read = f"  read {doc['windows']} window{'s' * (doc['windows'] != 1)}{span}"
     if doc["ranks"]:
         read += f" over {len(doc['ranks'])} rank{'s' * (len(doc['ranks']) != 1)} ({', '.join(doc['ranks'][:6])})"

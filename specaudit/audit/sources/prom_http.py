@@ -431,7 +431,9 @@ def _windows(r: Reading, engine, rank, fields, step_s):
                 if w.per_pos_counts is not None:
                     w.per_pos = [c / w.drafts for c in w.per_pos_counts]
                 if w.accepted_tokens is not None:
+                    # no engine here exports the length itself: derived, it has nothing to be checked against
                     w.accept_len = 1 + w.accepted_tokens / w.drafts
+                    w.extra["accept_len_derived"] = True
         g = delta("generated")
         if g is not None and b > a:
             w.gen_tps = g / (b - a)

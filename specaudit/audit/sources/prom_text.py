@@ -321,6 +321,7 @@ def build(scrapes, notes, path, types=None, info=None) -> Reading:
                         w.per_pos = None
             if w.drafts and w.drafts > 0 and w.accepted_tokens is not None:
                 w.accept_len = 1 + w.accepted_tokens / w.drafts
+                w.extra["accept_len_derived"] = True   # computed here, not exported: nothing to check it against
             elif "accept_len" in d:
                 w.accept_len = d["accept_len"]
                 w.extra["accept_len_gauge"] = True
