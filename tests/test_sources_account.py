@@ -140,3 +140,19 @@ def test_applicable_matches_numbers_on_every_fixture_window():
             assert set(_applicable(w, r.config)) == {i for i in IDENTITIES if _numbers(i, w, r.config) is not None}, f
             n += 1
     assert n > 100
+
+
+def test_a_derived_accept_length_is_marked_and_its_identity_not_claimed(capsys):
+    """vLLM's /metrics export no mean acceptance length: the reader computes 1 + accepted /
+    verify steps, so that identity would hold by construction. The account marks the figure
+    derived, lists the identity as not checkable, and names the two counters the per-position
+    identity compares."""
+    rc, out, _ = _check(capsys, FIX / "vllm_clean.prom")
+    assert rc == 0
+    assert "mean acceptance length (derived: 1 + accepted / verify steps) 2.776..2.781 (2)" in out
+    assert "not checkable: no mean acceptance length exported" in out
+    assert "= 2.781 vs 1 + accepted / verify steps = 2.781; holds on all 2 windows" in out
+    assert "mean acceptance length = 1 + accepted / verify steps [SA704" not in out and "vs printed" not in out
+    # a log that prints the length keeps the identity, checked against the printed figure
+    rc, out, _ = _check(capsys, CORPUS / "llamacpp-pr24536-slot-eagle3.log")
+    assert rc == 0 and "(derived" not in out and "no mean acceptance length exported" not in out
