@@ -156,3 +156,20 @@ def test_a_derived_accept_length_is_marked_and_its_identity_not_claimed(capsys):
     # a log that prints the length keeps the identity, checked against the printed figure
     rc, out, _ = _check(capsys, CORPUS / "llamacpp-pr24536-slot-eagle3.log")
     assert rc == 0 and "(derived" not in out and "no mean acceptance length exported" not in out
+
+
+def test_engine_input_counts_the_rules_that_ran(capsys):
+    """The summary's "rules" and JUnit's passing tests name the SA7xx rules that ran on an
+    engine's output (it said rules: 0, as if nothing had); --select narrows them; rules
+    over other evidence (SA59x: a client's export beside a trace) did not run and are not named."""
+    import xml.etree.ElementTree as ET
+
+    from specaudit.invariants import load_rules
+    sa7 = [r.code for r in load_rules(entry_points=False) if r.code.startswith("SA7")]
+    rc, out, _ = _check(capsys, FIX / "vllm_clean.prom", "--output-format", "json")
+    assert rc == 0 and json.loads(out)["summary"]["rules"] == len(sa7)
+    rc, out, _ = _check(capsys, FIX / "vllm_clean.prom", "--select", "SA70", "--output-format", "json")
+    assert json.loads(out)["summary"]["rules"] == sum(c.startswith("SA70") for c in sa7)
+    rc, out, _ = _check(capsys, FIX / "vllm_clean.prom", "--output-format", "junit")
+    names = [c.get("name").split()[0] for c in ET.fromstring(out).iter("testcase")]
+    assert sorted(names) == sorted(sa7) and not any(n.startswith("SA59") for n in names)

@@ -101,6 +101,14 @@ def audit_sources(files, source, select, ignore, result) -> None:
         result.readings.append(account)   # what was read and checked (printed before the findings)
         for fd in found:
             result.add(fd)
+    if result.readings:
+        _count_source_rules(result, select, ignore)
+
+
+def _count_source_rules(result, select, ignore) -> None:
+    """The SA7xx rules that ran on the readings join the trace rules in result.rules."""
+    from specaudit.audit.sources.rules import source_rule_codes
+    result.rules += [c for c in source_rule_codes(select, ignore) if c not in result.rules]
 
 
 def audit_live(url, select, ignore, result, *, range="6h", step="30s", timeout="30s", match=(), headers=(),
@@ -131,6 +139,7 @@ def audit_live(url, select, ignore, result, *, range="6h", step="30s", timeout="
         result.readings.append(acc.finish([fd for fd in found if fd.file == r.path]))
     for fd in found:
         result.add(fd)
+    _count_source_rules(result, select, ignore)
 
 
 def run_check(paths=(), *, select=(), ignore=(), invariants=(), entry_points=True, source=None,

@@ -30,6 +30,15 @@ def audit_reading(reading: Reading, select=(), ignore=()) -> list[Finding]:
     return findings
 
 
+def source_rule_codes(select=(), ignore=()) -> list:
+    """The codes audit_reading runs under select / ignore: the rules a check of engine
+    output ran (its summary's "rules"; JUnit lists the ones that found nothing as passing)."""
+    from specaudit.invariants import load_rules
+    # rules over gathered evidence (a client's export beside a trace, SA59x) take no Reading: they ran on none
+    return [r.code for r in load_rules(select=select, ignore=ignore, entry_points=False)
+            if r.scope == "source" and not hasattr(r, "evidence")]
+
+
 def audit_into(reading: Reading, acc, select=(), ignore=()) -> list[Finding]:
     """audit_reading, with the reading added to its account (sources.account.Account)
     together with what the rules looked at and left unflagged (reading.remarks)."""
