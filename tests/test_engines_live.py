@@ -211,7 +211,7 @@ def test_check_prometheus_cli_exit_codes(live):
                               capture_output=True, text=True, timeout=180)
     r = cli("--range", "10m", "--step", "0", "--match", '{job="vllm_clean"}', "--match", '{job="llamacpp_clean"}')
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "checked 2 files" in r.stdout
+    assert "checked 2 Prometheus series groups, " in r.stdout
     r = cli("--range", "10m", "--step", "0", "--match", '{job="vllm_accepted_over_drafted"}',
             "--output-format", "sarif")
     assert r.returncode == 1, r.stderr
