@@ -173,3 +173,30 @@ def test_engine_input_counts_the_rules_that_ran(capsys):
     rc, out, _ = _check(capsys, FIX / "vllm_clean.prom", "--output-format", "junit")
     names = [c.get("name").split()[0] for c in ET.fromstring(out).iter("testcase")]
     assert sorted(names) == sorted(sa7) and not any(n.startswith("SA59") for n in names)
+
+
+def test_a_vllm_log_of_start_up_lines_only_is_recognised_and_judged(tmp_path, capsys):
+    """A real vLLM 0.32.0 server log (here, ngram k = 3) that ends before its first stats line:
+    it was 'not a recognised engine log' (exit 2). It is vLLM's by its engine's start-up line:
+    exit 0, its version and draft shape from that line, and why it holds no figures."""
+    f = FIX / "no_figures" / "vllm_startup_only.log"   # real: this machine's vLLM 0.32.0, no request served
+    rc, out, err = _check(capsys, f)
+    assert rc == 0 and not err
+    assert "vLLM 0.32.0 server log (start-up lines only) [--source vllm-log], engine vllm, " \
+           "version 0.32.0 (its start-up line)" in out
+    assert "read 0 windows" in out and "draft shape: num_spec_tokens 3" in out
+    assert "nothing to judge (speculative decoding configured (ngram, k = 3), but no stats line" in out
+    # with one stats line (speculative decoding's figures still absent) it is the plain vLLM log
+    lines = f.read_text().splitlines(keepends=True)
+    stats = ("(APIServer pid=27089) INFO 12-03 07:37:59 [loggers.py:259] Engine 000: Avg prompt throughput: "
+             "0.0 tokens/s, Avg generation throughput: 0.0 tokens/s, Running: 0 reqs, Waiting: 0 reqs, "
+             "GPU KV cache usage: 0.0%, Prefix cache hit rate: 0.0%\n")
+    g = tmp_path / "with_stats.log"
+    g.write_text("".join(lines + [stats]))
+    rc, out, _ = _check(capsys, g)
+    assert rc == 0 and "start-up lines only" not in out and "no stats line" not in out
+    # without the engine's start-up line nothing says it is vLLM's: one line, exit 2
+    h = tmp_path / "no_engine_line.log"
+    h.write_text("".join(ln for ln in lines if "Initializing a V1 LLM engine" not in ln))
+    rc, out, err = _check(capsys, h)
+    assert rc == 2 and "not a recognised engine log" in err

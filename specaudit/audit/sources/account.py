@@ -203,6 +203,7 @@ class Account:
         self.cfg: dict = {}
         self.idents: dict = {}        # id -> [windows it applies to, first example "line N: ..."]
         self.extra_notes: list = []
+        self.empty_why = None         # why an engine's output holds no figures, when its reader knows
         self.remarks: list = []       # what rules left unflagged and why (reading.remarks), the first few
         self.more_remarks = 0
         self.pooled: dict = {}        # interval windows' drafts and drafted tokens, summed
@@ -381,7 +382,8 @@ class Account:
         errors = sum(1 for fd in findings if fd.severity == "error")
         warns = sum(1 for fd in findings if fd.severity != "error")
         if not self.windows:
-            verdict = "no speculative figures in it: nothing to judge (speculative decoding off, or not exported)"
+            verdict = (f"no speculative figures in it: nothing to judge "
+                       f"({self.empty_why or 'speculative decoding off, or not exported'})")
         elif errors:
             verdict = f"{errors} finding{'s contradict' if errors != 1 else ' contradicts'} the figures (listed below)"
         elif checked:
@@ -396,7 +398,9 @@ class Account:
             "file": self.path, "source": self.source, "what": self.what,
             "engine": max(self.engines, key=self.engines.get) if self.engines else self.engine,
             "engines": dict(self.engines),
-            "versions": dict(self.versions) or {"not inferable from this output": self.windows},
+            "versions": dict(self.versions) or ({f"{self.cfg['engine_version']} (its start-up line)": 0}
+                                                if self.cfg.get("engine_version") and not self.windows
+                                                else {"not inferable from this output": self.windows}),
             "windows": self.windows, "lines": [self.first_line, self.last_line], "unit": self.unit,
             "times": [self.first_time, self.last_time] if self.first_time else None,
             "ranks": sorted(map(str, self.ranks)),

@@ -48,8 +48,9 @@ def audit_file_account(path, source: str | None = None, select=(), ignore=()) ->
         acc.engine = next((eng for word, eng in (("TensorRT", "trtllm"), ("SGLang", "sglang"), ("vLLM", "vllm"),
                                                   ("llama", "llamacpp"), ("TokenSpeed", "tokenspeed"),
                                                   ("mlx", "mlx")) if word in e.recognised), None)
-        acc.add(Reading(source=src, engine="", path=str(path), notes=e.notes))
+        acc.add(Reading(source=src, engine="", path=str(path), notes=e.notes, config=e.config))
         acc.note(f"{e.reason}; recognised as {e.recognised}: judged on what it holds")
+        acc.empty_why = e.why
         return [f for f in rule_findings_of_notes(path, e.notes, select, ignore)], acc.finish([])
     return out, acc.finish(out)
 

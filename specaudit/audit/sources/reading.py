@@ -157,10 +157,12 @@ class NoFigures(InputError):
     engine output it was recognised as by its own words (then `check` reports it with its
     account and exit 0: judged on what it holds), None when nothing says it is an engine's."""
 
-    def __init__(self, path, reason, recognised=None, notes=()):
+    def __init__(self, path, reason, recognised=None, notes=(), why=None, config=None):
         super().__init__(path, reason)
         self.recognised = recognised
         self.notes = list(notes)
+        self.why = why                    # why this engine output holds no figures, when the reader knows
+        self.config = dict(config or {})  # what its lines said of the set-up (start-up lines)
 
 
 

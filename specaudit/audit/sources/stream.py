@@ -57,7 +57,8 @@ def parse_chunks(path, source: str, forced: bool, lines, parser, chunk: int, sta
     total += len(r.windows)
     notes_total += len(r.notes)
     stats.update(windows=total, notes=notes_total, last_notes=r.notes[:1],
-                 recognised=getattr(parser, "recognised", None), all_notes=r.notes[:MAX_NOTES] if not total else ())
+                 recognised=getattr(parser, "recognised", None), why=getattr(parser, "why_empty", None),
+                 config=dict(parser.reading.config), all_notes=r.notes[:MAX_NOTES] if not total else ())
     if r.windows or not emitted or r.notes:
         yield r
 
@@ -68,7 +69,8 @@ def no_figures(path, source, stats, recognised=None) -> InputError:
     last = stats.get("last_notes")
     return NoFigures(path, f"read as {source}, but no usable spec-decoding figures in it"
                      + (f" ({stats['notes']} lines skipped; line {last[0]['line']}: {last[0]['reason']})"
-                        if last else ""), recognised=recognised, notes=stats.get("all_notes", ()))
+                        if last else ""), recognised=recognised, notes=stats.get("all_notes", ()),
+                     why=stats.get("why"), config=stats.get("config"))
 
 
 def iter_readings(path, source: str | None = None, chunk: int = CHUNK_WINDOWS):

@@ -73,10 +73,12 @@ CONFIG_MARKERS = (b"non-default args:", b"Initializing a V1 LLM engine")
 
 
 def looks_like_line(line: str) -> bool:
-    """A spec-decoding line, or the engine stats line every vLLM server logs (a log with
-    speculative decoding off is still vLLM's: judged on what it holds)."""
+    """A spec-decoding line, the engine stats line every vLLM server logs, or its engine's
+    start-up line (a log with speculative decoding off, or one that ends before its first
+    stats line, is still vLLM's: judged on what it holds)."""
     return ("SpecDecoding metrics:" in line or "Speculative metrics: Draft acceptance rate" in line
-            or ("Avg prompt throughput:" in line and "Avg generation throughput:" in line))
+            or ("Avg prompt throughput:" in line and "Avg generation throughput:" in line)
+            or "Initializing a V1 LLM engine (v" in line)
 
 
 def looks_like(text: str) -> bool:
@@ -171,6 +173,27 @@ class Parser(LineParser):
         self.current = None
         self.engines: set = set()
         self.queue: dict = {}        # engine -> {"waiting": n, "deferred": n} of its last stats line
+        self.stats_lines = 0         # engine stats lines seen (logged every interval while requests run)
+
+    @property
+    def recognised(self) -> str | None:
+        """A log of start-up lines without one stats line (stream.NoFigures: reported with its
+        account, exit 0), None otherwise; why_empty says why it holds no figures."""
+        cfg = self.reading.config
+        if self.stats_lines or "startup_line" not in cfg:
+            return None
+        ver = f" {cfg['engine_version']}" if cfg.get("engine_version") else ""
+        return f"vLLM{ver} server log (start-up lines only)"
+
+    @property
+    def why_empty(self) -> str | None:
+        if self.recognised is None:
+            return None
+        cfg = self.reading.config
+        spec = (f"speculative decoding configured ({cfg['spec_method']}, k = {cfg['num_spec_tokens']}), but "
+                if cfg.get("spec_method") and cfg.get("num_spec_tokens") else "")
+        return (f"{spec}no stats line: no request ran while it logged, the log ends before the first stats "
+                "interval (VLLM_LOG_STATS_INTERVAL, 10 s by default), or the server ran with --disable-log-stats")
 
     def feed(self, i: int, raw: str) -> None:
         if "metrics:" not in raw and "Avg prompt throughput" not in raw:
@@ -179,6 +202,7 @@ class Parser(LineParser):
             return  # most lines of a server log: nothing for this reader (fast path)
         em = ENGINE_RE.search(raw) if "Avg prompt throughput" in raw else None
         if em:
+            self.stats_lines += 1
             eng, agg = em.group("eng"), em.group("agg")
             # data parallel: per-engine lines (`Engine 00N:`) or one line for all engines
             # (`N Engines Aggregated:`, its SpecDecoding line summed over them)
