@@ -200,3 +200,32 @@ def test_a_vllm_log_of_start_up_lines_only_is_recognised_and_judged(tmp_path, ca
     h.write_text("".join(ln for ln in lines if "Initializing a V1 LLM engine" not in ln))
     rc, out, err = _check(capsys, h)
     assert rc == 2 and "not a recognised engine log" in err
+
+
+def test_a_llama_server_log_of_start_up_lines_only_is_recognised_and_judged(tmp_path, capsys):
+    """A real llama-server log (this machine's build, with a drafter) stopped before any
+    request: recognised by the line saying it listens, exit 0, and why it holds no figures.
+    The 2025 builds' wording of that line is recognised too; a request's timing line makes
+    it the plain llama.cpp log; without the listening line nothing says it is llama.cpp's."""
+    f = FIX / "no_figures" / "llamacpp_startup_only.log"
+    rc, out, err = _check(capsys, f)
+    assert rc == 0 and not err
+    assert "llama.cpp server log (start-up lines only) [--source llamacpp-log]" in out
+    assert "nothing to judge (a draft model loaded (" in out and "tiny-llama-drafter-" in out
+    assert "no request finished while it logged" in out
+    old = tmp_path / "old.log"
+    old.write_text("srv    load_model: loading model '/m/t.gguf'\nmain: model loaded\n"
+                   "main: server is listening on http://127.0.0.1:8080 - starting the main loop\n"
+                   "srv  update_slots: all slots are idle\n")
+    rc, out, _ = _check(capsys, old)
+    assert rc == 0 and "start-up lines only" in out and "no draft model loaded" in out
+    lines = f.read_text().splitlines(keepends=True)
+    timed = tmp_path / "timed.log"
+    timed.write_text("".join(lines[:-1]) + "0.01.000.000 I slot print_timing: id  0 | task 0 | prompt eval time = "
+                     "10.00 ms /  5 tokens\n" + lines[-1])
+    rc, out, _ = _check(capsys, timed)
+    assert rc == 0 and "start-up lines only" not in out
+    bare = tmp_path / "bare.log"
+    bare.write_text("".join(ln for ln in lines if "listening on" not in ln))
+    rc, out, err = _check(capsys, bare)
+    assert rc == 2 and "not a recognised engine log" in err

@@ -49,11 +49,18 @@ POS_CONV = "accepted at position i / drafts verified (unconditional, non-increas
 
 # substrings every line this reader uses holds (Lines' prefilter: other lines are never decoded);
 # "accept" covers the slot, round and summary accept lines, "n_draft" / "n_predict" the summary
-MARKERS = (b"accept", b"#gen drafts", b"n_draft", b"n_predict", b"print_timing")
+MARKERS = (b"accept", b"#gen drafts", b"n_draft", b"n_predict", b"print_timing", b"listening on http",
+           b"loading draft model")
+# llama-server's start-up: the line saying it listens (this build: `llama_server: listening on
+# http://...`; 2025 builds: `main: server is listening on http://... - starting the main loop`)
+# and the drafter it loaded (`... loading draft model '<path>'`)
+LISTEN_RE = re.compile(r"(?:llama_server: listening on|main: server is listening on) https?://")
+DRAFT_MODEL_RE = re.compile(r"loading draft model '(?P<path>[^']*)'")
 
 
 def looks_like_line(line: str) -> bool:
     return (("draft acceptance" in line and "accepted /" in line) or "#gen drafts" in line
+            or ("listening on http" in line and bool(LISTEN_RE.search(line)))
             or ("print_timing" in line and ("eval time =" in line or "total time =" in line))
             or ("draft tokens" in line and bool(ROUND_RE.search(line)))
             or line.lstrip().startswith("n_drafted ") or line.lstrip().startswith("n_drafted="))
@@ -88,6 +95,24 @@ class Parser(LineParser):
         self.block: dict = {}
         self.block_line = None
         self.header = None   # (slot, task, line) of a `slot print_timing: id N | task T |` line with nothing after
+        self.listening = False   # llama-server's start-up line seen
+        self.timings = 0         # request lines seen (print_timing: one per finished request)
+
+    @property
+    def recognised(self) -> str | None:
+        """A llama-server log of start-up lines only (stream.NoFigures: reported with its account,
+        exit 0), None otherwise; why_empty says why it holds no figures."""
+        return "llama.cpp server log (start-up lines only)" if self.listening and not self.timings else None
+
+    @property
+    def why_empty(self) -> str | None:
+        if self.recognised is None:
+            return None
+        d = self.reading.config.get("draft_model")
+        spec = (f"a draft model loaded ({d}), but " if d else
+                "no draft model loaded (speculative decoding off unless the build drafts without one), and ")
+        return (f"{spec}no request finished while it logged (llama-server logs a slot's draft acceptance when "
+                "its request ends)")
 
     def _close_block(self):
         b, line = self.block, self.block_line
@@ -129,6 +154,16 @@ class Parser(LineParser):
             self.skip(i, f"llama.cpp line with a value that is not a finite number ({str(e)[:40]})", raw)
 
     def _feed(self, i: int, raw: str) -> None:
+        if "print_timing" in raw:
+            self.timings += 1
+        elif "listening on http" in raw and LISTEN_RE.search(raw):
+            self.listening = True
+            return
+        elif "loading draft model" in raw:
+            m = DRAFT_MODEL_RE.search(raw)
+            if m:
+                self.reading.config["draft_model"] = m.group("path")
+            return
         if "print_timing" in raw and "accept" not in raw:
             # the older server layout: the slot header stands on its own line and the timing
             # and draft acceptance lines follow without it
