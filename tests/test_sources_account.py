@@ -229,3 +229,28 @@ def test_a_llama_server_log_of_start_up_lines_only_is_recognised_and_judged(tmp_
     bare.write_text("".join(ln for ln in lines if "listening on" not in ln))
     rc, out, err = _check(capsys, bare)
     assert rc == 2 and "not a recognised engine log" in err
+
+
+def test_an_sglang_log_that_stops_at_start_up_is_recognised_and_judged(tmp_path, capsys):
+    """SGLang's start-up line `server_args=ServerArgs(...)` with no 'Decode batch' line after it
+    (a server that failed to launch, or a log cut before the first decode_log_interval steps):
+    it was 'not a recognised engine log' (exit 2); now exit 0 with why it holds no figures.
+    The line's facts are those of sgl-project/sglang#12726 (0.5.4.post3, NGRAM, a launch that
+    failed; the excerpt's keys, in its order), the speculative shape added as SGLang prints it."""
+    args = ("model_path='/shared/public/elr-models/Qwen/Qwen3-4B/1cfa9a7208912126459214e8b04321603b3df60c/', "
+            "tokenizer_mode='auto', host='127.0.0.1', port=30000, mem_fraction_static=0.835, "
+            "max_running_requests=48, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+            "speculative_algorithm='NGRAM', speculative_num_draft_tokens=8, decode_log_interval=40")
+    f = tmp_path / "sglang_launch.log"
+    f.write_text(f"[2025-11-06 01:22:00] server_args=ServerArgs({args})\n"
+                 "[2025-11-06 01:22:05] Load weight begin. avail mem=70.12 GB\n")
+    rc, out, err = _check(capsys, f)
+    assert rc == 0 and not err
+    assert "SGLang server log (start-up lines only) [--source sglang-log]" in out
+    assert "draft shape: num_draft_tokens 8" in out
+    assert ("nothing to judge (speculative decoding configured (NGRAM, 8 draft tokens), but no 'Decode batch' "
+            "line: SGLang logs one every 40 decode steps") in out
+    # a decode line after it: the plain SGLang log (judged on its figures, never 'start-up lines only')
+    f.write_text(f.read_text() + SGL.format(s=5, L="2.64", r="0.66", t="242.08") + "\n")
+    rc, out, _ = _check(capsys, f)
+    assert "start-up lines only" not in out and "read 1 window" in out

@@ -74,7 +74,8 @@ def looks_like_line(line: str) -> bool:
     (`#pages(`, `avg_accept_len`) are its own."""
     return "Decode batch" in line and ("accept len:" in line or (
         "#running-req:" in line and "gen throughput" in line and "#pages(" not in line
-        and "avg_accept_len" not in line)) or ("Finish:" in line and "'meta_info'" in line and "spec_" in line)
+        and "avg_accept_len" not in line)) or ("Finish:" in line and "'meta_info'" in line and "spec_" in line) \
+        or "server_args=ServerArgs(" in line   # its start-up line: a log cut before any decode is SGLang's
 
 
 def looks_like(text: str) -> bool:
@@ -140,6 +141,27 @@ def rate_formula(accept_len, accept_rate, D=None) -> str | None:
 class Parser(LineParser):
     source = "sglang-log"
     engine = "sglang"
+    decode_lines = 0      # 'Decode batch' lines seen
+    args_seen = False     # the server_args=ServerArgs(...) start-up line seen
+
+    @property
+    def recognised(self) -> str | None:
+        """A log with the start-up line and no decode line (stream.NoFigures: reported with its
+        account, exit 0), None otherwise; why_empty says why it holds no figures."""
+        return "SGLang server log (start-up lines only)" if self.args_seen and not self.decode_lines else None
+
+    @property
+    def why_empty(self) -> str | None:
+        if self.recognised is None:
+            return None
+        cfg = self.reading.config
+        algo = cfg.get("speculative_algorithm")
+        spec = (f"speculative decoding configured ({algo}"
+                + (f", {cfg['speculative_num_draft_tokens']} draft tokens" if cfg.get("speculative_num_draft_tokens")
+                   else "") + "), but " if algo else "no speculative_algorithm in its server_args, and ")
+        every = cfg.get("decode_log_interval", 40)
+        return (f"{spec}no 'Decode batch' line: SGLang logs one every {every} decode steps "
+                "(decode_log_interval), so no batch decoded that long while it logged, or the log was cut")
 
     def _meta_info(self, i: int, raw: str) -> None:
         """A request's meta_info inside the log: the `Finish: obj=..., out={'meta_info': {...}}`
@@ -188,9 +210,11 @@ class Parser(LineParser):
             return
         if "server_args=" in raw or "ServerArgs(" in raw:
             self.reading.config.update(_server_args(raw))
+            self.args_seen = True
             return
         if "Decode batch" not in raw:
             return  # most lines of a server log (fast path)
+        self.decode_lines += 1
         m = DECODE_RE.search(raw)
         if not m:
             return
