@@ -254,3 +254,29 @@ def test_an_sglang_log_that_stops_at_start_up_is_recognised_and_judged(tmp_path,
     f.write_text(f.read_text() + SGL.format(s=5, L="2.64", r="0.66", t="242.08") + "\n")
     rc, out, _ = _check(capsys, f)
     assert "start-up lines only" not in out and "read 1 window" in out
+
+
+def test_start_up_only_logs_read_in_parallel_give_the_sequential_verdict(tmp_path, monkeypatch):
+    """A large log audited in byte ranges: a log of start-up lines only gets the sequential
+    account (it was NoFigures without a name there: exit 2 where the sequential read said
+    exit 0); a spec-off log with stats lines is still 'recognised as the vLLM log'."""
+    import specaudit.audit.sources as sources
+    from specaudit.audit.sources import parallel
+    text = (FIX / "no_figures" / "vllm_startup_only.log").read_text()
+    f = tmp_path / "startup.log"
+    f.write_text(text + "".join(f"(APIServer pid=1) INFO 12-03 07:38:{i % 60:02d} [x.py:1] idle {i}\n"
+                                for i in range(2000)))
+    stats = ("(APIServer pid=27089) INFO 12-03 07:37:59 [loggers.py:259] Engine 000: Avg prompt throughput: "
+             "0.0 tokens/s, Avg generation throughput: 0.0 tokens/s, Running: 0 reqs, Waiting: 0 reqs, "
+             "GPU KV cache usage: 0.0%, Prefix cache hit rate: 0.0%\n")
+    g = tmp_path / "stats.log"
+    g.write_text(f.read_text() + stats)
+    seq = {p: sources.audit_file_account(p)[1] for p in (f, g)}
+    monkeypatch.setattr(parallel, "PARALLEL_MIN", 1)
+    monkeypatch.setenv("SPECAUDIT_WORKERS", "3")
+    assert parallel.parallel_workers(f, "vllm-log") == 3
+    for p in (f, g):
+        par = sources.audit_file_account(p)[1]
+        for key in ("what", "engine", "verdict", "versions", "windows"):
+            assert par[key] == seq[p][key], (p.name, key, par[key], seq[p][key])
+    assert "start-up lines only" in seq[f]["what"] and "start-up lines only" not in seq[g]["what"]

@@ -16,7 +16,7 @@ from specaudit.audit.findings import Finding
 from specaudit.audit.sources.detection import HEAD_BYTES, SOURCES, log_markers, reader_modules
 from specaudit.audit.sources.lines import MAX_LINE, READ_CHUNK, Lines, progress_bar
 from specaudit.audit.sources.rules import audit_into
-from specaudit.audit.sources.stream import CHUNK_WINDOWS, no_figures, parse_chunks
+from specaudit.audit.sources.stream import CHUNK_WINDOWS, _recognised, no_figures, parse_chunks
 
 PARALLEL_MIN = 64 * 1024 * 1024
 
@@ -136,6 +136,11 @@ def audit_parallel(p: Path, path, source: str, forced: bool, n: int, select, ign
     if sum(st.get("windows", 0) for _fs, st in results) == 0:
         stats = {"notes": sum(st.get("notes", 0) for _fs, st in results),
                  "last_notes": next((st["last_notes"] for _fs, st in results if st.get("last_notes")), [])}
-        raise no_figures(path, source, stats)
+        # start-up lines only when every range says so (a range that saw a stats line says None;
+        # the others hold the start-up config only because it is seeded into every range)
+        if all(st.get("recognised") for _fs, st in results):
+            first = results[0][1]
+            stats.update(recognised=first["recognised"], why=first.get("why"), config=first.get("config"))
+        raise no_figures(path, source, stats, _recognised(source, forced, stats))
     return out
 
