@@ -280,3 +280,21 @@ def test_start_up_only_logs_read_in_parallel_give_the_sequential_verdict(tmp_pat
         for key in ("what", "engine", "verdict", "versions", "windows"):
             assert par[key] == seq[p][key], (p.name, key, par[key], seq[p][key])
     assert "start-up lines only" in seq[f]["what"] and "start-up lines only" not in seq[g]["what"]
+
+
+def test_an_idle_servers_zero_counters_are_not_called_checked(tmp_path, capsys):
+    """A real vLLM 0.32.0 /metrics scraped before any request: every spec-decoding counter is
+    0, so 'accepted 0 <= drafted 0' holds by arithmetic alone; the verdict says there is
+    nothing to judge yet instead of 'nothing contradicts the 2 identities checked'."""
+    rc, out, err = _check(capsys, FIX / "no_figures" / "vllm_idle.prom")
+    assert rc == 0 and not err
+    assert "verdict: every speculative counter is 0 in what was read" in out and "nothing contradicts" not in out
+    # one drafted step changes it: the usual verdict
+    text = (FIX / "no_figures" / "vllm_idle.prom").read_text()
+    f = tmp_path / "one.prom"
+    f.write_text(text.replace('vllm:spec_decode_num_drafts_total{engine="0",model_name="tiny"} 0.0',
+                              'vllm:spec_decode_num_drafts_total{engine="0",model_name="tiny"} 1.0')
+                 .replace('vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="tiny"} 0.0',
+                          'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="tiny"} 3.0'))
+    rc, out, _ = _check(capsys, f)
+    assert rc == 0 and "every speculative counter is 0" not in out and "nothing contradicts the" in out
