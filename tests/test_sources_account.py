@@ -298,3 +298,22 @@ def test_an_idle_servers_zero_counters_are_not_called_checked(tmp_path, capsys):
                           'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="tiny"} 3.0'))
     rc, out, _ = _check(capsys, f)
     assert rc == 0 and "every speculative counter is 0" not in out and "nothing contradicts the" in out
+
+
+def test_a_vllm_log_without_speculative_decoding_says_so(tmp_path, capsys, monkeypatch):
+    """A real vLLM 0.32.0 log with speculative decoding off (one request served): the verdict
+    says it is off, from the engine's start-up line (speculative_config=None), where it said
+    'speculative decoding off, or not exported'; read in byte ranges, the same."""
+    import specaudit.audit.sources as sources
+    from specaudit.audit.sources import parallel
+    f = FIX / "no_figures" / "vllm_spec_off.log"
+    rc, out, err = _check(capsys, f)
+    assert rc == 0 and not err
+    assert "nothing to judge (speculative decoding off: the engine's start-up line has speculative_config=None)" in out
+    seq = sources.audit_file_account(f)[1]
+    monkeypatch.setattr(parallel, "PARALLEL_MIN", 1)
+    monkeypatch.setenv("SPECAUDIT_WORKERS", "2")
+    assert sources.audit_file_account(f)[1]["verdict"] == seq["verdict"]
+    # a log whose engine line names a speculative config keeps the other reasons
+    rc, out, _ = _check(capsys, FIX / "no_figures" / "vllm_startup_only.log")
+    assert "speculative decoding off" not in out

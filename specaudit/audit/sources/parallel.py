@@ -138,9 +138,12 @@ def audit_parallel(p: Path, path, source: str, forced: bool, n: int, select, ign
                  "last_notes": next((st["last_notes"] for _fs, st in results if st.get("last_notes")), [])}
         # start-up lines only when every range says so (a range that saw a stats line says None;
         # the others hold the start-up config only because it is seeded into every range)
+        first = results[0][1]
+        stats["config"] = first.get("config")   # the start-up config is seeded into every range
         if all(st.get("recognised") for _fs, st in results):
-            first = results[0][1]
-            stats.update(recognised=first["recognised"], why=first.get("why"), config=first.get("config"))
+            stats.update(recognised=first["recognised"], why=first.get("why"))
+        else:   # the why of a range that saw more than start-up lines, as the whole file's read would give it
+            stats["why"] = next(st.get("why") for _fs, st in results if not st.get("recognised"))
         raise no_figures(path, source, stats, _recognised(source, forced, stats))
     return out
 

@@ -187,9 +187,11 @@ class Parser(LineParser):
 
     @property
     def why_empty(self) -> str | None:
+        cfg = self.reading.config
+        if cfg.get("spec_off"):
+            return "speculative decoding off: the engine's start-up line has speculative_config=None"
         if self.recognised is None:
             return None
-        cfg = self.reading.config
         spec = (f"speculative decoding configured ({cfg['spec_method']}, k = {cfg['num_spec_tokens']}), but "
                 if cfg.get("spec_method") and cfg.get("num_spec_tokens") else "")
         return (f"{spec}no stats line: no request ran while it logged, the log ends before the first stats "

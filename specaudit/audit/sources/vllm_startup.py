@@ -20,6 +20,7 @@ keys this module puts into Reading.config (the vocabulary of the SA7xx rules):
                         the user's explicit 'method')
     draft_sample_method greedy (vLLM's default) | probabilistic, as the user passed it
     num_spec_tokens     k
+    spec_off            True when the engine line says speculative_config=None
     startup_line        the line number of the line that gave the models
 """
 from __future__ import annotations
@@ -45,6 +46,8 @@ def startup(raw: str, line: int) -> dict:
         if s:
             out.update(spec_method=s.group("method"), draft_model=s.group("dmodel"),
                        num_spec_tokens=int(s.group("k")))
+        elif "speculative_config=None" in raw:
+            out["spec_off"] = True   # the engine resolved no speculative decoding
         d = DEVICE_RE.search(raw, m.end())
         if d:
             out["device"] = d.group("dev")
