@@ -317,3 +317,28 @@ def test_a_vllm_log_without_speculative_decoding_says_so(tmp_path, capsys, monke
     # a log whose engine line names a speculative config keeps the other reasons
     rc, out, _ = _check(capsys, FIX / "no_figures" / "vllm_startup_only.log")
     assert "speculative decoding off" not in out
+
+
+def test_llama_server_with_a_drafter_that_never_drafts_is_named(tmp_path, capsys):
+    """Real llama-server output from this machine: -md without --spec-type loads the drafter
+    and never drafts. Its log (a request finished, no acceptance line) and its /metrics after
+    the request (spec counters 0, 40 tokens predicted) both say it generated without drafting
+    and why; the idle scrape before the request stays 'nothing to judge yet'."""
+    nf = FIX / "no_figures"
+    rc, out, _ = _check(capsys, nf / "llamacpp_md_without_spec_type.log")
+    assert rc == 0
+    assert "1 request finished, but no draft acceptance line: nothing was drafted" in out
+    assert "--spec-type" in out
+    rc, out, _ = _check(capsys, nf / "llamacpp_md_without_spec_type.prom")
+    assert rc == 0
+    assert "every speculative counter is 0 while the server generated 40 tokens since start-up" in out
+    assert "--spec-type" in out
+    rc, out, _ = _check(capsys, nf / "llamacpp_idle.prom")
+    assert rc == 0 and "nothing to judge yet" in out and "generated" not in out.split("verdict:")[1]
+    # a log of requests without a drafter loaded says nothing of --spec-type
+    lines = (nf / "llamacpp_md_without_spec_type.log").read_text().splitlines(keepends=True)
+    plain = tmp_path / "plain.log"
+    plain.write_text("".join(ln for ln in lines if "loading draft model" not in ln))
+    assert plain.read_text() != "".join(lines)
+    rc, out, _ = _check(capsys, plain)
+    assert rc == 0 and "--spec-type" not in out and "nothing to judge" in out

@@ -37,6 +37,13 @@ FIGURES = (  # Window attribute -> the name shown
     ("draft_tokens", "drafted tokens"), ("accepted_tokens", "accepted drafts"), ("k", "draft length"),
     ("concurrency", "running requests"), ("gen_tps", "generation throughput (tokens/s)"),
 )
+# why an engine generates without drafting, by engine (the account's verdict on zero spec counters)
+NO_DRAFTING = {
+    "llamacpp": "llama-server drafts with a draft model only under --spec-type, e.g. draft-simple: "
+                "-md alone loads the drafter and never drafts",
+    "vllm": "an ngram drafter finds no match in these prompts, or the requests ran without drafts",
+    None: "speculative decoding not configured for these requests",
+}
 MAX_REMARKS = 5   # a file's rule remarks shown in full; the rest counted
 SEED_DEPTH = ("no depth counter in this output: an accept-depth figure (e.g. the seed's 'depth 7.00') needs "
               "--reported-accept-depth (specaudit estimate) or a trace")
@@ -391,6 +398,11 @@ class Account:
                        f"({self.empty_why or 'speculative decoding off, or not exported'})")
         elif errors:
             verdict = f"{errors} finding{'s contradict' if errors != 1 else ' contradicts'} the figures (listed below)"
+        elif self._all_zero() and self.cfg.get("tokens_generated"):
+            # tokens generated, none drafted: the server ran without speculative decoding
+            verdict = (f"every speculative counter is 0 while the server generated "
+                       f"{_shown(self.cfg['tokens_generated'])} tokens since start-up: it generated without "
+                       f"drafting, nothing to judge ({NO_DRAFTING.get(self.engine, NO_DRAFTING[None])})")
         elif self._all_zero():
             # the identities hold on 0 = 0 by arithmetic alone: saying they were checked would claim too much
             verdict = ("every speculative counter is 0 in what was read (nothing drafted: an idle server, or a "

@@ -96,7 +96,8 @@ class Parser(LineParser):
         self.block_line = None
         self.header = None   # (slot, task, line) of a `slot print_timing: id N | task T |` line with nothing after
         self.listening = False   # llama-server's start-up line seen
-        self.timings = 0         # request lines seen (print_timing: one per finished request)
+        self.timings = 0         # request lines seen (print_timing)
+        self.finished = 0        # requests finished (their print_timing `total time =` line)
 
     @property
     def recognised(self) -> str | None:
@@ -106,9 +107,14 @@ class Parser(LineParser):
 
     @property
     def why_empty(self) -> str | None:
-        if self.recognised is None:
-            return None
         d = self.reading.config.get("draft_model")
+        if self.recognised is None:
+            if not (self.finished and d):
+                return None
+            # requests ran with a drafter loaded, and not one acceptance line: nothing was drafted
+            return (f"a draft model loaded ({d}) and {self.finished} request{'s' * (self.finished != 1)} "
+                    "finished, but no draft acceptance line: nothing was drafted (llama-server drafts with a "
+                    "draft model only under --spec-type, e.g. draft-simple: -md alone loads it and never drafts)")
         spec = (f"a draft model loaded ({d}), but " if d else
                 "no draft model loaded (speculative decoding off unless the build drafts without one), and ")
         return (f"{spec}no request finished while it logged (llama-server logs a slot's draft acceptance when "
@@ -156,6 +162,8 @@ class Parser(LineParser):
     def _feed(self, i: int, raw: str) -> None:
         if "print_timing" in raw:
             self.timings += 1
+            if "total time =" in raw:
+                self.finished += 1
         elif "listening on http" in raw and LISTEN_RE.search(raw):
             self.listening = True
             return

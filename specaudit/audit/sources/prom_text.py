@@ -86,6 +86,8 @@ LLAMACPP = {
     "accepted_tokens": "llamacpp:spec_decode_num_accepted_tokens_total",
     "per_pos": "llamacpp:spec_decode_num_accepted_tokens_per_pos_total",
 }
+# the engine's generated-tokens counter (read for the account only, never differenced here for llama.cpp)
+GENERATED = {"vllm": "vllm:generation_tokens_total", "llamacpp": "llamacpp:tokens_predicted_total"}
 RANK_LABELS = ("engine", "dp_rank")
 POS_LABELS = ("position", "depth", "token_position")
 # engine -> (series names, required fields, per-position denominator)
@@ -245,6 +247,11 @@ def build(scrapes, notes, path, types=None, info=None) -> Reading:
     reading = Reading(source="prom-text", engine=engine, path=path, notes=notes)
     if missing:   # a partial scrape: judged on the series it holds; the account names the rest
         reading.config["missing_series"] = missing
+    gen = GENERATED.get(engine)
+    if gen and scrapes and any(n == gen for n, _l in scrapes[-1].samples):
+        # tokens generated since start-up (the last scrape): beside spec counters that are all 0
+        # it tells a server that generated without drafting from an idle one (sources.account)
+        reading.config["tokens_generated"] = sum(v for (n, _l), (v, _i) in scrapes[-1].samples.items() if n == gen)
     if engine == "llamacpp":
         reading.version = "llama-server /metrics spec_decode_* counters (PR 26389)"
         reading.config["counters_at"] = "request_end"   # a request's counts land when it ends
