@@ -376,3 +376,25 @@ def test_tls_verification_and_its_options(fake, tmp_path):
     with pytest.raises(InputError) as e:
         read(url, ca_file=str(tmp_path / "missing.pem"))
     assert "cannot load --ca-file" in e.value.reason
+
+
+def test_a_range_that_generated_without_drafting_is_named(fake):
+    """Over a Prometheus range the spec counters did not move while generation did: the
+    account says the server generated without drafting (not 'an idle server'); a range where
+    nothing moved at all is an idle server: nothing to judge yet, never an error."""
+    from specaudit.audit.check_inputs import run_check
+    series = vllm_series(n=5, steps=0, pos=(0, 0, 0))
+    for lab, vals in series:
+        if lab["__name__"] == "vllm:generation_tokens_total":
+            vals[:] = [(t, 300.0 * i) for i, (t, _v) in enumerate(vals)]   # 300 tokens per 15 s window
+    live = dict(range="1000d", step="0", timeout="10s")
+    res, text = run_check(prometheus=fake(series).url, live=live)
+    assert res.errors == 0
+    assert "every speculative counter is 0 while the server generated tokens (up to 20/s)" in text, text[-1500:]
+    # nothing moved at all (an idle server): one window over the range, judged 'nothing to judge
+    # yet' (it was 'none has two samples in the range', an SA000 error: a false alarm)
+    idle = vllm_series(n=5, steps=0, pos=(0, 0, 0))
+    res, text = run_check(prometheus=fake(idle).url, live=live)
+    assert res.errors == 0 and not res.bad_files, text[-1500:]
+    assert "read 1 window (ending 2025-11-30 10:54:20)" in text
+    assert "nothing to judge yet" in text and "generated tokens" not in text, text[-1500:]

@@ -326,6 +326,11 @@ class Account:
         got = [self.figures[a] for a in ("drafts", "draft_tokens", "accepted_tokens") if a in self.figures]
         return bool(got) and all(f[1] == 0 and f[2] == 0 for f in got)
 
+    def _generated_tps(self):
+        """The highest generation throughput read (tokens/s), or None when none above 0."""
+        f = self.figures.get("gen_tps")
+        return f[2] if f and f[2] > 0 else None
+
     def _not_checkable(self) -> list:
         if not self.windows:
             return ["every identity: this output holds no spec-decoding figures", SEED_DEPTH]
@@ -398,10 +403,11 @@ class Account:
                        f"({self.empty_why or 'speculative decoding off, or not exported'})")
         elif errors:
             verdict = f"{errors} finding{'s contradict' if errors != 1 else ' contradicts'} the figures (listed below)"
-        elif self._all_zero() and self.cfg.get("tokens_generated"):
+        elif self._all_zero() and (self.cfg.get("tokens_generated") or self._generated_tps()):
             # tokens generated, none drafted: the server ran without speculative decoding
-            verdict = (f"every speculative counter is 0 while the server generated "
-                       f"{_shown(self.cfg['tokens_generated'])} tokens since start-up: it generated without "
+            gen = (f"{_shown(self.cfg['tokens_generated'])} tokens since start-up"
+                   if self.cfg.get("tokens_generated") else f"tokens (up to {_shown(self._generated_tps())}/s)")
+            verdict = (f"every speculative counter is 0 while the server generated {gen}: it generated without "
                        f"drafting, nothing to judge ({NO_DRAFTING.get(self.engine, NO_DRAFTING[None])})")
         elif self._all_zero():
             # the identities hold on 0 = 0 by arithmetic alone: saying they were checked would claim too much
