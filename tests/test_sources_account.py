@@ -342,3 +342,14 @@ def test_llama_server_with_a_drafter_that_never_drafts_is_named(tmp_path, capsys
     assert plain.read_text() != "".join(lines)
     rc, out, _ = _check(capsys, plain)
     assert rc == 0 and "--spec-type" not in out and "nothing to judge" in out
+
+
+def test_ab_names_why_a_side_holds_no_figures(capsys):
+    """`specaudit ab` with a side that holds no figures stops in one line (exit 2) that says
+    why, where the reader knows it: the vLLM log without speculative decoding says it is off."""
+    nf = FIX / "no_figures"
+    rc = main(["ab", str(FIX / "vllm_clean.log"), str(nf / "vllm_spec_off.log")])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert "vllm_spec_off.log: read as vllm-log, but no usable spec-decoding figures in it (speculative " \
+           "decoding off: the engine's start-up line has speculative_config=None)" in err

@@ -163,6 +163,8 @@ class NoFigures(InputError):
         self.notes = list(notes)
         self.why = why                    # why this engine output holds no figures, when the reader knows
         self.config = dict(config or {})  # what its lines said of the set-up (start-up lines)
+        if why:   # the one-line error (ab, estimate) says why too; `check` shows it as the verdict
+            Exception.__init__(self, f"{self.path}: {reason} ({why})" if self.path else f"{reason} ({why})")
 
 
 
