@@ -378,7 +378,7 @@ def _windows(r: Reading, engine, rank, fields, step_s):
         bounds.append(t)
     if len(bounds) == 1 and len(times) > 1 and not gauges_only:
         # nothing moved over the whole range (an idle server): one window across it, all 0, so the
-        # account says there is nothing to judge yet (it was 'fewer than two samples', an SA000 error)
+        # account says there is nothing to judge yet (it was refused as 'none has two samples', exit 2)
         bounds.append(times[-1])
     spacing = sorted(b - a for a, b in zip(times, times[1:]))
     typical = spacing[len(spacing) // 2] if spacing else None
