@@ -115,13 +115,13 @@ def audit_live(url, select, ignore, result, *, range="6h", step="30s", timeout="
                insecure=False, ca_file=None) -> None:
     """A Prometheus server's spec-decoding series through specaudit.audit.sources.prom_http."""
     from specaudit.audit.check.result import result_bad
-    from specaudit.audit.sources.prom_http import audit_prometheus, parse_duration
+    from specaudit.audit.sources.prom_http import parse_duration, read_prometheus
     from specaudit.trace.safe_io import InputError
     try:
         kw = dict(range_s=parse_duration(range, "--range"), step_s=parse_duration(step, "--step"),
                   timeout=parse_duration(timeout, "--timeout"))
-        found, readings = audit_prometheus(url, select=select, ignore=ignore, match=list(match),
-                                           headers=list(headers), insecure=insecure, ca_file=ca_file, **kw)
+        readings = read_prometheus(url, match=list(match), headers=list(headers), insecure=insecure,
+                                   ca_file=ca_file, **kw)
     except (InputError, ValueError) as e:
         result_bad(result, url, getattr(e, "reason", None) or str(e))
         return
@@ -131,14 +131,13 @@ def audit_live(url, select, ignore, result, *, range="6h", step="30s", timeout="
         return
     result.files_checked += [r.path for r in readings]
     from specaudit.audit.sources.account import Account
-    for r in readings:   # each series group's account: what was read, checked, not checkable
+    from specaudit.audit.sources.rules import audit_into
+    for r in readings:   # each series group through the rules, with its account: read, checked, not checkable
         acc = Account(r.path, "prometheus", engine=r.engine, what=f"Prometheus range query ({r.engine} series)")
-        acc.add(r)
-        for text in r.remarks:
-            acc.remark(text)
-        result.readings.append(acc.finish([fd for fd in found if fd.file == r.path]))
-    for fd in found:
-        result.add(fd)
+        found = audit_into(r, acc, select=select, ignore=ignore)
+        result.readings.append(acc.finish(found))
+        for fd in found:
+            result.add(fd)
     _count_source_rules(result, select, ignore)
 
 
