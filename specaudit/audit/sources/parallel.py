@@ -16,7 +16,7 @@ from specaudit.audit.findings import Finding
 from specaudit.audit.sources.detection import HEAD_BYTES, SOURCES, log_markers, reader_modules
 from specaudit.audit.sources.lines import MAX_LINE, READ_CHUNK, Lines, progress_bar
 from specaudit.audit.sources.rules import audit_into
-from specaudit.audit.sources.stream import CHUNK_WINDOWS, _recognised, no_figures, parse_chunks
+from specaudit.audit.sources.stream import CHUNK_WINDOWS, no_figures, parse_chunks, recognised_as
 
 PARALLEL_MIN = 64 * 1024 * 1024
 
@@ -144,6 +144,6 @@ def audit_parallel(p: Path, path, source: str, forced: bool, n: int, select, ign
             stats.update(recognised=first["recognised"], why=first.get("why"))
         else:   # the why of a range that saw more than start-up lines, as the whole file's read would give it
             stats["why"] = next(st.get("why") for _fs, st in results if not st.get("recognised"))
-        raise no_figures(path, source, stats, _recognised(source, forced, stats))
+        raise no_figures(path, source, stats, recognised_as(source, forced, stats))
     return out
 

@@ -81,7 +81,7 @@ def iter_readings(path, source: str | None = None, chunk: int = CHUNK_WINDOWS):
     yield from read_chunks(p, path, source, forced, chunk)
 
 
-def _recognised(source: str, forced: bool, stats: dict) -> str | None:
+def recognised_as(source: str, forced: bool, stats: dict) -> str | None:
     """What a file without figures was recognised as by its own words: a log detected by
     its lines, or what the parser saw (a record or series family of an engine)."""
     if stats.get("recognised"):
@@ -101,7 +101,7 @@ def read_chunks(p: Path, path, source: str, forced: bool, chunk: int = CHUNK_WIN
     try:
         for r in parse_chunks(path, source, forced, lines, parser, chunk, stats):
             if "windows" in stats and stats["windows"] == 0:
-                raise no_figures(path, source, stats, _recognised(source, forced, stats))
+                raise no_figures(path, source, stats, recognised_as(source, forced, stats))
             yield r
             del r   # one chunk in memory at a time (see parse_chunks)
     except NoFigures:
@@ -112,7 +112,7 @@ def read_chunks(p: Path, path, source: str, forced: bool, chunk: int = CHUNK_WIN
             raise NoFigures(e.path, e.reason, recognised=rec, notes=lines.notes) from None
         raise
     if stats.get("windows", 0) == 0:
-        raise no_figures(path, source, stats, _recognised(source, forced, stats))
+        raise no_figures(path, source, stats, recognised_as(source, forced, stats))
 
 
 def read_source(path, source: str | None = None) -> Reading:
