@@ -234,7 +234,11 @@ def test_spread_buckets_gives_every_core_groups_in_proportion_to_bytes(tmp_path)
 
 @pytest.fixture(scope="session")
 def spark():
-    s = sps.session("local[2]", shuffle_partitions=4)
+    # The JVM's quick-start options for a session of seconds (the tests', not the product's
+    # defaults: a long job on a cluster wants the optimising JIT): the C1 compiler alone and the
+    # serial collector. In local mode the executors run in the driver's JVM.
+    s = sps.session("local[2]", shuffle_partitions=4,
+                    **{"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"})
     yield s
     s.stop()
 
