@@ -14,7 +14,8 @@ locally, a failure under CI):
     own drafter, temperature 0.8, a per-request seed, 12 requests of 48 tokens): the log
     agrees with the responses' per_step_accepted, and `specaudit check` on the server's
     log reports SA735 with the numbers (the garbage differs from run to run: a collapse
-    or acceptance that stops at position 0; both are SA735);
+    or acceptance that stops at position 0; both are SA735; now and then it is a plausible
+    temperature, and the run is done again: see the `live` fixture);
   - the proof, in one traced vLLM process (scripts/vllm_sampling_probe.py): the trace of
     the run as shipped breaks SA801 (decisions u < p/q contradicts), the control pass of
     the same requests with the expansion fixed checks clean.
@@ -69,15 +70,36 @@ def test_cpu_expand_drops_the_temperature():
         "build; update docs/vllm-sampling-anomaly.md and this test")
 
 
+def _responses_show_the_anomaly(s: dict) -> bool:
+    """From the responses alone (per_step_accepted, not the log): clearly below SA735's
+    thresholds, with a margin either side of the rule's own gate: under 8% of the drafts
+    accepted, or position 1 under an eighth of position 0 (at least 40 there)."""
+    acc = s["accepted_at_position"]
+    return sum(acc) < 0.08 * 4 * s["verify_steps"] or (acc[0] >= 40 and 8 * acc[1] < acc[0])
+
+
+ATTEMPTS = 3   # fresh servers at most: each draws new uninitialised memory
+
+
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
+    """The first of up to ATTEMPTS live runs whose responses show the anomaly. The bug reads
+    uninitialised memory, so a run's garbage may happen to give a plausible temperature:
+    one run here accepted 54, 49, 45, 44 drafts per position, flat and just above 10%, which
+    no log can tell from a healthy self-drafter sampling at a temperature where the top
+    token is that unlikely. Two runs in a row doing so is rare; none of three fails."""
     _need_venv()
     from tiny_llama import TARGET, ensure
     from vllm_selfdraft_live import run
     target = ensure("target", TARGET, log=lambda m: None)   # the drafter checkpoint is not needed
-    out = tmp_path_factory.mktemp("vllm_selfdraft")
-    summary = run(str(VENV_PY), str(target), out, temperature=0.8, seed=1, requests=12, max_tokens=48)
-    return out, summary
+    seen = []
+    for _ in range(ATTEMPTS):
+        out = tmp_path_factory.mktemp("vllm_selfdraft")
+        summary = run(str(VENV_PY), str(target), out, temperature=0.8, seed=1, requests=12, max_tokens=48)
+        if _responses_show_the_anomaly(summary):
+            return out, summary
+        seen.append({k: summary[k] for k in ("verify_steps", "accepted_at_position")})
+    raise AssertionError(f"{ATTEMPTS} live runs, none with the anomaly in its responses: {seen}")
 
 
 def test_live_counts_agree(live):
