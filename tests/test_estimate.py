@@ -220,6 +220,19 @@ def test_cli_seed_inconsistent_json(capsys):
     assert cli.main(SEED + ["--reported-accept-depth", "7"]) == 1
 
 
+@pytest.mark.parametrize("flag,typed,code", [
+    ("--reported-commit-len", "2.3", 0), ("--reported-commit-len", "2.3000", 1),
+    ("--reported-accept-depth", "1.3", 0), ("--reported-accept-depth", "1.3000", 1)])
+def test_cli_reported_figure_keeps_the_digits_it_was_typed_with(flag, typed, code, capsys):
+    """The band's top here is 2.0296 x 1.11 = 2.2529: "2.3" stands for 2.25 to 2.35 and may be
+    inside it, "2.3000" cannot (a float would have read both as 2.3). A depth is judged plus one
+    with its digits kept."""
+    assert cli.main(SEED + ["--tolerance", "0.11", flag, typed, "--output-format", "json"]) == code
+    d = json.loads(capsys.readouterr().out)
+    assert d["results"][0]["estimate"]["high"] * 1.11 == pytest.approx(2.2529, abs=1e-4)
+    assert d["verdict"] == ("consistent" if code == 0 else "inconsistent")
+
+
 @pytest.mark.parametrize("argv,word", [
     (["estimate", "--observed-tps", "0", "--baseline-tps", "98", "--cost-factor", "1.5"], "positive"),
     (["estimate", "--observed-tps", "-3", "--baseline-tps", "98", "--cost-factor", "1.5"], "positive"),

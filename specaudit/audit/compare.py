@@ -49,6 +49,27 @@ FULL_PRECISION_REL = 1e-9      # relative slack for such a float (summation orde
 AGREES, DISAGREES, NO_VERDICT = "agrees", "disagrees", "no verdict"
 
 
+class Printed(float):
+    """A float that remembers how it was written ("7.0000" on a command line): precision()
+    reads its digits from that text, not from repr (which would say 7.0, +-0.05). Adding an
+    int keeps the digits (a depth given as 6.00 is judged as 7.00)."""
+
+    def __new__(cls, text: str):
+        v = super().__new__(cls, text)
+        v.text = text.strip()
+        return v
+
+    def __add__(self, other):
+        if isinstance(other, int) and not isinstance(other, bool):
+            try:
+                return Printed(str(Decimal(self.text) + other))
+            except InvalidOperation:
+                pass
+        return float(self) + other
+
+    __radd__ = __add__
+
+
 def _number(x) -> float | None:
     if x is None or isinstance(x, bool) or not isinstance(x, (int, float, Decimal)):
         try:  # numpy scalars and the like
@@ -80,6 +101,8 @@ def precision(reported, printed: str | None = None) -> tuple[Decimal, Decimal] |
     v = _number(reported)
     if v is None:
         return None
+    if printed is None and isinstance(reported, Printed):
+        printed = reported.text
     if isinstance(printed, str) and printed.strip():
         text = printed.strip()
     else:

@@ -37,7 +37,9 @@ def reported_figure(name: str, x) -> float | None:
     exactly 0 has not speculated)."""
     if x is None:
         return None
-    return finite_positive(name, x, "above 0 (a mean per verify step)")
+    v = finite_positive(name, x, "above 0 (a mean per verify step)")
+    from specaudit.audit.compare import Printed
+    return x if isinstance(x, Printed) else v      # as typed: its digits say its precision
 
 
 def baseline_for(obs: Observation, *, baseline_tps=None, baseline_std=0.0, baseline_file=None,

@@ -49,11 +49,18 @@ from __future__ import annotations
 import json
 import sys
 
+from specaudit.audit.compare import Printed
 from specaudit.audit.estimate_model import DEFAULT_TOLERANCE  # numpy-free: read at CLI start-up
 
 HELP = ("estimate the commit length from throughput; judge each reported counter by the step cost r it implies "
         "against a measured, given or hardware-class band")
 ORDER = 35
+
+
+def number(text: str) -> Printed:
+    """A figure as typed (argparse's type: "invalid number value" names what is not one; a
+    number out of range is refused by the library, which says what the range is)."""
+    return Printed(text)
 
 
 def add_arguments(p) -> None:
@@ -89,9 +96,12 @@ def add_arguments(p) -> None:
     g.add_argument("--concurrency", type=int, help="running requests c (for --profile; for a log, use only "
                                                    "windows at this concurrency)")
     g = p.add_argument_group("the figure under audit")
-    g.add_argument("--reported-commit-len", type=float,
-                   help="reported mean commit length / accept length, bonus token included (> 0)")
-    g.add_argument("--reported-accept-depth", type=float,
+    # a reported figure keeps the digits it was typed with: 7.0000 stands for 7.0000 +- 0.00005, 7.0
+    # for 6.95 to 7.05 (specaudit.audit.compare.precision), as a figure read off a log line does
+    g.add_argument("--reported-commit-len", type=number,
+                   help="reported mean commit length / accept length, bonus token included (> 0); as printed: "
+                        "its digits are its precision (2.0 stands for 1.95 to 2.05, 2.000 for 1.9995 to 2.0005)")
+    g.add_argument("--reported-accept-depth", type=number,
                    help="reported mean accepted depth (drafts only, > 0); judged as depth + 1; may be given "
                         "with --reported-commit-len to ask which of the two counters is wrong")
     p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
