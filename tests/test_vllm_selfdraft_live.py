@@ -71,9 +71,9 @@ def test_cpu_expand_drops_the_temperature():
 
 
 def _responses_show_the_anomaly(s: dict) -> bool:
-    """From the responses alone (per_step_accepted, not the log): clearly below SA735's
-    thresholds, with a margin either side of the rule's own gate: under 8% of the drafts
-    accepted, or position 1 under an eighth of position 0 (at least 40 there)."""
+    """From the responses alone (per_step_accepted, not the log): clearly past SA735's
+    thresholds, with a margin beyond the rule's own gate (10%, a quarter): under 8% of the
+    drafts accepted, or position 1 under an eighth of position 0 (at least 40 there)."""
     acc = s["accepted_at_position"]
     return sum(acc) < 0.08 * 4 * s["verify_steps"] or (acc[0] >= 40 and 8 * acc[1] < acc[0])
 

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from specaudit.audit.compare import Printed
 from specaudit.audit.cost_profile import CostProfile, profile_t_ar
 from specaudit.audit.estimate_judge import estimate_and_judge, r_band_judgement
 from specaudit.audit.estimate_model import (
@@ -38,7 +39,6 @@ def reported_figure(name: str, x) -> float | None:
     if x is None:
         return None
     v = finite_positive(name, x, "above 0 (a mean per verify step)")
-    from specaudit.audit.compare import Printed
     return x if isinstance(x, Printed) else v      # as typed: its digits say its precision
 
 
