@@ -233,6 +233,17 @@ def test_cli_reported_figure_keeps_the_digits_it_was_typed_with(flag, typed, cod
     assert d["verdict"] == ("consistent" if code == 0 else "inconsistent")
 
 
+def test_a_typed_figure_keeps_its_digits_through_a_copy_and_depth_plus_one():
+    import copy
+    import pickle
+
+    from specaudit.audit.compare import Printed, precision
+    a = Printed("7.0000")
+    for b in (pickle.loads(pickle.dumps(a)), copy.deepcopy(a)):
+        assert isinstance(b, Printed) and precision(b) == precision(a) != precision(7.0)
+    assert (Printed("6.00") + 1).text == "7.00" and precision(Printed("6.00") + 1) == precision(7.0, "7.00")
+
+
 @pytest.mark.parametrize("argv,word", [
     (["estimate", "--observed-tps", "0", "--baseline-tps", "98", "--cost-factor", "1.5"], "positive"),
     (["estimate", "--observed-tps", "-3", "--baseline-tps", "98", "--cost-factor", "1.5"], "positive"),

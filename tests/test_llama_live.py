@@ -320,7 +320,7 @@ def test_estimate_from_throughput_is_within_10pct_of_the_proven_commit_length(co
     # and the estimate can refuse a counter: every drafted token counted as accepted reads k + 1,
     # none (partial acceptance counted as 0, llama.cpp PR 25682) reads 1; the one farther from the
     # proven length, which the pair trained on the machine running this puts anywhere between
-    # (5.8 of 7 on a fresh AMD EPYC, where k + 1 sat at the band's edge: "consistent", rightly)
+    # (5.8 of 7 on a fresh AMD EPYC, where k + 1 sat at the band's edge: a toss-up on a noisy machine)
     bad = 1.0 if c["proven"] > (K + 2) / 2 else K + 1
     res = est(bad)
     assert res.returncode == 1, res.stdout + res.stderr

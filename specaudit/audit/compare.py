@@ -20,7 +20,8 @@ The rule:
       prints as it. 3.41 stands for [3.405, 3.415); 120.5 for [120.45, 120.55); 2.0 for
       [1.95, 2.05). The derived value agrees when it lies in that half-open interval,
       compared exactly in decimal (no binary rounding slack). The precision is read
-      from the text when the caller has it (`printed="2.00"`: [1.995, 2.005)), else
+      from the text when the caller has it (`printed="2.00"`: [1.995, 2.005), or a
+      `Printed("2.00")`, a float that keeps its text: the CLI's typed figures), else
       from the shortest repr of the float (a parsed "2.00" is 2.0: the looser [1.95,
       2.05), which can only miss, never raise, an alarm).
     * A float with FULL_PRECISION_DIGITS significant digits or more was not printed for
@@ -58,6 +59,9 @@ class Printed(float):
         v = super().__new__(cls, text)
         v.text = text.strip()
         return v
+
+    def __getnewargs__(self):       # copies and pickles rebuild it from its text, not from the float
+        return (self.text,)
 
     def __add__(self, other):
         if isinstance(other, int) and not isinstance(other, bool):
