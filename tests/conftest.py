@@ -2,8 +2,15 @@
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# pytest caches each test module with its asserts rewritten (tests/__pycache__/*-pytest-*.pyc)
+# only where bytecode may be written; where PYTHONDONTWRITEBYTECODE is set (this CI machine sets
+# it) every xdist worker rewrote all of tests/ on every run: about 8 s of a core each, a quarter of
+# the suite's start. The test command writes bytecode anyway (scripts/test.sh's compileall line);
+# this lets the first worker that rewrites a module keep it for the others and the next run.
+sys.dont_write_bytecode = False
 # One intra-op thread in tests and in the subprocesses they start (servers, CLI runs):
 # decode-sized ops on a tiny model gain nothing from more, and oversubscribed OpenMP
 # threads spin and slow every process on a 2-core machine by an order of magnitude.
