@@ -7,7 +7,6 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from scipy.stats import chisquare
 
 from specaudit.audit.check import check_paths
 from specaudit.audit.lossless import compare, compare_datasets, n_needed, run_reference
@@ -67,6 +66,13 @@ def _first_token_freq(p, q, parents, fault=None, n=20000, seed=0):
 
 P = np.array([0.5, 0.2, 0.2, 0.1])
 Q = np.array([0.1, 0.6, 0.1, 0.2])
+
+
+def chisquare(observed, expected):
+    """scipy.stats.chisquare, imported where used: scipy.stats takes about a second to import,
+    which every xdist worker paid while collecting this module."""
+    from scipy.stats import chisquare as chi2
+    return chi2(observed, expected)
 
 
 @pytest.mark.parametrize("parents", [[-1, 0], [-1, 0, 0], [-1, 0, 0, 0]], ids=["chain", "mss-2", "mss-3"])
