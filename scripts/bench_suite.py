@@ -3,6 +3,7 @@ the cores went, and which modules hold the time. Prints one JSON line.
 
     python3 scripts/bench_suite.py                      # the pytest line of scripts/test.sh
     python3 scripts/bench_suite.py --workers 3,4        # the same suite at -n 3 and -n 4, in turn
+    python3 scripts/bench_suite.py --log-dir /tmp/suite # each run's whole pytest output kept there
 
 It runs the pytest line of scripts/test.sh (the installs before it are assumed done: run
 `bash scripts/test.sh` once first), with `-n` set to each --workers value, while it
@@ -39,6 +40,8 @@ from benchutil import ROOT, add_json_out, guard_ratios, load_fields, quiet_machi
 TARGET_S = 480.0     # issue 35: the suite under 8 minutes of pytest on this machine
 # pytest's last line: "2047 passed, 1 skipped in 476.93s (0:07:56)" (-q), maybe between ='s
 SUMMARY = re.compile(r"^=*\s*(?P<counts>\d+ (?:passed|failed|errors?|skipped)[^=\n]*?) in (?P<secs>[\d.]+)s", re.M)
+# the short summary's lines (-q prints them for every failure): "FAILED tests/a.py::b[x] - AssertionError..."
+FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.M)
 
 
 def test_sh_pytest() -> list[str]:
@@ -104,7 +107,14 @@ def summarise(timeline: list[dict], top: int = 12) -> dict:
     }
 
 
-def run_suite(workers: int, log) -> dict:
+def failed_tests(text: str) -> list[str]:
+    """The node ids pytest's short summary names FAILED or ERROR, in its order."""
+    return list(dict.fromkeys(FAILED.findall(text)))
+
+
+def run_suite(workers: int, log, log_dir: Path | None = None) -> dict:
+    """One run of the suite at -n `workers`; its whole output goes to
+    log_dir/pytest-n<workers>.log when log_dir is given."""
     with tempfile.TemporaryDirectory() as tmp:
         tl = Path(tmp) / "timeline.jsonl"
         # a fresh pytest, even when started from inside one (tests/test_bench_suite.py under xdist):
@@ -112,7 +122,8 @@ def run_suite(workers: int, log) -> dict:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT"))}
         env["SPECAUDIT_TEST_TIMELINE"] = str(tl)
         t0 = time.time()
-        with CpuSampler() as cpu, open(Path(tmp) / "pytest.log", "w+") as out:
+        kept = Path(log_dir) / f"pytest-n{workers}.log" if log_dir is not None else Path(tmp) / "pytest.log"
+        with CpuSampler() as cpu, open(kept, "w+") as out:
             p = subprocess.run(pytest_argv(workers), cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
             out.seek(0)
             text = out.read()
@@ -121,10 +132,12 @@ def run_suite(workers: int, log) -> dict:
     m = list(SUMMARY.finditer(text))
     if p.returncode != 0 or not m:
         print(text[-3000:], file=log)
+        if log_dir is not None:
+            print(f"(the whole output: {kept})", file=log)
     cores = os.cpu_count() or 1
     cpu_s = cpu.samples[-1][1]
     return {"workers": workers, "exit_code": p.returncode,
-            "result": m[-1]["counts"].strip() if m else None,
+            "result": m[-1]["counts"].strip() if m else None, "failed": failed_tests(text),
             "pytest_s": float(m[-1]["secs"]) if m else None, "wall_s": round(wall, 1),
             "cpu_s": round(cpu_s, 1), "busy": round(cpu_s / (wall * cores), 3),
             "idle_core_s": round(wall * cores - cpu_s, 1), **summarise(timeline)}
@@ -145,8 +158,13 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--workers", type=_counts, default=None,
                     help="comma-separated -n values, run in turn (default: scripts/test.sh's own)")
+    ap.add_argument("--log-dir", type=Path, default=None,
+                    help="where each run's whole pytest output goes, as pytest-n<workers>.log "
+                         "(default: a new temporary folder, printed)")
     add_json_out(ap, "suite")
     args = ap.parse_args(argv)
+    log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="specaudit-bench-suite-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
     line = test_sh_pytest()
     own = int(line[line.index("-n") + 1])
     counts = args.workers or [own]
@@ -155,7 +173,7 @@ def main(argv=None) -> int:
     runs = []
     for n in counts:
         print(f"pytest -n {n} ...", file=sys.stderr)
-        runs.append(run_suite(n, sys.stderr))
+        runs.append(run_suite(n, sys.stderr, log_dir))
         print(json.dumps({k: runs[-1][k] for k in ("workers", "result", "pytest_s", "busy")}), file=sys.stderr)
     mine = next((r for r in runs if r["workers"] == own), runs[0])
     out = {"test_sh_workers": own, "pytest_s": mine["pytest_s"], "target_s": TARGET_S,
@@ -166,6 +184,7 @@ def main(argv=None) -> int:
     guard_ratios(out, ["of_target"])
     print(json.dumps(out))
     record("suite", out, args.json_out)
+    print(f"pytest's whole output: {log_dir}/pytest-n<workers>.log", file=sys.stderr)
     return 0 if all(r["exit_code"] == 0 for r in runs) else 1
 
 

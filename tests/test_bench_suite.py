@@ -58,6 +58,24 @@ def test_a_real_run_is_timed_from_the_timeline_and_the_cpu_counters(monkeypatch)
     assert mod["module"] == "tests/test_bench_suite.py" and mod["tests"] == 1 and mod["wall_s"] >= 0
 
 
+def test_a_failing_run_names_its_failures_and_keeps_the_whole_output(monkeypatch, tmp_path):
+    """A failure's detail is not lost: the run names the failed node ids and its whole output
+    (the traceback included, however long the output after it) stays in log_dir."""
+    t = tmp_path / "test_two.py"
+    t.write_text("def test_ok():\n    assert True\n\n\ndef test_bad():\n    assert 2 + 2 == 5, 'arithmetic'\n")
+    monkeypatch.setattr(bench_suite, "pytest_argv", lambda n: [sys.executable, "-m", "pytest", "-q", "-p",
+                                                              "no:cacheprovider", str(t)])
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    r = bench_suite.run_suite(0, sys.stderr, logs)
+    assert r["exit_code"] == 1 and r["result"] == "1 failed, 1 passed", r
+    assert [f.rsplit("::", 1)[1] for f in r["failed"]] == ["test_bad"], r["failed"]
+    text = (logs / "pytest-n0.log").read_text()
+    assert "arithmetic" in text and "def test_bad" in text and "1 failed, 1 passed" in text
+    assert bench_suite.failed_tests("FAILED tests/a.py::b[x-1] - AssertionError: no\nERROR tests/c.py::d\n"
+                                    "FAILED tests/a.py::b[x-1] - again\n") == ["tests/a.py::b[x-1]", "tests/c.py::d"]
+
+
 def test_the_page_shows_the_load_read_while_measuring_not_after():
     name, title, script, what, keys = next(b for b in render_docs.BENCHMARKS if b[0] == "suite")
     figs = {k: 1 for k, _ in keys}
@@ -97,10 +115,15 @@ def test_the_headline_figure_is_the_run_at_test_shs_own_worker_count(monkeypatch
     fake = {n: {"workers": n, "exit_code": 0, "result": "9 passed", "pytest_s": 100.0 * n, "wall_s": 100.0 * n,
                 "cpu_s": 1.0, "busy": 0.5, "idle_core_s": 1.0, "per_worker": {}, "modules": []}
             for n in (own - 1, own)}
-    monkeypatch.setattr(bench_suite, "run_suite", lambda n, log: fake[n])
+    dirs = []
+    monkeypatch.setattr(bench_suite, "run_suite", lambda n, log, log_dir: dirs.append(log_dir) or fake[n])
     monkeypatch.setattr(bench_suite, "quiet_machine", lambda: 0.1)
-    assert bench_suite.main(["--workers", f"{own - 1},{own}", "--json-out", str(tmp_path / "s.json")]) == 0
-    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert bench_suite.main(["--workers", f"{own - 1},{own}", "--json-out", str(tmp_path / "s.json"),
+                             "--log-dir", str(tmp_path / "logs")]) == 0
+    assert dirs == [tmp_path / "logs"] * 2 and dirs[0].is_dir()
+    cap = capsys.readouterr()
+    assert f"{tmp_path / 'logs'}/pytest-n<workers>.log" in cap.err
+    out = json.loads(cap.out.strip().splitlines()[-1])
     assert out["test_sh_workers"] == own and out["pytest_s"] == 100.0 * own
     assert [r["workers"] for r in out["runs"]] == [own - 1, own]
     assert json.loads((tmp_path / "s.json").read_text())["figures"]["pytest_s"] == 100.0 * own
