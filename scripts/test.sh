@@ -27,6 +27,13 @@ fi
 # CPU torch first (a bare `torch` requirement would pull a multi-GB CUDA build).
 python3 -m pip install -q torch==2.13.0
 python3 -m pip install -q -e ".[all,test]"   # every extra (pyproject.toml) and the test tools
+# pytest keeps each test module with its asserts rewritten in tests/__pycache__ (tests/conftest.py
+# allows that where PYTHONDONTWRITEBYTECODE is set). One collection here, in the background while
+# the venvs and engines below are checked or made, writes that cache, so pytest's workers load it
+# instead of each rewriting all of tests/ (about 8 s of a core apiece on a fresh clone). Its outcome
+# does not matter: pytest below collects for real and reports any error.
+python3 -m pytest -q -p no:cacheprovider --collect-only >/dev/null 2>&1 &
+warm_collect=$!
 # AIPerf, the benchmark client tests/test_serve_aiperf.py drives, in its own venv: it pins
 # its own versions of packages we share (prometheus-client, orjson, pandas, ...) and must
 # not import our torch (it pulls no torch itself).
@@ -60,4 +67,5 @@ NO_MKDOCS_2_WARNING=1 python3 -m mkdocs build --strict --site-dir "$(mktemp -d)"
 # session) on one worker, and with --no-loadscope-reorder the order tests/conftest.py gives (slow
 # first) is the order the workers take them. The 15 slowest set-ups and tests are printed at the
 # end: where the next minute of the suite is.
+wait "$warm_collect" || true
 exec python3 -m pytest -q -p no:cacheprovider -n 4 --dist loadgroup --no-loadscope-reorder --durations=15 "$@"

@@ -246,3 +246,12 @@ def _timeline(item):
                "cpu_s": round(time.process_time() - c0, 3), "children_cpu_s": round(kids() - k0, 3)}
         with open(path, "a") as f:      # one short append per test: whole lines, even from two workers
             f.write(json.dumps(rec) + "\n")
+
+
+def pytest_collection_finish(session):
+    """gc.freeze(): what the imports and the collection made (torch, transformers, every test
+    module and its parameters: objects that live for the whole session) moves to a generation
+    the collector no longer walks, so each full collection during the tests, and pytest's five
+    at the end of each worker (about a second here), walk only what the tests made."""
+    import gc
+    gc.freeze()
