@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import httpx
-from live_procs import free_port  # (tests/ is on the path: this module is imported from there)
+from live_procs import HTTP, free_port  # (tests/ is on the path: this module is imported from there)
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "scripts"
@@ -88,7 +88,7 @@ class LlamaServer:
                 raise ServerError(f"llama-server exited with {self.proc.returncode} before it was ready "
                                   f"(log {self.log_path}):\n{self.tail()}")
             try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                if HTTP.get(self.url + "/health", timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -103,7 +103,7 @@ class LlamaServer:
         body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0.0, "top_k": 1, "cache_prompt": False,
                 "return_tokens": True, "seed": 0, **extra}
         try:
-            r = httpx.post(self.url + "/completion", json=body, timeout=timeout)
+            r = HTTP.post(self.url + "/completion", json=body, timeout=timeout)
         except httpx.HTTPError as e:
             raise ServerError(f"POST /completion failed ({type(e).__name__}: {e}); server alive: {self.alive()}\n"
                               f"{self.tail()}") from None
@@ -112,7 +112,7 @@ class LlamaServer:
         return r.json()
 
     def metrics(self, timeout: float = 10.0) -> str:
-        r = httpx.get(self.url + "/metrics", timeout=timeout)
+        r = HTTP.get(self.url + "/metrics", timeout=timeout)
         r.raise_for_status()
         return r.text
 

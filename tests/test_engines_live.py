@@ -30,7 +30,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 import prom_replay  # noqa: E402  (tests/ put on sys.path first)
-from live_procs import start_prometheus  # noqa: E402  (after the sys.path / importorskip set-up above)
+from live_procs import HTTP, start_prometheus  # noqa: E402  (after the sys.path / importorskip set-up above)
 
 from dashboards import engines as E  # noqa: E402  (after the sys.path / importorskip set-up above)
 
@@ -48,7 +48,7 @@ TIMING = E.Timing(window="8s", baseline="15s", for_impossible="2s", for_warning=
 
 
 def query(prom: str, expr: str, **params) -> list:
-    r = httpx.get(f"{prom}/api/v1/query", params={"query": expr, **params}, timeout=10)
+    r = HTTP.get(f"{prom}/api/v1/query", params={"query": expr, **params}, timeout=10)
     body = r.json()
     assert r.status_code == 200 and body["status"] == "success", (expr, body)
     return body["data"]["result"]
@@ -81,7 +81,7 @@ class Live:
     def _poll(self):
         while not self.stop.is_set():
             try:
-                alerts = httpx.get(f"{self.url}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
+                alerts = HTTP.get(f"{self.url}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
                 for a in alerts:
                     if a["state"] == "firing":
                         self.fired.setdefault((a["labels"]["job"], a["labels"]["alertname"]), a["labels"])
@@ -151,7 +151,7 @@ def test_every_dashboard_query_returns_data(live):
         if v["type"] != "query":
             continue
         m = re.match(r"label_values\((.*),\s*(\w+)\)$", v["query"]["query"])
-        r = httpx.get(f"{live.url}/api/v1/label/{m.group(2)}/values",
+        r = HTTP.get(f"{live.url}/api/v1/label/{m.group(2)}/values",
                       params={"match[]": substitute(m.group(1))}, timeout=10).json()
         assert r["status"] == "success" and r["data"], v["name"]
         if v["name"] == "engine":

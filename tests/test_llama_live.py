@@ -26,12 +26,11 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
-from live_procs import worker_core  # noqa: E402
+from live_procs import HTTP, worker_core  # noqa: E402
 from llama_live import PROMPTS, LlamaServer, counters, write_jsonl  # noqa: E402
 
 sys.path.insert(0, str(REPO / "scripts"))
@@ -434,7 +433,7 @@ def fleet(tmp_path_factory, llama_bin, gguf_pair):
 
 
 def prom_query(url: str, expr: str) -> list:
-    r = httpx.get(f"{url}/api/v1/query", params={"query": expr}, timeout=10).json()
+    r = HTTP.get(f"{url}/api/v1/query", params={"query": expr}, timeout=10).json()
     assert r["status"] == "success", (expr, r)
     return r["data"]["result"]
 
@@ -498,7 +497,7 @@ def test_llamacpp_dashboard_panels_have_data_and_alerts_stay_quiet(fleet):
     base = prom_query(fleet.url, f'avg_over_time(specaudit:accept_rate{{job="k6"}}[{t["baseline"]}] '
                                  f'offset {t["window"]})')
     assert base and math.isfinite(float(base[0]["value"][1])), base
-    alerts = httpx.get(f"{fleet.url}/api/v1/alerts", timeout=10).json()["data"]["alerts"]
+    alerts = HTTP.get(f"{fleet.url}/api/v1/alerts", timeout=10).json()["data"]["alerts"]
     firing = [(a["labels"].get("job"), a["labels"]["alertname"]) for a in alerts if a["state"] == "firing"]
     assert firing == []
     L = prom_query(fleet.url, 'specaudit:accept_length{job="k6"}')

@@ -20,11 +20,10 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from live_procs import Proc, start_prometheus  # noqa: E402  (tests/ on the path first)
+from live_procs import HTTP, Proc, start_prometheus  # noqa: E402  (tests/ on the path first)
 
 REPO = Path(__file__).resolve().parents[1]
 DASH = REPO / "dashboards"
@@ -60,7 +59,7 @@ def panel_targets(dash: dict):
 
 
 def query(prom: str, expr: str) -> list:
-    r = httpx.get(f"{prom}/api/v1/query", params={"query": expr}, timeout=10)
+    r = HTTP.get(f"{prom}/api/v1/query", params={"query": expr}, timeout=10)
     body = r.json()
     assert r.status_code == 200 and body["status"] == "success", (expr, body)
     return body["data"]["result"]
@@ -162,7 +161,7 @@ def test_every_panel_has_data_and_the_violation_alert_fires(tmp_path):
         for v in dash["templating"]["list"]:
             if v["type"] == "query":
                 m = re.match(r"label_values\((.*),\s*(\w+)\)$", v["query"]["query"])
-                r = httpx.get(f"{url}/api/v1/label/{m.group(2)}/values",
+                r = HTTP.get(f"{url}/api/v1/label/{m.group(2)}/values",
                               params={"match[]": substitute(m.group(1), "specaudit", ".*")}, timeout=10).json()
                 assert r["status"] == "success" and r["data"], v["name"]
                 if m.group(2) == "instance":
@@ -183,7 +182,7 @@ def test_every_panel_has_data_and_the_violation_alert_fires(tmp_path):
         end = time.time() + 30
         firing = []
         while time.time() < end:
-            alerts = httpx.get(f"{url}/api/v1/alerts", timeout=10).json()["data"]["alerts"]
+            alerts = HTTP.get(f"{url}/api/v1/alerts", timeout=10).json()["data"]["alerts"]
             firing = [a for a in alerts if a["labels"]["alertname"] == "SpecauditInvariantViolation"
                       and a["state"] == "firing"]
             if firing:
@@ -193,7 +192,7 @@ def test_every_panel_has_data_and_the_violation_alert_fires(tmp_path):
         assert {a["labels"]["instance"] for a in firing} == {fault_addr}
         assert {a["labels"]["code"] for a in firing} >= {"SA301", "SA302"}
         assert all(a["labels"]["severity"] == "critical" for a in firing)
-        rules = httpx.get(f"{url}/api/v1/rules", timeout=10).json()["data"]["groups"]
+        rules = HTTP.get(f"{url}/api/v1/rules", timeout=10).json()["data"]["groups"]
         assert {r["name"] for g in rules for r in g["rules"]} == {
             "SpecauditInvariantViolation", "SpecauditCommitLengthMismatch", "SpecauditAcceptanceCollapse"}
         assert all(r["health"] == "ok" for g in rules for r in g["rules"]), rules

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import httpx
-from live_procs import free_port  # (tests/ is on the path: this module is imported from there)
+from live_procs import HTTP, free_port  # (tests/ is on the path: this module is imported from there)
 
 REPO = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 300.0
@@ -174,7 +174,7 @@ class Prometheus:
     def _poll(self):
         while not self._stop.is_set():
             try:
-                for a in httpx.get(f"{self.url}/api/v1/alerts", timeout=5).json()["data"]["alerts"]:
+                for a in HTTP.get(f"{self.url}/api/v1/alerts", timeout=5).json()["data"]["alerts"]:
                     if a["state"] == "firing":
                         self.fired.setdefault(a["labels"]["alertname"], a["labels"])
             except (httpx.HTTPError, ValueError, KeyError):
@@ -207,7 +207,7 @@ class Prometheus:
         raise AssertionError(f"no data for {expr} in {timeout:.0f} s; scrape health: {self.query('up')}")
 
     def query(self, expr: str) -> list:
-        r = httpx.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=10).json()
+        r = HTTP.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=10).json()
         assert r["status"] == "success", r
         return r["data"]["result"]
 
