@@ -55,7 +55,8 @@ def main(argv=None) -> int:
         "rounds": a.rounds, "max_tokens": a.max_tokens, "requests_per_round": len(PROMPTS)}
     with tempfile.TemporaryDirectory() as tmp:
         for name, trace in (("untraced", None), ("traced", Path(tmp) / "traces")):
-            srv = VllmServer(py, model, Path(tmp) / f"{name}.log", spec=NGRAM, trace_dir=trace)
+            srv = VllmServer(py, model, Path(tmp) / f"{name}.log", spec=NGRAM, trace_dir=trace,
+                             executor="mp")   # as vLLM's CPU platform deploys it (3 processes)
             try:
                 srv.wait_ready()
                 tps = measure(srv, PROMPTS, a.rounds, a.max_tokens)
