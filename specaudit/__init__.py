@@ -10,6 +10,8 @@ __version__ = "0.1.0"
 # search path, by name, and only when this is the source tree (pyproject.toml beside
 # it and no installed copy of them inside it). A symlink would do the same on POSIX
 # but not on Windows checkouts, and a second installed copy would hide local edits.
+# The other way round, a top-level import of one of those names (Hugging Face's `kernels`,
+# which transformers imports) finds an installed package first: _installed below.
 def _source_tree_subpackages() -> None:
     import importlib.machinery
     import importlib.util
@@ -27,6 +29,8 @@ def _source_tree_subpackages() -> None:
 
         @classmethod
         def find_spec(cls, fullname, path=None, target=None):
+            if fullname in names and path is None:
+                return cls._installed(fullname)
             pkg, _, leaf = fullname.partition(".")
             if pkg != __name__ or leaf not in names:
                 return None
@@ -35,6 +39,23 @@ def _source_tree_subpackages() -> None:
                 return None
             return importlib.util.spec_from_file_location(
                 fullname, init, submodule_search_locations=[str(root / leaf)])
+
+        @classmethod
+        def _installed(cls, name):
+            """A top-level `kernels` (or `invariants`, `dashboards`) installed elsewhere on
+            the path, or None. Run from the clone's root, the root is on sys.path and its
+            folders would answer for those names: transformers >= 5.25 imports Hugging
+            Face's `kernels` package and got ours (ImportError on every model load). Ours
+            stay specaudit.<name>; a top-level name goes to our folder only when nothing
+            else on the path has it (the tests' `from dashboards import engines`)."""
+            elsewhere = []
+            for p in sys.path:
+                try:
+                    if Path(p or ".").resolve() != root:
+                        elsewhere.append(p)
+                except OSError:
+                    elsewhere.append(p)
+            return importlib.machinery.PathFinder.find_spec(name, elsewhere)
 
     if not any(getattr(f, "__name__", "") == "_TopLevelFolders" for f in sys.meta_path):
         sys.meta_path.insert(0, _TopLevelFolders)

@@ -99,6 +99,30 @@ def test_readme_commands_from_the_clone_root(wheel_site, tmp_path, where):
         assert all(x.startswith(str(target)) for x in loc), loc
 
 
+@pytest.mark.parametrize("installed", [True, False])
+def test_an_installed_top_level_kernels_wins_over_the_clone_root(tmp_path, installed):
+    """transformers >= 5.25 depends on Hugging Face's `kernels` and imports it at import
+    time; in the clone's root (on sys.path with `python -m`) our kernels/ folder answered
+    for that name and every model load failed (ImportError: CUDAProperties). Once specaudit
+    is imported, a top-level name installed elsewhere on the path is that package; with
+    none installed, the folder still answers (the tests' `from dashboards import ...`),
+    and specaudit.kernels is ours either way."""
+    site = tmp_path / "site"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site)}
+    if installed:   # an installed distribution's top-level package of the same name
+        (site / "kernels").mkdir(parents=True)
+        (site / "kernels" / "__init__.py").write_text("CUDAProperties = 'hub'\n")
+    code = ("import specaudit, importlib.util, kernels, specaudit.kernels as ours\n"
+            "print(kernels.__file__, importlib.util.find_spec('kernels').origin, ours.__file__)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    top, found, ours = r.stdout.split()
+    want = site / "kernels" / "__init__.py" if installed else REPO / "kernels" / "__init__.py"
+    assert top == found == str(want), r.stdout
+    assert ours == str(REPO / "kernels" / "__init__.py"), r.stdout
+
+
 @pytest.mark.parametrize("device", ["tpu", "meta", "cuda:0", "mps", "cpuu", ""])
 @pytest.mark.parametrize("command", ["run", "serve", "calibrate", "demo"])
 def test_unusable_device_is_one_line_and_exit_2(command, device, tmp_path, capsys):
