@@ -106,21 +106,27 @@ def test_an_installed_top_level_kernels_wins_over_the_clone_root(tmp_path, insta
     for that name and every model load failed (ImportError: CUDAProperties). Once specaudit
     is imported, a top-level name installed elsewhere on the path is that package; with
     none installed, the folder still answers (the tests' `from dashboards import ...`),
-    and specaudit.kernels is ours either way."""
+    and specaudit.kernels is ours either way. (`python -S`: this interpreter's own
+    site-packages, which may hold Hugging Face's kernels, stay out; find_spec runs nothing.)"""
     site = tmp_path / "site"
+    site.mkdir()
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site)}
     if installed:   # an installed distribution's top-level package of the same name
-        (site / "kernels").mkdir(parents=True)
+        (site / "kernels").mkdir()
         (site / "kernels" / "__init__.py").write_text("CUDAProperties = 'hub'\n")
-    code = ("import specaudit, importlib.util, kernels, specaudit.kernels as ours\n"
-            "print(kernels.__file__, importlib.util.find_spec('kernels').origin, ours.__file__)")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env,
+    code = ("import specaudit, importlib.util as u\n"
+            "print(u.find_spec('kernels').origin, u.find_spec('specaudit.kernels').origin)\n"
+            f"if u.find_spec('kernels').origin.startswith({str(site)!r}):\n"
+            "    from kernels import CUDAProperties; print(CUDAProperties)")
+    r = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=REPO, env=env,
                        timeout=120)
     assert r.returncode == 0, r.stderr
-    top, found, ours = r.stdout.split()
-    want = site / "kernels" / "__init__.py" if installed else REPO / "kernels" / "__init__.py"
-    assert top == found == str(want), r.stdout
-    assert ours == str(REPO / "kernels" / "__init__.py"), r.stdout
+    got = r.stdout.split()
+    ours = str(REPO / "kernels" / "__init__.py")
+    if installed:
+        assert got == [str(site / "kernels" / "__init__.py"), ours, "hub"], r.stdout
+    else:
+        assert got == [ours, ours], r.stdout
 
 
 @pytest.mark.parametrize("device", ["tpu", "meta", "cuda:0", "mps", "cpuu", ""])
