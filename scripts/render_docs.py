@@ -70,7 +70,10 @@ BENCHMARKS = [
      "(`of_decode_limit`); `of_decode_limit_ceiling` says whether the check's CPU seconds allow the latter at all. "
      "The measured check is its process's first, as a user's is, while the decode runs warm after it: the "
      "`_warm` figures check the same files again in that process, so both sides are warm, and "
-     "`start_up_seconds` is the difference, paid once per process.",
+     "`start_up_seconds` is the difference, paid once per process. The decode limit is the fastest of three "
+     "passes. `read_cpu_seconds` reads everything the check reads and nothing more; the warm check's CPU beyond "
+     "it is the checking itself (`check_work_ns_per_step`), beside what 0.6 of the limit leaves for it with "
+     "every core busy (`check_work_ns_per_step_for_target`): the gap in work per step, whatever the scheduling.",
      [*CHECK_KEYS, ("baseline_steps_per_s", "per-row baseline, steps/s"), ("speedup", "speedup over the baseline")]),
     ("check_tree", "Checker: steps/s against the decode limit, tree N=32", "scripts/bench_check.py",
      "As above on trees of 32 nodes (`--algo tree --n-nodes 32 --json-out docs/benchmarks/check_tree.json`). "
