@@ -85,15 +85,16 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from specaudit.audit.check.core import BATCH_ROWS
 from specaudit.audit.check.stream import STEP_READ_COLUMNS, is_big_file, proven_diagnostics
-def decode_lists():
-    t3, c3, n = time.perf_counter(), os.times(), 0
+def step_batches(lists_only):   # the step files' batches as check_run reads them
     for f in sorted(Path(sys.argv[1]).glob("steps-*.parquet")):
         pf = pq.ParquetFile(f, read_dictionary=["run_id", "request_id", "algo"])
         skip = proven_diagnostics(pf.metadata)
-        lists = [c for c in STEP_READ_COLUMNS if c in pf.schema_arrow.names and c not in skip
-                 and str(pf.schema_arrow.field(c).type).startswith("list")]
-        for b in pf.iter_batches(batch_size=BATCH_ROWS, columns=lists, use_threads=is_big_file(f)):
-            n += b.num_rows
+        cols = [c for c in STEP_READ_COLUMNS if c in pf.schema_arrow.names and c not in skip
+                and (not lists_only or str(pf.schema_arrow.field(c).type).startswith("list"))]
+        yield from pf.iter_batches(batch_size=BATCH_ROWS, columns=cols, use_threads=is_big_file(f))
+def decode_lists():
+    t3, c3 = time.perf_counter(), os.times()
+    n = sum(b.num_rows for b in step_batches(lists_only=True))
     c4 = os.times()
     return time.perf_counter() - t3, (c4.user - c3.user) + (c4.system - c3.system), n
 dd, dcpu, n = min(decode_lists() for _ in range(DECODES))
@@ -104,12 +105,8 @@ from specaudit.audit.check.core import REQUEST_BATCH_ROWS
 from specaudit.audit.check.stream import REQUEST_READ_COLUMNS
 def read_all():   # -> CPU seconds (DECODES passes, the least kept, as for the limit)
     c7 = os.times()
-    for f in sorted(Path(sys.argv[1]).glob("steps-*.parquet")):
-        pf = pq.ParquetFile(f, read_dictionary=["run_id", "request_id", "algo"])
-        skip = proven_diagnostics(pf.metadata)
-        cols = [c for c in STEP_READ_COLUMNS if c in pf.schema_arrow.names and c not in skip]
-        for b in pf.iter_batches(batch_size=BATCH_ROWS, columns=cols, use_threads=is_big_file(f)):
-            pass
+    for b in step_batches(lists_only=False):
+        pass
     for f in sorted(Path(sys.argv[1]).glob("requests*.parquet")):
         pf = pq.ParquetFile(f, pre_buffer=False)
         cols = [c for c in REQUEST_READ_COLUMNS if c in pf.schema_arrow.names]

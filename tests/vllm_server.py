@@ -29,7 +29,7 @@ LOG_INTERVAL_S = 2.0
 # VLLM_ENABLE_V1_MULTIPROCESSING=0, which vLLM's CPU platform then leaves alone). The CPU
 # platform otherwise forces the multiprocessing executor, a third process that imports vLLM
 # again under `spawn`: measured here, a server's start-up 21.1 s -> 15.1 s and its CPU
-# 30 -> 19 s, the same completions. The API server and the engine core stay two processes,
+# 30 -> 19 s, the same completion of a test prompt. The API server and the engine core stay two processes,
 # as deployed; what the worker runs (model, sampler, drafter, the tracer's hooks) is the same
 # code. executor="mp" keeps vLLM's own choice (scripts/vllm_overhead.py measures with it).
 EXECUTOR = "uni"
