@@ -70,7 +70,11 @@ def live(tmp_path_factory):
     py = vllm_python()
     pair = tiny_pair()
     model = pair["target"]
-    spec = VllmServer(py, model, tmp / "ngram.log", spec=NGRAM, trace_dir=tmp / "traces", run_id="ngram")
+    # the two traced servers run vLLM's two process layouts: the n-gram one as vLLM's CPU platform
+    # deploys it (the worker in a process of its own), the draft-model one with the worker in
+    # the engine core (tests/vllm_server.py: EXECUTOR), so the tracer is checked in both
+    spec = VllmServer(py, model, tmp / "ngram.log", spec=NGRAM, trace_dir=tmp / "traces", run_id="ngram",
+                      executor="mp")
     draft = VllmServer(py, model, tmp / "draft.log", spec={"model": pair["drafter"], "num_speculative_tokens": 3},
                        trace_dir=tmp / "traces", run_id="draft")
     plain = VllmServer(py, model, tmp / "plain.log")
@@ -96,6 +100,7 @@ def live(tmp_path_factory):
         with ThreadPoolExecutor(3) as ex:   # each drains and shuts its engine down (seconds): at once
             list(ex.map(VllmServer.stop, (plain, draft, spec)))
         out["log"] = spec.log()
+        out["draft_log"] = draft.log()
         yield out
     finally:
         if prom is not None:
@@ -118,6 +123,14 @@ def test_trace_is_complete_and_passes_the_full_catalog(live, which):
     assert m["config"]["vllm"]["method"] == ("ngram" if which == "run_dir" else "draft_model")
     assert m["config"]["budget"] == 3 and "finished_at" in m
     assert m["models"]["target"]["sha256"] and len(m["models"]["target"]["sha256"]) == 64
+
+
+def test_the_traced_servers_ran_both_process_layouts(live):
+    """vLLM prefixes a worker process's lines with "(Worker pid=...)": the n-gram server (mp
+    executor) has them, the draft-model one (worker in the engine core) none; both traces
+    passed the catalog above."""
+    assert "(Worker pid=" in live["log"] and "(EngineCore pid=" in live["log"]
+    assert "(Worker pid=" not in live["draft_log"] and "(EngineCore pid=" in live["draft_log"]
 
 
 def test_trace_holds_what_vllm_returned_token_for_token(live):
