@@ -31,7 +31,8 @@ LOG_INTERVAL_S = 2.0
 # again under `spawn`: measured here, a server's start-up 21.1 s -> 15.1 s and its CPU
 # 30 -> 19 s, the same completion of a test prompt. The API server and the engine core stay two processes,
 # as deployed; what the worker runs (model, sampler, drafter, the tracer's hooks) is the same
-# code. executor="mp" keeps vLLM's own choice (scripts/vllm_overhead.py measures with it).
+# code. executor="mp" keeps vLLM's own choice (test_vllm_live's n-gram server, traced in that
+# layout; scripts/vllm_overhead.py measures with it).
 EXECUTOR = "uni"
 
 
