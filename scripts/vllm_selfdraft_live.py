@@ -22,10 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -68,6 +70,10 @@ class Server:
         self.log = log
         env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
                    VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        # vLLM's ZMQ sockets (ipc://$VLLM_RPC_BASE_PATH/<uuid>) stay behind when it is killed:
+        # a private folder for them, removed in stop()
+        self._rpc_dir = tempfile.mkdtemp(prefix="sa-vllm-rpc-")
+        env["VLLM_RPC_BASE_PATH"] = self._rpc_dir
         if fix_expand:   # the control: a correct expand_batch_to_tokens in every vLLM process
             env["PYTHONPATH"] = os.pathsep.join([str(FIX_DIR), *filter(None, [os.environ.get("PYTHONPATH")])])
         self._out = open(log, "wb")
@@ -105,6 +111,7 @@ class Server:
                     pass
                 self.proc.wait(timeout=20)
         self._out.close()
+        shutil.rmtree(self._rpc_dir, ignore_errors=True)
 
 
 def run(python: str, model: str, out: Path, *, temperature: float, seed, requests: int, max_tokens: int,

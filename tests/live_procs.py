@@ -6,11 +6,14 @@ stderr is drained (never blocks on a full pipe), and a real Prometheus started a
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -34,6 +37,19 @@ def worker_core() -> int | None:
         return None
     cores = sorted(os.sched_getaffinity(0))
     return cores[int(w[2:]) % len(cores)]
+
+
+@contextlib.contextmanager
+def private_tmpdir(prefix: str):
+    """A folder of its own under the temporary folder, removed afterwards: a child's TMPDIR
+    for programs that leave their files there (AIPerf's IPC sockets and memory-mapped
+    datasets: two folders per run, never removed). Short, as a Unix socket's path is at
+    most 107 bytes."""
+    d = tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def free_port() -> int:

@@ -14,6 +14,7 @@ fails fails the tests (no skip).
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -82,10 +83,12 @@ def live(tmp_path_factory):
     try:
         for s in (spec, draft, plain):
             s.wait_ready()
+        rpc = {s.log_path.stem: s.rpc_dir for s in (spec, draft, plain)}
         prom = Prometheus(tmp, spec.port)
         prom.wait_samples("vllm:spec_decode_num_drafts_total", 2)   # the idle server's zeros, before the traffic
         out = {"tmp": tmp, "run_dir": tmp / "traces" / "run_id=ngram", "draft_dir": tmp / "traces" / "run_id=draft"}
         out["metrics_before"] = spec.metrics()
+        out["rpc_in_use"] = {k: sorted(os.listdir(d)) for k, d in rpc.items()}
         out["spec"] = run_prompts(spec, PROMPTS)
         out["draft"] = run_prompts(draft, PROMPTS)
         out["plain"] = run_prompts(plain, PROMPTS)
@@ -99,6 +102,7 @@ def live(tmp_path_factory):
         out["alerts"] = dict(prom.fired)
         with ThreadPoolExecutor(3) as ex:   # each drains and shuts its engine down (seconds): at once
             list(ex.map(VllmServer.stop, (plain, draft, spec)))
+        out["rpc_left"] = [d for d in rpc.values() if os.path.exists(d)]
         out["log"] = spec.log()
         out["draft_log"] = draft.log()
         yield out
@@ -131,6 +135,14 @@ def test_the_traced_servers_ran_both_process_layouts(live):
     passed the catalog above."""
     assert "(Worker pid=" in live["log"] and "(EngineCore pid=" in live["log"]
     assert "(Worker pid=" not in live["draft_log"] and "(EngineCore pid=" in live["draft_log"]
+
+
+def test_vllm_sockets_live_in_each_servers_folder_and_go_with_it(live):
+    """vLLM's ZMQ sockets (ipc://$VLLM_RPC_BASE_PATH/<uuid>) were left in the temporary
+    folder by every killed server (26 per suite run); each server now has a folder of its
+    own for them (tests/vllm_server.py), which vLLM used while it ran and which stop() removed."""
+    assert all(live["rpc_in_use"].values()), live["rpc_in_use"]
+    assert live["rpc_left"] == []
 
 
 def test_trace_holds_what_vllm_returned_token_for_token(live):

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -81,6 +83,11 @@ class VllmServer:
                  PYTHONPATH=pythonpath or str(REPO), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                  VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", VLLM_LOG_STATS_INTERVAL=str(LOG_INTERVAL_S))
         e.pop("SPECAUDIT_VLLM_TRACE", None)
+        # vLLM names its ZMQ sockets ipc://$VLLM_RPC_BASE_PATH/<uuid> (the temporary folder
+        # by default) and leaves them there when killed: a private folder, removed in kill()
+        # (short, under the temporary folder: a Unix socket's path is at most 107 bytes)
+        self.rpc_dir = tempfile.mkdtemp(prefix="sa-vllm-rpc-")
+        e["VLLM_RPC_BASE_PATH"] = self.rpc_dir
         if executor == "uni":
             e["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         elif executor != "mp":
@@ -151,6 +158,7 @@ class VllmServer:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
             pass
+        shutil.rmtree(self.rpc_dir, ignore_errors=True)
 
 
 class Prometheus:
