@@ -70,10 +70,11 @@ class Server:
         self.log = log
         env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
                    VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-        # vLLM's ZMQ sockets (ipc://$VLLM_RPC_BASE_PATH/<uuid>) stay behind when it is killed:
-        # a private folder for them, removed in stop()
-        self._rpc_dir = tempfile.mkdtemp(prefix="sa-vllm-rpc-")
-        env["VLLM_RPC_BASE_PATH"] = self._rpc_dir
+        # vLLM's ZMQ sockets (ipc://$VLLM_RPC_BASE_PATH/<uuid>) and torch.distributed's init
+        # files (vllm_dist_<uuid>, under TMPDIR) stay behind when it is killed: a private
+        # folder for both, removed in stop()
+        self._rpc_dir = tempfile.mkdtemp(prefix="sa-vllm-")
+        env["VLLM_RPC_BASE_PATH"] = env["TMPDIR"] = self._rpc_dir
         if fix_expand:   # the control: a correct expand_batch_to_tokens in every vLLM process
             env["PYTHONPATH"] = os.pathsep.join([str(FIX_DIR), *filter(None, [os.environ.get("PYTHONPATH")])])
         self._out = open(log, "wb")

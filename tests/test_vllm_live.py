@@ -138,9 +138,10 @@ def test_the_traced_servers_ran_both_process_layouts(live):
 
 
 def test_vllm_sockets_live_in_each_servers_folder_and_go_with_it(live):
-    """vLLM's ZMQ sockets (ipc://$VLLM_RPC_BASE_PATH/<uuid>) were left in the temporary
-    folder by every killed server (26 per suite run); each server now has a folder of its
-    own for them (tests/vllm_server.py), which vLLM used while it ran and which stop() removed."""
+    """vLLM's ZMQ sockets (ipc://$VLLM_RPC_BASE_PATH/<uuid>) and torch.distributed's init
+    files were left in the temporary folder by every killed server (26 sockets per suite
+    run); each server now has a folder of its own for them (tests/vllm_server.py), which
+    vLLM used while it ran and which stop() removed."""
     assert all(live["rpc_in_use"].values()), live["rpc_in_use"]
     assert live["rpc_left"] == []
 

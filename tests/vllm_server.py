@@ -83,11 +83,12 @@ class VllmServer:
                  PYTHONPATH=pythonpath or str(REPO), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                  VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", VLLM_LOG_STATS_INTERVAL=str(LOG_INTERVAL_S))
         e.pop("SPECAUDIT_VLLM_TRACE", None)
-        # vLLM names its ZMQ sockets ipc://$VLLM_RPC_BASE_PATH/<uuid> (the temporary folder
-        # by default) and leaves them there when killed: a private folder, removed in kill()
+        # vLLM names its ZMQ sockets ipc://$VLLM_RPC_BASE_PATH/<uuid> and torch.distributed's
+        # init files vllm_dist_<uuid>, both in the temporary folder by default, and leaves them
+        # there when killed: a private folder for both (and its TMPDIR), removed in kill()
         # (short, under the temporary folder: a Unix socket's path is at most 107 bytes)
-        self.rpc_dir = tempfile.mkdtemp(prefix="sa-vllm-rpc-")
-        e["VLLM_RPC_BASE_PATH"] = self.rpc_dir
+        self.rpc_dir = tempfile.mkdtemp(prefix="sa-vllm-")
+        e["VLLM_RPC_BASE_PATH"] = e["TMPDIR"] = self.rpc_dir
         if executor == "uni":
             e["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         elif executor != "mp":
