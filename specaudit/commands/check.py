@@ -118,8 +118,10 @@ def main(args) -> int:
         from specaudit.audit.sources import list_sources
         sys.stdout.write(list_sources())
         return 0
+    from specaudit.audit.check.arrow_pool import use_check_pool
     from specaudit.audit.check.fallback import debug_to_stderr
     debug_to_stderr()   # SPECAUDIT_DEBUG=1: a fast path that falls back says so on stderr
+    use_check_pool()    # jemalloc for Arrow's buffers: decoded batches reuse pages (arrow_pool.py)
     res, text = run_check(args)
     if not res.checked_anything:
         # nothing could be checked: one line per bad input, exit 2

@@ -24,7 +24,8 @@ partials and the run rules), facts.py (the requests table's per-request facts, s
 to files by slot range for a run with many requests), exact_sum.py (exact float sums
 for the means), stream.py
 (one run's files streamed: check_run), pool.py (many tiny runs checked as one, and the
-worker processes), pool_read.py (reading a pool's files).
+worker processes), pool_read.py (reading a pool's files), arrow_pool.py (the Arrow memory
+pool `specaudit check` runs with).
 """
 from __future__ import annotations
 

@@ -1,0 +1,56 @@
+"""Arrow's memory pool for a process that checks traces: jemalloc, where this pyarrow has it.
+
+    from specaudit.audit.check.arrow_pool import use_check_pool
+    use_check_pool()   # -> ("jemalloc", ""), or (the pool left in place, why)
+
+Why: a check decodes each step batch into fresh Arrow buffers (tens of MB at 65536 rows)
+that are freed one or two batches later. pyarrow's default pool on Linux, mimalloc, hands
+pages back to the kernel between batches, so later batches fault them in again (~20k page
+faults in a check of 2M chain steps here), and on this 2-core VM the system time that
+costs swings from one check to the next: 0.08-0.6 s per check of 1M tree steps in fresh
+processes, against 0.12-0.24 s with jemalloc, which keeps freed pages for its decay time
+and hands them to the next batch (user time the same, peak RSS no higher). The wall-time
+gain is scripts/bench_check.py's check_pool_over_default: interleaved fresh processes,
+one pool against the other, in one run.
+
+Process-wide (Arrow has one default pool), so the library never calls this on import:
+`specaudit check` calls it as it starts, and scripts/bench_check.py's check process does
+the same to measure what the command does. Left alone when the user chose a pool
+(ARROW_DEFAULT_MEMORY_POOL, which Arrow reads itself) or SPECAUDIT_ARROW_POOL=default is
+set; a pyarrow built without jemalloc keeps its own.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+log = logging.getLogger(__name__)   # SPECAUDIT_DEBUG=1 shows its line (fallback.debug_to_stderr)
+ENV = "SPECAUDIT_ARROW_POOL"          # "default": leave Arrow's pool as it is
+ARROW_ENV = "ARROW_DEFAULT_MEMORY_POOL"
+WANTED = "jemalloc"
+
+
+def use_check_pool() -> tuple[str, str]:
+    """Make jemalloc Arrow's default memory pool for this process when allowed and
+    available -> (the pool's backend now, the reason when it is not jemalloc)."""
+    backend, why = _choose()
+    log.debug("Arrow memory pool: %s%s", backend, f" ({why})" if why else "")
+    return backend, why
+
+
+def _choose() -> tuple[str, str]:
+    import pyarrow as pa
+    now = pa.default_memory_pool().backend_name
+    if os.environ.get(ARROW_ENV):
+        return now, f"{ARROW_ENV} chose it"
+    if os.environ.get(ENV, "").lower() == "default":
+        return now, f"{ENV}=default"
+    if now == WANTED:
+        return now, ""
+    if WANTED not in pa.supported_memory_backends():
+        return now, f"this pyarrow has no {WANTED}"
+    try:
+        pa.set_memory_pool(pa.jemalloc_memory_pool())
+    except (NotImplementedError, pa.ArrowException) as e:   # listed but not usable here
+        return now, f"{WANTED} unavailable: {e}"
+    return pa.default_memory_pool().backend_name, ""
