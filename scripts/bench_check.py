@@ -12,7 +12,12 @@ per-row Python implementation of the same rules (specaudit.check_reference), sam
 2. checks it with the full catalog in a fresh process (`check_paths`), reporting
    steps/s and that process's peak RSS (the dataset generator's memory is not counted);
    --repeat such processes (default 3), the median by wall time reported, every run's
-   seconds beside it (`seconds_runs`): one run on a shared machine is noise.
+   seconds beside it (`seconds_runs`): one run on a shared machine is noise. Each
+   process first picks Arrow's memory pool as `specaudit check` does (`arrow_pool`:
+   jemalloc where pyarrow has it, specaudit/audit/check/arrow_pool.py); interleaved with
+   them, as many with Arrow's own pool (SPECAUDIT_ARROW_POOL=default):
+   steps_per_s_default_pool, and check_pool_over_default (its median seconds over the
+   measured one's); both must find the same (asserted).
    A first, unmeasured check before it builds the C kernels into the user's cache on a
    fresh machine (first_check_seconds; invariants/compiled.py); `kernels` names those the
    measured check used. Right after, the same check with numpy alone
@@ -72,6 +77,8 @@ DECODES = 3   # decode passes in each check process; the fastest is the limit
 CHILD_CHECK = f"DECODES = {DECODES}\n" + r"""
 import json, os, sys, time
 from specaudit.audit.check import check_paths
+from specaudit.audit.check.arrow_pool import use_check_pool
+pool = use_check_pool()[0]   # as `specaudit check` starts (SPECAUDIT_ARROW_POOL=default: Arrow's own)
 t, c = time.perf_counter(), os.times()
 r = check_paths([sys.argv[1]], max_per_code=100)
 dt, c2 = time.perf_counter() - t, os.times()
@@ -125,7 +132,7 @@ assert dict(r2.counts) == dict(r.counts) and r2.steps == r.steps, (dict(r2.count
 import specaudit.invariants.compiled as compiled
 kernels = sorted(m.rsplit(".", 1)[-1] for m, k in compiled._LOADED.items() if k is not None)
 print(json.dumps({"steps": r.steps, "requests": r.requests, "seconds": dt, "findings": sum(r.counts.values()),
-                  "kernels": kernels,
+                  "kernels": kernels, "arrow_pool": pool,
                   "cpu_seconds": (c2.user - c.user) + (c2.system - c.system),
                   "counts": dict(r.counts),
                   "peak_rss_mb": rss, "decode_steps": n, "decode_seconds": dd,
@@ -141,6 +148,8 @@ print(json.dumps({"steps": r.steps, "requests": r.requests, "seconds": dt, "find
 CHILD_STAGES = r"""
 import json, sys, time
 from specaudit.audit.check import check_paths
+from specaudit.audit.check.arrow_pool import use_check_pool
+use_check_pool()
 import specaudit.audit.check.core as core
 import specaudit.audit.check.stream as stream
 import specaudit.invariants.frame as fr
@@ -239,8 +248,8 @@ def compile_bytecode() -> None:
         compileall.compile_dir(str(Path(pkg.__file__).parent), quiet=1)
 
 
-def child(code: str, *argv, threads: int | None = None, numpy_only: bool = False) -> dict:
-    env = dict(os.environ)
+def child(code: str, *argv, threads: int | None = None, numpy_only: bool = False, env_extra=None) -> dict:
+    env = dict(os.environ, **(env_extra or {}))
     if numpy_only:
         env["SPECAUDIT_COMPILED"] = "0"   # invariants/compiled.py: no kernels, numpy alone
     if threads:
@@ -300,9 +309,19 @@ def main(argv=None) -> int:
               flush=True)
         # the measured check: --repeat fresh processes, the median one by wall time (its
         # decode limit measured in the same process); every run's seconds printed beside it
-        runs = [child(CHILD_CHECK, run_dir, threads=args.threads) for _ in range(args.repeat)]
+        # Interleaved with them, as many with Arrow's own memory pool (SPECAUDIT_ARROW_POOL=default)
+        # instead of the one `specaudit check` picks (specaudit/audit/check/arrow_pool.py):
+        # check_pool_over_default is what that choice buys, measured side by side
+        runs, own_pool = [], []
+        for _ in range(args.repeat):
+            runs.append(child(CHILD_CHECK, run_dir, threads=args.threads))
+            own_pool.append(child(CHILD_CHECK, run_dir, threads=args.threads,
+                                  env_extra={"SPECAUDIT_ARROW_POOL": "default"}))
         load = load_fields()   # read right after the measured phase
         chk = sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
+        dflt = sorted(own_pool, key=lambda r: r["seconds"])[len(own_pool) // 2]
+        assert dflt["counts"] == chk["counts"], \
+            f"findings differ between memory pools: {dflt['counts']} {chk['counts']}"
         print(json.dumps({"phase": "check", **chk}), flush=True)
         assert chk["findings"] == 0, f"the catalog flagged a valid synthetic dataset: {chk['counts']}"
         # the same check with numpy alone (SPECAUDIT_COMPILED=0), right after: what the kernels buy
@@ -324,6 +343,12 @@ def main(argv=None) -> int:
             "ragged": args.ragged, "threads": args.threads, "cpu_count": os.cpu_count(),
             "steps_per_s": round(sps), "seconds": round(chk["seconds"], 2),
             "repeat": args.repeat, "seconds_runs": [round(r["seconds"], 3) for r in runs],
+            # the memory pool the check ran with, and the same check with Arrow's own pool
+            "arrow_pool": chk["arrow_pool"], "default_arrow_pool": dflt["arrow_pool"],
+            "steps_per_s_default_pool": round(dflt["steps"] / dflt["seconds"]),
+            "seconds_runs_default_pool": [round(r["seconds"], 3) for r in own_pool],
+            "cpu_seconds_default_pool": round(dflt["cpu_seconds"], 2),
+            "check_pool_over_default": round(dflt["seconds"] / chk["seconds"], 3),
             # the limit: the list columns read out of Parquet alone, same process and threads
             "decode_steps_per_s": round(dsps) if dsps else None,
             # CPU seconds of the check process (all its threads): on a shared machine
@@ -384,8 +409,8 @@ def main(argv=None) -> int:
             out.update(steps_large=big["steps"], requests_large=big["requests"],
                        peak_rss_mb_large=round(big["peak_rss_mb"], 1),
                        rss_large_over_small=round(big["peak_rss_mb"] / chk["peak_rss_mb"], 3))
-        ratios = ["speedup", "of_decode_limit", "of_decode_limit_ceiling", "compiled_over_numpy",
-                  "of_decode_limit_warm", "check_work_ns_per_step_for_target"]
+        ratios = ["speedup", "check_pool_over_default", "of_decode_limit", "of_decode_limit_ceiling",
+                  "compiled_over_numpy", "of_decode_limit_warm", "check_work_ns_per_step_for_target"]
         print(json.dumps(guard_ratios(out, ratios)))
         record("check", out, args.json_out)
     finally:
