@@ -31,6 +31,10 @@ FIXTURES = ROOT / "tests" / "fixtures" / "engines"
 # the checker's figures, chain (check) and tree (check_tree) alike
 CHECK_KEYS = [("steps", "steps"), ("steps_per_s", "steps/s (wall; the median of the checks below)"),
               ("seconds_runs", "measured checks, each a fresh process: seconds"),
+              ("arrow_pool", "Arrow memory pool of the measured checks (as `specaudit check` picks it)"),
+              ("steps_per_s_default_pool", "steps/s with pyarrow's own pool (interleaved fresh processes)"),
+              ("seconds_runs_default_pool", "those checks: seconds"),
+              ("check_pool_over_default", "the check's pool over pyarrow's own (wall)"),
               ("steps_per_cpu_s", "steps per CPU second"),
               ("decode_steps_per_s", "decode limit, steps/s"), ("of_decode_limit", "share of the decode limit (wall)"),
               ("of_decode_limit_cpu", "share of the decode limit (CPU)"),
@@ -73,7 +77,10 @@ BENCHMARKS = [
      "`start_up_seconds` is the difference, paid once per process. The decode limit is the fastest of three "
      "passes. `read_cpu_seconds` reads everything the check reads and nothing more; the warm check's CPU beyond "
      "it is the checking itself (`check_work_ns_per_step`), beside what 0.6 of the limit leaves for it with "
-     "every core busy (`check_work_ns_per_step_for_target`): the gap in work per step, whatever the scheduling.",
+     "every core busy (`check_work_ns_per_step_for_target`): the gap in work per step, whatever the scheduling. "
+     "Each measured check picks Arrow's memory pool as `specaudit check` does (jemalloc, "
+     "specaudit/audit/check/arrow_pool.py), and as many fresh processes interleaved with them run with "
+     "pyarrow's own pool: `check_pool_over_default`. The decode runs in the same process, with the same pool.",
      [*CHECK_KEYS, ("baseline_steps_per_s", "per-row baseline, steps/s"), ("speedup", "speedup over the baseline")]),
     ("check_tree", "Checker: steps/s against the decode limit, tree N=32", "scripts/bench_check.py",
      "As above on trees of 32 nodes (`--algo tree --n-nodes 32 --json-out docs/benchmarks/check_tree.json`). "
