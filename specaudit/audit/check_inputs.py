@@ -143,10 +143,11 @@ def audit_live(url, select, ignore, result, *, range="6h", step="30s", timeout="
 
 def run_check(paths=(), *, select=(), ignore=(), invariants=(), entry_points=True, source=None,
               max_per_code=1000, output_format="text", statistics=False, examples=3, engine="local",
-              spark_master=None, out=None, prometheus=None, live=None, config=None):
+              spark_master=None, out=None, prometheus=None, live=None, config=None, progress=None):
     """-> (CheckResult, the rendered report). select / ignore: code prefixes (validated:
     ValueError names an unknown one); live: keyword arguments of audit_live (range, step,
-    timeout, match, headers, insecure, ca_file)."""
+    timeout, match, headers, insecure, ca_file); progress: callable(rows), told the trace
+    step rows as they are checked (local engine)."""
     from specaudit.audit.check import CheckResult, check_paths
     from specaudit.audit.formats import format_findings
     from specaudit.invariants import load_rules
@@ -170,7 +171,7 @@ def run_check(paths=(), *, select=(), ignore=(), invariants=(), entry_points=Tru
         traces, logs = split_inputs(paths, source)
         if traces:
             res = check_paths(traces, select=select, ignore=ignore, invariants_dirs=invariants,
-                              entry_points=entry_points, max_per_code=max_per_code)
+                              entry_points=entry_points, max_per_code=max_per_code, progress=progress)
         else:
             res = CheckResult(max_per_code=max_per_code)
         if logs:   # each reader opens its file once and names what is wrong with it (missing included)

@@ -97,8 +97,9 @@ def add_arguments(p) -> None:
     g.add_argument("--ca-file", metavar="FILE", help="https: trust this CA bundle (PEM)")
 
 
-def run_check(args):
-    """The check as the CLI runs it -> (CheckResult, rendered report): specaudit.audit.check_inputs."""
+def run_check(args, progress=None):
+    """The check as the CLI runs it -> (CheckResult, rendered report): specaudit.audit.check_inputs.
+    progress: callable(rows), told the trace steps as they are checked."""
     from specaudit.audit.check_inputs import parse_codes, run_check
     from specaudit.config import resolve
     cfg = resolve(args.config, args.isolated)   # flags override the file's select / ignore / format
@@ -110,7 +111,23 @@ def run_check(args):
                      invariants=args.invariants, entry_points=not args.no_entry_points, source=args.source,
                      max_per_code=args.max_per_code, output_format=fmt,
                      statistics=args.statistics, examples=args.examples, engine=args.engine,
-                     spark_master=args.spark_master, out=args.out, prometheus=args.prometheus, live=live)
+                     spark_master=args.spark_master, out=args.out, prometheus=args.prometheus, live=live,
+                     progress=progress)
+
+
+def step_progress(stream=None):
+    """On a terminal: a counter of the trace steps checked and their rate (tqdm, on stderr),
+    shown once the check has run for a second and cleared when it ends; None anywhere else
+    (a pipe, a file, CI logs: the report alone)."""
+    stream = sys.stderr if stream is None else stream
+    if not stream.isatty():
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(unit=" steps", unit_scale=True, desc="checking", delay=1.0, leave=False, file=stream,
+                mininterval=0.5, dynamic_ncols=True)
 
 
 def main(args) -> int:
@@ -122,7 +139,12 @@ def main(args) -> int:
     from specaudit.audit.check.fallback import debug_to_stderr
     debug_to_stderr()   # SPECAUDIT_DEBUG=1: a fast path that falls back says so on stderr
     use_check_pool()    # jemalloc for Arrow's buffers: decoded batches reuse pages (arrow_pool.py)
-    res, text = run_check(args)
+    bar = step_progress()
+    try:
+        res, text = run_check(args, progress=bar.update if bar is not None else None)
+    finally:
+        if bar is not None:
+            bar.close()
     if not res.checked_anything:
         # nothing could be checked: one line per bad input, exit 2
         from specaudit.audit.formats import printable

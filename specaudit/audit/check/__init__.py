@@ -46,21 +46,26 @@ __all__ = ["CheckResult", "check_paths", "check_runs", "check_tables", "iter_run
 
 
 def check_paths(paths, select=(), ignore=(), *, invariants_dirs=(), entry_points: bool = True,
-                max_per_code: int = 1000, batch_rows: int = BATCH_ROWS, workers: int | None = None) -> CheckResult:
+                max_per_code: int = 1000, batch_rows: int = BATCH_ROWS, workers: int | None = None,
+                progress=None) -> CheckResult:
     """Check every run under the given paths (dataset folders, run folders, files).
 
     Never raises for bad data: a path that does not exist or holds no trace, and
     every unreadable file, becomes an SA000 finding and a `bad_files` entry; when
     nothing could be checked, `exit_code` is 2. Bad rule files (--invariants) raise
-    InputError.
+    InputError. progress: callable(rows), told the step rows as they are checked, each
+    row once (a progress bar's update), while check_paths runs.
     """
     rules = [r for r in load_rules(select=select, ignore=ignore, dirs=invariants_dirs,
                                    entry_points=entry_points) if r.scope != "source"]
-    result = CheckResult(max_per_code=max_per_code, rules=[r.code for r in rules])
+    result = CheckResult(max_per_code=max_per_code, rules=[r.code for r in rules], on_rows=progress)
     # what listing finds (SA000, SA002) goes to `listed` first: check_runs replays it in
     # order between the runs, as the pooled runs are checked later than they are listed
     listed = CheckResult(max_per_code=0, rules=result.rules)
-    check_runs(iter_runs(paths, listed), rules, result, batch_rows, listed=listed, workers=workers)
+    try:
+        check_runs(iter_runs(paths, listed), rules, result, batch_rows, listed=listed, workers=workers)
+    finally:
+        result.on_rows = None   # the result outlives the check: nothing more to tell
     return result
 
 

@@ -24,6 +24,10 @@ class CheckResult:
     requests: int = 0
     rules: list = field(default_factory=list)         # codes run
     max_per_code: int = 1000
+    # told the step rows as they are checked: callable(rows) (the CLI's progress), or None.
+    # Called per batch of a run checked into this result, and with a run's steps when a
+    # result checked elsewhere (a pool, a worker) is merged in: each row once
+    on_rows: object = field(default=None, repr=False, compare=False)
 
     def bad_input(self, path, reason: str, run_id=None) -> None:
         """An input that could not be read: in bad_files and as one SA000 finding (path and
@@ -90,3 +94,5 @@ def merge_result(into: CheckResult, part: CheckResult) -> None:
     into.runs.extend(part.runs)
     into.steps += part.steps
     into.requests += part.requests
+    if into.on_rows is not None and part.steps:
+        into.on_rows(part.steps)

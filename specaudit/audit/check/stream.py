@@ -248,6 +248,8 @@ def _recorded_batches(items, result: CheckResult, run_id: str):
             result.files_checked.append(item)
         else:
             note_input(item[1])   # named by the CLI if a bug raises on this batch
+            if result.on_rows is not None:
+                result.on_rows(item[0].num_rows)
             yield item
 
 
