@@ -60,3 +60,26 @@ def test_the_check_command_picks_the_pool_before_checking(tmp_path):
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     want = "Arrow memory pool: jemalloc" if HAS_JEMALLOC else "Arrow memory pool: "
     assert want in p.stderr, p.stderr[-2000:]
+
+
+def test_pages_other_than_4k_or_a_failing_first_allocation_keep_arrows_pool():
+    """A jemalloc built for smaller pages than the system's fails every allocation (aarch64
+    kernels with 16 or 64 KiB pages): the pool is not switched there, nor when a first
+    allocation from jemalloc fails (each case in a fresh interpreter, as probe())."""
+    own = subprocess.run([sys.executable, "-c", "import pyarrow as pa; print(pa.default_memory_pool().backend_name)"],
+                         capture_output=True, text=True, env=clean_env(), timeout=120).stdout.strip()
+    cases = {
+        "import specaudit.audit.check.arrow_pool as ap; ap._page_size = lambda: 65536": "system pages of 65536 bytes",
+        "import pyarrow as pa\ndef bad(*a, **k): raise MemoryError('Unsupported system page size')\n"
+        "pa.allocate_buffer = bad": "jemalloc unavailable: Unsupported system page size",
+    }
+    for patch, why in cases.items():
+        code = patch + "\n" + PROBE.replace("; ", "\n")
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(), cwd=REPO,
+                           timeout=120)
+        assert p.returncode == 0, p.stderr
+        backend, got, now = json.loads(p.stdout)
+        if HAS_JEMALLOC:
+            assert (backend, got, now) == (own, why, own)
+        else:
+            assert (backend, got) == (own, "this pyarrow has no jemalloc")

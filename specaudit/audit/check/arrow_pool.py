@@ -17,7 +17,9 @@ Process-wide (Arrow has one default pool), so the library never calls this on im
 `specaudit check` calls it as it starts, and scripts/bench_check.py's check process does
 the same to measure what the command does. Left alone when the user chose a pool
 (ARROW_DEFAULT_MEMORY_POOL, which Arrow reads itself) or SPECAUDIT_ARROW_POOL=default is
-set; a pyarrow built without jemalloc keeps its own.
+set; a pyarrow built without jemalloc keeps its own, and so does a system whose memory pages
+are not 4 KiB (a jemalloc built for smaller pages fails every allocation there), or one
+where a first allocation from jemalloc fails.
 """
 from __future__ import annotations
 
@@ -49,8 +51,22 @@ def _choose() -> tuple[str, str]:
         return now, ""
     if WANTED not in pa.supported_memory_backends():
         return now, f"this pyarrow has no {WANTED}"
+    page = _page_size()
+    if page != 4096:
+        # a jemalloc built for smaller pages than the system's fails every allocation
+        # ("Unsupported system page size": aarch64 kernels with 16 or 64 KiB pages)
+        return now, f"system pages of {page} bytes"
     try:
-        pa.set_memory_pool(pa.jemalloc_memory_pool())
-    except (NotImplementedError, pa.ArrowException) as e:   # listed but not usable here
-        return now, f"{WANTED} unavailable: {e}"
+        pool = pa.jemalloc_memory_pool()
+        pa.allocate_buffer(1 << 20, memory_pool=pool)   # it allocates here, or says why not
+    except (NotImplementedError, MemoryError, pa.ArrowException) as e:   # listed but not usable here
+        return now, f"{WANTED} unavailable: {' '.join(str(e).split())[:200]}"
+    pa.set_memory_pool(pool)
     return pa.default_memory_pool().backend_name, ""
+
+
+def _page_size() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):   # no sysconf (Windows): not known
+        return None
