@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from test_check_pool import _tiny
 
+from specaudit import cli_progress
 from specaudit.audit import check as C
 from specaudit.audit.check import pool
-from specaudit.commands import check as check_cmd
 from specaudit.trace.synth import write_synthetic_dataset
 
 
@@ -60,11 +60,20 @@ def test_the_command_feeds_its_counter_every_step(tmp_path, monkeypatch, capsys)
     from specaudit.cli import main
     run = write_synthetic_dataset(tmp_path, n_steps=800, seed=2)
     rec = _Recorder()
-    monkeypatch.setattr(check_cmd, "step_progress", lambda: rec)
+    monkeypatch.setattr(cli_progress, "step_progress", lambda: rec)
     assert main(["check", str(run), "--output-format", "json"]) == 0
     import json
     steps = json.loads(capsys.readouterr().out)["summary"]["steps"]
     assert rec.n == steps > 0 and rec.closed
+
+
+def test_the_report_counts_the_steps_it_checks(tmp_path, monkeypatch):
+    from specaudit.cli import main
+    run = write_synthetic_dataset(tmp_path, n_steps=600, seed=3)
+    rec = _Recorder()
+    monkeypatch.setattr(cli_progress, "step_progress", lambda: rec)
+    assert main(["report", str(run), "--out", str(tmp_path / "rep")]) == 0
+    assert rec.n >= 600 and rec.closed
 
 
 class _Tty(io.StringIO):
@@ -73,9 +82,9 @@ class _Tty(io.StringIO):
 
 
 def test_the_counter_shows_on_a_terminal_only_after_a_second():
-    assert check_cmd.step_progress(io.StringIO()) is None   # a pipe or a file: the report alone
+    assert cli_progress.step_progress(io.StringIO()) is None   # a pipe or a file: the report alone
     tty = _Tty()
-    bar = check_cmd.step_progress(tty)
+    bar = cli_progress.step_progress(tty)
     bar.update(1000)
     assert "steps" not in tty.getvalue()                     # a short check shows nothing
     time.sleep(1.1)

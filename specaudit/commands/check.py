@@ -115,31 +115,15 @@ def run_check(args, progress=None):
                      progress=progress)
 
 
-def step_progress(stream=None):
-    """On a terminal: a counter of the trace steps checked and their rate (tqdm, on stderr),
-    shown once the check has run for a second and cleared when it ends; None anywhere else
-    (a pipe, a file, CI logs: the report alone)."""
-    stream = sys.stderr if stream is None else stream
-    if not stream.isatty():
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    return tqdm(unit=" steps", unit_scale=True, desc="checking", delay=1.0, leave=False, file=stream,
-                mininterval=0.5, dynamic_ncols=True)
-
-
 def main(args) -> int:
     if args.list_sources:
         from specaudit.audit.sources import list_sources
         sys.stdout.write(list_sources())
         return 0
-    from specaudit.audit.check.arrow_pool import use_check_pool
+    from specaudit import cli_progress
     from specaudit.audit.check.fallback import debug_to_stderr
     debug_to_stderr()   # SPECAUDIT_DEBUG=1: a fast path that falls back says so on stderr
-    use_check_pool()    # jemalloc for Arrow's buffers: decoded batches reuse pages (arrow_pool.py)
-    bar = step_progress()
+    bar = cli_progress.checking()   # Arrow's pool picked; a step counter on a terminal
     try:
         res, text = run_check(args, progress=bar.update if bar is not None else None)
     finally:

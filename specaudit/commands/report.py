@@ -49,9 +49,16 @@ def add_arguments(p) -> None:
 
 
 def _checker(paths):
-    """The checker for the report (the command layer composes the two readers)."""
+    """The checker for the report (the command layer composes the two readers), run as
+    `specaudit check` runs it (cli_progress.checking: its memory pool, its step counter)."""
+    from specaudit import cli_progress
     from specaudit.audit.check import check_paths
-    res = check_paths(paths)
+    bar = cli_progress.checking()
+    try:
+        res = check_paths(paths, progress=bar.update if bar is not None else None)
+    finally:
+        if bar is not None:
+            bar.close()
     return list(res.findings), res.summary(), res.exit_code
 
 
