@@ -1,0 +1,151 @@
+"""A study for issue 35, not the checker: how close to the decode limit could a check come
+if it did not sort rows by (request, step)?
+
+    python3 scripts/study_fused_check.py --dir /tmp/benchq/chain    # a bench_check chain dataset
+    python3 scripts/study_fused_check.py --steps 200000              # a new one, removed after
+
+Today's checker sorts each batch by (request, step), gathers every column in that order and
+runs ~30 compiled passes and the numpy around them: its own work is ~240 ns per step at
+N=8 (scripts/bench_check.py: check_work_ns_per_step), where 0.6 of the decode limit leaves
+~80. The premise of a redesign: the sink writes each request's steps in order, so a batch
+can be checked in batch order, each row linked to its request's carried state, in one
+compiled pass (study_fused_check.c) over the Arrow buffers as decoded. This script runs
+that pass over a chain dataset (uniform N) with the checker's reading (same columns,
+batches, read-ahead thread and Arrow pool) and prints, as JSON: the decode limit (the list
+columns decoded alone, fastest of 3), everything read alone, and the fused pass (median
+of 3): fused_of_decode_limit and fused_work_ns_per_step. It covers the core per-row rules
+only (no requests table, no run rules, no findings, only a count of bad rows): what the
+rest of a redesign may spend is the headroom it shows.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import queue
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+HERE = Path(__file__).resolve().parent
+
+
+def _batches(run: Path, lists_only: bool = False):
+    from specaudit.audit.check.core import BATCH_ROWS
+    from specaudit.audit.check.stream import STEP_READ_COLUMNS, is_big_file, proven_diagnostics
+    for f in sorted(run.glob("steps-*.parquet")):
+        pf = pq.ParquetFile(f, read_dictionary=["run_id", "request_id", "algo"])
+        skip = proven_diagnostics(pf.metadata)
+        cols = [c for c in STEP_READ_COLUMNS if c in pf.schema_arrow.names and c not in skip
+                and (not lists_only or str(pf.schema_arrow.field(c).type).startswith("list"))]
+        yield from pf.iter_batches(batch_size=BATCH_ROWS, columns=cols, use_threads=is_big_file(f))
+
+
+def _ahead(gen, depth: int = 2):   # the checker's read-ahead: decoding on a thread of its own
+    q: queue.Queue = queue.Queue(depth)
+    end = object()
+
+    def work():
+        for x in gen:
+            q.put(x)
+        q.put(end)
+    threading.Thread(target=work, daemon=True).start()
+    while (x := q.get()) is not end:
+        yield x
+
+
+def _i32(arr, values: bool = False, offsets: bool = False) -> np.ndarray:
+    """An int32 Arrow array's buffer (a list's values or offsets) as numpy, no copy."""
+    if values:
+        v = arr.values
+        return np.frombuffer(v.buffers()[1], dtype=np.int32, count=len(v), offset=v.offset * 4)
+    n = len(arr) + (1 if offsets else 0)
+    return np.frombuffer(arr.buffers()[1], dtype=np.int32, count=n, offset=arr.offset * 4)
+
+
+def fused_pass(run: Path, lib) -> tuple[int, int]:
+    """The fused pass over a run -> (rows, bad rows)."""
+    from specaudit.invariants.carry import Carry
+    carry, S = Carry(), 1 << 16
+    state = [np.zeros(S, np.int32), np.zeros(S, np.int64), np.zeros(S, np.uint8), np.zeros(S, np.int64),
+             np.zeros(S, np.uint64)]   # last step, seq_len + commit, seen, output length, fingerprint
+    bad = n = 0
+    for b in _ahead(_batches(run)):
+        c = {k: b.column(i) for i, k in enumerate(b.schema.names)}
+        rid = c["request_id"]
+        gidx = np.asarray(carry.index(rid.dictionary.to_pylist()), dtype=np.int64)
+        if carry.n > len(state[0]):    # more requests than slots: grow the state
+            state = [np.concatenate([a, np.zeros(max(carry.n, 2 * len(a)) - len(a), a.dtype)]) for a in state]
+        nt = c["node_tokens"]
+        N = (len(nt.values) // len(nt)) if len(nt) else 0
+        arrs = [_i32(rid.indices), gidx, _i32(c["step"]), _i32(c["seq_len"]), _i32(nt, values=True),
+                _i32(c["parents"], values=True), _i32(c["positions"], values=True),
+                _i32(c["target_argmax"], values=True), _i32(c["accepted_path"], offsets=True),
+                _i32(c["accepted_path"], values=True), _i32(c["committed_tokens"], offsets=True),
+                _i32(c["committed_tokens"], values=True), _i32(c["accepted_depth"]), _i32(c["commit_len"]), *state]
+        bad += lib.fused_chain(b.num_rows, N, *(a.ctypes.data for a in arrs))
+        n += b.num_rows
+    return n, bad
+
+
+def _timed(fn):
+    t, c = time.perf_counter(), os.times()
+    out = fn()
+    c2 = os.times()
+    return time.perf_counter() - t, (c2.user - c.user) + (c2.system - c.system), out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", type=Path, help="a dataset folder holding one chain run (bench_check's --dir)")
+    ap.add_argument("--steps", type=int, default=200_000, help="without --dir: a new chain N=8 dataset of this size")
+    ap.add_argument("--repeat", type=int, default=3, help="fused passes; the median is reported (default 3)")
+    args = ap.parse_args(argv)
+    from specaudit.invariants.compiled import library
+
+    from specaudit.audit.check.arrow_pool import use_check_pool
+    use_check_pool()   # as `specaudit check` runs
+    lib = library(HERE / "study_fused_check.c")
+    lib.fused_chain.argtypes = [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 19
+    lib.fused_chain.restype = ctypes.c_int64
+    tmp = None
+    try:
+        base = args.dir
+        if base is None:
+            from specaudit.trace.synth import write_synthetic_dataset
+            base = tmp = Path(tempfile.mkdtemp(prefix="study-fused-"))
+            write_synthetic_dataset(base, args.steps, n_nodes=8, algo="chain", seed=0)
+        runs = sorted(base.glob("run_id=*"))
+        if len(runs) != 1:
+            print(f"study_fused_check: {base}: one run folder expected, found {len(runs)}", file=sys.stderr)
+            return 2
+        run = runs[0]
+        fused_pass(run, lib)   # warm: the library built, the files in the page cache
+        dec = min(_timed(lambda: sum(b.num_rows for b in _batches(run, True)))[:2] for _ in range(3))
+        rd = min(_timed(lambda: sum(b.num_rows for b in _ahead(_batches(run))))[:2] for _ in range(3))
+        fu = sorted((_timed(lambda: fused_pass(run, lib)) for _ in range(max(1, args.repeat))),
+                    key=lambda x: x[0])[max(1, args.repeat) // 2]
+        n, bad = fu[2]
+        print(json.dumps({"study": "fused_check", "steps": n, "bad_rows": bad,
+                          "decode_lists_seconds": round(dec[0], 3), "read_all_seconds": round(rd[0], 3),
+                          "read_all_cpu_seconds": round(rd[1], 3), "fused_seconds": round(fu[0], 3),
+                          "fused_cpu_seconds": round(fu[1], 3),
+                          "fused_of_decode_limit": round(dec[0] / fu[0], 3) if fu[0] else None,
+                          "fused_work_ns_per_step": round((fu[1] - rd[1]) / n * 1e9) if n else None,
+                          "load_avg_1m": round(os.getloadavg()[0], 2), "cores": os.cpu_count()}))
+        return 0
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
