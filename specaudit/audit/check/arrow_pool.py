@@ -5,13 +5,12 @@
 
 Why: a check decodes each step batch into fresh Arrow buffers (tens of MB at 65536 rows)
 that are freed one or two batches later. pyarrow's default pool on Linux, mimalloc, hands
-pages back to the kernel between batches, so later batches fault them in again (~20k page
-faults in a check of 2M chain steps here), and on this 2-core VM the system time that
-costs swings from one check to the next: 0.08-0.6 s per check of 1M tree steps in fresh
-processes, against 0.12-0.24 s with jemalloc, which keeps freed pages for its decay time
-and hands them to the next batch (user time the same, peak RSS no higher). The wall-time
-gain is scripts/bench_check.py's check_pool_over_default: interleaved fresh processes,
-one pool against the other, in one run.
+pages back to the kernel between batches, so later batches fault them in again, and on a
+small VM the system time that costs varied several-fold between identical checks;
+jemalloc keeps freed pages for its decay time and hands them to the next batch (user
+time the same, peak RSS no higher). What it buys is scripts/bench_check.py's
+check_pool_over_default: interleaved fresh processes, one pool against the other, in one
+run (docs/benchmarks.md).
 
 Process-wide (Arrow has one default pool), so the library never calls this on import:
 `specaudit check` calls it as it starts, and scripts/bench_check.py's check process does
