@@ -6,16 +6,16 @@ if it did not sort rows by (request, step)?
 
 Today's checker sorts each batch by (request, step), gathers every column in that order and
 runs ~30 compiled passes and the numpy around them: its own work per step
-(scripts/bench_check.py: check_work_ns_per_step) is about three times what 0.6 of the
-decode limit leaves for it (check_work_ns_per_step_for_target). The premise of a
-redesign: the sink writes each request's steps in order, so a batch can be checked in batch order, each row linked to its request's carried state, in one
-compiled pass (study_fused_check.c) over the Arrow buffers as decoded. This script runs
-that pass over a chain dataset (uniform N) with the checker's reading (same columns,
-batches, read-ahead thread and Arrow pool) and prints, as JSON: the decode limit (the list
-columns decoded alone, fastest of 3), everything read alone, and the fused pass (median
-of 3): fused_of_decode_limit and fused_work_ns_per_step. It covers the core per-row rules
-only (no requests table, no run rules, no findings, only a count of bad rows): what the
-rest of a redesign may spend is the headroom it shows.
+(scripts/bench_check.py: check_work_ns_per_step) is about three times what 0.6 of the decode
+limit leaves for it (check_work_ns_per_step_for_target). The premise of a redesign: the sink
+writes each request's steps in order, so a batch can be checked in batch order, each row
+linked to its request's carried state, in one compiled pass (study_fused_check.c) over the
+Arrow buffers as decoded. This script runs that pass over a chain dataset (uniform N) with
+the checker's reading (same columns, batches, read-ahead thread and Arrow pool) and prints,
+as JSON: the decode limit (the list columns decoded alone, fastest of 3), everything read
+alone, and the fused pass (median of 3): fused_of_decode_limit and fused_work_ns_per_step.
+It covers the core per-row rules only (no requests table, no run rules, no findings, only a
+count of bad rows): what the rest of a redesign may spend is the headroom it shows.
 """
 from __future__ import annotations
 
