@@ -2,6 +2,7 @@
 if it did not sort rows by (request, step)?
 
     python3 scripts/study_fused_check.py --dir /tmp/benchq/chain    # a bench_check chain dataset
+    python3 scripts/study_fused_check.py --dir /tmp/benchq/tree     # a tree N=32 one
     python3 scripts/study_fused_check.py --steps 200000              # a new one, removed after
 
 Today's checker sorts each batch by (request, step), gathers every column in that order and
@@ -10,7 +11,7 @@ runs ~30 compiled passes and the numpy around them: its own work per step
 limit leaves for it (check_work_ns_per_step_for_target). The premise of a redesign: the sink
 writes each request's steps in order, so a batch can be checked in batch order, each row
 linked to its request's carried state, in one compiled pass (study_fused_check.c) over the
-Arrow buffers as decoded. This script runs that pass over a chain dataset (uniform N) with
+Arrow buffers as decoded. This script runs that pass over a chain or tree dataset (uniform N) with
 the checker's reading (same columns, batches, read-ahead thread and Arrow pool) and prints,
 as JSON: the decode limit (the list columns decoded alone, fastest of 3), everything read
 alone, and the fused pass (median of 3): fused_of_decode_limit and fused_work_ns_per_step.
@@ -71,7 +72,8 @@ def _i32(arr, values: bool = False, offsets: bool = False) -> np.ndarray:
 
 
 def fused_pass(run: Path, lib) -> tuple[int, int]:
-    """The fused pass over a run -> (rows, bad rows)."""
+    """The fused pass over a run (fused_chain for a chain batch, fused_tree for a tree's)
+    -> (rows, bad rows)."""
     from specaudit.invariants.carry import Carry
     carry, S = Carry(), 1 << 16
     state = [np.zeros(S, np.int32), np.zeros(S, np.int64), np.zeros(S, np.uint8), np.zeros(S, np.int64),
@@ -90,7 +92,9 @@ def fused_pass(run: Path, lib) -> tuple[int, int]:
                 _i32(c["target_argmax"], values=True), _i32(c["accepted_path"], offsets=True),
                 _i32(c["accepted_path"], values=True), _i32(c["committed_tokens"], offsets=True),
                 _i32(c["committed_tokens"], values=True), _i32(c["accepted_depth"]), _i32(c["commit_len"]), *state]
-        bad += lib.fused_chain(b.num_rows, N, *(a.ctypes.data for a in arrs))
+        algo = c["algo"].dictionary[c["algo"].indices[0].as_py()].as_py() if b.num_rows else "chain"
+        kernel = lib.fused_chain if algo == "chain" else lib.fused_tree
+        bad += kernel(b.num_rows, N, *(a.ctypes.data for a in arrs))
         n += b.num_rows
     return n, bad
 
@@ -105,8 +109,10 @@ def _timed(fn):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dir", type=Path, help="a dataset folder holding one chain run (bench_check's --dir)")
-    ap.add_argument("--steps", type=int, default=200_000, help="without --dir: a new chain N=8 dataset of this size")
+    ap.add_argument("--dir", type=Path, help="a dataset folder holding one run, chain or tree (bench_check's --dir)")
+    ap.add_argument("--steps", type=int, default=200_000, help="without --dir: a new dataset of this size")
+    ap.add_argument("--algo", choices=["chain", "tree"], default="chain", help="without --dir: its shape")
+    ap.add_argument("--n-nodes", type=int, default=8, help="without --dir: nodes per step N (default 8)")
     ap.add_argument("--repeat", type=int, default=3, help="fused passes; the median is reported (default 3)")
     args = ap.parse_args(argv)
     from specaudit.invariants.compiled import library
@@ -114,15 +120,16 @@ def main(argv=None) -> int:
     from specaudit.audit.check.arrow_pool import use_check_pool
     use_check_pool()   # as `specaudit check` runs
     lib = library(HERE / "study_fused_check.c")
-    lib.fused_chain.argtypes = [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 19
-    lib.fused_chain.restype = ctypes.c_int64
+    for fn in (lib.fused_chain, lib.fused_tree):
+        fn.argtypes = [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 19
+        fn.restype = ctypes.c_int64
     tmp = None
     try:
         base = args.dir
         if base is None:
             from specaudit.trace.synth import write_synthetic_dataset
             base = tmp = Path(tempfile.mkdtemp(prefix="study-fused-"))
-            write_synthetic_dataset(base, args.steps, n_nodes=8, algo="chain", seed=0)
+            write_synthetic_dataset(base, args.steps, n_nodes=args.n_nodes, algo=args.algo, seed=0)
         runs = sorted(base.glob("run_id=*"))
         if len(runs) != 1:
             print(f"study_fused_check: {base}: one run folder expected, found {len(runs)}", file=sys.stderr)

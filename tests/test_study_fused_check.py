@@ -1,6 +1,7 @@
-"""scripts/study_fused_check.py (issue 35's study of a check in batch order): its fused pass
-passes a clean chain dataset and catches a committed token that is not the drafted one, a
-step that skips and a path that leaves the chain, so the figures it prints time real tests."""
+"""scripts/study_fused_check.py (issue 35's study of a check in batch order): its fused passes
+pass clean chain and tree datasets and catch what they test (a committed token that is not
+the drafted one, a step that skips, a path off the chain, a parent after its child, a
+position off its depth), so the figures it prints time real tests."""
 from __future__ import annotations
 
 import json
@@ -23,9 +24,9 @@ def study(d: Path) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def broken(tmp_path: Path, name: str, column: str, change) -> Path:
+def broken(tmp_path: Path, name: str, column: str, change, algo: str = "chain") -> Path:
     d = tmp_path / name
-    run = write_synthetic_dataset(d, n_steps=3000, n_nodes=8, algo="chain", seed=6)
+    run = write_synthetic_dataset(d, n_steps=3000, n_nodes=8 if algo == "chain" else 16, algo=algo, seed=6)
     f = max(run.glob("steps-*.parquet"), key=lambda p: p.stat().st_size)
     t = pq.read_table(f)
     v = t.column(column).to_pylist()
@@ -46,3 +47,15 @@ def test_clean_then_each_injected_fault_is_counted(tmp_path):
               "path": ("accepted_path", lambda x: [x[0], x[1] + 1, *x[2:]])}
     for name, (column, change) in faults.items():
         assert study(broken(tmp_path, name, column, change))["bad_rows"] >= 1, name
+
+
+def test_trees_clean_then_each_injected_fault_is_counted(tmp_path):
+    clean = tmp_path / "clean"
+    write_synthetic_dataset(clean, n_steps=3000, n_nodes=16, algo="tree", seed=6)
+    out = study(clean)
+    assert out["bad_rows"] == 0 and out["steps"] >= 3000
+    faults = {"commit": ("committed_tokens", lambda x: [x[0] + 1, *x[1:]]),
+              "parent": ("parents", lambda x: [x[0], x[1], len(x) - 1, *x[3:]]),   # a parent after its child
+              "position": ("positions", lambda x: [x[0], x[1] + 1, *x[2:]])}
+    for name, (column, change) in faults.items():
+        assert study(broken(tmp_path, name, column, change, algo="tree"))["bad_rows"] >= 1, name
