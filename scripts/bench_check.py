@@ -74,7 +74,8 @@ from benchutil import add_json_out, guard_ratios, load_fields, quiet_machine, re
 TARGET = 0.6
 DECODES = 3   # decode passes in each check process; the fastest is the limit
 
-CHILD_CHECK = f"DECODES = {DECODES}\n" + r"""
+# the children import benchutil's reader from this folder
+CHILD_CHECK = f"DECODES = {DECODES}\nimport sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n" + r"""
 import json, os, sys, time
 from specaudit.audit.check import check_paths
 from specaudit.audit.check.arrow_pool import use_check_pool
@@ -90,15 +91,10 @@ rss = peak_rss_mb()
 # flatter of_decode_limit)
 from pathlib import Path
 import pyarrow.parquet as pq
+from benchutil import checker_step_batches
 from specaudit.audit.check.core import BATCH_ROWS
-from specaudit.audit.check.stream import STEP_READ_COLUMNS, is_big_file, proven_diagnostics
-def step_batches(lists_only):   # the step files' batches as check_run reads them
-    for f in sorted(Path(sys.argv[1]).glob("steps-*.parquet")):
-        pf = pq.ParquetFile(f, read_dictionary=["run_id", "request_id", "algo"])
-        skip = proven_diagnostics(pf.metadata)
-        cols = [c for c in STEP_READ_COLUMNS if c in pf.schema_arrow.names and c not in skip
-                and (not lists_only or str(pf.schema_arrow.field(c).type).startswith("list"))]
-        yield from pf.iter_batches(batch_size=BATCH_ROWS, columns=cols, use_threads=is_big_file(f))
+from specaudit.audit.check.stream import is_big_file
+step_batches = lambda lists_only: checker_step_batches(sys.argv[1], lists_only)   # as check_run reads them
 def decode_lists():
     t3, c3 = time.perf_counter(), os.times()
     n = sum(b.num_rows for b in step_batches(lists_only=True))

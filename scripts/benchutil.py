@@ -118,3 +118,21 @@ def record(name: str, figures: dict, path: str | os.PathLike | None = None, argv
     os.replace(tmp, path)
     print(f"figures written to {path}", file=sys.stderr)
     return path
+
+
+def checker_step_batches(run_dir, lists_only: bool = False):
+    """A run folder's step files read as `specaudit check` reads them: the same columns
+    (its list columns only, with lists_only), batch size and thread policy (the check's
+    decode limit in scripts/bench_check.py, and scripts/study_fused_check.py's reading)."""
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+
+    from specaudit.audit.check.core import BATCH_ROWS
+    from specaudit.audit.check.stream import STEP_READ_COLUMNS, is_big_file, proven_diagnostics
+    for f in sorted(Path(run_dir).glob("steps-*.parquet")):
+        pf = pq.ParquetFile(f, read_dictionary=["run_id", "request_id", "algo"])
+        skip = proven_diagnostics(pf.metadata)
+        cols = [c for c in STEP_READ_COLUMNS if c in pf.schema_arrow.names and c not in skip
+                and (not lists_only or str(pf.schema_arrow.field(c).type).startswith("list"))]
+        yield from pf.iter_batches(batch_size=BATCH_ROWS, columns=cols, use_threads=is_big_file(f))

@@ -24,42 +24,17 @@ import argparse
 import ctypes
 import json
 import os
-import queue
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 
 HERE = Path(__file__).resolve().parent
-
-
-def _batches(run: Path, lists_only: bool = False):
-    from specaudit.audit.check.core import BATCH_ROWS
-    from specaudit.audit.check.stream import STEP_READ_COLUMNS, is_big_file, proven_diagnostics
-    for f in sorted(run.glob("steps-*.parquet")):
-        pf = pq.ParquetFile(f, read_dictionary=["run_id", "request_id", "algo"])
-        skip = proven_diagnostics(pf.metadata)
-        cols = [c for c in STEP_READ_COLUMNS if c in pf.schema_arrow.names and c not in skip
-                and (not lists_only or str(pf.schema_arrow.field(c).type).startswith("list"))]
-        yield from pf.iter_batches(batch_size=BATCH_ROWS, columns=cols, use_threads=is_big_file(f))
-
-
-def _ahead(gen, depth: int = 2):   # the checker's read-ahead: decoding on a thread of its own
-    q: queue.Queue = queue.Queue(depth)
-    end = object()
-
-    def work():
-        for x in gen:
-            q.put(x)
-        q.put(end)
-    threading.Thread(target=work, daemon=True).start()
-    while (x := q.get()) is not end:
-        yield x
+sys.path.insert(0, str(HERE))
+from benchutil import checker_step_batches  # noqa: E402  (this folder on the path first)
 
 
 def _i32(arr, values: bool = False, offsets: bool = False) -> np.ndarray:
@@ -75,11 +50,13 @@ def fused_pass(run: Path, lib) -> tuple[int, int]:
     """The fused pass over a run (fused_chain for a chain batch, fused_tree for a tree's)
     -> (rows, bad rows)."""
     from specaudit.invariants.carry import Carry
+
+    from specaudit.audit.check.stream import _ReadAhead  # the checker's read-ahead thread
     carry, S = Carry(), 1 << 16
     state = [np.zeros(S, np.int32), np.zeros(S, np.int64), np.zeros(S, np.uint8), np.zeros(S, np.int64),
              np.zeros(S, np.uint64)]   # last step, seq_len + commit, seen, output length, fingerprint
     bad = n = 0
-    for b in _ahead(_batches(run)):
+    for b in _ReadAhead(checker_step_batches(run)):
         c = {k: b.column(i) for i, k in enumerate(b.schema.names)}
         rid = c["request_id"]
         gidx = np.asarray(carry.index(rid.dictionary.to_pylist()), dtype=np.int64)
@@ -136,8 +113,10 @@ def main(argv=None) -> int:
             return 2
         run = runs[0]
         fused_pass(run, lib)   # warm: the library built, the files in the page cache
-        dec = min(_timed(lambda: sum(b.num_rows for b in _batches(run, True)))[:2] for _ in range(3))
-        rd = min(_timed(lambda: sum(b.num_rows for b in _ahead(_batches(run))))[:2] for _ in range(3))
+        from specaudit.audit.check.stream import _ReadAhead
+        dec = min(_timed(lambda: sum(b.num_rows for b in checker_step_batches(run, True)))[:2] for _ in range(3))
+        rd = min(_timed(lambda: sum(b.num_rows for b in _ReadAhead(checker_step_batches(run))))[:2]
+                 for _ in range(3))
         fu = sorted((_timed(lambda: fused_pass(run, lib)) for _ in range(max(1, args.repeat))),
                     key=lambda x: x[0])[max(1, args.repeat) // 2]
         n, bad = fu[2]
