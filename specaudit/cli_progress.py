@@ -1,12 +1,12 @@
 """The trace checker as the commands run it: its memory pool picked, its steps counted on a
 terminal. `specaudit check` and `specaudit report` (which checks before it plots) share it.
 
-    bar = checking()          # Arrow's pool picked (audit/check/arrow_pool.py); a counter or None
-    res = check_paths(paths, progress=bar.update if bar else None)
-    bar and bar.close()
+    with checking() as progress:   # Arrow's pool picked (audit/check/arrow_pool.py)
+        res = check_paths(paths, progress=progress)   # progress: the counter's update, or None
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 
 
@@ -25,9 +25,16 @@ def step_progress(stream=None):
                 mininterval=0.5, dynamic_ncols=True)
 
 
+@contextlib.contextmanager
 def checking():
-    """Before a command checks traces: jemalloc for Arrow's buffers where it is safe
-    (decoded batches reuse pages: arrow_pool.py) -> the step counter (step_progress)."""
+    """While a command checks traces: jemalloc for Arrow's buffers where it is safe
+    (decoded batches reuse pages: arrow_pool.py); yields the step counter's update
+    (step_progress), or None off a terminal, and closes the counter however the check ends."""
     from specaudit.audit.check.arrow_pool import use_check_pool
     use_check_pool()
-    return step_progress()
+    bar = step_progress()
+    try:
+        yield bar.update if bar is not None else None
+    finally:
+        if bar is not None:
+            bar.close()

@@ -123,12 +123,8 @@ def main(args) -> int:
     from specaudit import cli_progress
     from specaudit.audit.check.fallback import debug_to_stderr
     debug_to_stderr()   # SPECAUDIT_DEBUG=1: a fast path that falls back says so on stderr
-    bar = cli_progress.checking()   # Arrow's pool picked; a step counter on a terminal
-    try:
-        res, text = run_check(args, progress=bar.update if bar is not None else None)
-    finally:
-        if bar is not None:
-            bar.close()
+    with cli_progress.checking() as progress:   # Arrow's pool picked; a step counter on a terminal
+        res, text = run_check(args, progress=progress)
     if not res.checked_anything:
         # nothing could be checked: one line per bad input, exit 2
         from specaudit.audit.formats import printable

@@ -53,12 +53,8 @@ def _checker(paths):
     `specaudit check` runs it (cli_progress.checking: its memory pool, its step counter)."""
     from specaudit import cli_progress
     from specaudit.audit.check import check_paths
-    bar = cli_progress.checking()
-    try:
-        res = check_paths(paths, progress=bar.update if bar is not None else None)
-    finally:
-        if bar is not None:
-            bar.close()
+    with cli_progress.checking() as progress:
+        res = check_paths(paths, progress=progress)
     return list(res.findings), res.summary(), res.exit_code
 
 
