@@ -52,6 +52,22 @@ def private_tmpdir(prefix: str):
         shutil.rmtree(d, ignore_errors=True)
 
 
+def run_aiperf(cmd: list, out: Path) -> subprocess.CompletedProcess:
+    """One `aiperf profile` command (cmd) writing its artifacts to `out`, run as the tests run
+    it: outside our virtual environment (AIPerf has its own), offline (its Hugging Face calls
+    go to a closed port), plain output, and its temporary files in a private folder that it
+    must have used and that is removed after. Asserts it succeeded."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON"))}
+    env.update(HF_HOME=str(out / "hf"), HF_ENDPOINT="http://127.0.0.1:9", NO_COLOR="1", TERM="dumb")
+    with private_tmpdir("sa-aiperf-") as tmp:   # its IPC sockets and datasets, removed after
+        env["TMPDIR"] = tmp
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=out.parent)
+        used = os.listdir(tmp)   # AIPerf honoured TMPDIR (else its files went to the shared folder)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert used, "AIPerf wrote nothing under its TMPDIR"
+    return r
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

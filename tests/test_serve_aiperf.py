@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 from ci import module_needs
-from live_procs import private_tmpdir
+from live_procs import run_aiperf
 
 REPO = Path(__file__).resolve().parents[1]
 AIPERF = Path(os.environ.get("SPECAUDIT_AIPERF") or REPO / ".venv-aiperf" / "bin" / "aiperf")
@@ -49,15 +48,7 @@ def aiperf(srv, files, out: Path, endpoint: str, streaming: bool, concurrency: i
            "--concurrency", str(concurrency), "--request-count", str(N_REQUESTS), "--tokenizer", str(tok),
            "--input-file", str(prompts), "--custom-dataset-type", "single_turn", "--osl", "24",
            "--artifact-dir", str(out), "--ui", "none", "--random-seed", "7"] + (["--streaming"] if streaming else [])
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON"))}
-    env.update(HF_HOME=str(out / "hf"), HF_ENDPOINT="http://127.0.0.1:9",   # a closed port: nothing is fetched
-               NO_COLOR="1", TERM="dumb")
-    with private_tmpdir("sa-aiperf-") as tmp:   # its IPC sockets and datasets, removed after
-        env["TMPDIR"] = tmp
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=out.parent)
-        used = os.listdir(tmp)   # AIPerf honoured TMPDIR (else its files went to the shared folder)
-    assert used, "AIPerf wrote nothing under its TMPDIR"
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run_aiperf(cmd, out)
     return out
 
 

@@ -24,7 +24,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ci import module_needs  # noqa: E402
-from live_procs import private_tmpdir  # noqa: E402
+from live_procs import run_aiperf  # noqa: E402
 from vllm_server import REPO, VllmServer, tiny_pair, vllm_python  # noqa: E402
 
 AIPERF = Path(os.environ.get("SPECAUDIT_AIPERF") or REPO / ".venv-aiperf" / "bin" / "aiperf")
@@ -52,15 +52,7 @@ def aiperf(srv: VllmServer, tokenizer: str, prompts: Path, out: Path, flags: lis
            "--input-file", str(prompts), "--custom-dataset-type", "single_turn", "--osl", str(OSL),
            "--extra-inputs", json.dumps({"ignore_eos": True, "temperature": 0.0}),
            "--artifact-dir", str(out), "--ui", "none", "--random-seed", "7"] + flags
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON"))}
-    env.update(HF_HOME=str(out / "hf"), HF_ENDPOINT="http://127.0.0.1:9",   # a closed port: nothing is fetched
-               NO_COLOR="1", TERM="dumb")
-    with private_tmpdir("sa-aiperf-") as tmp:   # its IPC sockets and datasets, removed after
-        env["TMPDIR"] = tmp
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=out.parent)
-        used = os.listdir(tmp)   # AIPerf honoured TMPDIR (else its files went to the shared folder)
-    assert used, "AIPerf wrote nothing under its TMPDIR"
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run_aiperf(cmd, out)
     return out / "profile_export.jsonl"
 
 
