@@ -24,6 +24,16 @@ _POSW = np.random.default_rng(20261130).integers(1, 2**63 - 1, size=MAX_NODES + 
                                                    dtype=np.int64).astype(np.uint64) | np.uint64(1)
 
 
+def tree_hash(ps: np.ndarray) -> int:
+    """The contract hash of the ancestor-or-self mask of one row's (valid) parents,
+    cached by shape across batches (the frame's derived_mask_hash, the screen's trees)."""
+    key = ("tree", ps.astype(I64).tobytes())
+    h = _HASH_CACHE.get(key)
+    if h is None:
+        h = _HASH_CACHE[key] = int(mask_hash(ancestor_mask(ps)))
+    return h
+
+
 class TreeShapes:
     @cached_property
     def depth(self) -> np.ndarray:
@@ -119,12 +129,7 @@ class TreeShapes:
             every = rows.size == self.R                     # the usual batch: every row a tree
             sid = ids[self.order] if every else ids[self.order[rows]]   # each row's shape, once
             for u in np.flatnonzero(np.bincount(sid, minlength=len(P))):
-                ps = P[u]
-                key = ("tree", ps.astype(I64).tobytes())
-                h = _HASH_CACHE.get(key)
-                if h is None:
-                    h = _HASH_CACHE[key] = int(mask_hash(ancestor_mask(ps)))
-                hashes[u] = h
+                hashes[u] = tree_hash(P[u])
             if every:
                 out = hashes[sid]
             else:

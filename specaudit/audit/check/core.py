@@ -27,12 +27,13 @@ from specaudit.audit.check.facts import (  # noqa: F401  (re-exported: the reade
 )
 from specaudit.audit.check.result import CheckResult, merge_result
 from specaudit.audit.findings import Finding
-from specaudit.invariants import Hits, compiled
+from specaudit.invariants import Hits, compiled, screen
 from specaudit.invariants import carry as carry_mod
 from specaudit.invariants.carry import Carry
 from specaudit.invariants.frame import StepFrame
 from specaudit.invariants.request_frame import RequestFrame
 from specaudit.invariants.run_frame import RunFrame
+from specaudit.invariants.screen import screen_batch
 from specaudit.trace.derived import per_request_means
 from specaudit.trace.schema import manifest_conventions
 
@@ -92,6 +93,10 @@ class RunSums:
             vals = {k: int(v.sum()) for k, v in self.per_row(f).items()}
             h = np.bincount(self.depth_bins(f))
         vals.update(f.sampling_sums())
+        self.add_sums(vals, h, part)
+
+    def add_sums(self, vals: dict, h: np.ndarray, part: str) -> None:
+        """Add one batch's counters and depth histogram (add's, or the screen's)."""
         p = self.parts.setdefault(part, dict.fromkeys(self.KEYS, 0))
         for k, v in vals.items():
             self.total[k] += v
@@ -197,6 +202,7 @@ def check_group(batches, *, run_id: str, manifest: dict | None, rules, result: C
                 _release_memory()  # the table's decode buffers: give them back before the steps
         derived = RunSums()
         rows_seen = 0
+        screened = screen.covers(by_scope["step"])
         _steady_heap()
         for item in batches:
             if isinstance(item, tuple):
@@ -205,12 +211,20 @@ def check_group(batches, *, run_id: str, manifest: dict | None, rules, result: C
                 batch, file, part = item, None, "all"
             if batch.num_rows == 0:
                 continue
+            part = part if part is not None else "all"
+            # a batch no step rule would report on: folded in one pass (invariants/screen.py)
+            got = screen_batch(batch, run_id=run_id, carry=carry, eos_id=eos_id,
+                               max_new_tokens=max_new) if screened else None
+            if got is not None:
+                rows_seen += batch.num_rows
+                derived.add_sums(*got, part)
+                continue
             f = StepFrame(batch, run_id=run_id, carry=carry, eos_id=eos_id, max_new_tokens=max_new,
                           manifest=manifest, conventions=conv, file=file, row_offset=rows_seen)
             rows_seen += batch.num_rows
             for rule in by_scope["step"]:
                 emit_hits(rule, rule.check(f), f, result, kind="step", file=file)
-            derived.add(f, part if part is not None else "all")
+            derived.add(f, part)
             f.finish_carry()
         result.steps += rows_seen
         if callable(complete):
