@@ -17,7 +17,10 @@ per-row Python implementation of the same rules (specaudit.check_reference), sam
    jemalloc where pyarrow has it, specaudit/audit/check/arrow_pool.py); interleaved with
    them, as many with Arrow's own pool (SPECAUDIT_ARROW_POOL=default):
    steps_per_s_default_pool, and check_pool_over_default (its median seconds over the
-   measured one's); both must find the same (asserted).
+   measured one's); both must find the same (asserted). Interleaved too, as many without
+   the clean-batch screen (SPECAUDIT_SCREEN=0, every batch through StepFrame:
+   invariants/screen.py): frame_steps_per_s and screen_over_frame, the same findings
+   (asserted); the stages' check counts the steps the screen passed (screened_share).
    A first, unmeasured check before it builds the C kernels into the user's cache on a
    fresh machine (first_check_seconds; invariants/compiled.py); `kernels` names those the
    measured check used. Right after, the same check with numpy alone
@@ -26,7 +29,7 @@ per-row Python implementation of the same rules (specaudit.check_reference), sam
 2b. checks it again in a third fresh process with each stage timed (`stages`: the main
    thread's exclusive seconds per stage: request ids and sort, the scalar and list columns,
    structure, paths and commits, the per-request carry, step rules, the requests table,
-   waiting on the read thread): where the time goes, without touching the figure of 2;
+   the clean-batch screen, waiting on the read thread): where the time goes, without touching the figure of 2;
 3. checks the first --baseline-steps rows with the per-row Python oracle in another
    fresh process (reading included, as the engine's time includes reading).
 Both must find nothing on a valid dataset (asserted). Each phase prints one JSON line;
@@ -179,6 +182,13 @@ timed(stream._ReadAhead, "__next__", "waiting for decoded batches (read thread)"
 import specaudit.invariants.compiled as compiled
 timed(compiled, "kernels", "compiled kernels: loaded (once per process), then a lookup")
 timed(core, "request_facts", "requests table: facts (read and fingerprinted)")
+screen_real, screened = core.screen_batch, [0]
+def screen_counted(b, **k):   # the steps the screen passed (the rest went through StepFrame)
+    got = screen_real(b, **k)
+    screened[0] += b.num_rows if got is not None else 0
+    return got
+core.screen_batch = screen_counted
+timed(core, "screen_batch", "clean batches screened in one compiled pass (invariants/screen.py)")
 load_rules()
 for code, cls in DEFINED.items():
     if "check" in cls.__dict__:
@@ -189,7 +199,7 @@ wall = time.perf_counter() - t
 acc["other (dispatch, findings, run rules' inputs)"] = max(0.0, wall - sum(acc.values()))
 rows = [{"stage": k, "seconds": round(v, 3), "share": round(v / wall, 3)}
         for k, v in sorted(acc.items(), key=lambda kv: -kv[1])]
-print(json.dumps({"steps": r.steps, "seconds": wall, "stages": rows}))
+print(json.dumps({"steps": r.steps, "seconds": wall, "stages": rows, "screened_steps": screened[0]}))
 """
 
 CHILD_BASELINE = r"""
@@ -308,16 +318,21 @@ def main(argv=None) -> int:
         # Interleaved with them, as many with Arrow's own memory pool (SPECAUDIT_ARROW_POOL=default)
         # instead of the one `specaudit check` picks (specaudit/audit/check/arrow_pool.py):
         # check_pool_over_default is what that choice buys, measured side by side
-        runs, own_pool = [], []
+        # and as many without the clean-batch screen (SPECAUDIT_SCREEN=0: every batch through
+        # StepFrame, invariants/screen.py): screen_over_frame, what the screen buys
+        runs, own_pool, frame = [], [], []
         for _ in range(args.repeat):
             runs.append(child(CHILD_CHECK, run_dir, threads=args.threads))
             own_pool.append(child(CHILD_CHECK, run_dir, threads=args.threads,
                                   env_extra={"SPECAUDIT_ARROW_POOL": "default"}))
+            frame.append(child(CHILD_CHECK, run_dir, threads=args.threads, env_extra={"SPECAUDIT_SCREEN": "0"}))
         load = load_fields()   # read right after the measured phase
-        chk = sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
-        dflt = sorted(own_pool, key=lambda r: r["seconds"])[len(own_pool) // 2]
+        median = lambda rs: sorted(rs, key=lambda r: r["seconds"])[len(rs) // 2]
+        chk, dflt, frm = median(runs), median(own_pool), median(frame)
         assert dflt["counts"] == chk["counts"], \
             f"findings differ between memory pools: {dflt['counts']} {chk['counts']}"
+        assert frm["counts"] == chk["counts"], \
+            f"findings differ with and without the screen: {frm['counts']} {chk['counts']}"
         print(json.dumps({"phase": "check", **chk}), flush=True)
         assert chk["findings"] == 0, f"the catalog flagged a valid synthetic dataset: {chk['counts']}"
         # the same check with numpy alone (SPECAUDIT_COMPILED=0), right after: what the kernels buy
@@ -360,6 +375,10 @@ def main(argv=None) -> int:
             "numpy_steps_per_s": round(npy["steps"] / npy["seconds"]),
             "numpy_cpu_seconds": round(npy["cpu_seconds"], 2),
             "compiled_over_numpy": round(npy["seconds"] / chk["seconds"], 3),
+            "frame_steps_per_s": round(frm["steps"] / frm["seconds"]),
+            "seconds_runs_frame": [round(r["seconds"], 3) for r in frame],
+            "screen_over_frame": round(frm["seconds"] / chk["seconds"], 3),
+            "screened_share": round(stg["screened_steps"] / stg["steps"], 3) if stg["steps"] else None,
             # the main thread's seconds by stage, in a second, instrumented check of the same files
             "stages": stg["stages"],
             "baseline_steps": bl["steps"], "baseline_steps_per_s": round(bsps),
@@ -406,7 +425,8 @@ def main(argv=None) -> int:
                        peak_rss_mb_large=round(big["peak_rss_mb"], 1),
                        rss_large_over_small=round(big["peak_rss_mb"] / chk["peak_rss_mb"], 3))
         ratios = ["speedup", "check_pool_over_default", "of_decode_limit", "of_decode_limit_ceiling",
-                  "compiled_over_numpy", "of_decode_limit_warm", "check_work_ns_per_step_for_target"]
+                  "compiled_over_numpy", "screen_over_frame", "of_decode_limit_warm",
+                  "check_work_ns_per_step_for_target"]
         print(json.dumps(guard_ratios(out, ratios)))
         record("check", out, args.json_out)
     finally:
