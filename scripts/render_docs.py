@@ -52,6 +52,9 @@ CHECK_KEYS = [("steps", "steps"), ("steps_per_s", "steps/s (wall; the median of 
               ("first_check_seconds", "first check on the machine (builds them), s"),
               ("numpy_steps_per_s", "numpy alone (SPECAUDIT_COMPILED=0), steps/s"),
               ("compiled_over_numpy", "compiled over numpy alone (wall)"),
+              ("frame_steps_per_s", "without the clean-batch screen (SPECAUDIT_SCREEN=0), steps/s"),
+              ("screen_over_frame", "what the screen buys: seconds without it over seconds with it (wall)"),
+              ("screened_share", "share of steps the screen passed"),
               ("stages", "where the check's main thread spends its time (an instrumented second check)")]
 # (name of docs/benchmarks/<name>.json, title, script, what it measures, [(figure key, label)]).
 # Every key listed is required in the JSON's "figures"; null means withheld (busy machine).
