@@ -36,6 +36,7 @@ from .frame_link import _FOLDED
 from .frame_read import SORT_KERNELS
 from .frame_sampling import SAMPLING_SUM_KEYS
 from .frame_shapes import TreeShapes, tree_hash
+from .request_ids import arrow_encoded
 from .row_groups import group_rows
 
 ENV = "SPECAUDIT_SCREEN"
@@ -82,29 +83,28 @@ def screen_batch(batch, *, run_id: str, carry, eos_id: int, max_new_tokens: int 
     if N < 1 or N > MAX_NODES:
         return None
     tree = algo == "tree"
-    shape_id, shape_hash = np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.uint64)
+    shapes = (np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.uint64), np.zeros(N, dtype=np.int32),
+              np.zeros(1, dtype=np.int32))                      # (a chain batch: unused)
     if tree:
-        got = _shapes(col["parents"], R, N)
-        if got is None:
+        shapes = _shapes(col["parents"], R, N)
+        if shapes is None:
             return None
-        shape_id, shape_hash = got
     chain_hash = int(TreeShapes._chain_hash(np.array([N]))[0])
     # request ids -> carry slots as StepFrame names them (the null slot included), then rows
     rid = col.pop("request_id")
-    gidx = carry.index(rid.dictionary.to_pylist() + ["\0null"])
+    gidx = carry.index(*_names(rid.dictionary))
     crow = np.ascontiguousarray(carry.rows(gidx), dtype=np.int64)
     fields = [getattr(carry, k) for k in _FOLDED]
-    touched = np.unique(crow)
-    saved = [a[touched] for a in fields]            # put back if a row does not pass
+    saved = [a[crow] for a in fields]               # put back if a row does not pass
     sums = np.zeros(8, dtype=np.uint64)
     hist = np.zeros(MAX_BIN + 1, dtype=np.int64)
     lists = [a for name in _LISTS for a in col[name]]
     bad = kern.screen_rows(R, N, int(tree), eos_id, -1 if max_new_tokens is None else max_new_tokens,
                            np.uint64(chain_hash), col["codes"], crow, *(col[k] for k in _INTS),
-                           col["finished"], col["mask_hash"], *lists, shape_id, shape_hash, *fields, sums, hist)
+                           col["finished"], col["mask_hash"], *lists, *shapes, *fields, sums, hist)
     if bad:
         for a, v in zip(fields, saved):
-            a[touched] = v
+            a[crow] = v                                 # (a row listed twice: the same value)
         return None
     carry.trim()                                    # a paged carry: old pages out (as finish_carry)
     vals = dict(zip(SUM_KEYS, sums.view(np.int64).tolist()))
@@ -117,6 +117,22 @@ MAX_BIN = 4096
 # the C's sums, in its order (specaudit/audit/check/sums_kernels.py KEYS)
 SUM_KEYS = ("drafted", "accepted", "accepted_counter", "committed", "commit_len_sum", "width_sum", "refused",
             "steps")
+
+
+_NULL_SLOT = "\0null"   # StepFrame names the null request id's slot so (frame_read.sort_rows)
+
+
+def _names(dictionary) -> tuple[list, tuple | None]:
+    """carry.index's arguments for a batch's request id dictionary, the null slot's name
+    last (as StepFrame asks, so slots are numbered alike), with the UTF-8 bytes read from
+    the Arrow buffers (no encoding of each name)."""
+    names = dictionary.to_pylist() + [_NULL_SLOT]
+    enc = arrow_encoded(dictionary)
+    if enc is None:
+        return names, None
+    blob, off = enc
+    tail = np.frombuffer(_NULL_SLOT.encode(), dtype=np.uint8)
+    return names, (np.concatenate([blob, tail]), np.append(off, off[-1] + len(tail)))
 
 
 def _np32(arr) -> np.ndarray:
@@ -169,19 +185,24 @@ def _columns(batch, run_id: str) -> dict | None:
 
 
 def _shapes(parents, R: int, N: int):
-    """A tree batch's rows grouped by their parents -> (shape id [R], mask hash [U]), or
-    None when the parents are not R rows of N or a shape is not a tree (not screened)."""
+    """A tree batch's rows grouped by their parents (rows of one shape have equal parents:
+    invariants/row_groups.py) -> (shape id [R], per shape: mask hash [U], node depths
+    [U, N] flat, most children of a node [U]), or None when the parents are not R rows of N
+    (the kernel refuses a row of another length) or a shape is not a tree."""
     off, v = parents
     lo = int(off[0])
     if len(v) - lo < R * N:
         return None
     P = v[lo: lo + R * N].reshape(R, N)
     ids, first = group_rows(P, compiled.kernels(SORT_KERNELS, rows=R))
-    hashes = np.zeros(len(first), dtype=np.uint64)
-    i = np.arange(N)
-    for u, r in enumerate(first):
-        ps = P[r]
-        if ps[0] != -1 or ((ps[1:] < 0) | (ps[1:] >= i[1:])).any():
-            return None
-        hashes[u] = tree_hash(ps)
-    return np.ascontiguousarray(ids, dtype=np.int64), hashes
+    S = P[first].astype(np.int64)                         # [U, N] the shapes
+    U, i = len(first), np.arange(N)
+    if (S[:, 0] != -1).any() or ((S[:, 1:] < 0) | (S[:, 1:] >= i[1:])).any():
+        return None                                       # SA103 / SA104: the frame reports it
+    depth = np.zeros((U, N), dtype=np.int32)
+    for j in range(1, N):                                 # parents come first: one pass
+        depth[:, j] = depth[np.arange(U), S[:, j]] + 1
+    kids = np.zeros((U, N), dtype=np.int32)
+    np.add.at(kids, (np.repeat(np.arange(U), N - 1), S[:, 1:].reshape(-1)), 1)
+    hashes = np.array([tree_hash(s) for s in S], dtype=np.uint64)
+    return (np.ascontiguousarray(ids, dtype=np.int64), hashes, depth.reshape(-1), kids.max(axis=1))

@@ -14,7 +14,9 @@
    looser: a row it cannot vouch for stops it, and the batch is checked in full
    (StepFrame, the definition); tests/test_screen.py holds the two equal, and breaks each
    test here alone (but the guards that keep reads inside a row, and a request whose
-   steps had a gap, which is refused only to keep this simple: SA311 skips it).
+   steps had a gap, which is refused only to keep this simple: SA311 skips it). A tree
+   batch comes with its rows grouped by shape (equal parents), each shape's depths, most
+   children and mask hash (screen.py, once per shape).
 
    Returns 0 when every row passed, with the batch folded into the carry exactly as
    StepFrame.finish_carry folds it and its run sums and depth histogram added; else 1 +
@@ -69,11 +71,10 @@ i64 screen_rows(i64 R, i64 N, i64 tree, i64 eos, i64 max_new, u64 chain_hash,
                 const i32 *o_tok, const i32 *tok, const i32 *o_par, const i32 *par,
                 const i32 *o_pos, const i32 *pos, const i32 *o_am, const i32 *am,
                 const i32 *o_path, const i32 *path, const i32 *o_com, const i32 *com,
-                const i64 *shape_id, const u64 *shape_hash,
+                const i64 *shape_id, const u64 *shape_hash, const i32 *shape_depth, const i32 *shape_kids,
                 CARRY_ARGS, u64 *sums, i64 *hist)
 {
     if (N < 1 || N > MAX_N) return 1;
-    i32 d[MAX_N], kids[MAX_N];
     u64 s_drafted = 0, s_acc = 0, s_accc = 0, s_com = 0, s_clen = 0, s_width = 0;
     for (i64 r = 0; r < R; r++) {
         if (lists_bad(r, N, o_tok, o_par, o_pos, o_am)) return r + 1;
@@ -90,22 +91,20 @@ i64 screen_rows(i64 R, i64 N, i64 tree, i64 eos, i64 max_new, u64 chain_hash,
         if (budget[r] < 0 || N > (i64)budget[r] + 1 || p[0] != -1 || q[0] != sl) return r + 1;
         if (!tree) {
             if (topk[r] < (N > 1 ? 1 : 0)) return r + 1;   /* a chain's nodes have one child, its last none */
-            for (i64 i = 1; i < N; i++)
-                if (p[i] != (i32)(i - 1) || q[i] != sl + (i32)i) return r + 1;
+            int b = 0;   /* accumulated, not returned at once: the compiler vectorises it */
+            for (i64 i = 1; i < N; i++) b |= (p[i] != (i32)(i - 1)) | (q[i] != sl + (i32)i);
+            if (b) return r + 1;
             if (mhash[r] != chain_hash) return r + 1;
         } else {
-            /* at most topk children per node (with topk 1 that makes the tree a chain:
-               SA106), each parent an earlier node, positions at the node's depth */
-            if (topk[r] < 0) return r + 1;
-            d[0] = 0; kids[0] = 0;
-            for (i64 i = 1; i < N; i++) {
-                i32 pi = p[i];
-                if (pi < 0 || pi >= i) return r + 1;
-                d[i] = d[pi] + 1; kids[i] = 0;
-                if (++kids[pi] > topk[r]) return r + 1;
-                if (q[i] != sl + d[i]) return r + 1;
-            }
-            if (mhash[r] != shape_hash[shape_id[r]]) return r + 1;
+            /* the row's parents are its shape's (rows grouped by equal parents, each shape
+               a valid tree: screen.py): at most topk children per node (with topk 1 that
+               makes the tree a chain: SA106), positions at each node's depth */
+            i64 u = shape_id[r];
+            const i32 *d = shape_depth + u * N;
+            if (shape_kids[u] > topk[r] || mhash[r] != shape_hash[u]) return r + 1;
+            int b = 0;
+            for (i64 i = 1; i < N; i++) b |= q[i] != sl + d[i];
+            if (b) return r + 1;
         }
         /* the path (SA302-305) and the counters (SA301, SA306, SA310) */
         i64 ps = o_path[r], pl = o_path[r + 1] - ps, cs = o_com[r], cn = o_com[r + 1] - cs;
@@ -120,8 +119,9 @@ i64 screen_rows(i64 R, i64 N, i64 tree, i64 eos, i64 max_new, u64 chain_hash,
         if (!tree) {
             if (last + 1 < N && t[last + 1] == bonus) return r + 1;
         } else {
-            for (i64 i = last + 1; i < N; i++)
-                if (p[i] == last && t[i] == bonus) return r + 1;
+            int b = 0;
+            for (i64 i = last + 1; i < N; i++) b |= (p[i] == last) & (t[i] == bonus);
+            if (b) return r + 1;
         }
         /* the commit (SA307-309, SA311) */
         const i32 *c = com + cs;
