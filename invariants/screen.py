@@ -83,8 +83,8 @@ def screen_batch(batch, *, run_id: str, carry, eos_id: int, max_new_tokens: int 
     if N < 1 or N > MAX_NODES:
         return None
     tree = algo == "tree"
-    shapes = (np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.uint64), np.zeros(N, dtype=np.int32),
-              np.zeros(1, dtype=np.int32))                      # (a chain batch: unused)
+    z32 = np.zeros(N + 1, dtype=np.int32)
+    shapes = (np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.uint64), z32, z32, z32, z32, z32)  # (chains: unused)
     if tree:
         shapes = _shapes(col["parents"], R, N)
         if shapes is None:
@@ -187,8 +187,10 @@ def _columns(batch, run_id: str) -> dict | None:
 def _shapes(parents, R: int, N: int):
     """A tree batch's rows grouped by their parents (rows of one shape have equal parents:
     invariants/row_groups.py) -> (shape id [R], per shape: mask hash [U], node depths
-    [U, N] flat, most children of a node [U]), or None when the parents are not R rows of N
-    (the kernel refuses a row of another length) or a shape is not a tree."""
+    [U, N] flat, most children of a node [U], parents [U, N] flat, each node's children as
+    offsets [U, N + 1] into child lists [U, N] (ascending), all flat), or None when the
+    parents are not R rows of N (the kernel refuses a row of another length) or a shape
+    is not a tree."""
     off, v = parents
     lo = int(off[0])
     if len(v) - lo < R * N:
@@ -205,4 +207,10 @@ def _shapes(parents, R: int, N: int):
     kids = np.zeros((U, N), dtype=np.int32)
     np.add.at(kids, (np.repeat(np.arange(U), N - 1), S[:, 1:].reshape(-1)), 1)
     hashes = np.array([tree_hash(s) for s in S], dtype=np.uint64)
-    return (np.ascontiguousarray(ids, dtype=np.int64), hashes, depth.reshape(-1), kids.max(axis=1))
+    # child lists: nodes 1..N-1 of each shape ordered by parent (stable: ascending within one)
+    child = np.zeros((U, N), dtype=np.int32)
+    child[:, : N - 1] = np.argsort(S[:, 1:], axis=1, kind="stable") + 1
+    off = np.zeros((U, N + 1), dtype=np.int32)
+    np.cumsum(kids, axis=1, out=off[:, 1:])
+    return (np.ascontiguousarray(ids, dtype=np.int64), hashes, depth.reshape(-1), kids.max(axis=1),
+            S.astype(np.int32).reshape(-1), off.reshape(-1), child.reshape(-1))

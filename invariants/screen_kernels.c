@@ -15,8 +15,9 @@
    (StepFrame, the definition); tests/test_screen.py holds the two equal, and breaks each
    test here alone (but the guards that keep reads inside a row, and a request whose
    steps had a gap, which is refused only to keep this simple: SA311 skips it). A tree
-   batch comes with its rows grouped by shape (equal parents), each shape's depths, most
-   children and mask hash (screen.py, once per shape).
+   batch comes with its rows grouped by shape (equal parents), each shape's parents,
+   depths, most children, child lists and mask hash (screen.py, once per shape): a tree
+   row's own parents are not read again.
 
    Returns 0 when every row passed, with the batch folded into the carry exactly as
    StepFrame.finish_carry folds it and its run sums and depth histogram added; else 1 +
@@ -72,6 +73,7 @@ i64 screen_rows(i64 R, i64 N, i64 tree, i64 eos, i64 max_new, u64 chain_hash,
                 const i32 *o_pos, const i32 *pos, const i32 *o_am, const i32 *am,
                 const i32 *o_path, const i32 *path, const i32 *o_com, const i32 *com,
                 const i64 *shape_id, const u64 *shape_hash, const i32 *shape_depth, const i32 *shape_kids,
+                const i32 *shape_par, const i32 *child_off, const i32 *child_idx,
                 CARRY_ARGS, u64 *sums, i64 *hist)
 {
     if (N < 1 || N > MAX_N) return 1;
@@ -88,8 +90,10 @@ i64 screen_rows(i64 R, i64 N, i64 tree, i64 eos, i64 max_new, u64 chain_hash,
                 || !contiguous[s]) return r + 1;
         } else if (st != 0) return r + 1;
         /* structure (SA102-106), positions (SA201), the mask (SA202) */
-        if (budget[r] < 0 || N > (i64)budget[r] + 1 || p[0] != -1 || q[0] != sl) return r + 1;
+        if (budget[r] < 0 || N > (i64)budget[r] + 1 || q[0] != sl) return r + 1;
+        i64 u = tree ? shape_id[r] : 0;
         if (!tree) {
+            if (p[0] != -1) return r + 1;
             if (topk[r] < (N > 1 ? 1 : 0)) return r + 1;   /* a chain's nodes have one child, its last none */
             int b = 0;   /* accumulated, not returned at once: the compiler vectorises it */
             for (i64 i = 1; i < N; i++) b |= (p[i] != (i32)(i - 1)) | (q[i] != sl + (i32)i);
@@ -99,8 +103,8 @@ i64 screen_rows(i64 R, i64 N, i64 tree, i64 eos, i64 max_new, u64 chain_hash,
             /* the row's parents are its shape's (rows grouped by equal parents, each shape
                a valid tree: screen.py): at most topk children per node (with topk 1 that
                makes the tree a chain: SA106), positions at each node's depth */
-            i64 u = shape_id[r];
             const i32 *d = shape_depth + u * N;
+            p = shape_par + u * N;                 /* the row's own (equal): read once per shape */
             if (shape_kids[u] > topk[r] || mhash[r] != shape_hash[u]) return r + 1;
             int b = 0;
             for (i64 i = 1; i < N; i++) b |= q[i] != sl + d[i];
@@ -112,16 +116,17 @@ i64 screen_rows(i64 R, i64 N, i64 tree, i64 eos, i64 max_new, u64 chain_hash,
         if (pl < 1 || pl > N || pa[0] != 0 || depth[r] != pl - 1 || clen[r] != cn || cn < 1) return r + 1;
         if (f ? cn > pl : cn != pl) return r + 1;   /* commit_len = depth + 1 unless finished */
         for (i64 k = 1; k < pl; k++) {
-            i32 v = pa[k], u = pa[k - 1];
-            if (v < 1 || v >= N || p[v] != u || t[v] != a[u]) return r + 1;
+            i32 v = pa[k], w = pa[k - 1];
+            if (v < 1 || v >= N || p[v] != w || t[v] != a[w]) return r + 1;
         }
         i32 last = pa[pl - 1], bonus = a[last];
         if (!tree) {
             if (last + 1 < N && t[last + 1] == bonus) return r + 1;
         } else {
-            int b = 0;
-            for (i64 i = last + 1; i < N; i++) b |= (p[i] == last) & (t[i] == bonus);
-            if (b) return r + 1;
+            /* the last node's children, from its shape's child lists */
+            const i32 *co = child_off + u * (N + 1), *ci = child_idx + u * N;
+            for (i32 j = co[last]; j < co[last + 1]; j++)
+                if (t[ci[j]] == bonus) return r + 1;
         }
         /* the commit (SA307-309, SA311) */
         const i32 *c = com + cs;

@@ -4,7 +4,8 @@ compiled.kernels; invariants/screen.py prepares its arguments and decides what a
 refusal means (the batch checked in full by StepFrame, the definition).
 
     first_bad = screen_rows(R, N, tree, eos, max_new, chain_hash, codes, crow, <columns>,
-                            shape_id, shape_hash, shape_depth, shape_kids, <carry fields>, sums, hist)
+                            shape_id, shape_hash, shape_depth, shape_kids, shape_par, child_off,
+                            child_idx, <carry fields>, sums, hist)
 """
 from __future__ import annotations
 
@@ -18,4 +19,4 @@ _LIB = library(Path(__file__).with_name("screen_kernels.c"))
 # (frame_kernels.py's _CARRY), the outputs
 _CARRY = "ow ow ob ob ow ol ol ol ol oq ol ob ob ob ow ol ow"
 screen_rows = bind(_LIB, "screen_rows",
-                   "i i i i i u w l w w w w w w y q w w w w w w w w w w w w l q w w " + _CARRY + " oq ol", True)
+                   "i i i i i u w l w w w w w w y q w w w w w w w w w w w w l q w w w w w " + _CARRY + " oq ol", True)
