@@ -123,7 +123,7 @@ def record(name: str, figures: dict, path: str | os.PathLike | None = None, argv
 def checker_step_batches(run_dir, lists_only: bool = False):
     """A run folder's step files read as `specaudit check` reads them: the same columns
     (its list columns only, with lists_only), batch size and thread policy (the check's
-    decode limit in scripts/bench_check.py, and scripts/study_fused_check.py's reading)."""
+    decode limit and reading in scripts/bench_check.py)."""
     from pathlib import Path
 
     import pyarrow.parquet as pq
