@@ -93,7 +93,9 @@ def screen_batch(batch, *, run_id: str, carry, eos_id: int, max_new_tokens: int 
     # request ids -> carry slots as StepFrame names them (the null slot included), then rows
     rid = col.pop("request_id")
     gidx = carry.index(*_names(rid.dictionary))
-    crow = np.ascontiguousarray(carry.rows(gidx), dtype=np.int64)
+    # carry rows of the ids only (no row has a null id): the null slot's page is not
+    # touched, so a paged carry keeps the pages of the requests in flight, as StepFrame does
+    crow = np.ascontiguousarray(carry.rows(gidx[:-1]), dtype=np.int64)
     fields = [getattr(carry, k) for k in _FOLDED]
     saved = [a[crow] for a in fields]               # put back if a row does not pass
     sums = np.zeros(8, dtype=np.uint64)
