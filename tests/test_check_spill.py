@@ -101,6 +101,25 @@ def test_request_table_faults_found_the_same_spilled(cap, monkeypatch, made):
     assert not any(os.path.exists(os.path.dirname(p)) for p in made)   # and removed
 
 
+@pytest.mark.parametrize("paged", [False, True])
+def test_request_frames_smaller_than_a_range_find_the_same(paged, monkeypatch, made):
+    """Request rules joined FRAME_SLOTS slots at a time within a range (a page of a paged
+    carry, or the whole of a dense one): the same findings, in the same order, counts and
+    totals as one frame per range."""
+    import specaudit.audit.check.core as core
+    st, rq, m, _ = _faulty_run()
+    check = lambda: shown(check_tables(st, rq, m, batch_rows=7, max_per_code=2))
+    with monkeypatch.context() as mp:
+        if paged:
+            mp.setattr(carry_mod, "PAGE_SLOTS", 8)
+            mp.setattr(carry_mod, "SPILL_SLOTS", 16)
+        whole = check()
+        mp.setattr(core, "FRAME_SLOTS", 3)
+        split = check()
+    assert {"SA406", "SA409"} <= set(whole["counts"])
+    assert split == whole
+
+
 def test_a_run_under_the_limit_spills_nothing(made):
     st, rq, m, _ = _faulty_run(12)
     assert check_tables(st, rq, m, batch_rows=7).counts

@@ -239,9 +239,23 @@ def check_group(batches, *, run_id: str, manifest: dict | None, rules, result: C
     return out
 
 
+# slots per RequestFrame: a range of a paged carry (PAGE_SLOTS) is joined a quarter at a
+# time, so the request rules' frames add little to the step phase's peak memory
+FRAME_SLOTS = 16384
+
+
+def _facts_of(chunk: dict | None, lo: int, hi: int) -> dict | None:
+    """The requests rows of carry slots [lo, hi) among a range's facts (`idx`: their slots)."""
+    if chunk is None or "idx" not in chunk:
+        return chunk
+    keep = (chunk["idx"] >= lo) & (chunk["idx"] < hi)
+    return {k: v[keep] for k, v in chunk.items()}
+
+
 def _request_rules(carry: Carry, facts: FactStore | None, page: int, targets: dict, rules, *,
                    run_id: str, eos_id: int, max_new_tokens, manifest: dict) -> dict:
-    """Request rules over the carry joined with the facts, `page` slots at a time (one
+    """Request rules over the carry joined with the facts, `page` slots at a time read,
+    FRAME_SLOTS at a time joined (one
     RequestFrame of every request when they fit in one): findings into targets[assume]
     (complete run or not) in the order one frame of every request would give them
     (per rule, in slot order: each range's are held per rule, then merged); returns the
@@ -249,16 +263,20 @@ def _request_rules(carry: Carry, facts: FactStore | None, page: int, targets: di
     Q = carry.n
     spans = [(lo, min(lo + page, Q)) for lo in range(0, Q, page)] or [(0, 0)]
     staged = {(a, i): CheckResult(max_per_code=res.max_per_code) for a, res in targets.items()
-              for i in range(len(rules))} if len(spans) > 1 else None
+              for i in range(len(rules))} if Q > min(page, FRAME_SLOTS) else None   # more than one frame
     sums = None
     for lo, hi in spans:
-        table = facts.chunk(lo, hi) if facts is not None else None
-        for assume, res in targets.items():
-            rq = RequestFrame(carry, table, run_id=run_id, eos_id=eos_id, max_new_tokens=max_new_tokens,
-                              complete=assume and facts is not None, manifest=manifest, lo=lo, hi=hi)
-            for i, rule in enumerate(rules):
-                emit_hits(rule, rule.check(rq), rq, staged[assume, i] if staged else res, kind="request")
-        sums = request_sums(rq, have_facts=facts is not None, into=sums)
+        chunk = facts.chunk(lo, hi) if facts is not None else None
+        # a frame per FRAME_SLOTS slots of the range: the join's working memory stays small
+        for a in range(lo, max(hi, lo + 1), FRAME_SLOTS):
+            b = min(a + FRAME_SLOTS, hi)
+            table = _facts_of(chunk, a, b) if (a, b) != (lo, hi) else chunk
+            for assume, res in targets.items():
+                rq = RequestFrame(carry, table, run_id=run_id, eos_id=eos_id, max_new_tokens=max_new_tokens,
+                                  complete=assume and facts is not None, manifest=manifest, lo=a, hi=b)
+                for i, rule in enumerate(rules):
+                    emit_hits(rule, rule.check(rq), rq, staged[assume, i] if staged else res, kind="request")
+            sums = request_sums(rq, have_facts=facts is not None, into=sums)
     if staged:
         for assume, res in targets.items():
             for i in range(len(rules)):
