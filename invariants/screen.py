@@ -137,14 +137,10 @@ def _names(dictionary) -> tuple[list, tuple | None]:
     return names, (np.concatenate([blob, tail]), np.append(off, off[-1] + len(tail)))
 
 
-def _np32(arr) -> np.ndarray:
-    """An int32 (or uint64) Arrow array without nulls as numpy, no copy (read from its
-    buffers: pyarrow's to_numpy would import pandas on first use)."""
-    return to_np(arr)
-
-
 def _columns(batch, run_id: str) -> dict | None:
-    """The batch's columns as the kernel reads them, or None when it is not the usual kind."""
+    """The batch's columns as the kernel reads them (numpy views of the Arrow buffers:
+    to_np, not pyarrow's to_numpy, which imports pandas on first use), or None when it is
+    not the usual kind."""
     names = batch.schema.names
     if _REFUSE.intersection(names):
         return None
@@ -169,20 +165,20 @@ def _columns(batch, run_id: str) -> dict | None:
         return None
     out["algo"] = algo
     out["request_id"] = col["request_id"]
-    out["codes"] = _np32(col["request_id"].indices)
+    out["codes"] = to_np(col["request_id"].indices)
     for n in _INTS:
         if col[n].type != pa.int32():
             return None
-        out[n] = _np32(col[n])
+        out[n] = to_np(col[n])
     for n in _LISTS:
         a = col[n]
         if a.type != _LIST32 or a.values.null_count:
             return None
-        out[n] = (_np32(a.offsets), _np32(a.values))
+        out[n] = (to_np(a.offsets), to_np(a.values))
     if col["finished"].type != pa.bool_() or col["mask_hash"].type != pa.uint64():
         return None
     out["finished"] = to_np(col["finished"]).view(np.uint8)
-    out["mask_hash"] = _np32(col["mask_hash"])
+    out["mask_hash"] = to_np(col["mask_hash"])
     return out
 
 

@@ -48,11 +48,15 @@ def test_to_np_matches_pyarrow(typ, nulls, offset):
         assert valid is None
 
 
-def test_check_does_not_import_pandas(tmp_path):
-    """pyarrow's to_numpy imports pandas on first use (half a second of every check)."""
+@pytest.mark.parametrize("screened", [False, True])
+def test_check_does_not_import_pandas(screened, tmp_path):
+    """pyarrow's to_numpy imports pandas on first use (half a second of every check); also
+    where big batches are screened (invariants/screen.py: here every batch, alone)."""
     steps, requests, manifest = synth_run_rows(4, algo="tree", seed=3)
     write_run(tmp_path, steps, requests, manifest)
-    code = ("import sys\nfrom specaudit.audit.check import check_paths\n"
+    every = ("from specaudit.invariants import compiled\nfrom specaudit.audit.check import pool\n"
+             "compiled.MIN_ROWS = 0\npool.POOL_RUN_BYTES = 0\n") if screened else ""
+    code = ("import sys\nfrom specaudit.audit.check import check_paths\n" + every +
             f"r = check_paths([{str(tmp_path)!r}])\n"
             "assert r.steps > 0 and r.exit_code == 0, (r.steps, dict(r.counts))\n"
             "print('pandas' in sys.modules)")
