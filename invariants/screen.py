@@ -27,7 +27,7 @@ import os
 import numpy as np
 import pyarrow as pa
 
-from specaudit.trace.schema import MAX_NODES, SAMPLING_COLUMNS
+from specaudit.trace.schema import MAX_NODES, NODE_LIST_COLUMNS, SAMPLING_COLUMNS
 
 from . import compiled
 from .arrow import to_np
@@ -49,10 +49,9 @@ SCREENED = frozenset({
     "SA201", "SA202", "SA301", "SA302", "SA303", "SA304", "SA305", "SA306", "SA307", "SA308",
     "SA309", "SA310", "SA311", "SA401", "SA402", "SA403", "SA404", "SA800", "SA801", "SA802", "SA803"})
 _INTS = ("step", "seq_len", "budget", "topk", "accepted_depth", "commit_len")
-_NODE_LISTS = ("node_tokens", "parents", "positions", "target_argmax")
-_LISTS = (*_NODE_LISTS, "accepted_path", "committed_tokens")
+_LISTS = (*NODE_LIST_COLUMNS, "accepted_path", "committed_tokens")
 _STRINGS = ("request_id", "run_id", "algo")
-_OTHER = (("batch_size", None), ("finished", pa.bool_()), ("mask_hash", pa.uint64()))
+_OTHER = (("batch_size", None), ("finished", pa.bool_()), ("mask_hash", pa.uint64()))   # (None: any type)
 _REFUSE = frozenset((*SAMPLING_COLUMNS, *DIAGNOSTIC_RANGES))
 _LIST32 = pa.list_(pa.int32())
 
@@ -115,8 +114,9 @@ def screen_batch(batch, *, run_id: str, carry, eos_id: int, max_new_tokens: int 
     return vals, hist[: (used[-1] if used.size else 0) + 1]
 
 
-MAX_BIN = 4096
-# the C's sums, in its order (specaudit/audit/check/sums_kernels.py KEYS)
+MAX_BIN = 4096   # the depth histogram's last bin, as RunSums.depth_bins clips
+# RunSums' counters in the order both C passes write them (screen_kernels.c and
+# specaudit/audit/check/sums_kernels.c, whose wrapper takes this layout from here)
 SUM_KEYS = ("drafted", "accepted", "accepted_counter", "committed", "commit_len_sum", "width_sum", "refused",
             "steps")
 
@@ -175,7 +175,7 @@ def _columns(batch, run_id: str) -> dict | None:
         if a.type != _LIST32 or a.values.null_count:
             return None
         out[n] = (to_np(a.offsets), to_np(a.values))
-    if col["finished"].type != pa.bool_() or col["mask_hash"].type != pa.uint64():
+    if any(t is not None and col[n].type != t for n, t in _OTHER):
         return None
     out["finished"] = to_np(col["finished"]).view(np.uint8)
     out["mask_hash"] = to_np(col["mask_hash"])

@@ -162,9 +162,8 @@ def test_partials_equal(small_batches):
     """check_group's partial (what run rules read) is the same with the screen as without."""
     mp, seen = small_batches
     st, rq, man = synth_run_rows(30, algo="tree", seed=5, run_id="r")
-    rules = [r for r in TRACE_RULES if r.scope != "source"]
     from specaudit.audit.check.result import CheckResult
-    off, on = _both(mp, lambda: check_group(_batches(st), run_id="r", manifest=man, rules=rules,
+    off, on = _both(mp, lambda: check_group(_batches(st), run_id="r", manifest=man, rules=TRACE_RULES,
                                             result=CheckResult(), requests=rq.to_batches(max_chunksize=16)))
     assert on == off and seen["screened"] > 0
 

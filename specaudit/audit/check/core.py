@@ -23,6 +23,7 @@ from specaudit.audit.check.facts import (  # noqa: F401  (re-exported: the reade
     CLIENT_COLUMNS,
     REQUEST_BATCH_ROWS,
     FactStore,
+    facts_in,
     request_facts,
 )
 from specaudit.audit.check.result import CheckResult, merge_result
@@ -244,19 +245,11 @@ def check_group(batches, *, run_id: str, manifest: dict | None, rules, result: C
 FRAME_SLOTS = 16384
 
 
-def _facts_of(chunk: dict | None, lo: int, hi: int) -> dict | None:
-    """The requests rows of carry slots [lo, hi) among a range's facts (`idx`: their slots)."""
-    if chunk is None or "idx" not in chunk:
-        return chunk
-    keep = (chunk["idx"] >= lo) & (chunk["idx"] < hi)
-    return {k: v[keep] for k, v in chunk.items()}
-
-
 def _request_rules(carry: Carry, facts: FactStore | None, page: int, targets: dict, rules, *,
                    run_id: str, eos_id: int, max_new_tokens, manifest: dict) -> dict:
-    """Request rules over the carry joined with the facts, `page` slots at a time read,
-    FRAME_SLOTS at a time joined (one
-    RequestFrame of every request when they fit in one): findings into targets[assume]
+    """Request rules over the carry joined with the facts, read `page` slots at a time and
+    joined FRAME_SLOTS at a time (one RequestFrame of every request when they fit in
+    one): findings into targets[assume]
     (complete run or not) in the order one frame of every request would give them
     (per rule, in slot order: each range's are held per rule, then merged); returns the
     requests' sums for the partial (request_sums, added over the ranges)."""
@@ -268,9 +261,9 @@ def _request_rules(carry: Carry, facts: FactStore | None, page: int, targets: di
     for lo, hi in spans:
         chunk = facts.chunk(lo, hi) if facts is not None else None
         # a frame per FRAME_SLOTS slots of the range: the join's working memory stays small
-        for a in range(lo, max(hi, lo + 1), FRAME_SLOTS):
-            b = min(a + FRAME_SLOTS, hi)
-            table = _facts_of(chunk, a, b) if (a, b) != (lo, hi) else chunk
+        frames = [(a, min(a + FRAME_SLOTS, hi)) for a in range(lo, hi, FRAME_SLOTS)] or [(lo, hi)]
+        for a, b in frames:
+            table = chunk if len(frames) == 1 else facts_in(chunk, a, b)
             for assume, res in targets.items():
                 rq = RequestFrame(carry, table, run_id=run_id, eos_id=eos_id, max_new_tokens=max_new_tokens,
                                   complete=assume and facts is not None, manifest=manifest, lo=a, hi=b)

@@ -165,6 +165,14 @@ def _token_facts_compiled(kern, off, vals, olen, ref, eos_id) -> dict:
     return {"output_hash": h, "output_last": last, "output_first": fst, "eos_inside": eos_in,
             "reference_equal": eq, "reference_first_diff": diff, "reference_len": rlen}
 
+def facts_in(facts: dict | None, lo: int, hi: int) -> dict | None:
+    """The requests rows of carry slots [lo, hi) among `facts` (`idx`: each row's slot)."""
+    if facts is None or "idx" not in facts:
+        return facts
+    keep = (facts["idx"] >= lo) & (facts["idx"] < hi)
+    return {k: v[keep] for k, v in facts.items()}
+
+
 class FactStore:
     """The facts of a requests table, by carry slot: in memory, or past SPILL_SLOTS rows
     (with a spill folder) in files by range of `part` slots. See the module docstring."""
@@ -206,8 +214,7 @@ class FactStore:
             idx = t.get("idx")
             if idx is None or (lo == 0 and not (idx >= hi).any()):
                 return t
-            keep = (idx >= lo) & (idx < hi)
-            return {k: v[keep] for k, v in t.items()}
+            return facts_in(t, lo, hi)
         if lo % self.part or hi - lo > self.part:
             raise ValueError(f"spilled facts are read by range of {self.part} slots, not [{lo}, {hi})")
         parts: dict[str, list] = {}

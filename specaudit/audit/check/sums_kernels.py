@@ -13,12 +13,14 @@ from pathlib import Path
 import numpy as np
 
 from specaudit.invariants.compiled import bind, library
+from specaudit.invariants.screen import MAX_BIN, SUM_KEYS
+
+# the C's MAX_BIN (RunSums.depth_bins' clip) and its sums [8] in their order: shared with
+# the clean-batch screen's pass (invariants/screen.py), which writes the same counters
+KEYS = SUM_KEYS
 
 _LIB = library(Path(__file__).with_name("sums_kernels.c"))
 _RUN_SUMS = bind(_LIB, "run_sums", "i l l l l l l b oq ol", True)
-MAX_BIN = 4096   # as RunSums.depth_bins clips (and the C's MAX_BIN)
-# the C's sums [8], in its order: RunSums.per_row's counters
-KEYS = ("drafted", "accepted", "accepted_counter", "committed", "commit_len_sum", "width_sum", "refused", "steps")
 
 
 def run_sums(f) -> tuple[dict, np.ndarray]:
