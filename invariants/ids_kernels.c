@@ -7,10 +7,11 @@
      table   int64 [cap]   cap a power of two, mask = cap - 1; -1 empty, else
                            (tag << SLOT_BITS) | slot, tag the top TAG_BITS of the mixed
                            hash (a probe reads hashes[slot] only when the tags agree)
-     hashes  int64 [hcap]  Python's hash of the id of each slot the table holds
+     hashes  int64 [hcap]  the hash (ids_hash) of the id of each slot the table holds
      data    uint8 [dcap]  every id's UTF-8 bytes, in slot order
      offsets int64 [ocap]  id q is data[offsets[q]:offsets[q + 1]]
-   A batch of L ids: blob uint8 (their bytes), off int64 [L+1], h int64 [L] (hashes).
+   A batch of L ids: blob uint8 (their bytes), off int64 [L+1], h int64 [L] (their
+   hashes, ids_hash: of the bytes, so no Python str is made for an id the table serves).
    Linear probing from mix(h) & mask; an entry is never removed. One slot per hash: an
    id whose hash the table already holds for another id (a collision, its bytes differ)
    is left to Python (request_ids.py keeps those in a dict, as numpy does). */
@@ -37,6 +38,30 @@ static inline u64 mix(i64 h)
 }
 
 static inline i64 tag_of(u64 m) { return (i64)(m >> (64 - TAG_BITS)); }
+
+/* h [L] = a 64-bit hash of each id's bytes (blob/off): 8 bytes at a time, each word
+   mixed into the state (fmix64, the length folded in), the last 0-7 bytes as one word.
+   Any fixed function of the bytes serves: equal ids hash alike, and a collision costs only
+   a trip to Python (an id whose hash another id holds). */
+static inline u64 word(const u8 *p, i64 n)
+{
+    u64 w = 0;
+    memcpy(&w, p, (size_t)n);
+    return w;
+}
+
+void ids_hash(i64 L, const u8 *blob, const i64 *off, i64 *h)
+{
+    for (i64 i = 0; i < L; i++) {
+        const u8 *p = blob + off[i];
+        i64 n = off[i + 1] - off[i];
+        u64 x = 0x9E3779B97F4A7C15ull ^ ((u64)n * 0xC2B2AE3D27D4EB4Full);
+        for (; n >= 8; p += 8, n -= 8)
+            x = (x ^ mix((i64)word(p, 8))) * 0x9FB21C651E98DF25ull;
+        x = (x ^ mix((i64)(word(p, n) ^ ((u64)n << 59)))) * 0x9FB21C651E98DF25ull;
+        h[i] = (i64)mix((i64)x);
+    }
+}
 
 /* the table position holding hash hv, or of the empty entry where it would go */
 static inline i64 probe(const i64 *table, i64 mask, const i64 *hashes, i64 hv)

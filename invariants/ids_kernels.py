@@ -4,8 +4,9 @@ through compiled.kernels. The numpy levels of invariants/request_ids.py are the
 definition: tests/test_compiled_ids.py holds every slot given here equal to theirs.
 
 A Table is an open-addressing hash table (int64 [cap], a power of two, at most 80% full;
-doubled and rehashed in C when full) of the ids' hashes, plus the hash of each slot
-(int64, dense): 8 + 8 / load bytes per id (load between 40% and 80%: 18 to 28), where
+doubled and rehashed in C when full) of the ids' hashes (hash_ids: of their UTF-8 bytes,
+read from an Arrow column's buffers, where Python's hash needs a str made for each id),
+plus the hash of each slot (int64, dense): 8 + 8 / load bytes per id (load between 40% and 80%: 18 to 28), where
 the numpy levels keep 16 (and twice that while merging), beside the ids' bytes and
 offsets (8 + their UTF-8 bytes) that RequestIds keeps either way. Measured, with the
 offsets: 29 to 41 bytes per id for 0.1M to 3M ids (numpy's levels: 24 to 28), the peak
@@ -26,7 +27,18 @@ _INSERT = bind(_LIB, "ids_insert", "i l l ol i ol")
 _REHASH = bind(_LIB, "ids_rehash", "i l ol i l")
 _LOOKUP = bind(_LIB, "ids_lookup", "i y l l l i l y l ol")
 _INDEX = bind(_LIB, "ids_index", "i i y l l ol i i ol i oy i ol i ol ol", returns=True)
+_HASH = bind(_LIB, "ids_hash", "i y l ol")
 MAX_SLOTS = 1 << 40     # ids_kernels.c's SLOT_BITS
+
+
+def hash_ids(blob: np.ndarray, off: np.ndarray) -> np.ndarray:
+    """The table's hash of each id (int64 [len(off) - 1]) from its UTF-8 bytes (blob/off, as
+    request_ids._encode gives them): ids_hash, no Python str made."""
+    L = len(off) - 1
+    out = np.empty(L, dtype=I64)
+    if L:
+        _HASH(L, blob, off, out)
+    return out
 
 
 def _limit(cap: int) -> int:
@@ -34,7 +46,7 @@ def _limit(cap: int) -> int:
 
 
 class Table:
-    """The (hash, slot) pairs of a RequestIds' levels (hashes distinct), `slots` slots in all."""
+    """(hash, slot) pairs (hashes distinct), `slots` slots in all: a RequestIds' ids so far."""
 
     def __init__(self, h: np.ndarray, s: np.ndarray, slots: int):
         cap = 1024

@@ -21,8 +21,11 @@ Compiled (invariants/ids_kernels.c, through compiled.kernels): once the map and 
 hold MIN_ROWS ids or more together (`rows` = ids in the map + ids in the call), the levels
 are taken over by an open-addressing hash table in C (ids_kernels.Table) and every later
 call goes through it: one pass per batch, lookups, new slots and the ids' bytes appended
-in C. The same slots as the levels give, collisions included (C leaves an id whose hash
-another id holds to the same Python as here, `_settle`).
+in C. Its hash is of the ids' bytes (ids_kernels.hash_ids), computed in C, so a call that
+gives the bytes (`encoded`, an Arrow column's buffers) and no names makes no Python str at
+all; the stored ids are hashed again when the table takes over. The same slots as the
+levels give, collisions included (C leaves an id whose hash another id holds to the same
+Python as here, `_settle`; `_collided` then holds the ids of either hash's collisions).
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ class RequestIds:
         self._offsets = np.zeros(1024, dtype=I64)
         self._collided: dict[str, int] = {}   # ids whose hash another id already holds
         self._table = None                     # ids_kernels.Table, once compiled (replaces the levels)
+        self._kern = None                      # its module (ids_kernels: hash_ids)
         self.n = 0
 
     def __len__(self) -> int:
@@ -63,33 +67,38 @@ class RequestIds:
         """The slot of one id, or -1 when it was never indexed."""
         if name in self._collided:
             return self._collided[name]
-        h = np.array([hash(name)], dtype=I64)
+        enc = _encode([name])
         if self._table is not None:
-            return max(int(self._table.lookup(*_encode([name]), h, self._data, self._offsets)[0]), -1)
-        got = self._lookup([name], *_encode([name]), h)
+            h = self._kern.hash_ids(*enc)
+            return max(int(self._table.lookup(*enc, h, self._data, self._offsets)[0]), -1)
+        got = self._lookup([name], *enc, np.array([hash(name)], dtype=I64))
         return int(got[0])
 
-    def index(self, names: list[str], encoded: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
-        """Slots of `names` (int64 [len(names)]); ids not seen before get new slots, each
-        once, in order of first appearance. `encoded`: _encode(names) when the caller has
-        it already (an Arrow string column's buffers: arrow_encoded)."""
-        L = len(names)
+    def index(self, names: list[str] | None, encoded: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        """Slots of the ids (int64 [L]); ids not seen before get new slots, each once, in
+        order of first appearance. `names`: the ids as str; `encoded`: their UTF-8 bytes
+        and offsets (_encode(names)) when the caller has them (an Arrow string column's
+        buffers: arrow_encoded), and then `names` may be None: made from the bytes only
+        where needed (never, once compiled, but for a collision)."""
+        if encoded is None:
+            blob, off = _encode(names)
+        else:
+            blob, off = encoded
+        L = len(off) - 1
         if L == 0:
             return np.zeros(0, dtype=I64)
-        blob, off = _encode(names) if encoded is None else encoded
-        h = np.fromiter(map(hash, names), dtype=I64, count=L)
         if self._table is None and (kern := compiled.kernels(KERNELS, rows=self.n + L)) is not None:
-            levels = self._levels or [(np.zeros(0, dtype=I64),) * 2]
-            self._table = kern.Table(np.concatenate([H for H, _ in levels]),
-                                     np.concatenate([S for _, S in levels]), self.n)
-            self._levels = []
+            self._take_over(kern)
         if self._table is not None:
             base = self.n
-            out = self._table.index(self, blob, off, h)
+            out = self._table.index(self, blob, off, self._kern.hash_ids(blob, off))
             bad = np.flatnonzero(out < -1)
             if bad.size:
-                self._settle(names, out, bad, base)
+                self._settle(blob, off, out, bad, base)
             return out
+        if names is None:
+            names = _decode(blob, off, range(L))
+        h = np.fromiter(map(hash, names), dtype=I64, count=L)
         out = self._lookup(names, blob, off, h)
         new = np.flatnonzero(out < 0)
         if new.size:
@@ -97,6 +106,22 @@ class RequestIds:
         return out
 
     # --------------------------------------------------------------- internals
+    def _take_over(self, kern) -> None:
+        """The table replaces the levels: every stored id hashed by its bytes (hash_ids,
+        not the levels' Python hash) and inserted, the first of each hash; a later id whose
+        hash an earlier one holds is a collision (kept in `_collided`, as in _add)."""
+        n = self.n
+        h = kern.hash_ids(self._data, self._offsets[: n + 1])
+        _, first = np.unique(h, return_index=True)
+        first.sort()
+        self._kern = kern
+        self._table = kern.Table(h[first], first.astype(I64), n)
+        if len(first) < n:
+            rest = np.setdiff1d(np.arange(n, dtype=I64), first, assume_unique=True)
+            for q, name in zip(rest.tolist(), _decode(self._data, self._offsets, rest.tolist())):
+                self._collided.setdefault(name, q)
+        self._levels = []
+
     def _find(self, h: np.ndarray) -> np.ndarray:
         """The slot holding each hash, -1 where none does (a hash is in one level at most)."""
         out = np.full(len(h), -1, dtype=I64)
@@ -165,10 +190,11 @@ class RequestIds:
         for i in np.flatnonzero(out < 0).tolist():        # collisions inside this batch
             self._collide(names[i], out, i)
 
-    def _settle(self, names, out: np.ndarray, rows: np.ndarray, base: int) -> None:
+    def _settle(self, blob, off, out: np.ndarray, rows: np.ndarray, base: int) -> None:
         """The compiled pass's rows whose hash another id holds (out = -2 - that slot), as
         _lookup and _add give them: a collided id's slot; else the batch's new ids' slots
         are followed by the first of each hash held before the batch, then the others."""
+        names = dict(zip(rows.tolist(), _decode(blob, off, rows.tolist())))
         left = []
         for i in rows.tolist():
             q = self._collided.get(names[i])
@@ -212,6 +238,13 @@ class RequestIds:
         self._data[end: need] = blob[src]
         self._offsets[n + 1: n + k + 1] = end + np.cumsum(lens)
         self.n = n + k
+
+
+def _decode(blob: np.ndarray, off: np.ndarray, rows) -> list[str]:
+    """The ids at `rows` of blob/off (_encode's layout) as str."""
+    b = blob.tobytes() if len(rows) > 64 else None     # one copy for many, a slice each for few
+    return [(b[off[i]: off[i + 1]] if b is not None else blob[off[i]: off[i + 1]].tobytes())
+            .decode("utf-8", "surrogatepass") for i in rows]
 
 
 def _grown(a: np.ndarray, need: int) -> np.ndarray:

@@ -124,17 +124,16 @@ SUM_KEYS = ("drafted", "accepted", "accepted_counter", "committed", "commit_len_
 _NULL_SLOT = "\0null"   # StepFrame names the null request id's slot so (frame_read.sort_rows)
 
 
-def _names(dictionary) -> tuple[list, tuple | None]:
+def _names(dictionary) -> tuple[list | None, tuple | None]:
     """carry.index's arguments for a batch's request id dictionary, the null slot's name
-    last (as StepFrame asks, so slots are numbered alike), with the UTF-8 bytes read from
-    the Arrow buffers (no encoding of each name)."""
-    names = dictionary.to_pylist() + [_NULL_SLOT]
+    last (as StepFrame asks, so slots are numbered alike): the UTF-8 bytes read from the
+    Arrow buffers, no str made per id (RequestIds hashes the bytes)."""
     enc = arrow_encoded(dictionary)
     if enc is None:
-        return names, None
+        return dictionary.to_pylist() + [_NULL_SLOT], None
     blob, off = enc
     tail = np.frombuffer(_NULL_SLOT.encode(), dtype=np.uint8)
-    return names, (np.concatenate([blob, tail]), np.append(off, off[-1] + len(tail)))
+    return None, (np.concatenate([blob, tail]), np.append(off, off[-1] + len(tail)))
 
 
 def _columns(batch, run_id: str) -> dict | None:

@@ -3,7 +3,9 @@ in numpy (its sorted hash levels, the definition): the same slots for every call
 same ids per slot, the same slot_of and the same collided ids, over random id streams
 (repeats, new ids, unicode, empty strings, ids under hashes forced to collide, millions of
 ids in batches) and when the table takes over a map the levels began. MIN_ROWS is
-patched so that small calls take the compiled path. The test machine has a C compiler
+patched so that small calls take the compiled path. The table hashes the ids' bytes in C
+(ids_kernels.hash_ids), the levels call Python's hash: a test that forces collisions
+forces both (`_force`) with one function of the id. The test machine has a C compiler
 (scripts/test.sh): nothing here skips without one."""
 from __future__ import annotations
 
@@ -30,6 +32,17 @@ def _switch_on(mp, min_rows: int):
 def kernels_on(monkeypatch):
     _switch_on(monkeypatch, 0)
     return monkeypatch
+
+
+def _force(mp, fn):
+    """Both hashes (the levels' Python hash, the table's hash of the bytes) made fn(id)."""
+    from specaudit.invariants import ids_kernels
+
+    def of_bytes(blob, off):
+        names = request_ids._decode(blob, off, range(len(off) - 1))
+        return np.array([fn(n) for n in names], dtype=np.int64)
+    mp.setattr(request_ids, "hash", fn, raising=False)
+    mp.setattr(ids_kernels, "hash_ids", of_bytes)
 
 
 class Both:
@@ -80,8 +93,7 @@ def test_forced_collisions(kernels_on, modulus, seed):
     # few hash values for many ids: most lookups collide; slots still equal numpy's. The hash is
     # CRC-32, not Python's: str hashes change with PYTHONHASHSEED, and 68 ids over 1000 values
     # then collided in about nine runs of ten (a fresh venv's run hit the tenth)
-    kernels_on.setattr(request_ids, "hash",
-                       lambda s: zlib.crc32(s.encode("utf-8", "surrogatepass")) % modulus, raising=False)
+    _force(kernels_on, lambda s: zlib.crc32(s.encode("utf-8", "surrogatepass")) % modulus)
     rng = random.Random(seed)
     pool = POOL[:60] + POOL[-8:]
     b = Both(kernels_on)
@@ -93,7 +105,7 @@ def test_forced_collisions(kernels_on, modulus, seed):
 
 
 def test_collisions_between_and_within_batches(kernels_on):
-    kernels_on.setattr(request_ids, "hash", lambda s: len(s), raising=False)
+    _force(kernels_on, len)
     b = Both(kernels_on)
     b.index(["a", "bb", "a"])
     b.index(["c", "b", "dd", "a", "c", "e", "bb", "ccc", "dd", "f"])   # c, dd: hashes held before
@@ -105,7 +117,7 @@ def test_collisions_between_and_within_batches(kernels_on):
 def test_table_takes_over_the_levels(monkeypatch):
     # numpy while the map and call are small, then the table takes over (collided ids too)
     _switch_on(monkeypatch, 1000)
-    monkeypatch.setattr(request_ids, "hash", lambda s: hash(s) % 5000, raising=False)
+    _force(monkeypatch, lambda s: hash(s) % 5000)
     rng = random.Random(3)
     pool = [f"q{i}" for i in range(20000)] + POOL[-8:]
     b = Both(monkeypatch)
@@ -161,10 +173,37 @@ def test_same_position_and_tag_different_hashes(kernels_on):
     base = 0x5A5A5A5A5A5A5A5A
     crafted = {f"t{k}": _unmix(base ^ (1 << (30 + k))) for k in range(10)}
     assert len(set(crafted.values())) == len(crafted)
-    kernels_on.setattr(request_ids, "hash", lambda s: crafted.get(s, hash(s)), raising=False)
+    _force(kernels_on, lambda s: crafted.get(s, hash(s)))
     b = Both(kernels_on)
     names = list(crafted)
     b.index(names[:3] + ["z"] + names[:5])
     b.index(names[::-1] + ["z", "y"])
     assert not b.got._collided
     b.same(names)
+
+
+def test_table_hash_is_of_the_bytes(kernels_on):
+    # the C hash the table uses: equal ids hash alike wherever their bytes sit, and a million
+    # distinct ids (lengths 0 to 40, a trailing NUL, a byte past a word's end) hash apart
+    from specaudit.invariants import ids_kernels
+    ids = ["", "a", "a\0", "\0", "ab", "ba", "12345678", "123456789", "1234567\0"] + \
+        [f"req-{i}" + "x" * (i % 31) for i in range(1_000_000)]
+    blob, off = request_ids._encode(ids)
+    h = ids_kernels.hash_ids(blob, off)
+    assert h.dtype == np.int64 and len(h) == len(ids)
+    assert len(np.unique(h)) == len(ids)
+    again, aoff = request_ids._encode(["zz"] + ids[:9])          # the same ids at other offsets
+    assert ids_kernels.hash_ids(again, aoff)[1:].tolist() == h[:9].tolist()
+    assert ids_kernels.hash_ids(blob, off[:1]).tolist() == []
+
+
+def test_ids_given_as_bytes_alone(kernels_on):
+    # index(None, encoded): no str given; the slots equal those of the names, the levels'
+    # path (small calls) and the table's alike, and the stored ids read back as str
+    names = ["r1", "é", "r1", "", "r2", "é"]
+    for min_rows in (10**9, 0):
+        _switch_on(kernels_on, min_rows)
+        a, b = RequestIds(), RequestIds()
+        assert a.index(None, request_ids._encode(names)).tolist() == b.index(names).tolist() == [0, 1, 0, 2, 3, 1]
+        assert a[:] == b[:] == ["r1", "é", "", "r2"]
+        assert (a._table is None) == (min_rows > 0)

@@ -59,7 +59,8 @@ def batch_facts(b, carry: Carry, eos_id: int) -> dict:
     col = {n: b.column(i) for i, n in enumerate(names)}
     rid = col["request_id"]
     rid = rid.combine_chunks() if isinstance(rid, pa.ChunkedArray) else rid
-    idx = carry.index(_request_id_strings(rid), arrow_encoded(rid))
+    enc = arrow_encoded(rid)      # a plain string column: its bytes, no str made per id
+    idx = carry.index(_request_id_strings(rid) if enc is None else None, enc)
     put("idx", idx)
     R = b.num_rows
     plen = list_lengths(col["prompt_tokens"])
