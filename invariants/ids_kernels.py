@@ -6,11 +6,11 @@ definition: tests/test_compiled_ids.py holds every slot given here equal to thei
 A Table is an open-addressing hash table (int64 [cap], a power of two, at most 80% full;
 doubled and rehashed in C when full) of the ids' hashes (hash_ids: of their UTF-8 bytes,
 read from an Arrow column's buffers, where Python's hash needs a str made for each id),
-plus the hash of each slot (int64, dense): 8 + 8 / load bytes per id (load between 40% and 80%: 18 to 28), where
-the numpy levels keep 16 (and twice that while merging), beside the ids' bytes and
-offsets (8 + their UTF-8 bytes) that RequestIds keeps either way. Measured, with the
-offsets: 29 to 41 bytes per id for 0.1M to 3M ids (numpy's levels: 24 to 28), the peak
-while indexing no higher than numpy's.
+plus the hash of each slot (int64, dense): 8 + 8 / load bytes per id (load between 40%
+and 80%: 18 to 28), where the numpy levels keep 16 (and twice that while merging),
+beside the ids' bytes and offsets (8 + their UTF-8 bytes) that RequestIds keeps either
+way. Measured, with the offsets: 29 to 41 bytes per id for 0.1M to 3M ids (numpy's
+levels: 24 to 28), the peak while indexing no higher than numpy's.
 """
 from __future__ import annotations
 

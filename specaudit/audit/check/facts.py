@@ -166,6 +166,7 @@ def _token_facts_compiled(kern, off, vals, olen, ref, eos_id) -> dict:
     return {"output_hash": h, "output_last": last, "output_first": fst, "eos_inside": eos_in,
             "reference_equal": eq, "reference_first_diff": diff, "reference_len": rlen}
 
+
 def facts_in(facts: dict | None, lo: int, hi: int) -> dict | None:
     """The requests rows of carry slots [lo, hi) among `facts` (`idx`: each row's slot)."""
     if facts is None or "idx" not in facts:
