@@ -48,7 +48,10 @@ files' list and scalar columns, the requests table's columns): read_cpu_seconds.
 check's CPU beyond it is the checking itself, check_work_ns_per_step; and
 check_work_ns_per_step_for_target is the most that work may cost per step for the check to
 reach TARGET (0.6) of the decode limit with every core busy throughout (what is left of
-cores x the target's wall time once the reading is paid).
+cores x the target's wall time once the reading is paid); *_for_target_first, the same for the
+measured check, which pays start_up_seconds too. of_decode_limit_reading_alone(_first) is the
+ceiling a check that only read would reach (read_cpu_seconds over the cores; _first with the
+start-up added): what the machine allows before any checking.
 The machine's load is printed beside the figures (scripts/benchutil.py); the ratios are
 withheld when it was busy.
 
@@ -351,6 +354,7 @@ def main(argv=None) -> int:
         sps = chk["steps"] / chk["seconds"]
         bsps = bl["steps"] / bl["seconds"]
         dsps = chk["decode_steps"] / chk["decode_seconds"] if chk["decode_seconds"] else None
+        start_up = max(0.0, chk["seconds"] - chk["warm_seconds"])   # a first check's once-per-process wall
         out = {
             "steps": chk["steps"], "requests": chk["requests"], "n_nodes": args.n_nodes, "algo": args.algo,
             "ragged": args.ragged, "threads": args.threads, "cpu_count": os.cpu_count(),
@@ -417,6 +421,21 @@ def main(argv=None) -> int:
             "check_work_ns_per_step_for_target": (
                 round((os.cpu_count() * chk["steps"] / (TARGET * dsps) - chk["read_cpu_seconds"])
                       / chk["steps"] * 1e9) if dsps else None),
+            # the same for the measured check, a process's first: it also pays start_up_seconds
+            # of wall, so its work has less left (negative: the target is out of reach even
+            # with no checking at all, reading and start-up alone cost more)
+            "check_work_ns_per_step_for_target_first": (
+                round((os.cpu_count() * (chk["steps"] / (TARGET * dsps) - start_up)
+                       - chk["read_cpu_seconds"]) / chk["steps"] * 1e9) if dsps else None),
+            # the most of the decode limit a check that did nothing but read what it reads could
+            # reach, every core busy (wall = read_cpu_seconds / cores): warm, and as a process's
+            # first check (start-up added). The check's own work can only lower these
+            "of_decode_limit_reading_alone": (round(chk["steps"] / (chk["read_cpu_seconds"] / os.cpu_count()) / dsps, 3)
+                                              if dsps and chk["read_cpu_seconds"] else None),
+            "of_decode_limit_reading_alone_first": (
+                round(chk["steps"] / (chk["read_cpu_seconds"] / os.cpu_count()
+                                      + start_up) / dsps, 3)
+                if dsps and chk["read_cpu_seconds"] else None),
             **load,
         }
         if args.rss_large:
@@ -428,7 +447,8 @@ def main(argv=None) -> int:
                        rss_large_over_small=round(big["peak_rss_mb"] / chk["peak_rss_mb"], 3))
         ratios = ["speedup", "check_pool_over_default", "of_decode_limit", "of_decode_limit_ceiling",
                   "compiled_over_numpy", "screen_over_frame", "of_decode_limit_warm",
-                  "check_work_ns_per_step_for_target"]
+                  "check_work_ns_per_step_for_target", "check_work_ns_per_step_for_target_first",
+                  "of_decode_limit_reading_alone", "of_decode_limit_reading_alone_first"]
         print(json.dumps(guard_ratios(out, ratios)))
         record("check", out, args.json_out)
     finally:

@@ -47,6 +47,11 @@ CHECK_KEYS = [("steps", "steps"), ("steps_per_s", "steps/s (wall; the median of 
               ("check_work_ns_per_step", "the check's own work (warm check's CPU beyond the reading), ns per step"),
               ("check_work_ns_per_step_for_target",
                "the most that work may cost for 0.6 of the decode limit, every core busy, ns per step"),
+              ("check_work_ns_per_step_for_target_first",
+               "the same for the measured check, a process's first (start-up paid too), ns per step"),
+              ("of_decode_limit_reading_alone",
+               "share of the decode limit a check that only read would reach, every core busy (warm)"),
+              ("of_decode_limit_reading_alone_first", "the same, with a first check's start-up"),
               ("peak_rss_mb", "peak RSS, MB"),
               ("kernels", "compiled kernels used"),
               ("first_check_seconds", "first check on the machine (builds them), s"),
@@ -80,7 +85,10 @@ BENCHMARKS = [
      "`start_up_seconds` is the difference, paid once per process. The decode limit is the fastest of three "
      "passes. `read_cpu_seconds` reads everything the check reads and nothing more; the warm check's CPU beyond "
      "it is the checking itself (`check_work_ns_per_step`), beside what 0.6 of the limit leaves for it with "
-     "every core busy (`check_work_ns_per_step_for_target`): the gap in work per step, whatever the scheduling. "
+     "every core busy (`check_work_ns_per_step_for_target`): the gap in work per step, whatever the scheduling; "
+     "`_first`, the same for the measured check, which pays its start-up too (negative: out of reach with no "
+     "checking at all). `of_decode_limit_reading_alone` is the ceiling of a check that only read what it reads, "
+     "every core busy (`_first`: with the start-up): what this machine allows before any checking. "
      "Each measured check picks Arrow's memory pool as `specaudit check` does (jemalloc, "
      "specaudit/audit/check/arrow_pool.py), and as many fresh processes interleaved with them run with "
      "pyarrow's own pool: `check_pool_over_default`. The decode runs in the same process, with the same pool.",
