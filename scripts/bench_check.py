@@ -433,8 +433,7 @@ def main(argv=None) -> int:
             "of_decode_limit_reading_alone": (round(chk["steps"] / (chk["read_cpu_seconds"] / os.cpu_count()) / dsps, 3)
                                               if dsps and chk["read_cpu_seconds"] else None),
             "of_decode_limit_reading_alone_first": (
-                round(chk["steps"] / (chk["read_cpu_seconds"] / os.cpu_count()
-                                      + start_up) / dsps, 3)
+                round(chk["steps"] / (chk["read_cpu_seconds"] / os.cpu_count() + start_up) / dsps, 3)
                 if dsps and chk["read_cpu_seconds"] else None),
             **load,
         }
