@@ -80,10 +80,7 @@ class RequestIds:
         and offsets (_encode(names)) when the caller has them (an Arrow string column's
         buffers: arrow_encoded), and then `names` may be None: made from the bytes only
         where needed (never, once compiled, but for a collision)."""
-        if encoded is None:
-            blob, off = _encode(names)
-        else:
-            blob, off = encoded
+        blob, off = _encode(names) if encoded is None else encoded
         L = len(off) - 1
         if L == 0:
             return np.zeros(0, dtype=I64)
